@@ -1,0 +1,74 @@
+"""``pack()``: the Python API that the ``pack-dataset`` command is a thin layer over."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+from packer.formats.hdf5 import HDF5Writer
+from packer.formats.lmdb import LmdbWriter
+from packer.formats.mmap import MemmapWriter
+from packer.formats.wds import WdsWriter
+from packer.options import PackOptions
+from packer.pipeline import PackError, Progress, SplitResult, pack_split, prepare_output
+from packer.source import Source, SourceError, find_split_dirs, scan
+from readers.env import available_cpus
+
+__all__ = ["pack", "WRITERS", "plan"]
+
+log = logging.getLogger(__name__)
+
+#: format name (as stored in index.json) -> writer class
+WRITERS = {"wds": WdsWriter, "lmdb": LmdbWriter, "hdf5": HDF5Writer, "mmap": MemmapWriter}
+
+
+def _split_name(path: Path) -> str:
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", path.resolve().name).strip("_")
+    return name or "data"
+
+
+def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -> list[tuple[str, Source, Path]]:
+    """Scan the source and decide (split name, source, output folder) for each split.
+
+    Raises SourceError / PackError before anything is written.
+    """
+    src, out = Path(src), Path(out)
+    if not src.exists():
+        raise SourceError(f"{src}: no such folder")
+    if not src.is_dir():
+        raise SourceError(f"{src}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
+    splits = find_split_dirs(src)
+    if splits:
+        jobs = [(_split_name(d), scan(d, follow_symlinks=options.follow_symlinks), out / _split_name(d)) for d in splits]
+    else:
+        jobs = [(_split_name(src), scan(src, follow_symlinks=options.follow_symlinks), out)]
+    if out.resolve().is_relative_to(src.resolve()):
+        raise PackError(f"{out} lies inside the source folder {src}; choose an output outside it")
+    prepare_output(out, options)
+    return jobs
+
+
+def pack(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    options: PackOptions | None = None,
+    *,
+    progress: Callable[[str, Source], Progress | None] | None = None,
+) -> list[SplitResult]:
+    """Pack the ImageFolder tree ``src`` into ``out`` (one dataset folder per split).
+
+    ``progress(split, source)`` may return a callback ``(images, bytes)`` that
+    is called as work completes; the CLI uses it for its progress bar.
+    """
+    options = options or PackOptions()
+    jobs = plan(src, out, options)
+    workers = options.workers or available_cpus()
+    results = []
+    for split, source, dest in jobs:
+        callback = progress(split, source) if progress else None
+        log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
+        results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback))
+    return results

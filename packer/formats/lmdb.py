@@ -1,0 +1,93 @@
+"""LMDB writer: one environment (``data.mdb``) in the dataset folder.
+
+Counterpart: ``readers/formats/lmdb.py``. Layout::
+
+    key  b"0000000000" .. b"<N-1 as 10 digits>"  ->  encoded image bytes (as stored)
+    key  b"__meta__"                             ->  index.json's content (UTF-8 JSON)
+
+Keys are fixed-width digits, so LMDB's byte order is sample order and every
+put is an append (``MDB_APPEND``: no page splits, dense pages). Labels live in
+``labels.npy`` beside it (and in ``__meta__``'s class list for names).
+
+``map_size`` starts at twice the source bytes (plus 1 GiB) -- LMDB's map is
+virtual address space and the file grows only as pages are used -- and if it
+still runs out, the pending transaction is replayed into a doubled map, so a
+pack never dies with MDB_MAP_FULL. Transactions commit at checkpoints only,
+so the committed state always matches the journal.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import lmdb
+
+from packer.formats.base import FormatWriter
+from packer.images import Prepared
+from readers import spec
+
+__all__ = ["LmdbWriter"]
+
+
+class LmdbWriter(FormatWriter):
+    format = "lmdb"
+
+    def open(self, done: int, state: dict[str, Any] | None) -> None:
+        map_size = max(2 * self.estimated_bytes + (1 << 30), 1 << 30)
+        self.env = lmdb.open(str(self.root), map_size=map_size, subdir=True, readahead=False,
+                             meminit=False, max_dbs=0, sync=True, metasync=True)
+        if self.env.info()["map_size"] < map_size:
+            self.env.set_mapsize(map_size)
+        with self.env.begin(write=True) as txn:  # drop samples past the last checkpoint
+            cursor = txn.cursor()
+            if cursor.set_range(spec.lmdb_key(done)):
+                while cursor.key() and cursor.key() != spec.LMDB_META_KEY:
+                    cursor.delete()
+            txn.delete(spec.LMDB_META_KEY)
+        self._txn = self.env.begin(write=True)
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+
+    def _put(self, key: bytes, value: bytes) -> None:
+        try:
+            self._txn.put(key, value, append=True)
+        except lmdb.MapFullError:
+            self._txn.abort()
+            self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            self._txn = self.env.begin(write=True)
+            for k, v in self._pending:
+                self._txn.put(k, v, append=True)
+            self._txn.put(key, value, append=True)
+
+    def write(self, index: int, sample: Prepared, label: int) -> dict[str, int]:
+        key = spec.lmdb_key(index)
+        self._put(key, sample.data)
+        self._pending.append((key, sample.data))
+        self._pending_bytes += len(sample.data)
+        return {}
+
+    def ready(self) -> bool:
+        return self._pending_bytes >= self.options.checkpoint_bytes
+
+    def checkpoint(self) -> dict[str, Any]:
+        self._txn.commit()  # sync=True: durable on return
+        self._txn = self.env.begin(write=True)
+        self._pending.clear()
+        self._pending_bytes = 0
+        return {}
+
+    def close(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
+        self._put(spec.LMDB_META_KEY, json.dumps(meta, sort_keys=True).encode())
+        self._txn.commit()
+        self.env.sync(True)
+        self.env.close()
+        files = {p.name: p.stat().st_size for p in self.root.glob("*.mdb")}
+        return {"files": {"data.mdb": files.get("data.mdb", 0)}}
+
+    def abort(self) -> None:
+        try:
+            self._txn.abort()
+            self.env.close()
+        except lmdb.Error:
+            pass

@@ -1,0 +1,124 @@
+"""WebDataset writer: POSIX (ustar) tar shards ``<split>-000000.tar``.
+
+Counterpart: ``readers/formats/wds.py``. Byte layout of one shard::
+
+    +--------------+--------------------------+--------------+-------------+
+    | 512 B header | image bytes, 0-padded to | 512 B header | "<label>"   | ... 2x512 B
+    | <key>.jpg    | a multiple of 512        | <key>.cls    | padded      |     zeros
+    +--------------+--------------------------+--------------+-------------+
+    ^ offsets[i] (in the index) points at the first image byte, so readers
+      can slice a sample out of a shard without parsing tar headers.
+
+Keys are the sample index as ten digits (``0000000042``): no dots, so the
+official ``webdataset`` library groups ``.jpg``/``.png`` and ``.cls`` into one
+sample. Headers carry mtime 0, uid/gid 0 and empty owner names so the same
+input gives byte-identical shards. A shard is written as ``.tmp``, fsynced and
+renamed when full: a complete-looking shard is always complete.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from packer.formats.base import FormatWriter
+from packer.images import Prepared
+from readers import spec
+
+__all__ = ["WdsWriter", "shard_name"]
+
+BLOCK = 512
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}-{index:06d}.tar"
+
+
+def _header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o444, 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+
+
+def _pad(size: int) -> bytes:
+    return b"\0" * (-size % BLOCK)
+
+
+class WdsWriter(FormatWriter):
+    format = "wds"
+    fields = ("offsets", "shards")
+
+    def open(self, done: int, state: dict[str, Any] | None) -> None:
+        self.shards: list[dict[str, Any]] = list(state["shards"]) if state else []
+        keep = {s["name"] for s in self.shards}
+        for p in self.root.glob(f"{self.split}-*.tar*"):
+            if p.name not in keep:
+                p.unlink()  # a shard that was open when the pack was interrupted
+        self._file = None
+        self._just_closed = False
+
+    def _start_shard(self) -> None:
+        name = shard_name(self.split, len(self.shards))
+        self._path = self.root / name
+        self._tmp = self._path.with_name(name + ".tmp")
+        self._file = open(self._tmp, "wb", buffering=1 << 20)
+        self._pos = self._count = 0
+        self._crc = 0
+        self._first = None
+
+    def _emit(self, chunk: bytes) -> None:
+        self._file.write(chunk)
+        self._crc = spec.checksum(chunk, self._crc)
+        self._pos += len(chunk)
+
+    def write(self, index: int, sample: Prepared, label: int) -> dict[str, int]:
+        if self._file is None:
+            self._start_shard()
+            self._first = index
+        key = spec.wds_key(index)
+        self._emit(_header(f"{key}.{sample.ext}", len(sample.data)))
+        offset = self._pos
+        self._emit(sample.data)
+        self._emit(_pad(len(sample.data)))
+        cls = str(label).encode()
+        self._emit(_header(f"{key}.cls", len(cls)) + cls + _pad(len(cls)))
+        self._count += 1
+        shard = len(self.shards)
+        limit = self.options.shard_count
+        if self._pos >= self.options.shard_size or (limit is not None and self._count >= limit):
+            self._close_shard()
+        return {"offsets": offset, "shards": shard}
+
+    def _close_shard(self) -> None:
+        self._emit(b"\0" * (2 * BLOCK))  # end-of-archive marker
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = None
+        os.replace(self._tmp, self._path)
+        spec.fsync_dir(self.root)
+        self.shards.append({"name": self._path.name, "samples": self._count, "bytes": self._pos,
+                            "crc32": self._crc, "first": self._first})
+        self._just_closed = True
+
+    def ready(self) -> bool:
+        return self._just_closed
+
+    def checkpoint(self) -> dict[str, Any]:
+        # Only closed shards are durable; an open one is rewritten on resume.
+        self._just_closed = False
+        return {"shards": self.shards}
+
+    def close(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
+        if self._file is not None:
+            self._close_shard()
+        return {"shards": self.shards, "files": {s["name"]: s["bytes"] for s in self.shards}}
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

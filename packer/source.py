@@ -1,0 +1,132 @@
+"""Find the images of an ImageFolder tree (``root/<class>/<image>``) in a stable order."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["IMAGE_EXTENSIONS", "Source", "SourceError", "scan", "find_split_dirs"]
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+
+
+class SourceError(ValueError):
+    """The source folder cannot be packed (missing, empty, unreadable)."""
+
+
+@dataclass
+class Source:
+    """One split: classes in sorted order and samples sorted by class then path."""
+
+    root: Path
+    classes: list[str]
+    paths: list[str]  # relative to root: "<class>/<file>" (or deeper, as ImageFolder walks)
+    labels: list[int]
+    sizes: list[int]
+    ignored: list[str] = field(default_factory=list)  # files that are not images by name
+    skipped_links: list[str] = field(default_factory=list)  # symlinks leaving root
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+    def fingerprint(self) -> str:
+        """Hash of the file list and sizes: resume refuses a source that changed."""
+        h = hashlib.sha256()
+        for p, s, label in zip(self.paths, self.sizes, self.labels):
+            h.update(f"{label}\0{p}\0{s}\n".encode("utf-8", "surrogateescape"))
+        return h.hexdigest()
+
+
+def _is_image_name(name: str) -> bool:
+    return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
+
+
+def _has_images(folder: Path) -> bool:
+    for _dirpath, _dirs, files in os.walk(folder):
+        if any(_is_image_name(f) for f in files):
+            return True
+    return False
+
+
+def find_split_dirs(root: Path) -> list[Path]:
+    """Sub-folders of ``root`` that are themselves ImageFolder trees (``train/``, ``val/``).
+
+    ``root`` holds splits when none of its sub-folders has images directly
+    inside but each of their own sub-folders does (one level deeper).
+    """
+    subdirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not subdirs:
+        return []
+    for d in subdirs:
+        if any(f.is_file() and _is_image_name(f.name) for f in d.iterdir()):
+            return []
+    splits = [d for d in subdirs if any(c.is_dir() and _has_images(c) for c in d.iterdir())]
+    deep = all(
+        not any(f.is_file() and _is_image_name(f.name) for c in d.iterdir() if c.is_dir() for f in c.iterdir())
+        for d in splits
+    )
+    return [] if deep else splits
+
+
+def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
+    """Scan ``root/<class>/...`` like torchvision's ImageFolder, deterministically."""
+    root = Path(root)
+    if not root.exists():
+        raise SourceError(f"{root}: no such folder")
+    if not root.is_dir():
+        raise SourceError(f"{root}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
+    real_root = root.resolve()
+    try:
+        classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    except PermissionError as exc:
+        raise SourceError(f"{root}: cannot list the folder ({exc.strerror})") from exc
+    paths: list[str] = []
+    labels: list[int] = []
+    sizes: list[int] = []
+    ignored: list[str] = []
+    skipped: list[str] = []
+    for label, cls in enumerate(classes):
+        cls_dir = root / cls
+        found = []
+        for dirpath, dirnames, filenames in os.walk(cls_dir, followlinks=follow_symlinks):
+            dirnames.sort()
+            rel_dir = Path(dirpath).relative_to(root)
+            for name in filenames:
+                rel = (rel_dir / name).as_posix()
+                if not _is_image_name(name):
+                    ignored.append(rel)
+                    continue
+                full = Path(dirpath) / name
+                if full.is_symlink() and not follow_symlinks:
+                    target = full.resolve()
+                    if not target.is_relative_to(real_root):
+                        skipped.append(rel)
+                        continue
+                try:
+                    size = full.stat().st_size
+                except OSError as exc:
+                    raise SourceError(f"{full}: cannot read ({exc.strerror})") from exc
+                found.append((rel, size))
+        found.sort()
+        for rel, size in found:
+            paths.append(rel)
+            labels.append(label)
+            sizes.append(size)
+    loose = [e.name for e in os.scandir(root) if e.is_file() and not e.name.startswith(".")]
+    ignored.extend(sorted(loose))
+    if not paths:
+        hint = ""
+        if any(_is_image_name(n) for n in loose):
+            hint = " (the images lie directly in it: put them in one sub-folder per class)"
+        raise SourceError(f"{root}: no images found (.jpg/.jpeg/.png in root/<class>/){hint}")
+    used = set(labels)
+    empty = [c for i, c in enumerate(classes) if i not in used]
+    if empty:
+        log.warning("%d class folder(s) hold no images and keep their label: %s", len(empty), ", ".join(empty[:5]))
+    return Source(root, classes, paths, labels, sizes, ignored, skipped)

@@ -1,0 +1,87 @@
+"""What this process may use: CPUs (affinity and cgroup quota), worker/rank identity.
+
+Shared by the packer (``--workers`` default) and the loader (``num_workers``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["available_cpus", "cgroup_cpu_limit", "WorkerEnv", "current_worker_env"]
+
+
+def cgroup_cpu_limit(root: str | os.PathLike = "/sys/fs/cgroup") -> float | None:
+    """CPU quota of this process's cgroup in CPUs (v2 ``cpu.max`` or v1 cfs), or None."""
+    root = Path(root)
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        if quota != "max":
+            return int(quota) / int(period)
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        if quota > 0 and period > 0:
+            return quota / period
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def available_cpus() -> int:
+    """CPUs this process may actually use: affinity mask, capped by the cgroup quota."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        n = min(n, max(1, math.ceil(limit)))
+    return max(1, n)
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """Where this code runs: DDP rank/world size and DataLoader worker id/count."""
+
+    rank: int = 0
+    world_size: int = 1
+    worker_id: int = 0
+    num_workers: int = 1
+
+    @property
+    def global_worker(self) -> int:
+        return self.rank * self.num_workers + self.worker_id
+
+    @property
+    def global_workers(self) -> int:
+        return self.world_size * self.num_workers
+
+
+def _torch_env() -> WorkerEnv:
+    import torch.distributed as dist
+    from torch.utils.data import get_worker_info
+
+    rank, world = 0, 1
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank = int(os.environ.get("RANK", 0))
+        world = int(os.environ.get("WORLD_SIZE", 1))
+    info = get_worker_info()
+    wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+    return WorkerEnv(rank, world, wid, nw)
+
+
+#: Tests replace this hook to simulate ranks and workers without a DataLoader.
+worker_env_hook: Callable[[], WorkerEnv] = _torch_env
+
+
+def current_worker_env() -> WorkerEnv:
+    return worker_env_hook()
