@@ -1,0 +1,73 @@
+"""LMDB reader. Counterpart: ``packer/formats/lmdb.py`` (layout there).
+
+The environment opens read-only, without the lock file (``lock=False``: the
+data never changes after packing) and without readahead (random access).
+A batch is read in one read transaction.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import lmdb
+
+from readers import spec
+from readers.base import LazyHandle, MapReader
+
+__all__ = ["LMDBDataset"]
+
+# py-lmdb refuses to open one environment twice in a process, so readers of
+# the same folder share it: path -> [env, users], for the process in _PID.
+_ENVS: dict[str, list] = {}
+_PID = [os.getpid()]
+
+
+def _acquire(root: str) -> lmdb.Environment:
+    if _PID[0] != os.getpid():  # forked: the parent's environments are not ours
+        for env, _users in _ENVS.values():
+            env.close()  # unmaps this process's copy only (lock=False: no shared lock table)
+        _ENVS.clear()
+        _PID[0] = os.getpid()
+    entry = _ENVS.get(root)
+    if entry is None:
+        env = lmdb.open(root, readonly=True, lock=False, readahead=False, meminit=False, subdir=True)
+        entry = _ENVS[root] = [env, 0]
+    entry[1] += 1
+    return entry[0]
+
+
+def _release(root: str) -> None:
+    entry = _ENVS.get(root)
+    if entry is not None and _PID[0] == os.getpid():
+        entry[1] -= 1
+        if entry[1] <= 0:
+            entry[0].close()
+            del _ENVS[root]
+
+
+class LMDBDataset(MapReader):
+    format = "lmdb"
+
+    def __init__(self, path: str | os.PathLike, **kw: Any) -> None:
+        super().__init__(path, **kw)
+        root = os.path.realpath(self.root)
+        self._env = LazyHandle(functools.partial(_acquire, root), lambda _env: _release(root))
+
+    def _get(self, txn: Any, i: int) -> bytes:
+        value = txn.get(spec.lmdb_key(i))
+        if value is None:
+            raise spec.DatasetFormatError(f"{self.root}: sample {i} (key {spec.lmdb_key(i).decode()}) is missing")
+        return value
+
+    def read(self, i: int) -> bytes:
+        with self._env.get().begin(buffers=False) as txn:
+            return self._get(txn, i)
+
+    def read_many(self, indices: list[int]) -> list[bytes]:
+        with self._env.get().begin(buffers=False) as txn:
+            return [self._get(txn, i) for i in indices]
+
+    def close(self) -> None:
+        self._env.close()

@@ -1,0 +1,66 @@
+"""Memory-mapped pixel reader. Counterpart: ``packer/formats/mmap.py`` (layout there).
+
+``images.npy`` is mapped read-only, lazily per process; sample ``i`` is the
+view ``flat[offsets[i] : offsets[i] + heights[i]*widths[i]*3]`` reshaped to
+HWC. Pages come from the OS page cache, shared by every worker: memory
+does not grow with ``num_workers``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from readers import spec
+from readers.base import LazyHandle, MapReader, to_chw
+
+__all__ = ["MemmapDataset"]
+
+
+class MemmapDataset(MapReader):
+    format = "mmap"
+
+    def __init__(self, path: str | os.PathLike, **kw: Any) -> None:
+        super().__init__(path, **kw)
+        self._offsets = self._arrays["offsets"]
+        self._heights = self._arrays["heights"]
+        self._widths = self._arrays["widths"]
+        self.fixed_shape = self.meta["storage"].get("fixed_shape")
+        file = self.root / "images.npy"
+        self._map = LazyHandle(lambda: self._open(file))
+
+    @staticmethod
+    def _open(file: os.PathLike) -> np.ndarray:
+        try:
+            arr = np.load(file, mmap_mode="r")
+        except ValueError as exc:
+            raise spec.DatasetFormatError(f"{file}: not a complete .npy file ({exc})") from exc
+        return arr.reshape(-1)
+
+    def read(self, i: int) -> np.ndarray:
+        flat = self._map.get()
+        h, w = int(self._heights[i]), int(self._widths[i])
+        start = int(self._offsets[i])
+        end = start + h * w * 3
+        if end > flat.shape[0]:
+            raise spec.DatasetFormatError(
+                f"{self.root / 'images.npy'}: sample {i} ends at byte {end}, past the end of the "
+                f"data ({flat.shape[0]} bytes): the file is truncated or damaged"
+            )
+        return flat[start:end].reshape(h, w, 3)
+
+    def _convert(self, data: np.ndarray) -> Any:
+        if not self.decode:
+            return torch.from_numpy(np.array(data).reshape(-1))
+        image = to_chw(data)
+        if self.transform is not None and not getattr(self.transform, "accepts_bytes", False):
+            return self.transform(image)
+        if self.transform is not None:
+            return self.transform.from_array(np.asarray(data))
+        return image
+
+    def close(self) -> None:
+        self._map.close()

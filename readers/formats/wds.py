@@ -1,0 +1,184 @@
+"""WebDataset shard reader. Counterpart: ``packer/formats/wds.py`` (layout there).
+
+``ShardDataset`` is an ``IterableDataset`` that reads shards sequentially,
+using the index's per-sample offsets instead of parsing the tar stream.
+
+How an epoch is split (rank r of R DDP ranks, worker w of W loader workers):
+
+1. The shard order is shuffled with ``(seed, epoch)`` -- the same on every
+   rank -- giving one stream of all N samples, shard after shard.
+2. With ``pad=True`` (default) the stream is extended by wrapping around to
+   ``R * ceil(N / R)`` samples (as ``DistributedSampler`` does): every rank
+   gets the same count, each sample is seen once, plus at most R-1 repeats.
+   With ``pad=False`` it is cut to ``R * floor(N / R)`` (at most R-1 dropped).
+3. Rank r takes the r-th contiguous slice; worker w the w-th contiguous
+   slice of that. Each worker therefore reads a few whole shards
+   sequentially, and uneven shards can never leave one rank short, so a DDP
+   job cannot hang waiting for a rank that ran dry.
+4. Each worker shuffles its samples through a bounded buffer
+   (``buffer_size`` samples), seeded by ``(seed, epoch, rank, worker)``.
+
+Every sample read checks the tar header in front of it, so a damaged shard
+raises an error that names the shard and the byte offset.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import tarfile
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from readers import spec
+from readers.base import PackedDataset
+from readers.env import WorkerEnv, current_worker_env
+
+__all__ = ["ShardDataset", "epoch_plan"]
+
+BLOCK = 512
+
+
+def epoch_plan(shard_sizes: np.ndarray, seed: int, epoch: int, shuffle: bool, env: WorkerEnv,
+               pad: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Shard order for the epoch and this worker's [start, stop) range over the stream.
+
+    Returns ``(order, (start, stop))`` where positions index the stream of
+    samples laid out shard by shard in ``order``; positions >= N wrap around.
+    """
+    order = np.arange(len(shard_sizes))
+    if shuffle:
+        order = np.random.default_rng([seed, epoch, 0x5EED]).permutation(len(shard_sizes))
+    n = int(shard_sizes.sum())
+    per_rank = math.ceil(n / env.world_size) if pad else n // env.world_size
+    rank_start = env.rank * per_rank
+    base, extra = divmod(per_rank, env.num_workers)
+    start = rank_start + env.worker_id * base + min(env.worker_id, extra)
+    stop = start + base + (1 if env.worker_id < extra else 0)
+    return order, np.array([start, stop])
+
+
+class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
+    """Iterates a WebDataset-format dataset written by ``pack-dataset --format wds``."""
+
+    format = "wds"
+
+    def __init__(self, path: str | os.PathLike, *, shuffle: bool = True, seed: int = 0,
+                 buffer_size: int = 1000, pad: bool = True, **kw: Any) -> None:
+        super().__init__(path, **kw)
+        if buffer_size < 1:
+            raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
+        self.shuffle, self.seed, self.buffer_size, self.pad = shuffle, seed, buffer_size, pad
+        self._shard_of = self._arrays["shards"]
+        self._offsets = self._arrays["offsets"]
+        self._sizes = self._arrays["sizes"]
+        shards = self.meta["shards"]
+        self.shard_names = [s["name"] for s in shards]
+        self.shard_sizes = np.array([s["samples"] for s in shards], dtype=np.int64)
+        self._shard_first = np.array([s["first"] for s in shards], dtype=np.int64)
+        # Shared with loader workers (inherited at start), so set_epoch reaches
+        # persistent workers too.
+        self._epoch = multiprocessing.get_context().RawValue("q", 0)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        from multiprocessing import context
+
+        if context.get_spawning_popen() is None:
+            # Plain pickling (not a worker start): shared memory cannot travel; keep the value.
+            state["_epoch"] = int(self._epoch.value)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if isinstance(state["_epoch"], int):
+            state["_epoch"] = multiprocessing.get_context().RawValue("q", state["_epoch"])
+        self.__dict__.update(state)
+
+    # ------------------------------------------------------------ epochs
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch: same seed and epoch give the same order."""
+        self._epoch.value = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.value)
+
+    def samples_per_rank(self, world_size: int = 1) -> int:
+        n = int(self.shard_sizes.sum())
+        return math.ceil(n / world_size) if self.pad else n // world_size
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch (all workers together)."""
+        return self.samples_per_rank(current_worker_env().world_size)
+
+    # ------------------------------------------------------------ reading
+    def _stream(self, order: np.ndarray, start: int, stop: int) -> Iterator[int]:
+        """Sample indices at stream positions [start, stop), wrapping past the end."""
+        n = int(self.shard_sizes.sum())
+        if n == 0:
+            return
+        bounds = np.concatenate([[0], np.cumsum(self.shard_sizes[order])])
+        pos = start
+        while pos < stop:
+            p = pos % n
+            k = int(np.searchsorted(bounds, p, side="right") - 1)
+            shard = int(order[k])
+            within_start = p - int(bounds[k])
+            take = min(int(self.shard_sizes[shard]) - within_start, stop - pos)
+            first = int(self._shard_first[shard]) + within_start
+            yield from range(first, first + take)
+            pos += take
+
+    def _read(self, fd: int, shard: int, i: int) -> bytes:
+        offset, size = int(self._offsets[i]), int(self._sizes[i])
+        blob = os.pread(fd, BLOCK + size, offset - BLOCK)
+        where = f"{self.root / self.shard_names[shard]} at byte {offset - BLOCK}"
+        if len(blob) != BLOCK + size:
+            raise spec.DatasetFormatError(f"{where}: shard ends early (sample {i}): truncated or damaged")
+        try:
+            info = tarfile.TarInfo.frombuf(blob[:BLOCK], "utf-8", "surrogateescape")
+        except tarfile.HeaderError as exc:
+            raise spec.DatasetFormatError(f"{where}: bad tar header for sample {i} ({exc})") from None
+        if info.size != size or not info.name.startswith(spec.wds_key(i) + "."):
+            raise spec.DatasetFormatError(
+                f"{where}: tar header says {info.name!r} ({info.size} bytes), index expects sample {i} "
+                f"({size} bytes): the shard does not match its index"
+            )
+        return blob[BLOCK:]
+
+    def _samples(self, env: WorkerEnv) -> Iterator[int]:
+        order, (start, stop) = epoch_plan(self.shard_sizes, self.seed, self.epoch, self.shuffle, env, self.pad)
+        indices = self._stream(order, int(start), int(stop))
+        if not self.shuffle:
+            yield from indices
+            return
+        rng = np.random.default_rng([self.seed, self.epoch, env.rank, env.worker_id])
+        buf: list[int] = []
+        for i in indices:
+            if len(buf) < self.buffer_size:
+                buf.append(i)
+                continue
+            j = int(rng.integers(len(buf)))
+            buf[j], i = i, buf[j]
+            yield i
+        rng.shuffle(buf)
+        yield from buf
+
+    def __iter__(self) -> Iterator[tuple]:
+        env = current_worker_env()
+        fds: dict[int, int] = {}
+        try:
+            for i in self._samples(env):
+                shard = int(self._shard_of[i])
+                fd = fds.get(shard)
+                if fd is None:
+                    if len(fds) >= 4:  # the buffer spans a few shards at most
+                        os.close(fds.pop(next(iter(fds))))
+                    fd = fds[shard] = os.open(self.root / self.shard_names[shard], os.O_RDONLY)
+                yield self._item(i, self._read(fd, shard, i))
+        finally:
+            for fd in fds.values():
+                os.close(fd)

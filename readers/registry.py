@@ -1,0 +1,36 @@
+"""``open_dataset(path)``: read the index's ``format`` field, build the matching reader."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from readers import spec
+from readers.formats.hdf5 import HDF5Dataset
+from readers.formats.lmdb import LMDBDataset
+from readers.formats.mmap import MemmapDataset
+from readers.formats.wds import ShardDataset
+
+__all__ = ["READERS", "open_dataset"]
+
+#: format name (as stored in index.json) -> reader class
+READERS: dict[str, type] = {
+    "wds": ShardDataset,
+    "lmdb": LMDBDataset,
+    "hdf5": HDF5Dataset,
+    "mmap": MemmapDataset,
+}
+
+
+def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
+    """Open the dataset folder ``path`` with the reader its index names.
+
+    Keyword arguments go to the reader (``transform=``, ``decode=``, and for
+    ``wds`` ``shuffle=``, ``seed=``, ``buffer_size=``, ``pad=``).
+    """
+    meta = spec.read_index(path).meta
+    try:
+        cls = READERS[meta["format"]]
+    except KeyError:
+        raise spec.DatasetFormatError(f"{path}: no reader for format {meta['format']!r}") from None
+    return cls(path, **kwargs)
