@@ -132,7 +132,8 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             yield from range(first, first + take)
             pos += take
 
-    def _read(self, fd: int, shard: int, i: int) -> bytes:
+    def read_from(self, fd: int, shard: int, i: int) -> bytes:
+        """Stored bytes of sample ``i`` from the open shard ``fd``, checking its tar header."""
         offset, size = int(self._offsets[i]), int(self._sizes[i])
         blob = os.pread(fd, BLOCK + size, offset - BLOCK)
         where = f"{self.root / self.shard_names[shard]} at byte {offset - BLOCK}"
@@ -148,6 +149,15 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
                 f"({size} bytes): the shard does not match its index"
             )
         return blob[BLOCK:]
+
+    def read(self, i: int) -> bytes:
+        """Stored bytes of sample ``i`` (random access; opens and closes its shard)."""
+        shard = int(self._shard_of[i])
+        fd = os.open(self.root / self.shard_names[shard], os.O_RDONLY)
+        try:
+            return self.read_from(fd, shard, i)
+        finally:
+            os.close(fd)
 
     def _samples(self, env: WorkerEnv) -> Iterator[int]:
         order, (start, stop) = epoch_plan(self.shard_sizes, self.seed, self.epoch, self.shuffle, env, self.pad)
@@ -178,7 +188,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
                     if len(fds) >= 4:  # the buffer spans a few shards at most
                         os.close(fds.pop(next(iter(fds))))
                     fd = fds[shard] = os.open(self.root / self.shard_names[shard], os.O_RDONLY)
-                yield self._item(i, self._read(fd, shard, i))
+                yield self._item(i, self.read_from(fd, shard, i))
         finally:
             for fd in fds.values():
                 os.close(fd)
