@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--overwrite", action="store_true", help="replace an existing output")
     g.add_argument("--resume", action="store_true", help="finish an interrupted pack with the same options")
+    p.add_argument("--checkpoint-bytes", type=_size, default=PackOptions.checkpoint_bytes,
+                   help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default 64MB)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -121,7 +123,7 @@ def _pack_main(argv: Sequence[str]) -> int:
             format=args.format, workers=args.workers, shard_size=args.shard_size, shard_count=args.shard_count,
             max_side=args.max_side, quality=args.quality, resize=args.resize, validate=args.validate,
             strict=args.strict, max_pixels=args.max_pixels, follow_symlinks=args.follow_symlinks,
-            overwrite=args.overwrite, resume=args.resume,
+            overwrite=args.overwrite, resume=args.resume, checkpoint_bytes=args.checkpoint_bytes,
         )
     except ValueError as exc:
         parser.error(str(exc))

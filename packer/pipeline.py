@@ -207,6 +207,8 @@ def pack_split(
     t0 = time.perf_counter()
     if (out / spec.INDEX_NAME).exists() and options.resume:
         meta = spec.read_index(out).meta
+        for leftover in (RECORDS_NAME, spec.STATE_NAME):  # interrupted right after the commit
+            (out / leftover).unlink(missing_ok=True)
         log.info("%s is already complete; nothing to resume", out)
         return _result(split, out, meta, time.perf_counter() - t0, 0)
     out.mkdir(parents=True, exist_ok=True)
@@ -279,6 +281,7 @@ def pack_split(
                 progress(1, source.sizes[pos])
         if done == 0:
             raise PackError(f"{source.root}: every image was rejected; see {rejects_path}")
+        writer.seal()
         checkpoint(len(source.paths))
         records.close(), names.close(), rejects.close()
         meta = _finish(out, split, source, options, writer, done, rejected, changed, encodings, bytes_in)

@@ -46,6 +46,9 @@ class FormatWriter(ABC):
     def checkpoint(self) -> dict[str, Any]:
         """Make all samples written so far durable; return state needed to resume."""
 
+    def seal(self) -> None:
+        """All samples are written: reach a durable boundary (wds closes its open shard)."""
+
     @abstractmethod
     def close(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
         """Finish the data files (durably) given the final index arrays; return extra metadata."""

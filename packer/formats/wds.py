@@ -113,6 +113,10 @@ class WdsWriter(FormatWriter):
         self._just_closed = False
         return {"shards": self.shards}
 
+    def seal(self) -> None:
+        if self._file is not None:
+            self._close_shard()
+
     def close(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
         if self._file is not None:
             self._close_shard()

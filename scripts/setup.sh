@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up a virtualenv in .venv with the project and its test/bench extras.
+# torch is installed first, pinned to the CPU build that this project's machines
+# carry (pip takes it from local disk); an unpinned torch would pull a multi-GB
+# CUDA build. On a GPU machine, install the torch you want first: it is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+if ! python -c "import torch" 2>/dev/null; then
+  pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+fi
+pip install -q -c <(python -c "import torch; print('torch==' + torch.__version__.split('+')[0])") -e ".[test]"
+python -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1 || true
