@@ -1,17 +1,42 @@
 """Per-image work done in the packing worker processes: validate, normalize, resize.
 
 Counterpart of ``readers/decode.py``: what this module stores, that one decodes.
-This first version is deliberately simple; the trustworthy-packing issue
-hardens it (CMYK, 16-bit, EXIF, bombs, reduced-scale validation).
+The rules (documented for users in ``docs/bad-input.md``):
+
+* The kind of a file is decided by its content, never by its name. Stored
+  formats are JPEG and PNG. Anything else Pillow decodes (GIF, BMP, WEBP,
+  TIFF, ...) is normalized and stored as a lossless PNG. EPS is never opened
+  (Pillow would run Ghostscript on it).
+* A file that needs no change is stored byte for byte. That includes plain
+  8-bit grayscale (L) JPEG/PNG: readers' ``convert("RGB")`` replicates the
+  channel exactly, so every reader gets the same RGB pixels from a 3x smaller file.
+* Everything else becomes 8-bit RGB: CMYK/YCCK (Pillow's Adobe convention),
+  16-bit and 32-bit (scaled, not clipped), palette, 1-bit, and alpha, which
+  is composited onto white. EXIF orientation is applied to the pixels. Only
+  the first frame of an animation is kept. Re-encoded files carry no metadata.
+* Rejected (:class:`RejectedImage`, one-line reason): empty, not an image,
+  truncated, corrupt (JPEGs on which libjpeg-turbo reports corrupt data
+  included), or more than ``max_pixels`` pixels (checked from the header).
+* Each image is decoded at most once: an unchanged JPEG is validated by a
+  1/8-scale grayscale decode that still reads all its compressed data.
 """
 
 from __future__ import annotations
 
 import io
+import math
+import re
+import struct
+import warnings
+import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
+from typing import Iterator
 
 import numpy as np
-from PIL import Image
+import simplejpeg
+from PIL import Image, ImageFile, JpegImagePlugin
 
 __all__ = ["ImageOptions", "Prepared", "RejectedImage", "prepare_image"]
 
@@ -22,12 +47,13 @@ class RejectedImage(Exception):
 
 @dataclass(frozen=True)
 class ImageOptions:
-    validate: bool = True
+    validate: bool = True  # decode every image once (unchanged JPEGs at 1/8 scale); False: trust the bytes
     max_side: int | None = None  # downscale so the longer side is at most this
-    quality: int = 90  # JPEG quality when an image must be re-encoded lossy
+    quality: int = 90  # JPEG quality of downscaled (max_side) re-encodes
     resize: int | None = None  # pixels mode: shorter side -> resize, center crop to resize x resize
     want_pixels: bool = False  # return decoded RGB pixels (mmap) instead of encoded bytes
     max_pixels: int = 178_956_970  # decompression-bomb limit (Pillow's error threshold)
+    normalize_quality: int = 95  # full-size JPEG re-encodes (CMYK, EXIF) use max(quality, this)
 
 
 @dataclass
@@ -38,14 +64,191 @@ class Prepared:
     width: int
     changed: bool  # True when ``data`` is not the original file
     pixels: np.ndarray | None = None  # (H, W, 3) uint8 in pixels mode
-    note: str = ""
+    note: str = ""  # what was changed (and any decoder warning), comma-separated
+    source_format: str = ""  # Pillow's name for the content: "JPEG", "PNG", "GIF", ...
 
 
-_EXT = {"JPEG": "jpg", "PNG": "png"}
+_UNSAFE_FORMATS = frozenset({"EPS"})  # Pillow shells out to Ghostscript for these
+_JPEG_FORMATS = ("JPEG", "MPO")  # MPO: multi-picture JPEG; its first image is a plain JPEG
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+_ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
+_SJ_COLORSPACE = {"RGB": "RGB", "L": "GRAY", "CMYK": "CMYK"}  # Pillow JPEG mode -> simplejpeg
+# EXIF orientation -> the transpose that makes the pixels upright (as ImageOps.exif_transpose)
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+# What Pillow raises for bad data (Image.open itself catches a few more and says "cannot identify").
+_PIL_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError)
 
 
-def _resize_short_center_crop(im: Image.Image, size: int) -> Image.Image:
-    w, h = im.size
+def _one_line(exc: BaseException | Warning | str) -> str:
+    text = re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "data", str(exc))  # "<_io.BytesIO object at 0x..>"
+    return " ".join(text.split())[:200] or type(exc).__name__
+
+
+@cache
+def _formats() -> tuple[str, ...]:
+    Image.init()
+    return tuple(f for f in Image.ID if f not in _UNSAFE_FORMATS)
+
+
+@contextmanager
+def _strict_pillow() -> Iterator[list[warnings.WarningMessage]]:
+    """Pillow may not accept truncated files; its warnings are recorded, not emitted."""
+    saved = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield caught
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = saved
+
+
+def _open(data: bytes) -> Image.Image:
+    """Identify ``data`` by content and read its header (no pixel decoding)."""
+    kind = "JPEG" if data[:2] == b"\xff\xd8" else "PNG" if data[:8] == _PNG_SIGNATURE else "image"
+    try:
+        return Image.open(io.BytesIO(data), formats=_formats())
+    except Image.DecompressionBombError as exc:
+        raise RejectedImage(f"decompression bomb ({_one_line(exc)})") from None
+    except Image.UnidentifiedImageError:
+        if kind == "image":
+            raise RejectedImage("not an image (content matches no supported format)") from None
+        raise RejectedImage(f"corrupt {kind} header (unreadable)") from None
+    except _PIL_ERRORS as exc:
+        raise RejectedImage(f"corrupt {kind} header ({_one_line(exc)})") from None
+
+
+def _load(im: Image.Image) -> None:
+    """Full decode with Pillow (first frame)."""
+    try:
+        im.load()
+    except Image.DecompressionBombError as exc:
+        raise RejectedImage(f"decompression bomb ({_one_line(exc)})") from None
+    except _PIL_ERRORS as exc:
+        msg = _one_line(exc)
+        kind = "truncated" if "truncated" in msg or isinstance(exc, EOFError) else "corrupt"
+        raise RejectedImage(f"{kind} {im.format} ({msg})") from None
+
+
+def _check_png_chunks(data: bytes) -> None:
+    """Walk the PNG chunks up to IEND, checking every CRC: catches truncation and bit rot cheaply."""
+    view, pos = memoryview(data), len(_PNG_SIGNATURE)
+    while True:
+        if pos + 12 > len(data):
+            raise RejectedImage("truncated PNG (file ends before the IEND chunk)")
+        length, ctype = struct.unpack_from(">I4s", data, pos)
+        end = pos + 12 + length
+        if end > len(data):
+            raise RejectedImage(f"truncated PNG (file ends inside a {ctype.decode('latin-1')!r} chunk)")
+        if zlib.crc32(view[pos + 4 : end - 4]) != struct.unpack_from(">I", data, end - 4)[0]:
+            raise RejectedImage(f"corrupt PNG (CRC mismatch in {ctype.decode('latin-1')!r} chunk at byte {pos})")
+        if ctype == b"IEND":
+            return
+        pos = end
+
+
+def _decode_jpeg(data: bytes, colorspace: str, min_w: int, min_h: int, strict: bool) -> np.ndarray:
+    """libjpeg-turbo decode at the smallest DCT scale that is at least ``min_w`` x ``min_h``."""
+    try:
+        return simplejpeg.decode_jpeg(data, colorspace, min_height=min_h, min_width=min_w, strict=strict)
+    except (ValueError, OSError) as exc:
+        msg = _one_line(exc)
+        kind = ("truncated JPEG" if "Premature end" in msg
+                else "corrupt JPEG data" if "Corrupt JPEG" in msg else "cannot decode JPEG")
+        raise RejectedImage(f"{kind} ({msg})") from None
+
+
+def _jpeg_image(data: bytes, im: Image.Image, min_w: int, min_h: int, strict: bool) -> Image.Image:
+    colorspace = _SJ_COLORSPACE.get(im.mode)
+    if colorspace is None:
+        raise RejectedImage(f"unsupported JPEG colour space {im.mode}")
+    arr = _decode_jpeg(data, colorspace, min_w, min_h, strict)
+    if colorspace == "CMYK":  # stored inverted (Adobe convention, as Pillow assumes)
+        return Image.frombytes("CMYK", (arr.shape[1], arr.shape[0]), arr.tobytes(), "raw", "CMYK;I")
+    return Image.fromarray(arr if colorspace == "RGB" else arr[:, :, 0])
+
+
+def _has_alpha(im: Image.Image) -> bool:
+    return im.mode in _ALPHA_MODES or ("transparency" in im.info and im.mode in ("1", "L", "P", "RGB"))
+
+
+def _orientation(im: Image.Image) -> int:
+    if im.format == "PNG" and "exif" not in im.info:
+        return 1  # PngImageFile.getexif() would decode the whole image to look for a late eXIf chunk
+    try:
+        value = im.getexif().get(0x0112, 1)
+    except _PIL_ERRORS:  # unreadable EXIF: keep the pixels as they are
+        return 1
+    return value if isinstance(value, int) and value in _TRANSPOSE else 1
+
+
+def _problems(im: Image.Image, data: bytes) -> list[str]:
+    """Why the file cannot be stored as it is (empty list: it can), from the header alone."""
+    fmt, mode, notes = im.format, im.mode, []
+    if fmt not in _JPEG_FORMATS and fmt != "PNG":
+        notes.append(f"{fmt.lower()}->png")
+    frames = 1 if fmt in _JPEG_FORMATS else getattr(im, "n_frames", 1)
+    if frames > 1:
+        notes.append(f"first of {frames} frames")
+    if mode in _SIXTEEN_BIT:
+        notes.append("16-bit->8-bit")
+    elif mode in ("I", "F"):
+        notes.append(f"{'32-bit int' if mode == 'I' else 'float'}->8-bit")
+    elif fmt == "PNG" and data[24] != 8 and mode in ("RGB", "RGBA", "L", "LA"):
+        notes.append(f"{data[24]}-bit->8-bit")
+    if mode not in ("RGB", "L") + _SIXTEEN_BIT + ("I", "F"):
+        notes.append("1-bit->rgb" if mode == "1" else "palette->rgb" if mode == "P" else f"{mode.lower()}->rgb")
+    if _has_alpha(im):
+        notes.append("alpha on white")
+    return notes
+
+
+def _to_8bit(arr: np.ndarray, mode: str) -> np.ndarray:
+    """Scale 16-bit (>> 8), 32-bit int and float images to 0..255 instead of clipping them."""
+    if mode in _SIXTEEN_BIT:
+        return (arr.astype(np.uint16) >> 8).astype(np.uint8)
+    a = np.nan_to_num(arr.astype(np.float64))
+    if mode == "I" and a.min() >= 0 and a.max() <= 65535:  # 16-bit data in a 32-bit mode
+        return (a.astype(np.uint32) >> 8).astype(np.uint8)
+    if mode == "F" and a.min() >= 0 and a.max() <= 1:
+        return np.rint(a * 255).astype(np.uint8)
+    lo, span = a.min(), (a.max() - a.min()) or 1.0  # anything else: stretch its range
+    return np.rint((a - lo) * (255 / span)).astype(np.uint8)
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    mode = img.mode
+    if mode in _SIXTEEN_BIT or mode in ("I", "F"):
+        img, mode = Image.fromarray(_to_8bit(np.asarray(img), mode)), "L"
+    try:
+        if _has_alpha(img):
+            white = Image.new("RGBA", img.size, (255, 255, 255, 255))
+            return Image.alpha_composite(white, img.convert("RGBA")).convert("RGB")
+        return img if mode == "RGB" else img.convert("RGB")
+    except ValueError as exc:
+        raise RejectedImage(f"unsupported pixel mode {mode} ({_one_line(exc)})") from None
+
+
+def _downscaled(w: int, h: int, opts: ImageOptions) -> tuple[int, int] | None:
+    """Stored size under ``max_side`` (None: no downscale)."""
+    if not opts.max_side or max(w, h) <= opts.max_side or (opts.want_pixels and opts.resize):
+        return None
+    scale = opts.max_side / max(w, h)
+    return max(1, round(w * scale)), max(1, round(h * scale))
+
+
+def _resize_short_center_crop(im: Image.Image, size: int, full: tuple[int, int]) -> Image.Image:
+    """Shorter side to ``size``, center crop; geometry from ``full`` (the size before any DCT reduction)."""
+    w, h = full
     scale = size / min(w, h)
     nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
     im = im.resize((nw, nh), Image.BICUBIC, reducing_gap=3.0)
@@ -54,35 +257,72 @@ def _resize_short_center_crop(im: Image.Image, size: int) -> Image.Image:
 
 
 def prepare_image(data: bytes, opts: ImageOptions) -> Prepared:
-    """Validate ``data`` and return what to store for it, or raise RejectedImage."""
+    """Validate ``data`` and return what to store for it, or raise RejectedImage.
+
+    Meant for worker processes: while it runs it swaps process-wide state (Pillow's
+    ``LOAD_TRUNCATED_IMAGES`` and the warning filters), so do not call it from several
+    threads of one process at once.
+    """
     if not data:
         raise RejectedImage("empty file (0 bytes)")
-    try:
-        im = Image.open(io.BytesIO(data))
-        fmt = im.format
-        im.load()
-    except Exception as exc:  # Pillow raises many types for bad data
-        raise RejectedImage(f"cannot decode: {exc}") from None
-    if fmt not in _EXT:
-        raise RejectedImage(f"unsupported image format {fmt}")
-    changed = im.mode not in ("RGB", "L")
-    rgb = im.convert("RGB") if im.mode != "RGB" else im
+    with _strict_pillow() as caught:
+        prep = _prepare(data, opts)
+    seen = [_one_line(w.message) for w in caught if not issubclass(w.category, Image.DecompressionBombWarning)]
+    if seen:
+        prep.note = ", ".join(filter(None, [prep.note, f"warning: {seen[0]}"]))
+    return prep
+
+
+def _prepare(data: bytes, opts: ImageOptions) -> Prepared:
+    im = _open(data)
+    fmt, (w, h) = im.format or "", im.size
+    if w * h > opts.max_pixels:
+        raise RejectedImage(f"decompression bomb ({w}x{h} = {w * h:,} pixels > max_pixels {opts.max_pixels:,})")
+    jpeg = fmt in _JPEG_FORMATS
+    notes = _problems(im, data)
+    if not jpeg and (opts.validate or notes or opts.want_pixels or _downscaled(w, h, opts)):
+        if fmt == "PNG" and opts.validate:
+            _check_png_chunks(data)
+        _load(im)  # the one full decode (PNG has no reduced mode)
+    orientation = _orientation(im)
+    if orientation != 1:
+        notes.append(f"exif-rotate (orientation {orientation})")
+    if orientation >= 5:  # 5..8 swap the axes
+        w, h = h, w
+    target = _downscaled(w, h, opts)
+    ext = "jpg" if jpeg else "png"
+    if not notes and target is None and not opts.want_pixels:
+        if jpeg and opts.validate:  # reads all compressed data; 1/8 scale, luma only
+            _decode_jpeg(data, "GRAY", 1, 1, strict=True)
+        return Prepared(data, ext, h, w, False, source_format=fmt)
+
+    if jpeg:  # the one full decode, at a reduced DCT scale when the result is much smaller
+        min_w = min_h = 0
+        if target:
+            min_w, min_h = 2 * target[0], 2 * target[1]
+        elif opts.want_pixels and opts.resize and 2 * opts.resize < min(w, h):
+            scale = 2 * opts.resize / min(w, h)
+            min_w, min_h = math.ceil(w * scale), math.ceil(h * scale)
+        if orientation >= 5:
+            min_w, min_h = min_h, min_w
+        sampling = JpegImagePlugin.get_sampling(im)  # keep 4:4:4 / 4:2:2 / 4:2:0 (-1: default)
+        im = _jpeg_image(data, im, min_w, min_h, strict=opts.validate)
+    rgb = _to_rgb(im)
+    if orientation in _TRANSPOSE:
+        rgb = rgb.transpose(_TRANSPOSE[orientation])
+    if opts.want_pixels and opts.resize:
+        rgb = _resize_short_center_crop(rgb, opts.resize, (w, h))
+    elif target:
+        rgb = rgb.resize(target, Image.BICUBIC, reducing_gap=3.0)
+        notes.append(f"downscaled {w}x{h}->{target[0]}x{target[1]}")
+    note = ", ".join(notes)
     if opts.want_pixels:
-        if opts.resize:
-            rgb = _resize_short_center_crop(rgb, opts.resize)
-        elif opts.max_side and max(rgb.size) > opts.max_side:
-            rgb.thumbnail((opts.max_side, opts.max_side), Image.BICUBIC)
         arr = np.asarray(rgb)
-        return Prepared(b"", "rgb", arr.shape[0], arr.shape[1], True, arr)
-    if opts.max_side and max(rgb.size) > opts.max_side:
-        rgb = rgb.copy()
-        rgb.thumbnail((opts.max_side, opts.max_side), Image.BICUBIC)
-        changed = True
-    if not changed:
-        return Prepared(data, _EXT[fmt], im.height, im.width, False)
+        return Prepared(b"", "rgb", arr.shape[0], arr.shape[1], True, arr, note, fmt)
     buf = io.BytesIO()
-    if fmt == "JPEG":
-        rgb.save(buf, "JPEG", quality=opts.quality)
+    if jpeg:
+        quality = opts.quality if target else max(opts.quality, opts.normalize_quality)
+        rgb.save(buf, "JPEG", quality=quality, subsampling=sampling)
     else:
         rgb.save(buf, "PNG")
-    return Prepared(buf.getvalue(), _EXT[fmt], rgb.height, rgb.width, True)
+    return Prepared(buf.getvalue(), ext, rgb.height, rgb.width, True, None, note, fmt)
