@@ -1,19 +1,334 @@
-"""Decoding stored image bytes to RGB uint8 arrays (HWC).
+"""Decoding stored image bytes to RGB uint8 arrays (HWC), with pluggable decoders.
 
 Counterpart of ``packer/images.py``, which decides what bytes are stored.
+
+Decoders
+--------
+``"simplejpeg"``
+    libjpeg-turbo through the ``simplejpeg`` package. JPEG only (detected by
+    the magic bytes ``FF D8 FF``, never by file name). Always run with the
+    accurate integer DCT and fancy upsampling (``fastdct=False``,
+    ``fastupsample=False``), which is what Pillow uses.
+``"pillow"``
+    The installed ``PIL`` (Pillow, or pillow-simd when that is what is
+    installed: both are imported as ``PIL``). Every format.
+``"pillow-simd"``
+    The same code path as ``"pillow"``; only available when the installed
+    ``PIL`` is a pillow-simd build (its version carries a ``.postN`` suffix).
+
+``"auto"`` decodes PNG and every other non-JPEG with PIL. For JPEG it picks
+``"simplejpeg"`` when it is importable *and* a one-time probe shows that it
+decodes bit-exactly like the installed PIL (both link libjpeg-turbo with the
+same settings; the probe decodes a few small generated JPEGs -- 4:2:0, 4:2:2,
+4:4:4, grayscale, progressive, odd sizes -- at full and reduced scale with
+both and compares). Otherwise ``"auto"`` falls back to PIL, so the contract
+below holds whatever is installed:
+
+    ``decode_rgb(data)`` equals ``np.asarray(Image.open(BytesIO(data)).convert("RGB"))``
+
+JPEGs that simplejpeg cannot turn into RGB the way Pillow does (CMYK, YCCK)
+and JPEGs that libjpeg-turbo flags as corrupt (simplejpeg is strict, Pillow
+is lenient) are decoded by PIL under every decoder choice. EXIF orientation
+is never applied (neither by Pillow's ``convert`` nor here).
+
+Size-aware decoding
+-------------------
+``decode_rgb_reduced(data, min_h, min_w)`` decodes a JPEG at the largest DCT
+scale 1/2, 1/4 or 1/8 whose output is still at least ``min_h`` x ``min_w``
+(the same rule as Pillow's ``Image.draft``: ``H // s >= min_h`` and
+``W // s >= min_w``), so the pixels never have to be upsampled afterwards.
+simplejpeg and Pillow's draft mode produce the same pixels at the same scale.
+Only power-of-two scales are used: libjpeg-turbo's other M/8 scales are slower
+than a full decode.
 """
 
 from __future__ import annotations
 
+import functools
 import io
+import logging
+import math
+import struct
+from dataclasses import dataclass
 
 import numpy as np
+import PIL
 from PIL import Image
 
-__all__ = ["decode_rgb"]
+try:  # optional at import time; a declared dependency of the project
+    import simplejpeg as _sj
+except ImportError:  # pragma: no cover - exercised only without simplejpeg
+    _sj = None
+
+__all__ = [
+    "DECODERS",
+    "DecodeError",
+    "DecoderUnavailableError",
+    "ImageHeader",
+    "decode_rgb",
+    "decode_rgb_reduced",
+    "decode_rgb_scaled",
+    "available_decoders",
+    "auto_decoder",
+    "decoder_report",
+    "is_jpeg",
+    "pillow_is_simd",
+    "read_header",
+    "reduction_for",
+    "simplejpeg_matches_pillow",
+]
+
+log = logging.getLogger(__name__)
+
+#: Every decoder name this module knows, whether installed or not.
+DECODERS = ("simplejpeg", "pillow", "pillow-simd")
+_CHOICES = ("auto",) + DECODERS
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_SCALES = (8, 4, 2, 1)
+# simplejpeg header colorspaces it converts to RGB exactly like Pillow does.
+_SJ_COLORSPACES = frozenset({"Gray", "YCbCr", "RGB"})
+# What Pillow raises for unreadable data.
+_PIL_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError, Image.DecompressionBombError)
 
 
-def decode_rgb(data: bytes | memoryview) -> np.ndarray:
-    """Decode JPEG/PNG bytes to an RGB ``uint8`` array of shape (H, W, 3)."""
-    with Image.open(io.BytesIO(data)) as im:
-        return np.asarray(im.convert("RGB"))
+class DecodeError(OSError):
+    """The bytes cannot be decoded as an image (subclass of ``OSError`` like Pillow's errors)."""
+
+
+class DecoderUnavailableError(RuntimeError):
+    """The requested decoder is not installed in this environment."""
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """Size and kind of an encoded image, read without decoding pixels."""
+
+    height: int
+    width: int
+    is_jpeg: bool
+    #: JPEG colorspace from the header ("YCbCr", "Gray", "CMYK", ...) or the PIL mode otherwise.
+    colorspace: str
+
+
+# --------------------------------------------------------------------------- detection
+
+
+def is_jpeg(data: bytes | bytearray | memoryview | np.ndarray) -> bool:
+    """True when ``data`` starts with the JPEG SOI marker and a marker byte (``FF D8 FF``)."""
+    return bytes(memoryview(data)[:3]) == _JPEG_MAGIC
+
+
+def pillow_is_simd() -> bool:
+    """True when the installed ``PIL`` is a pillow-simd build (version like ``9.5.0.post1``)."""
+    return ".post" in PIL.__version__
+
+
+def available_decoders() -> tuple[str, ...]:
+    """Installed decoder names, fastest JPEG decoder first (``"auto"`` not included)."""
+    names = []
+    if _sj is not None:
+        names.append("simplejpeg")
+    if pillow_is_simd():
+        names.append("pillow-simd")
+    names.append("pillow")
+    return tuple(names)
+
+
+@functools.lru_cache(maxsize=1)
+def simplejpeg_matches_pillow() -> bool:
+    """One-time probe: does simplejpeg decode exactly like the installed PIL here?
+
+    Decodes a handful of small generated JPEGs (every chroma subsampling,
+    grayscale, progressive, odd sizes) at full and 1/2 scale with both and
+    compares the pixels. False when simplejpeg is missing. Costs a few
+    milliseconds once per process.
+    """
+    if _sj is None:
+        return False
+    rng = np.random.default_rng(12345)
+    yy, xx = np.mgrid[0:45, 0:61]
+    base = np.stack([(xx * 4) % 256, (yy * 5) % 256, ((xx + yy) * 3) % 256], axis=-1)
+    base = np.clip(base + rng.integers(-40, 40, base.shape), 0, 255).astype(np.uint8)
+    samples = []
+    for kwargs in ({"subsampling": 0}, {"subsampling": 1}, {"subsampling": 2},
+                   {"subsampling": 2, "progressive": True, "quality": 70}):
+        buf = io.BytesIO()
+        Image.fromarray(base).save(buf, "JPEG", quality=kwargs.pop("quality", 90), **kwargs)
+        samples.append(buf.getvalue())
+    buf = io.BytesIO()
+    Image.fromarray(base[:, :, 0]).save(buf, "JPEG", quality=90)
+    samples.append(buf.getvalue())
+    try:
+        for data in samples:
+            for scale in (1, 2):
+                ours = _sj_decode(data, 45, 61, scale)
+                ref = _pil_decode(data, scale)
+                if ours.shape != ref.shape or not np.array_equal(ours, ref):
+                    log.warning(
+                        "simplejpeg %s does not decode bit-exactly like PIL %s here; "
+                        "decoder='auto' uses PIL for JPEG", _sj.__version__, PIL.__version__)
+                    return False
+    except (ValueError, OSError) as exc:  # a broken build: say why, use PIL
+        log.warning("simplejpeg probe failed (%s); decoder='auto' uses PIL for JPEG", exc)
+        return False
+    return True
+
+
+def auto_decoder(jpeg: bool = True) -> str:
+    """The decoder ``decoder="auto"`` uses for a JPEG (``jpeg=True``) or any other image."""
+    if jpeg and simplejpeg_matches_pillow():
+        return "simplejpeg"
+    return "pillow-simd" if pillow_is_simd() else "pillow"
+
+
+def decoder_report() -> dict:
+    """Versions and choices, for logs and benchmark output."""
+    try:
+        from PIL import features
+
+        turbo = features.version("libjpeg_turbo") if features.check_feature("libjpeg_turbo") else None
+    except (ImportError, ValueError):  # pragma: no cover - very old Pillow
+        turbo = None
+    return {
+        "pil": PIL.__version__,
+        "pil_is_simd": pillow_is_simd(),
+        "pil_libjpeg_turbo": turbo,
+        "simplejpeg": getattr(_sj, "__version__", None),
+        "simplejpeg_matches_pillow": simplejpeg_matches_pillow(),
+        "available": list(available_decoders()),
+        "auto_jpeg": auto_decoder(True),
+        "auto_other": auto_decoder(False),
+    }
+
+
+def _resolve(decoder: str, jpeg: bool) -> str:
+    """Map a requested decoder name to the code path actually used for this image."""
+    if decoder not in _CHOICES:
+        raise ValueError(f"unknown decoder {decoder!r}; choose one of {_CHOICES}")
+    if decoder == "auto":
+        return "simplejpeg" if auto_decoder(jpeg) == "simplejpeg" else "pil"
+    if decoder == "simplejpeg":
+        if _sj is None:
+            raise DecoderUnavailableError("decoder 'simplejpeg' requested but simplejpeg is not installed")
+        return "simplejpeg" if jpeg else "pil"  # non-JPEG always goes through PIL
+    if decoder == "pillow-simd" and not pillow_is_simd():
+        raise DecoderUnavailableError(
+            f"decoder 'pillow-simd' requested but the installed PIL is Pillow {PIL.__version__}; "
+            "see docs/decode.md to build pillow-simd")
+    return "pil"
+
+
+# --------------------------------------------------------------------------- headers
+
+
+def read_header(data: bytes | bytearray | memoryview | np.ndarray) -> ImageHeader:
+    """Height, width and colorspace of encoded bytes, without decoding the pixels."""
+    jpeg = is_jpeg(data)
+    if jpeg and _sj is not None:
+        try:
+            h, w, colorspace, _sub = _sj.decode_jpeg_header(data)
+            return ImageHeader(int(h), int(w), True, str(colorspace))
+        except ValueError:
+            pass  # let PIL try (and produce the error message) below
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            w, h = im.size
+            return ImageHeader(h, w, jpeg, im.mode)
+    except _PIL_ERRORS as exc:
+        raise DecodeError(f"cannot read image header: {exc}") from exc
+
+
+def reduction_for(height: int, width: int, min_h: int, min_w: int, *, jpeg: bool = True) -> int:
+    """Largest DCT scale denominator in (8, 4, 2, 1) with ``height // s >= min_h`` and ``width // s >= min_w``.
+
+    Always 1 for non-JPEG and for tiny images (either side under 16 pixels),
+    where libjpeg's scaled sizes stop being distinguishable.
+    """
+    if min_h < 1 or min_w < 1:
+        raise ValueError(f"minimum size must be >= 1, got {min_h}x{min_w}")
+    if not jpeg or min(height, width) < 16:
+        return 1
+    for s in _SCALES:
+        if height // s >= min_h and width // s >= min_w:
+            return s
+    return 1
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _check_bomb(height: int, width: int) -> None:
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and height * width > 2 * limit:
+        raise DecodeError(
+            f"image of {height}x{width} pixels exceeds twice PIL.Image.MAX_IMAGE_PIXELS ({limit}); "
+            "possible decompression bomb")
+
+
+def _sj_decode(data, height: int, width: int, scale: int) -> np.ndarray:
+    kwargs = {}
+    if scale > 1:
+        kwargs = {"min_height": math.ceil(height / scale), "min_width": math.ceil(width / scale)}
+    return _sj.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False, **kwargs)
+
+
+def _pil_decode(data, scale: int) -> np.ndarray:
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            if scale > 1 and im.format == "JPEG":
+                w, h = im.size
+                im.draft("RGB", (w // scale, h // scale))
+            return np.asarray(im.convert("RGB"))
+    except _PIL_ERRORS as exc:
+        raise DecodeError(f"cannot decode image: {exc}") from exc
+
+
+def decode_rgb_scaled(data: bytes | bytearray | memoryview | np.ndarray, scale: int = 1, *,
+                      decoder: str = "auto", header: ImageHeader | None = None) -> np.ndarray:
+    """Decode at DCT scale ``1/scale`` (``scale`` in 1, 2, 4, 8); non-JPEG ignores ``scale``.
+
+    The result is ``ceil(H/scale) x ceil(W/scale)`` for a JPEG (libjpeg's
+    rounding), RGB uint8 HWC. It may be read-only (PIL path): copy before
+    writing into it. ``header`` saves re-parsing when the caller already has it.
+    """
+    if scale not in _SCALES:
+        raise ValueError(f"scale must be one of {sorted(_SCALES)}, got {scale!r}")
+    jpeg = is_jpeg(data)
+    path = _resolve(decoder, jpeg)
+    if path == "simplejpeg":
+        if header is None or not header.is_jpeg:
+            try:
+                header = read_header(data)
+            except DecodeError:
+                header = None
+        if header is not None and header.colorspace in _SJ_COLORSPACES:
+            _check_bomb(header.height, header.width)
+            try:
+                return _sj_decode(data, header.height, header.width, scale)
+            except ValueError as exc:  # strict libjpeg-turbo warning or error: Pillow decides
+                log.debug("simplejpeg refused the data (%s); decoding with PIL", exc)
+    return _pil_decode(data, scale)
+
+
+def decode_rgb(data: bytes | bytearray | memoryview | np.ndarray, *, decoder: str = "auto") -> np.ndarray:
+    """Decode JPEG/PNG/... bytes to an RGB ``uint8`` array of shape (H, W, 3).
+
+    Equals ``np.asarray(Image.open(BytesIO(data)).convert("RGB"))`` exactly
+    for ``decoder="auto"`` and ``"pillow"``; for ``"simplejpeg"`` too wherever
+    :func:`simplejpeg_matches_pillow` is true. May be read-only.
+    Raises :class:`DecodeError` for data no decoder can read.
+    """
+    return decode_rgb_scaled(data, 1, decoder=decoder)
+
+
+def decode_rgb_reduced(data: bytes | bytearray | memoryview | np.ndarray, min_h: int, min_w: int, *,
+                       decoder: str = "auto") -> np.ndarray:
+    """Decode at the smallest DCT scale that keeps the image at least ``min_h`` x ``min_w``.
+
+    A JPEG of H x W is decoded at ``1/s``, ``s`` from :func:`reduction_for`
+    (largest of 8, 4, 2, 1 with ``H // s >= min_h`` and ``W // s >= min_w``).
+    Images already smaller than the minimum, and non-JPEGs, decode at full size.
+    """
+    header = read_header(data)
+    scale = reduction_for(header.height, header.width, min_h, min_w, jpeg=header.is_jpeg)
+    return decode_rgb_scaled(data, scale, decoder=decoder, header=header)

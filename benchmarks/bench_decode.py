@@ -1,0 +1,393 @@
+#!/usr/bin/env python
+"""Decode/transform throughput: plain Pillow vs simplejpeg vs size-aware (reduced DCT) decode.
+
+Benchmark of ``readers/decode.py`` and ``readers/transforms.py`` (run it, it is not a test;
+``tests/test_decode.py`` runs ``--quick`` so it cannot rot).
+
+In one run it:
+
+1. generates an ImageNet-like ImageFolder in a temp dir: JPEGs of about 480x400
+   (quality 90, 4:2:0) cut and resized from the bundled real photos
+   (``examples/real-images``) with added noise so they do not compress trivially;
+2. on ONE core (process pinned to one CPU, ``torch.set_num_threads(1)``),
+   measures images/s of each decode(+resize) path over the in-memory bytes,
+   ``--repeats`` times, and reports the median and the ratio to the plain
+   Pillow baseline (full decode + resize shorter side to 224);
+3. measures a torch DataLoader (``--workers`` processes, all CPUs) over a
+   map-style dataset of the file bytes with the train recipe, before (Pillow
+   full decode + torchvision-like crop/resize in Pillow) and after (fused);
+4. re-encodes the folder at pack-time ``--max-side`` values (None, 512, 384,
+   256; thumbnail, bicubic, quality 90 like ``pack-dataset --max-side``) and
+   reports total bytes and the single-core train-transform rate.
+
+Usage::
+
+    python benchmarks/bench_decode.py                 # full run, about a minute on 2 cores
+    python benchmarks/bench_decode.py --quick         # tiny, seconds (what the test runs)
+    python benchmarks/bench_decode.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from readers.decode import (  # noqa: E402
+    decode_rgb,
+    decode_rgb_reduced,
+    decoder_report,
+)
+from readers.transforms import (  # noqa: E402
+    imagenet_eval_transform,
+    imagenet_train_transform,
+    sample_crop_box,
+)
+
+REAL_IMAGES = REPO / "examples" / "real-images"
+OUT = 224
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _sources(max_side: int = 1024) -> list[Image.Image]:
+    out = []
+    for path in sorted(REAL_IMAGES.rglob("*")):
+        if path.suffix.lower() not in (".jpg", ".jpeg", ".png"):
+            continue
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            im.thumbnail((max_side, max_side), Image.BICUBIC)
+            out.append(im)
+    if not out:
+        raise SystemExit(f"no source photos under {REAL_IMAGES}")
+    return out
+
+
+def make_folder(root: Path, n: int, seed: int = 0, classes: int = 10) -> list[tuple[Path, int]]:
+    """An ImageFolder of ``n`` noisy ~480x400 JPEGs (quality 90) made from the real photos."""
+    rng = np.random.default_rng(seed)
+    sources = _sources()
+    aspects = (4 / 3, 4 / 3, 3 / 2, 1.2, 1.0, 3 / 4)
+    items = []
+    for i in range(n):
+        src = sources[int(rng.integers(len(sources)))]
+        sw, sh = src.size
+        frac = rng.uniform(0.4, 1.0)
+        cw, ch = max(8, int(sw * frac)), max(8, int(sh * frac))
+        x0, y0 = int(rng.integers(0, sw - cw + 1)), int(rng.integers(0, sh - ch + 1))
+        aspect = aspects[int(rng.integers(len(aspects)))]
+        long_side = int(rng.integers(420, 561))
+        w, h = (long_side, int(long_side / aspect)) if aspect >= 1 else (int(long_side * aspect), long_side)
+        im = src.resize((w, h), Image.BICUBIC, box=(x0, y0, x0 + cw, y0 + ch))
+        arr = np.asarray(im).astype(np.float32) + rng.normal(0.0, 15.0, (h, w, 3)).astype(np.float32)
+        im = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+        if rng.random() < 0.02:  # ImageNet has a few percent grayscale JPEGs
+            im = im.convert("L")
+        label = i % classes
+        d = root / f"n{label:08d}"
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"img_{i:05d}.JPEG"
+        im.save(path, "JPEG", quality=90)
+        items.append((path, label))
+    return items
+
+
+def reencode(blobs: list[bytes], max_side: int | None) -> list[bytes]:
+    """Pack-time downscale: thumbnail to ``max_side`` (bicubic), JPEG quality 90. None keeps the bytes."""
+    if max_side is None:
+        return list(blobs)
+    out = []
+    for data in blobs:
+        with Image.open(io.BytesIO(data)) as im:
+            if max(im.size) <= max_side:
+                out.append(data)
+                continue
+            im = im.convert("RGB") if im.mode not in ("RGB", "L") else im
+            im.thumbnail((max_side, max_side), Image.BICUBIC)
+            buf = io.BytesIO()
+            im.save(buf, "JPEG", quality=90)
+            out.append(buf.getvalue())
+    return out
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+def _short_side(h: int, w: int, size: int) -> tuple[int, int]:
+    """torchvision Resize(size) output (h, w)."""
+    if w <= h:
+        return int(size * h / w), size
+    return size, int(size * w / h)
+
+
+def _pil_to_chw(im: Image.Image) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(im.convert("RGB")).transpose(2, 0, 1)))
+
+
+def _arr_resize_pillow(arr: np.ndarray) -> torch.Tensor:
+    h, w = _short_side(arr.shape[0], arr.shape[1], OUT)
+    return _pil_to_chw(Image.fromarray(arr).resize((w, h), Image.BILINEAR))
+
+
+def _arr_resize_torch(arr: np.ndarray) -> torch.Tensor:
+    h, w = _short_side(arr.shape[0], arr.shape[1], OUT)
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    x = torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0)
+    return torch.nn.functional.interpolate(x, size=(h, w), mode="bilinear", antialias=True)[0].contiguous()
+
+
+def pillow_baseline(data: bytes) -> torch.Tensor:
+    """Plain Pillow: full decode, resize shorter side to 224 (bilinear, antialiased)."""
+    with Image.open(io.BytesIO(data)) as im:
+        im = im.convert("RGB")
+        h, w = _short_side(im.height, im.width, OUT)
+        return _pil_to_chw(im.resize((w, h), Image.BILINEAR))
+
+
+class PillowTrain:
+    """The "before" train pipeline: Pillow full decode, torchvision-like crop+resize+flip in Pillow."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, data: bytes) -> torch.Tensor:
+        with Image.open(io.BytesIO(data)) as im:
+            im = im.convert("RGB")
+            top, left, h, w = sample_crop_box(im.height, im.width, (0.08, 1.0), (3 / 4, 4 / 3), self.rng)
+            im = im.crop((left, top, left + w, top + h)).resize((OUT, OUT), Image.BILINEAR)
+            if self.rng.random() < 0.5:
+                im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            return _pil_to_chw(im)
+
+
+def pillow_eval(data: bytes) -> torch.Tensor:
+    """The "before" eval pipeline: Pillow full decode, Resize(256) + CenterCrop(224) in Pillow."""
+    with Image.open(io.BytesIO(data)) as im:
+        im = im.convert("RGB")
+        h, w = _short_side(im.height, im.width, 256)
+        im = im.resize((w, h), Image.BILINEAR)
+        top, left = int(round((h - OUT) / 2.0)), int(round((w - OUT) / 2.0))
+        return _pil_to_chw(im.crop((left, top, left + OUT, top + OUT)))
+
+
+def methods() -> list[tuple[str, str, object]]:
+    """(name, recipe group, factory) -- the factory returns a fresh bytes -> tensor callable."""
+    return [
+        ("pillow full decode + pillow resize (baseline)", "resize", lambda: pillow_baseline),
+        ("simplejpeg full decode + pillow resize", "resize",
+         lambda: lambda d: _arr_resize_pillow(decode_rgb(d, decoder="simplejpeg"))),
+        ("simplejpeg full decode + torch resize", "resize",
+         lambda: lambda d: _arr_resize_torch(decode_rgb(d, decoder="simplejpeg"))),
+        ("reduced decode (pillow draft) + pillow resize", "resize",
+         lambda: lambda d: _arr_resize_pillow(decode_rgb_reduced(d, OUT, OUT, decoder="pillow"))),
+        ("reduced decode (simplejpeg) + pillow resize", "resize",
+         lambda: lambda d: _arr_resize_pillow(decode_rgb_reduced(d, OUT, OUT, decoder="simplejpeg"))),
+        ("reduced decode (simplejpeg) + torch resize", "resize",
+         lambda: lambda d: _arr_resize_torch(decode_rgb_reduced(d, OUT, OUT, decoder="simplejpeg"))),
+        ("train before: pillow decode + crop/resize (pillow)", "train", lambda: PillowTrain(0)),
+        ("train fused: auto decoder + pillow resize", "train",
+         lambda: imagenet_train_transform(OUT, seed=0, backend="pillow")),
+        ("train fused: auto decoder + torch resize (default)", "train",
+         lambda: imagenet_train_transform(OUT, seed=0)),
+        ("eval before: pillow decode + Resize(256)+CenterCrop", "eval", lambda: pillow_eval),
+        ("eval fused: auto decoder + pillow resize", "eval",
+         lambda: imagenet_eval_transform(OUT, 256, backend="pillow")),
+        ("eval fused: auto decoder + torch resize (default)", "eval", lambda: imagenet_eval_transform(OUT, 256)),
+    ]
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def rate(fn_factory, blobs: list[bytes], repeats: int) -> tuple[float, list[float]]:
+    """Median images/s over ``repeats`` passes (a fresh callable each pass: same seed, same work)."""
+    fn = fn_factory()
+    for data in blobs[: max(1, len(blobs) // 20)]:  # warm caches and lazy imports
+        fn(data)
+    rates = []
+    for _ in range(repeats):
+        fn = fn_factory()
+        t0 = time.perf_counter()
+        for data in blobs:
+            fn(data)
+        rates.append(len(blobs) / (time.perf_counter() - t0))
+    return statistics.median(rates), rates
+
+
+class BytesDataset(torch.utils.data.Dataset):
+    """Map-style dataset over in-memory file bytes: (transform(bytes), label)."""
+
+    def __init__(self, blobs: list[bytes], labels: list[int], transform) -> None:
+        self.blobs, self.labels, self.transform = blobs, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def __getitem__(self, i: int):
+        return self.transform(self.blobs[i]), self.labels[i]
+
+
+def loader_rate(blobs, labels, transform, workers: int, batch: int, epochs: int) -> float:
+    ds = BytesDataset(blobs, labels, transform)
+    kwargs = {"persistent_workers": True} if workers > 0 else {}
+    dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, **kwargs)
+    for _ in dl:  # warm-up epoch: worker start-up is not measured
+        pass
+    t0 = time.perf_counter()
+    n = 0
+    for _ in range(epochs):
+        for x, _y in dl:
+            n += x.shape[0]
+    elapsed = time.perf_counter() - t0
+    del dl
+    return n / elapsed
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = lambda r: "| " + " | ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])  # noqa: E731
+                                        for i, c in enumerate(r)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(headers), sep] + [line(r) for r in cells])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny run (seconds): 16 images, 1 repeat")
+    ap.add_argument("--images", type=int, default=None, help="JPEGs to generate (default 500, quick 16)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed passes per method (default 3, quick 1)")
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers for the loader part")
+    ap.add_argument("--batch", type=int, default=None, help="DataLoader batch size (default 64, quick 8)")
+    ap.add_argument("--cpu", type=int, default=None, help="CPU to pin the single-core part to")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--keep", type=Path, default=None, help="generate the folder here and keep it")
+    args = ap.parse_args(argv)
+    n = args.images or (16 if args.quick else 500)
+    repeats = args.repeats or (1 if args.quick else 3)
+    batch = args.batch or (8 if args.quick else 64)
+    max_sides = (None, 256) if args.quick else (None, 512, 384, 256)
+    started = time.perf_counter()
+
+    tmp = None
+    if args.keep:
+        root = args.keep
+        root.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="bench-decode-")
+        root = Path(tmp.name)
+    try:
+        items = make_folder(root / "train", n)
+        blobs = [p.read_bytes() for p, _ in items]
+        labels = [lab for _, lab in items]
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    sizes = [Image.open(io.BytesIO(b)).size for b in blobs]
+    report = decoder_report()
+    info = {
+        "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, "
+                   f"cuda={'yes' if torch.cuda.is_available() else 'no'}",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "decoders": report,
+        "images": n,
+        "mean_bytes": int(statistics.fmean(len(b) for b in blobs)),
+        "mean_size_wh": [int(statistics.fmean(s[0] for s in sizes)), int(statistics.fmean(s[1] for s in sizes))],
+        "repeats": repeats,
+        "command": "python benchmarks/bench_decode.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+    print(f"# {info['machine']}; python {info['python']}, torch {info['torch']} "
+          f"({info['torch_cpu_capability']}), Pillow {report['pil']} (libjpeg-turbo "
+          f"{report['pil_libjpeg_turbo']}), simplejpeg {report['simplejpeg']}")
+    print(f"# auto decoder: {report['auto_jpeg']} for JPEG (bit-exact vs Pillow: "
+          f"{report['simplejpeg_matches_pillow']}), {report['auto_other']} otherwise")
+    print(f"# {n} JPEGs, mean {info['mean_bytes'] / 1000:.0f} KB, mean {info['mean_size_wh'][0]}x"
+          f"{info['mean_size_wh'][1]} (WxH), quality 90; {repeats} repeats, median shown")
+
+    # ---- single core
+    all_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    threads = torch.get_num_threads()
+    cpu = args.cpu if args.cpu is not None else (min(all_cpus) if all_cpus else None)
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
+    torch.set_num_threads(1)
+    rows = []
+    try:
+        base = None
+        group_base = {}
+        for name, group, factory in methods():
+            med, runs = rate(factory, blobs, repeats)
+            if base is None:
+                base = med
+            group_base.setdefault(group, med)
+            rows.append({"method": name, "group": group, "images_per_s": med, "runs": runs,
+                         "vs_baseline": med / base, "vs_group_first": med / group_base[group]})
+        ms_rows = []
+        for ms in max_sides:
+            re = reencode(blobs, ms)
+            med, runs = rate(lambda: imagenet_train_transform(OUT, seed=0), re, repeats)
+            ms_rows.append({"max_side": ms, "total_bytes": sum(len(b) for b in re),
+                            "mean_bytes": int(statistics.fmean(len(b) for b in re)),
+                            "train_images_per_s": med, "runs": runs})
+    finally:
+        if all_cpus is not None:
+            os.sched_setaffinity(0, all_cpus)
+        torch.set_num_threads(threads)
+
+    print(f"\n## One core (pinned to CPU {cpu}, torch threads 1): images/s\n")
+    print(_table(["method", "images/s", "vs baseline", "vs recipe 'before'"],
+                 [[r["method"], f"{r['images_per_s']:.0f}", f"{r['vs_baseline']:.2f}x",
+                   f"{r['vs_group_first']:.2f}x" if r["group"] != "resize" else ""] for r in rows]))
+
+    # ---- loader
+    loader_rows = []
+    for name, factory in (("before: pillow decode + pillow crop/resize", lambda: PillowTrain(0)),
+                          ("after: fused train transform", lambda: imagenet_train_transform(OUT))):
+        r = loader_rate(blobs, labels, factory(), args.workers, batch, epochs=2 if not args.quick else 1)
+        loader_rows.append({"pipeline": name, "workers": args.workers, "images_per_s": r})
+    print(f"\n## DataLoader, train recipe, {args.workers} workers, batch {batch}: images/s\n")
+    print(_table(["pipeline", "images/s", "speed-up"],
+                 [[r["pipeline"], f"{r['images_per_s']:.0f}",
+                   f"{r['images_per_s'] / loader_rows[0]['images_per_s']:.2f}x"] for r in loader_rows]))
+
+    print("\n## Pack-time --max-side (thumbnail, bicubic, quality 90): size vs train-transform rate (one core)\n")
+    print(_table(["max-side", "total MB", "KB/image", "train images/s"],
+                 [["none (as generated)" if r["max_side"] is None else str(r["max_side"]),
+                   f"{r['total_bytes'] / 1e6:.1f}", f"{r['mean_bytes'] / 1000:.0f}",
+                   f"{r['train_images_per_s']:.0f}"] for r in ms_rows]))
+    elapsed = time.perf_counter() - started
+    print(f"\n# total {elapsed:.0f} s")
+    result = {"info": info, "single_core": rows, "loader": loader_rows, "max_side": ms_rows,
+              "elapsed_s": elapsed}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
