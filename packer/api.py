@@ -42,6 +42,11 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -
         raise SourceError(f"{src}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
     splits = find_split_dirs(src)
     if splits:
+        names = [_split_name(d) for d in splits]
+        clash = sorted({n for n in names if names.count(n) > 1})
+        if clash:
+            raise SourceError(f"{src}: split folders {', '.join(d.name for d in splits if _split_name(d) in clash)} "
+                              f"would all be written to {out / clash[0]}; rename them")
         jobs = [(_split_name(d), scan(d, follow_symlinks=options.follow_symlinks), out / _split_name(d)) for d in splits]
     else:
         jobs = [(_split_name(src), scan(src, follow_symlinks=options.follow_symlinks), out)]

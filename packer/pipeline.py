@@ -262,7 +262,7 @@ def pack_split(
                 raise PackError(f"{value}; fix it and re-run with --resume")
             if status == "reject":
                 rejected += 1
-                rejects.write((json.dumps({"path": rel, "reason": value}, ensure_ascii=False) + "\n").encode())
+                rejects.write((json.dumps({"path": rel, "reason": value}) + "\n").encode())
                 if options.strict:
                     raise PackError(f"rejected {source.root / rel}: {value} (--strict stops at the first reject)")
             else:
@@ -271,7 +271,7 @@ def pack_split(
                 size = prep.pixels.nbytes if prep.pixels is not None else len(prep.data)
                 pending.append((label, crc, size, fields.get("offsets", 0), fields.get("shards", 0),
                                 prep.height, prep.width))
-                names.write((json.dumps(rel, ensure_ascii=False) + "\n").encode())
+                names.write((json.dumps(rel) + "\n").encode())  # ASCII escapes: any file name round-trips
                 changed += bool(prep.changed) and not writer.pixels
                 encodings[prep.ext] = encodings.get(prep.ext, 0) + 1
                 done += 1

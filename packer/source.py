@@ -82,15 +82,22 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
     if not root.is_dir():
         raise SourceError(f"{root}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
     real_root = root.resolve()
+    skipped: list[str] = []
     try:
-        classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+        classes = []
+        for e in sorted(os.scandir(root), key=lambda e: e.name):
+            if not e.is_dir() or e.name.startswith("."):
+                continue
+            if e.is_symlink() and not follow_symlinks and not Path(e.path).resolve().is_relative_to(real_root):
+                skipped.append(e.name + "/")
+                continue
+            classes.append(e.name)
     except PermissionError as exc:
         raise SourceError(f"{root}: cannot list the folder ({exc.strerror})") from exc
     paths: list[str] = []
     labels: list[int] = []
     sizes: list[int] = []
     ignored: list[str] = []
-    skipped: list[str] = []
     for label, cls in enumerate(classes):
         cls_dir = root / cls
         found = []

@@ -97,7 +97,7 @@ class PackedDataset:
 
     def _convert(self, data: Any) -> Any:
         if not self.decode:
-            return torch.frombuffer(bytearray(data), dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
+            return data if isinstance(data, bytes) else bytes(data)
         if self.transform is not None and getattr(self.transform, "accepts_bytes", False):
             return self.transform(bytes(data))
         image = to_chw(decode_rgb(data))

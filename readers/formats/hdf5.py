@@ -1,8 +1,10 @@
 """HDF5 reader. Counterpart: ``packer/formats/hdf5.py`` (layout there).
 
 Sample ``i`` is ``/images[offsets[i]:offsets[i+1]]``. The offsets come from
-``offsets.npy``/``sizes.npy`` (loaded once, small); the file is opened
-lazily per process with a small chunk cache (reads are random).
+``offsets.npy``/``sizes.npy`` (loaded once, small). When the packer found
+/images' chunks back to back in the file (``storage.raw_offset``), a sample
+is one ``os.pread`` at ``raw_offset + offsets[i]``; otherwise the file is
+opened with h5py, lazily per process, without a chunk cache.
 """
 
 from __future__ import annotations
@@ -27,11 +29,22 @@ class HDF5Dataset(MapReader):
         self._offsets = self._arrays["offsets"]
         self._sizes = self._arrays["sizes"]
         file = str(self.root / "data.h5")
+        self._raw_offset = self.meta["storage"].get("raw_offset")
+        if self._raw_offset is not None:
+            self._fd = LazyHandle(lambda: os.open(file, os.O_RDONLY), os.close)
         self._h5 = LazyHandle(lambda: h5py.File(file, "r", rdcc_nbytes=0), lambda f: f.close())
 
-    def read(self, i: int) -> np.ndarray:
-        images = self._h5.get()["images"]
+    def read(self, i: int) -> bytes | np.ndarray:
         start, size = int(self._offsets[i]), int(self._sizes[i])
+        if self._raw_offset is not None:
+            data = os.pread(self._fd.get(), size, self._raw_offset + start)
+            if len(data) != size:
+                raise spec.DatasetFormatError(
+                    f"{self.root / 'data.h5'}: sample {i} at byte {self._raw_offset + start} is cut short "
+                    f"({len(data)} of {size} bytes): the file is truncated or damaged"
+                )
+            return data
+        images = self._h5.get()["images"]
         if start + size > images.shape[0]:
             raise spec.DatasetFormatError(
                 f"{self.root / 'data.h5'}: sample {i} spans bytes {start}..{start + size}, "
@@ -41,3 +54,5 @@ class HDF5Dataset(MapReader):
 
     def close(self) -> None:
         self._h5.close()
+        if self._raw_offset is not None:
+            self._fd.close()

@@ -54,13 +54,9 @@ class MemmapDataset(MapReader):
 
     def _convert(self, data: np.ndarray) -> Any:
         if not self.decode:
-            return torch.from_numpy(np.array(data).reshape(-1))
+            return data.tobytes()
         image = to_chw(data)
-        if self.transform is not None and not getattr(self.transform, "accepts_bytes", False):
-            return self.transform(image)
-        if self.transform is not None:
-            return self.transform.from_array(np.asarray(data))
-        return image
+        return self.transform(image) if self.transform is not None else image
 
     def close(self) -> None:
         self._map.close()
