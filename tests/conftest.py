@@ -87,3 +87,54 @@ def thread_police():
     yield
     leaked = [t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
     assert not leaked, f"test left threads running: {leaked}"
+
+
+# ---------------------------------------------------------------- reference rules (appended)
+# Independent re-implementations used by test_pack_formats.py / test_source.py:
+# they must not import anything from packer.*.
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def imagefolder_reference(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """torchvision.datasets.ImageFolder's (classes, samples), re-implemented (torchvision is not installed).
+
+    torchvision: ``classes = sorted(d.name for d in os.scandir(root) if d.is_dir())``; per class,
+    ``for dirpath, _, fnames in sorted(os.walk(cls_dir, followlinks=True)): for f in sorted(fnames)``,
+    kept when ``f.lower().endswith(extensions)``. The packer's documented deviations are applied
+    here too: only .jpg/.jpeg/.png, and hidden (dot) class folders and files are skipped.
+    Samples are ``(path relative to root as posix, label)``.
+    """
+    import os
+
+    root = Path(root)
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    samples: list[tuple[str, int]] = []
+    for label, cls in enumerate(classes):
+        for dirpath, _dirs, fnames in sorted(os.walk(root / cls, followlinks=True)):
+            for f in sorted(fnames):
+                if f.lower().endswith(IMAGE_SUFFIXES) and not f.startswith("."):
+                    samples.append(((Path(dirpath) / f).relative_to(root).as_posix(), label))
+    return classes, samples
+
+
+def expected_rgb(path_or_bytes) -> np.ndarray:
+    """The RGB pixels packer/images.py documents for a source image, computed with PIL + numpy:
+    EXIF orientation applied, alpha composited onto white, everything else ``convert("RGB")``."""
+    from PIL import ImageOps
+
+    src = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, (bytes, bytearray)) else path_or_bytes
+    with Image.open(src) as im:
+        im = ImageOps.exif_transpose(im)
+        if "A" in im.mode or "transparency" in im.info:
+            rgba = np.asarray(im.convert("RGBA")).astype(np.float64)
+            alpha = rgba[..., 3:] / 255.0
+            return np.rint(rgba[..., :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
+        return np.asarray(im.convert("RGB"))
+
+
+def needs_change(path: Path) -> bool:
+    """True when a JPEG/PNG source cannot be stored byte for byte (not plain 8-bit RGB/L, alpha, EXIF rotation)."""
+    with Image.open(path) as im:
+        orientation = im.getexif().get(0x0112, 1) if im.format == "JPEG" else 1
+        return im.mode not in ("RGB", "L") or "transparency" in im.info or orientation not in (1, None)

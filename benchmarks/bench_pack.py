@@ -1,0 +1,267 @@
+"""Packing throughput of every format, against the raw copy rate of the same bytes.
+
+One run on one machine:
+
+1. generates an ImageNet-like folder in a temp dir: ``--images`` JPEGs (default 1000) of about
+   480x400 pixels, quality 90, ~100 KB each, in ``--classes`` class folders (default 10), cut from
+   the bundled real photos (examples/real-images: random crop, scale, flip, plus Gaussian
+   sensor-like noise of std-dev 16, so they look like photos and are not trivially compressible);
+2. reads every source file once, so the page cache is warm for every measurement below;
+3. measures the baseline: read every file and write them concatenated into one file on the
+   same filesystem as the packed outputs, fsync at the end (what any packer must at least do);
+4. packs with each format, ``workers=1`` and ``workers=2``, validation on (the default) and
+   ``validate=False``; every configuration ``--repeats`` times (default 3), median reported.
+
+mmap stores decoded pixels, so it runs with ``resize=256`` (256x256x3 per image, the usual
+ImageNet training-side size); the other formats store the JPEG bytes unchanged. Throughput is
+counted in source images and source MB per second. The Python API (``packer.pack``) is called
+directly, so the CLI's interpreter start-up, imports and progress bar (~0.3 s per run) are not
+in the figures. Output folders are deleted between runs (not timed).
+
+Usage::
+
+    python benchmarks/bench_pack.py                    # full run, a few minutes on 2 cores
+    python benchmarks/bench_pack.py --json pack.json   # also write every timing as JSON
+    python benchmarks/bench_pack.py --quick            # tiny version, seconds (CI smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+from packer import PackOptions, pack  # noqa: E402
+from readers.env import available_cpus  # noqa: E402
+from readers.spec import FORMATS  # noqa: E402
+
+PHOTOS = REPO / "examples" / "real-images"
+MMAP_RESIZE = 256
+
+
+# ---------------------------------------------------------------- the source folder
+_PHOTO_CACHE: list[Image.Image] = []
+
+
+def _load_photos(limit: int | None = None) -> list[Image.Image]:
+    """The bundled photos as RGB, at most ~1600 px (JPEGs decoded at a reduced DCT scale: fast)."""
+    if not _PHOTO_CACHE:
+        paths = [p for p in sorted(PHOTOS.rglob("*")) if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
+        for p in paths[::max(1, len(paths) // limit)] if limit else paths:
+            with Image.open(p) as im:
+                im.draft("RGB", (1600, 1200))
+                im = im.convert("RGB")
+                im.thumbnail((1600, 1600))
+                if min(im.size) >= 256:
+                    _PHOTO_CACHE.append(im)
+    return _PHOTO_CACHE
+
+
+def _make_one(job: tuple[Path, int, int, int, int, int, float]) -> int:
+    path, seed, w, h, quality, _classes, noise = job
+    rng = np.random.default_rng(seed)
+    photos = _load_photos()
+    photo = photos[int(rng.integers(len(photos)))]
+    w += int(rng.integers(-40, 41))
+    h += int(rng.integers(-40, 41))
+    # a random crop of 35-100% of the photo's area, aspect close to the target's
+    area = photo.width * photo.height * rng.uniform(0.35, 1.0)
+    aspect = (w / h) * float(np.exp(rng.uniform(-0.15, 0.15)))
+    cw = int(min(photo.width, round(np.sqrt(area * aspect))))
+    ch = int(min(photo.height, round(np.sqrt(area / aspect))))
+    x, y = int(rng.integers(0, photo.width - cw + 1)), int(rng.integers(0, photo.height - ch + 1))
+    img = photo.crop((x, y, x + cw, y + ch)).resize((w, h), Image.BICUBIC)
+    if rng.random() < 0.5:
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    arr = np.asarray(img, dtype=np.float32) + rng.normal(0.0, noise, size=(h, w, 3)).astype(np.float32)
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=quality)
+    path.write_bytes(buf.getvalue())
+    return len(buf.getvalue())
+
+
+def make_source(root: Path, images: int, classes: int, size: tuple[int, int], quality: int, noise: float,
+                seed: int, processes: int) -> tuple[int, int]:
+    """Write ``root/n000000xx/img_xxxxxxx.JPEG``; return (files, bytes)."""
+    _load_photos(8 if images < 100 else None)  # loaded once, before the workers fork
+    jobs = []
+    for i in range(images):
+        d = root / f"n{i % classes:08d}"
+        d.mkdir(parents=True, exist_ok=True)
+        jobs.append((d / f"img_{i:07d}.JPEG", seed * 1_000_003 + i, size[0], size[1], quality, classes, noise))
+    if processes > 1:
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            sizes = pool.map(_make_one, jobs, chunksize=8)
+    else:
+        sizes = [_make_one(j) for j in jobs]
+    return len(sizes), sum(sizes)
+
+
+def source_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def warm_cache(files: list[Path]) -> int:
+    total = 0
+    for p in files:
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 20):
+                total += len(chunk)
+    return total
+
+
+# ---------------------------------------------------------------- measurements
+def raw_copy(files: list[Path], dest: Path) -> float:
+    """Read every file, write them concatenated to ``dest``, fsync: seconds."""
+    t0 = time.perf_counter()
+    with open(dest, "wb") as out:
+        for p in files:
+            with open(p, "rb") as f:
+                out.write(f.read())
+        out.flush()
+        os.fsync(out.fileno())
+    seconds = time.perf_counter() - t0
+    dest.unlink()
+    return seconds
+
+
+def time_pack(src: Path, out: Path, options: PackOptions) -> float:
+    if out.exists():
+        shutil.rmtree(out)
+    t0 = time.perf_counter()
+    results = pack(src, out, options)
+    seconds = time.perf_counter() - t0
+    assert results and results[0].rejected == 0, results
+    return seconds
+
+
+def out_bytes(out: Path) -> int:
+    return sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+
+
+# ---------------------------------------------------------------- report
+def table(rows: list[dict], raw: dict) -> str:
+    header = (f"{'format':<6} {'workers':>7} {'validate':>8} {'median s':>9} {'img/s':>8} {'MB/s in':>8} "
+              f"{'MB out':>8} {'vs raw':>7} {'1->2 w':>7}")
+    lines = [header, "-" * len(header)]
+    lines.append(f"{'raw':<6} {'-':>7} {'-':>8} {raw['median_s']:9.3f} {raw['images_per_s']:8.0f} "
+                 f"{raw['mb_per_s']:8.1f} {raw['mb']:8.1f} {1.0:7.2f} {'-':>7}")
+    for r in rows:
+        scaling = f"{r['scaling_1_to_2']:.2f}x" if r.get("scaling_1_to_2") else "-"
+        lines.append(f"{r['format']:<6} {r['workers']:>7} {('on' if r['validate'] else 'off'):>8} "
+                     f"{r['median_s']:9.3f} {r['images_per_s']:8.0f} {r['mb_per_s']:8.1f} {r['out_mb']:8.1f} "
+                     f"{r['vs_raw']:7.3f} {scaling:>7}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--images", type=int, default=1000, help="source JPEGs (default 1000)")
+    p.add_argument("--classes", type=int, default=10, help="class folders (default 10)")
+    p.add_argument("--size", default="480x400", help="approximate WxH of the JPEGs (default 480x400, +-40 px)")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality of the source (default 90)")
+    p.add_argument("--noise", type=float, default=16.0,
+                   help="std-dev of the added Gaussian noise, 0-255 scale (default 16: ~100 KB per 480x400 JPEG)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per configuration, median reported (default 3)")
+    p.add_argument("--workers", default="1,2", help="comma-separated worker counts (default 1,2)")
+    p.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated (default {','.join(FORMATS)})")
+    p.add_argument("--tmp", type=Path, help="where to put the source and outputs (default: the system temp dir)")
+    p.add_argument("--json", type=Path, help="write every timing and the settings to this JSON file")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="tiny run (32 small images, 1 repeat), for CI")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.images, args.classes, args.size, args.repeats = 32, 4, "160x128", 1
+    w, h = (int(v) for v in args.size.lower().split("x"))
+    workers = [int(v) for v in args.workers.split(",")]
+    formats = [f for f in args.formats.split(",") if f]
+    unknown = set(formats) - set(FORMATS)
+    if unknown:
+        p.error(f"unknown formats {sorted(unknown)}")
+
+    work = Path(tempfile.mkdtemp(prefix="bench-pack-", dir=args.tmp))
+    try:
+        src, outs = work / "src", work / "out"
+        outs.mkdir()
+        t0 = time.perf_counter()
+        n, nbytes = make_source(src, args.images, args.classes, (w, h), args.quality, args.noise, args.seed,
+                                processes=1 if args.quick else max(1, available_cpus()))
+        gen_s = time.perf_counter() - t0
+        files = source_files(src)
+        assert len(files) == n
+        mb = nbytes / 1e6
+        print(f"source: {n} JPEGs in {args.classes} classes, ~{w}x{h}, q{args.quality}, "
+              f"{mb:.1f} MB ({nbytes / n / 1e3:.0f} KB/image), generated in {gen_s:.1f} s under {work}")
+        print(f"machine: {available_cpus()} usable CPUs ({os.cpu_count()} online), Python {platform.python_version()}, "
+              f"{platform.platform()}")
+        warm_cache(files)
+        warm_cache(files)  # page cache warm for every measurement
+
+        raw_runs = [raw_copy(files, outs / "raw.bin") for _ in range(args.repeats)]
+        raw_s = statistics.median(raw_runs)
+        raw = {"runs_s": raw_runs, "median_s": raw_s, "images_per_s": n / raw_s, "mb_per_s": mb / raw_s, "mb": mb}
+
+        rows = []
+        for fmt in formats:
+            for validate in (True, False):
+                for wk in workers:
+                    opts = PackOptions(format=fmt, workers=wk, validate=validate,
+                                       resize=MMAP_RESIZE if fmt == "mmap" else None)
+                    out = outs / f"{fmt}-w{wk}-{'v' if validate else 'nv'}"
+                    runs = [time_pack(src, out, opts) for _ in range(args.repeats)]
+                    size = out_bytes(out)
+                    shutil.rmtree(out)
+                    med = statistics.median(runs)
+                    rows.append({"format": fmt, "workers": wk, "validate": validate, "runs_s": runs,
+                                 "median_s": med, "images_per_s": n / med, "mb_per_s": mb / med,
+                                 "out_mb": size / 1e6, "vs_raw": (mb / med) / raw["mb_per_s"],
+                                 "resize": opts.resize})
+                    print(f"  {fmt:<5} workers={wk} validate={validate!s:<5} median {med:.3f} s "
+                          f"({n / med:.0f} img/s)", flush=True)
+        for r in rows:  # 1 -> 2 worker scaling, same format and validation
+            base = next((b for b in rows if b["format"] == r["format"] and b["validate"] == r["validate"]
+                         and b["workers"] == 1), None)
+            if base and r["workers"] != 1:
+                r["scaling_1_to_2" if r["workers"] == 2 else f"scaling_1_to_{r['workers']}"] = (
+                    base["median_s"] / r["median_s"])
+
+        print()
+        print(f"Packing {n} images ({mb:.1f} MB), median of {args.repeats}; page cache warm; "
+              f"mmap with resize={MMAP_RESIZE} (decodes pixels), others store the JPEG bytes;")
+        print("'vs raw' = packing MB/s / raw-copy MB/s (read all + write one file + fsync); "
+              "'1->2 w' = speed-up of 2 workers over 1; Python API (no CLI start-up).")
+        print(table(rows, raw))
+        if args.json:
+            args.json.write_text(json.dumps({
+                "settings": {"images": n, "classes": args.classes, "size": [w, h], "quality": args.quality,
+                             "noise": args.noise, "repeats": args.repeats, "workers": workers, "formats": formats,
+                             "mmap_resize": MMAP_RESIZE, "quick": args.quick, "seed": args.seed},
+                "machine": {"usable_cpus": available_cpus(), "cpu_count": os.cpu_count(),
+                            "python": platform.python_version(), "platform": platform.platform()},
+                "source": {"files": n, "bytes": nbytes, "generate_s": gen_s},
+                "raw_copy": raw, "results": rows,
+            }, indent=1))
+            print(f"results written to {args.json}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
