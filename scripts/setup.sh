@@ -11,8 +11,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+log=.venv/setup.log
+run() { "$@" >"$log" 2>&1 || { cat "$log"; echo "setup failed: $*" >&2; exit 1; }; }
 if ! python -c "import torch" 2>/dev/null; then
-  pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+  run pip install "torch==${TORCH_VERSION:-2.13.0}"
 fi
-pip install -q -c <(python -c "import torch; print('torch==' + torch.__version__.split('+')[0])") -e ".[test]"
+run pip install -c <(python -c "import torch; print('torch==' + torch.__version__.split('+')[0])") -e ".[test]"
 python -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1 || true
