@@ -138,3 +138,74 @@ def needs_change(path: Path) -> bool:
     with Image.open(path) as im:
         orientation = im.getexif().get(0x0112, 1) if im.format == "JPEG" else 1
         return im.mode not in ("RGB", "L") or "transparency" in im.info or orientation not in (1, None)
+
+
+# --------------------------------------------------------------------------- readers tests
+# Appended for tests/test_readers.py, test_loader.py, test_memory.py, test_ddp.py.
+
+
+def _stored_samples(root: Path) -> list[bytes]:
+    """Every sample's stored bytes, read straight from the data files (never through ``readers``).
+
+    wds: parsed with the standard ``tarfile`` module (ignores offsets.npy); hdf5: sliced with
+    the ``/offsets`` dataset inside data.h5; lmdb: read in a subprocess (py-lmdb refuses to open
+    an environment twice in one process, and a reader may hold it open); mmap: the raw pixel
+    bytes of ``images.npy`` at offsets.npy (HWC uint8).
+    """
+    import json
+    import subprocess
+    import sys
+    import tarfile
+
+    meta = json.loads((root / "index.json").read_text())
+    n, fmt = int(meta["num_samples"]), meta["format"]
+    if fmt == "wds":
+        out: dict[int, bytes] = {}
+        for shard in meta["shards"]:
+            with tarfile.open(root / shard["name"]) as tar:
+                for m in tar.getmembers():
+                    key, ext = m.name.split(".", 1)
+                    if ext != "cls":
+                        out[int(key)] = tar.extractfile(m).read()
+        return [out[i] for i in range(n)]
+    if fmt == "hdf5":
+        import h5py
+
+        with h5py.File(root / "data.h5", "r") as f:
+            images, offsets = f["images"][:], f["offsets"][:]
+        return [images[offsets[i]:offsets[i + 1]].tobytes() for i in range(n)]
+    if fmt == "lmdb":
+        code = (
+            "import lmdb, pickle, sys\n"
+            "env = lmdb.open(sys.argv[1], readonly=True, lock=False, subdir=True)\n"
+            "with env.begin() as txn:\n"
+            "    vals = [txn.get(b'%010d' % i) for i in range(int(sys.argv[2]))]\n"
+            "sys.stdout.buffer.write(pickle.dumps(vals))\n"
+        )
+        res = subprocess.run([sys.executable, "-c", code, str(root), str(n)], capture_output=True, check=True)
+        import pickle
+
+        return pickle.loads(res.stdout)
+    if fmt == "mmap":
+        flat = np.load(root / "images.npy", mmap_mode="r").reshape(-1)
+        offsets, heights, widths = (np.load(root / f"{k}.npy") for k in ("offsets", "heights", "widths"))
+        out_list = [flat[o:o + h * w * 3].tobytes() for o, h, w in zip(offsets, heights, widths)]
+        del flat
+        return out_list
+    raise ValueError(fmt)
+
+
+@pytest.fixture(scope="session")
+def stored_bytes():
+    """``stored_bytes(root, i)``: the bytes stored for sample ``i`` of the dataset folder ``root``."""
+    cache: dict[Path, list[bytes]] = {}
+
+    def get(root, i: int) -> bytes:
+        root = Path(root)
+        if root not in cache:
+            if len(cache) >= 2:  # real-photo mmap packs are ~150 MB: keep few
+                cache.pop(next(iter(cache)))
+            cache[root] = _stored_samples(root)
+        return cache[root][i]
+
+    return get

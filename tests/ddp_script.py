@@ -1,0 +1,65 @@
+"""Run by tests/test_ddp.py under ``torchrun --nproc_per_node=2 --standalone``: one DDP-style job.
+
+Usage: ddp_script.py OUT_DIR DATASET_ROOT...
+
+For every dataset: ``make_loader`` (2 forked workers, batch 4, shuffle, seed 0) for 2 epochs over
+the gloo process group. After every batch the ranks all-reduce a tensor, as DDP's backward pass
+does with gradients: a rank that ran out of batches early would leave the other one blocked there
+(and the all-reduce after the epoch would then pair up with the wrong call), so the job ending at
+all proves the ranks stayed in step. Each rank writes OUT_DIR/rank<r>.json: per dataset, per
+epoch, the sample indices it saw (in order) and its batch count.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from readers import make_loader, open_dataset
+
+EPOCHS = 2
+WORKERS = 2
+BATCH = 4
+
+
+def main() -> None:
+    out, roots = Path(sys.argv[1]), sys.argv[2:]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = {"rank": rank, "world_size": world, "env_world_size": int(os.environ["WORLD_SIZE"]), "datasets": {}}
+    for root in roots:
+        ds = open_dataset(root, return_index=True)
+        loader = make_loader(ds, batch_size=BATCH, num_workers=WORKERS, seed=0)
+        epochs = []
+        for _ in range(EPOCHS):
+            seen, batches = [], 0
+            for _images, _labels, idx in loader:
+                seen += idx.tolist()
+                batches += 1
+                step = torch.ones(1)
+                dist.all_reduce(step)  # the "gradient" sync of one training step
+                assert step.item() == world
+            totals = torch.tensor([batches, len(seen)], dtype=torch.int64)
+            dist.all_reduce(totals)  # after each epoch
+            epochs.append({"indices": seen, "batches": batches, "all_reduced": totals.tolist(),
+                           "epoch": loader.epoch})
+        result["datasets"][root] = {
+            "format": ds.format,
+            "sampler": type(loader.sampler).__name__ if loader.sampler is not None else None,
+            "len_loader": len(loader),
+            "epochs": epochs,
+        }
+        del loader
+    dist.barrier()
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
