@@ -204,6 +204,8 @@ def make_loader(
     if isinstance(dataset, IterableDataset):
         if shuffle is not None and hasattr(dataset, "shuffle"):
             dataset.shuffle = shuffle
+        if hasattr(dataset, "seed"):
+            dataset.seed = seed  # ShardDataset shuffles itself: the loader's seed decides
     elif ddp:
         sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank,
                                      shuffle=shuffle is not False, seed=seed, drop_last=drop_last)

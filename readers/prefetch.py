@@ -195,22 +195,23 @@ class DevicePrefetcher:
         yield from self._iter_cuda()
 
     def _iter_cuda(self) -> Iterator[tuple]:
-        with torch.cuda.device(self.device):
-            stream = torch.cuda.Stream(self.device)
-            it = iter(self.loader)
-            nxt = self._next_cuda(it, stream)
-            while nxt is not None:
-                current = torch.cuda.current_stream(self.device)
-                current.wait_stream(stream)  # the copy and normalize of `nxt` are done before use
-                for value in nxt.batch:
-                    if isinstance(value, torch.Tensor) and value.device.type == "cuda":
-                        value.record_stream(current)  # made on `stream`, used on `current`
-                self._unresolved.append(nxt)
-                batch = nxt.batch
-                nxt = self._next_cuda(it, stream)  # start the next copy before handing this batch out
-                self._resolve(wait=False)
-                yield batch
-            self._resolve(wait=True)
+        stream = torch.cuda.Stream(self.device)
+        # Work queued on the compute stream before (mean/std upload, last epoch) precedes the side stream's.
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        it = iter(self.loader)
+        nxt = self._next_cuda(it, stream)
+        while nxt is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(stream)  # the copy and normalize of `nxt` finish before the caller uses it
+            for value in nxt.batch:
+                if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+                    value.record_stream(current)  # made on `stream`, used on `current`
+            self._unresolved.append(nxt)
+            batch = nxt.batch
+            nxt = self._next_cuda(it, stream)  # start the next copy before handing this batch out
+            self._resolve(wait=False)
+            yield batch
+        self._resolve(wait=True)
 
     def _next_cuda(self, it: Iterator, stream: torch.cuda.Stream) -> _Pending | None:
         try:

@@ -69,13 +69,7 @@ def test_exactly_once_new_order_each_epoch_same_for_same_seed(packed_generated, 
         assert runs[2] == runs[0]
 
 
-SEED_BUG = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="make_loader(seed=...) never reaches ShardDataset.seed (readers/loader.py "
-    "make_loader, IterableDataset branch): the shard/buffer shuffle ignores it (reported bug)")
-
-
-@pytest.mark.parametrize("fmt", [pytest.param(f, marks=[SEED_BUG] if f == "wds" else []) for f in FORMATS],
-                         ids=FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
 def test_loader_seed_changes_the_order(packed_generated, fmt):
     root = packed_generated[fmt]
     assert indices(loader_for(root, 0, seed=8), 1) != indices(loader_for(root, 0, seed=7), 1)
@@ -109,7 +103,7 @@ def test_shard_dataset_worker_interleaving_is_deterministic(packed_generated, mo
     root = packed_generated["wds"]
     loader = loader_for(root, 2)
     got = indices(loader, 2)
-    seed = loader.dataset.seed  # what drives ShardDataset's shuffle (see SEED_BUG)
+    seed = loader.dataset.seed  # what drives ShardDataset's shuffle (make_loader sets it)
     del loader
     for ep in (0, 1):
         expected = _round_robin(_worker_batches(root, 2, ep, seed, monkeypatch))
@@ -137,11 +131,7 @@ def test_set_epoch_reaches_persistent_workers(packed_generated, fmt):
 @pytest.mark.filterwarnings("ignore:Got pickle error:UserWarning")  # torch's hint before it re-raises
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
-def test_start_methods(packed_generated, fmt, context, request):
-    if context == "spawn" and fmt in MAP_FORMATS:
-        request.applymarker(pytest.mark.xfail(
-            strict=True, raises=(AttributeError, TypeError),
-            reason="map-style readers hold local lambdas in LazyHandle: not picklable for spawn (reported bug)"))
+def test_start_methods(packed_generated, fmt, context):
     root = packed_generated[fmt]
     n = spec.read_index(root).num_samples
     # spawn: one worker (each spawned worker re-imports torch: seconds) -- then even ShardDataset's
@@ -155,13 +145,7 @@ def test_start_methods(packed_generated, fmt, context, request):
     del loader
 
 
-RANK_BUG = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="ShardDataset finds its DDP rank in the worker (readers/env.py _torch_env): a spawned "
-    "or forkserver worker has no process group and, without RANK/WORLD_SIZE env vars (mp.spawn, explicit "
-    "init_process_group), reads as rank 0 of 1 -- every rank yields the whole dataset (reported bug)")
-
-
-@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=RANK_BUG)])
+@pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_shard_dataset_rank_reaches_workers_without_env_vars(packed_generated, monkeypatch, context):
     """A process group initialised with explicit rank/world (no RANK/WORLD_SIZE in the environment):
     simulated as rank 1 of 2 in this process; workers must read rank 1's half, however they start."""

@@ -27,18 +27,6 @@ from readers.registry import READERS, open_dataset
 from readers.spec import FORMATS, DatasetFormatError, IncompleteDatasetError
 
 MAP_FORMATS = [f for f in FORMATS if f != "wds"]
-# Known bug (see the report of issue "Readers"): LMDB/HDF5/mmap readers keep lambdas in their
-# LazyHandle (readers/formats/lmdb.py:55, hdf5.py:31, mmap.py:34), so pickling them fails -- and
-# with it every 'spawn'/'forkserver' DataLoader worker.
-PICKLE_BUG = pytest.mark.xfail(
-    strict=True, raises=(AttributeError, pickle.PicklingError),
-    reason="map-style readers hold local lambdas in LazyHandle: pickle.dumps fails (reported bug)")
-
-
-def _pickle_xfail(fmt: str):
-    return [PICKLE_BUG] if fmt in MAP_FORMATS else []
-
-
 def fds() -> int:
     gc.collect()
     return len(os.listdir("/proc/self/fd"))
@@ -344,7 +332,7 @@ def test_handles_reopen_in_forked_child(packed_generated, fmt):
     ds.close()
 
 
-@pytest.mark.parametrize("fmt", [pytest.param(f, marks=_pickle_xfail(f)) for f in FORMATS], ids=FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
 def test_pickle_drops_handles(packed_generated, fmt):
     ds = open_dataset(packed_generated[fmt], return_index=True, **({"shuffle": False} if fmt == "wds" else {}))
     expected = [_digest(t) for t in items_of(ds)]  # used: handles open

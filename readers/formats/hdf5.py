@@ -9,6 +9,7 @@ opened with h5py, lazily per process, without a chunk cache.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -21,6 +22,15 @@ from readers.base import LazyHandle, MapReader
 __all__ = ["HDF5Dataset"]
 
 
+# Module-level (not lambdas) so readers pickle for spawn/forkserver workers.
+def _open_h5(file: str) -> h5py.File:
+    return h5py.File(file, "r", rdcc_nbytes=0)
+
+
+def _close_h5(f: h5py.File) -> None:
+    f.close()
+
+
 class HDF5Dataset(MapReader):
     format = "hdf5"
 
@@ -31,8 +41,8 @@ class HDF5Dataset(MapReader):
         file = str(self.root / "data.h5")
         self._raw_offset = self.meta["storage"].get("raw_offset")
         if self._raw_offset is not None:
-            self._fd = LazyHandle(lambda: os.open(file, os.O_RDONLY), os.close)
-        self._h5 = LazyHandle(lambda: h5py.File(file, "r", rdcc_nbytes=0), lambda f: f.close())
+            self._fd = LazyHandle(functools.partial(os.open, file, os.O_RDONLY), os.close)
+        self._h5 = LazyHandle(functools.partial(_open_h5, file), _close_h5)
 
     def read(self, i: int) -> bytes | np.ndarray:
         start, size = int(self._offsets[i]), int(self._sizes[i])

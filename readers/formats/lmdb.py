@@ -38,6 +38,10 @@ def _acquire(root: str) -> lmdb.Environment:
     return entry[0]
 
 
+def _release_env(root: str, _env: lmdb.Environment) -> None:
+    _release(root)
+
+
 def _release(root: str) -> None:
     entry = _ENVS.get(root)
     if entry is not None and _PID[0] == os.getpid():
@@ -53,7 +57,7 @@ class LMDBDataset(MapReader):
     def __init__(self, path: str | os.PathLike, **kw: Any) -> None:
         super().__init__(path, **kw)
         root = os.path.realpath(self.root)
-        self._env = LazyHandle(functools.partial(_acquire, root), lambda _env: _release(root))
+        self._env = LazyHandle(functools.partial(_acquire, root), functools.partial(_release_env, root))
 
     def _get(self, txn: Any, i: int) -> bytes:
         value = txn.get(spec.lmdb_key(i))

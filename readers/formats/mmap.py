@@ -8,6 +8,7 @@ does not grow with ``num_workers``.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -30,7 +31,7 @@ class MemmapDataset(MapReader):
         self._widths = self._arrays["widths"]
         self.fixed_shape = self.meta["storage"].get("fixed_shape")
         file = self.root / "images.npy"
-        self._map = LazyHandle(lambda: self._open(file))
+        self._map = LazyHandle(functools.partial(MemmapDataset._open, file))
 
     @staticmethod
     def _open(file: os.PathLike) -> np.ndarray:

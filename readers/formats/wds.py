@@ -96,6 +96,11 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         if context.get_spawning_popen() is None:
             # Plain pickling (not a worker start): shared memory cannot travel; keep the value.
             state["_epoch"] = int(self._epoch.value)
+        else:
+            # A spawned worker has no process group and maybe no RANK/WORLD_SIZE
+            # (mp.spawn, explicit init_process_group): carry the parent's rank.
+            parent = current_worker_env()
+            state["_parent_rank"] = (parent.rank, parent.world_size)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -118,7 +123,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (all workers together)."""
-        return self.samples_per_rank(current_worker_env().world_size)
+        return self.samples_per_rank(self._env().world_size)
 
     # ------------------------------------------------------------ reading
     def _stream(self, order: np.ndarray, start: int, stop: int) -> Iterator[int]:
@@ -145,10 +150,13 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         if len(blob) != BLOCK + size:
             raise spec.DatasetFormatError(
                 f"{self._where(shard, offset)}: shard ends early (sample {i}): truncated or damaged")
-        # Cheap structural check of the ustar header in front of the data: the
-        # member name must be this sample's key and its size field must match.
+        # Structural check of the ustar header in front of the data: the member
+        # name must be this sample's key, the size field must match, and the
+        # header checksum (byte sum, checksum field read as spaces) must hold.
         key = self._keys_prefix(i)
-        if blob[:len(key)] != key or _octal(blob[124:136]) != size:
+        header = memoryview(blob)[:BLOCK]
+        if (blob[:len(key)] != key or _octal(blob[124:136]) != size
+                or _octal(blob[148:156]) != sum(header[:148]) + 256 + sum(header[156:])):
             raise spec.DatasetFormatError(
                 f"{self._where(shard, offset)}: tar header is not sample {i} ({size} bytes) "
                 f"but {blob[:100].rstrip(bytes(1))!r}: the shard is damaged or does not match its index")
@@ -188,8 +196,15 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         rng.shuffle(buf)
         yield from buf
 
-    def __iter__(self) -> Iterator[tuple]:
+    def _env(self) -> WorkerEnv:
         env = current_worker_env()
+        parent = getattr(self, "_parent_rank", None)
+        if parent is not None and env.world_size == 1 and parent[1] > 1:
+            env = WorkerEnv(parent[0], parent[1], env.worker_id, env.num_workers)
+        return env
+
+    def __iter__(self) -> Iterator[tuple]:
+        env = self._env()
         fds: dict[int, int] = {}
         try:
             for i in self._samples(env):
