@@ -6,7 +6,7 @@ thin layer over :func:`pack`. Readers live in the ``readers`` package.
 
 from packer.api import WRITERS, pack
 from packer.options import PackOptions
-from packer.pipeline import OutputExistsError, PackError, SplitResult
+from packer.pipeline import OutputError, OutputExistsError, PackError, SplitResult
 from packer.source import SourceError
 
-__all__ = ["pack", "PackOptions", "PackError", "OutputExistsError", "SourceError", "SplitResult", "WRITERS"]
+__all__ = ["pack", "PackOptions", "PackError", "OutputError", "OutputExistsError", "SourceError", "SplitResult", "WRITERS"]

@@ -13,7 +13,7 @@ from packer.formats.lmdb import LmdbWriter
 from packer.formats.mmap import MemmapWriter
 from packer.formats.wds import WdsWriter
 from packer.options import PackOptions
-from packer.pipeline import PackError, Progress, SplitResult, pack_split, prepare_output
+from packer.pipeline import OutputError, Progress, SplitResult, pack_split, prepare_output
 from packer.source import Source, SourceError, find_split_dirs, scan
 from readers.env import available_cpus
 
@@ -51,7 +51,9 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -
     else:
         jobs = [(_split_name(src), scan(src, follow_symlinks=options.follow_symlinks), out)]
     if out.resolve().is_relative_to(src.resolve()):
-        raise PackError(f"{out} lies inside the source folder {src}; choose an output outside it")
+        raise OutputError(f"{out} lies inside the source folder {src}; choose an output outside it")
+    if src.resolve().is_relative_to(out.resolve()):
+        raise OutputError(f"the source {src} lies inside the output folder {out}; choose another output")
     prepare_output(out, options)
     return jobs
 

@@ -114,7 +114,7 @@ def _pack_main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from packer.api import pack
-    from packer.pipeline import OutputExistsError, PackError
+    from packer.pipeline import OutputError, PackError
     from packer.source import SourceError
 
     out = args.output or args.src.parent / f"{args.src.resolve().name}-{args.format}"
@@ -129,7 +129,7 @@ def _pack_main(argv: Sequence[str]) -> int:
         parser.error(str(exc))
     try:
         results = pack(args.src, out, options, progress=_progress_factory(args.quiet))
-    except (SourceError, OutputExistsError) as exc:
+    except (SourceError, OutputError) as exc:
         print(f"pack-dataset: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except PackError as exc:

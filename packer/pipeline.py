@@ -32,7 +32,7 @@ from packer.options import PackOptions
 from packer.source import Source
 from readers import spec
 
-__all__ = ["PackError", "OutputExistsError", "SplitResult", "pack_split", "prepare_output", "RECORD_DTYPE"]
+__all__ = ["PackError", "OutputError", "OutputExistsError", "SplitResult", "pack_split", "prepare_output", "RECORD_DTYPE"]
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,11 @@ class PackError(RuntimeError):
     """Packing failed part-way; the message names the cause and what to do."""
 
 
-class OutputExistsError(PackError):
+class OutputError(PackError):
+    """The output path cannot be used (a usage error: nothing was written)."""
+
+
+class OutputExistsError(OutputError):
     """The output exists and neither overwrite nor resume was asked for."""
 
 
@@ -131,20 +135,35 @@ def _prepared(root: Path, paths: list[str], opts: ImageOptions, workers: int) ->
 
 
 # ---------------------------------------------------------------- output folder
+def _is_dataset(path: Path) -> bool:
+    """A folder written by pack-dataset: a parseable index or journal of ours."""
+    for name in (spec.INDEX_NAME, spec.STATE_NAME):
+        try:
+            meta = json.loads((path / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("format") in spec.FORMATS and (
+                "spec_version" in meta or "fingerprint" in meta):
+            return True
+    return False
+
+
 def _looks_like_ours(path: Path) -> bool:
-    if (path / spec.INDEX_NAME).exists() or (path / spec.STATE_NAME).exists():
+    """``path`` holds only what pack-dataset wrote: one dataset, or split datasets."""
+    if _is_dataset(path):
         return True
-    return bool(spec.find_splits(path)) or any((p / spec.STATE_NAME).exists() for p in path.iterdir() if p.is_dir())
+    subdirs = [p for p in path.iterdir()]
+    return bool(subdirs) and all(p.is_dir() and _is_dataset(p) for p in subdirs)
 
 
 def prepare_output(out: Path, options: PackOptions) -> None:
     """Check (before anything is written) that ``out`` may be written; clear it on overwrite."""
     if not out.exists():
         if not out.parent.exists():
-            raise PackError(f"{out.parent}: the output's parent folder does not exist")
+            raise OutputError(f"{out.parent}: the output's parent folder does not exist")
         return
     if not out.is_dir():
-        raise OutputExistsError(f"{out} exists and is a file; choose another output path")
+        raise OutputError(f"{out} exists and is a file; choose another output path")
     if not any(out.iterdir()):
         return
     if options.resume:

@@ -89,7 +89,7 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
             if not e.is_dir() or e.name.startswith("."):
                 continue
             if e.is_symlink() and not follow_symlinks and not Path(e.path).resolve().is_relative_to(real_root):
-                skipped.append(e.name + "/")
+                skipped.append(e.name)
                 continue
             classes.append(e.name)
     except PermissionError as exc:
@@ -99,10 +99,23 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
     sizes: list[int] = []
     ignored: list[str] = []
     for label, cls in enumerate(classes):
-        cls_dir = root / cls
-        found = []
-        for dirpath, dirnames, filenames in os.walk(cls_dir, followlinks=follow_symlinks):
-            dirnames.sort()
+        # torchvision's ImageFolder order: sorted(os.walk(class_dir)), then sorted file names
+        # (files directly in a folder come before those of its sub-folders).
+        steps = []
+        visited: set[str] = set()
+        for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True):
+            real = os.path.realpath(dirpath)
+            if real in visited:  # a symlink loop
+                dirnames.clear()
+                continue
+            visited.add(real)
+            for d in list(dirnames):
+                full = Path(dirpath) / d
+                if full.is_symlink() and not follow_symlinks and not full.resolve().is_relative_to(real_root):
+                    dirnames.remove(d)
+                    skipped.append(full.relative_to(root).as_posix())
+            steps.append((dirpath, sorted(filenames)))
+        for dirpath, filenames in sorted(steps):
             rel_dir = Path(dirpath).relative_to(root)
             for name in filenames:
                 rel = (rel_dir / name).as_posix()
@@ -110,21 +123,16 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
                     ignored.append(rel)
                     continue
                 full = Path(dirpath) / name
-                if full.is_symlink() and not follow_symlinks:
-                    target = full.resolve()
-                    if not target.is_relative_to(real_root):
-                        skipped.append(rel)
-                        continue
+                if full.is_symlink() and not follow_symlinks and not full.resolve().is_relative_to(real_root):
+                    skipped.append(rel)
+                    continue
                 try:
                     size = full.stat().st_size
                 except OSError as exc:
                     raise SourceError(f"{full}: cannot read ({exc.strerror})") from exc
-                found.append((rel, size))
-        found.sort()
-        for rel, size in found:
-            paths.append(rel)
-            labels.append(label)
-            sizes.append(size)
+                paths.append(rel)
+                labels.append(label)
+                sizes.append(size)
     loose = [e.name for e in os.scandir(root) if e.is_file() and not e.name.startswith(".")]
     ignored.extend(sorted(loose))
     if not paths:

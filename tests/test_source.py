@@ -128,11 +128,6 @@ def test_nested_folders_keep_the_class_label(tmp_path):
         "cat/top.jpg": 0, "cat/sub/deeper/x.jpg": 0, "cat/sub/y.png": 0, "dog/a/b/c/d.jpg": 1}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "packer/source.py scan(): `found.sort()` orders a class's samples by their whole relative path, "
-    "torchvision's ImageFolder by sorted(os.walk(...)) then sorted(fnames): files directly in a folder come "
-    "before its sub-folders' files there. Fix: collect (dirpath, sorted names) per walk step and sort the "
-    "walk steps, as torchvision does."))
 def test_nested_order_matches_torchvision(tmp_path):
     img(tmp_path / "cls" / "z.jpg")
     img(tmp_path / "cls" / "a" / "b.jpg")
@@ -215,22 +210,12 @@ def test_folder_symlinks_are_followed_only_when_asked(linked):
     assert "cat/linkdir/o2.jpg" in scan(src_dir, follow_symlinks=True).paths
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "packer/source.py scan(): os.walk(followlinks=False) silently never enters a symlinked folder inside a "
-    "class, so its images vanish without being counted in skipped_links (the summary says nothing). Fix: "
-    "for each entry of dirnames that is a symlink resolving outside SRC, append its relative path to "
-    "`skipped` when follow_symlinks is False."))
 def test_folder_symlinks_outside_the_source_are_counted(linked):
     src_dir, outside = linked
     (src_dir / "cat" / "linkdir").symlink_to(outside / "sub", target_is_directory=True)
     assert "cat/linkdir" in scan(src_dir).skipped_links
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "packer/source.py scan(): a class folder that is itself a symlink to a folder outside SRC is packed "
-    "without --follow-symlinks (os.scandir's is_dir() and os.walk(top) follow it), unlike every other "
-    "symlink that leaves SRC. Fix: in the class listing, skip (and record in skipped_links) entries with "
-    "e.is_symlink() whose resolved target is outside SRC unless follow_symlinks."))
 def test_class_folder_symlink_outside_the_source_is_skipped(linked):
     src_dir, outside = linked
     (src_dir / "zebra").symlink_to(outside, target_is_directory=True)
@@ -259,12 +244,6 @@ def test_unicode_space_and_dot_names(tmp_path):
         np.testing.assert_array_equal(np.load(tmp_path / fmt / "labels.npy"), src.labels)
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeEncodeError, reason=(
-    "packer/pipeline.py pack_split(): names.jsonl lines are written with "
-    "json.dumps(rel, ensure_ascii=False).encode(); a file name that is not valid UTF-8 (os.walk gives it "
-    "as a str with surrogate escapes, e.g. b'caf\\xe9.jpg' -> 'caf\\udce9.jpg') raises UnicodeEncodeError "
-    "mid-pack (also in rejects.jsonl). Fix: json.dumps(rel) (ASCII escapes round-trip the surrogates "
-    "exactly through json.loads and os.fsencode), or catch it in scan() with a clear SourceError."))
 def test_non_utf8_file_name(tmp_path):
     src_dir = tmp_path / "src"
     img(src_dir / "cls" / "ok.jpg")
@@ -313,11 +292,6 @@ def test_pack_writes_one_dataset_per_split(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train", "val"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "packer/api.py plan(): split names are sanitised with _split_name() ([^A-Za-z0-9_-] -> '_') and two "
-    "split folders that map to the same name ('train set' and 'train_set') are both packed into out/train_set, "
-    "the second silently replacing the first (pack() still returns two results). Fix: in plan(), raise "
-    "SourceError when two splits get the same name, before anything is written."))
 def test_split_names_that_collide_are_refused(tmp_path):
     make_image_folder(tmp_path / "src" / "train set", classes=1, per_class=1)
     make_image_folder(tmp_path / "src" / "train_set", classes=1, per_class=2)
