@@ -213,27 +213,35 @@ def main(argv: list[str] | None = None) -> int:
         warm_cache(files)
         warm_cache(files)  # page cache warm for every measurement
 
-        raw_runs = [raw_copy(files, outs / "raw.bin") for _ in range(args.repeats)]
+        # Every configuration once per round, rounds repeated: a burst of load from elsewhere on the
+        # machine then spreads over all configurations instead of spoiling one of them.
+        configs = [(fmt, wk, validate) for fmt in formats for validate in (True, False) for wk in workers]
+        raw_runs: list[float] = []
+        runs: dict[tuple, list[float]] = {c: [] for c in configs}
+        sizes: dict[tuple, int] = {}
+        load_before = os.getloadavg()
+        for rnd in range(args.repeats):
+            raw_runs.append(raw_copy(files, outs / "raw.bin"))
+            for fmt, wk, validate in configs:
+                opts = PackOptions(format=fmt, workers=wk, validate=validate,
+                                   resize=MMAP_RESIZE if fmt == "mmap" else None)
+                out = outs / f"{fmt}-w{wk}-{'v' if validate else 'nv'}"
+                runs[(fmt, wk, validate)].append(time_pack(src, out, opts))
+                sizes[(fmt, wk, validate)] = out_bytes(out)
+                shutil.rmtree(out)
+            print(f"  round {rnd + 1}/{args.repeats}: raw {raw_runs[-1]:.3f} s, "
+                  + ", ".join(f"{c[0]}/w{c[1]}/{'v' if c[2] else 'nv'} {runs[c][-1]:.2f} s" for c in configs),
+                  flush=True)
+        load_after = os.getloadavg()
         raw_s = statistics.median(raw_runs)
         raw = {"runs_s": raw_runs, "median_s": raw_s, "images_per_s": n / raw_s, "mb_per_s": mb / raw_s, "mb": mb}
-
         rows = []
-        for fmt in formats:
-            for validate in (True, False):
-                for wk in workers:
-                    opts = PackOptions(format=fmt, workers=wk, validate=validate,
-                                       resize=MMAP_RESIZE if fmt == "mmap" else None)
-                    out = outs / f"{fmt}-w{wk}-{'v' if validate else 'nv'}"
-                    runs = [time_pack(src, out, opts) for _ in range(args.repeats)]
-                    size = out_bytes(out)
-                    shutil.rmtree(out)
-                    med = statistics.median(runs)
-                    rows.append({"format": fmt, "workers": wk, "validate": validate, "runs_s": runs,
-                                 "median_s": med, "images_per_s": n / med, "mb_per_s": mb / med,
-                                 "out_mb": size / 1e6, "vs_raw": (mb / med) / raw["mb_per_s"],
-                                 "resize": opts.resize})
-                    print(f"  {fmt:<5} workers={wk} validate={validate!s:<5} median {med:.3f} s "
-                          f"({n / med:.0f} img/s)", flush=True)
+        for fmt, wk, validate in configs:
+            med = statistics.median(runs[(fmt, wk, validate)])
+            rows.append({"format": fmt, "workers": wk, "validate": validate, "runs_s": runs[(fmt, wk, validate)],
+                         "median_s": med, "images_per_s": n / med, "mb_per_s": mb / med,
+                         "out_mb": sizes[(fmt, wk, validate)] / 1e6, "vs_raw": (mb / med) / raw["mb_per_s"],
+                         "resize": MMAP_RESIZE if fmt == "mmap" else None})
         for r in rows:  # 1 -> 2 worker scaling, same format and validation
             base = next((b for b in rows if b["format"] == r["format"] and b["validate"] == r["validate"]
                          and b["workers"] == 1), None)
@@ -247,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         print("'vs raw' = packing MB/s / raw-copy MB/s (read all + write one file + fsync); "
               "'1->2 w' = speed-up of 2 workers over 1; Python API (no CLI start-up).")
         print(table(rows, raw))
+        print(f"load average (1 min) before/after: {load_before[0]:.1f} / {load_after[0]:.1f} "
+              f"on {os.cpu_count()} CPUs (other work on the machine skews the figures)")
         if args.json:
             args.json.write_text(json.dumps({
                 "settings": {"images": n, "classes": args.classes, "size": [w, h], "quality": args.quality,
@@ -255,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 "machine": {"usable_cpus": available_cpus(), "cpu_count": os.cpu_count(),
                             "python": platform.python_version(), "platform": platform.platform()},
                 "source": {"files": n, "bytes": nbytes, "generate_s": gen_s},
+                "load_average_before_after": [load_before, load_after],
                 "raw_copy": raw, "results": rows,
             }, indent=1))
             print(f"results written to {args.json}")
