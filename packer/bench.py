@@ -61,7 +61,9 @@ __all__ = [
     "BenchResult",
     "LoaderStats",
     "CacheControl",
+    "CpuMonitor",
     "NaiveImageFolder",
+    "naive_load",
     "run_benchmark",
     "generate_image_folder",
     "pack_formats",
@@ -76,6 +78,7 @@ __all__ = [
     "format_limits",
     "headline",
     "draw_chart",
+    "report_text",
     "main",
 ]
 

@@ -6,11 +6,10 @@ numpy for mmap -- never with this project's ``readers`` package. Index files are
 
 Byte-stability (``workers=1`` vs ``workers=2``, see ``test_workers_do_not_change_the_output``):
 
-* wds, hdf5, mmap and every ``*.npy`` / ``names.jsonl`` / ``index.json``: byte-identical.
-* lmdb ``data.mdb``: NOT byte-stable, not even between two runs with the same worker count.
-  ``packer/formats/lmdb.py`` opens the environment with ``meminit=False``, so the unused
-  tail of each leaf/overflow page is uninitialised heap memory. Its content (every key and
-  value, and ``mdb_dump``'s output) is identical, and that is what the test compares.
+* every file (wds shards, data.mdb, data.h5, images.npy, every ``*.npy``, ``names.jsonl``,
+  ``index.json``) is byte-identical. ``lock.mdb`` is LMDB's runtime lock table, not data.
+  ``data.mdb`` is byte-stable because the writer opens it with ``meminit=True`` (unused page
+  tails zeroed instead of holding stale heap memory); its content is compared too.
 """
 
 from __future__ import annotations
@@ -333,15 +332,13 @@ def test_workers_do_not_change_the_output(fmt, real_images, tmp_path):
         if name == "lock.mdb":
             continue  # LMDB's reader-lock table: runtime state, not data
         if name == "data.mdb":
-            # NOT byte-stable (meminit=False: uninitialised page tails); compare the content
             assert lmdb_items(one) == lmdb_items(two)
             dump = shutil.which("mdb_dump")
             if dump:
                 dumps = [subprocess.run([dump, "-a", str(d)], capture_output=True, check=True).stdout
                          for d in (one, two)]
                 assert dumps[0] == dumps[1]
-            continue
-        # wds shards, data.h5, images.npy, every .npy, names.jsonl, index.json: byte-identical
+        # wds shards, data.mdb, data.h5, images.npy, every .npy, names.jsonl, index.json: byte-identical
         assert (one / name).read_bytes() == (two / name).read_bytes(), f"{fmt}: {name} differs"
 
 

@@ -6,7 +6,8 @@ Counterpart: ``readers/formats/hdf5.py``. Layout::
               encoded image bytes of every sample, back to back
     /offsets  int64   (N + 1,)        sample i is images[offsets[i]:offsets[i+1]]
     /labels   int32   (N,)
-    /         attrs["dataset-packer"] = index.json's content (JSON)
+    /         attrs["dataset-packer"] = the index metadata (JSON; index.json adds
+              file sizes, spec_version and checksum)
 
 When the chunks of /images lie back to back in file order (they do when
 appended in one pass), index.json's ``storage.raw_offset`` records where

@@ -3,7 +3,8 @@
 Counterpart: ``readers/formats/lmdb.py``. Layout::
 
     key  b"0000000000" .. b"<N-1 as 10 digits>"  ->  encoded image bytes (as stored)
-    key  b"__meta__"                             ->  index.json's content (UTF-8 JSON)
+    key  b"__meta__"                             ->  the index metadata (UTF-8 JSON; index.json
+                                                     adds file sizes, spec_version, checksum)
 
 Keys are fixed-width digits, so LMDB's byte order is sample order and every
 put is an append (``MDB_APPEND``: no page splits, dense pages). Labels live in
@@ -35,8 +36,10 @@ class LmdbWriter(FormatWriter):
 
     def open(self, done: int, state: dict[str, Any] | None) -> None:
         map_size = max(2 * self.estimated_bytes + (1 << 30), 1 << 30)
+        # meminit=True: unused parts of pages are zeroed, so no stale process
+        # memory lands in the file and the same input gives the same bytes.
         self.env = lmdb.open(str(self.root), map_size=map_size, subdir=True, readahead=False,
-                             meminit=False, max_dbs=0, sync=True, metasync=True)
+                             meminit=True, max_dbs=0, sync=True, metasync=True)
         if self.env.info()["map_size"] < map_size:
             self.env.set_mapsize(map_size)
         with self.env.begin(write=True) as txn:  # drop samples past the last checkpoint
