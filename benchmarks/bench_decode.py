@@ -11,8 +11,9 @@ In one run it:
    (``examples/real-images``) with added noise so they do not compress trivially;
 2. on ONE core (process pinned to one CPU, ``torch.set_num_threads(1)``),
    measures images/s of each decode(+resize) path over the in-memory bytes,
-   ``--repeats`` times, and reports the median and the ratio to the plain
-   Pillow baseline (full decode + resize shorter side to 224);
+   ``--repeats`` interleaved times, and reports the median per CPU-second
+   (robust to other load on the machine) and per wall-second, and the ratio
+   to the plain Pillow baseline (full decode + resize shorter side to 224);
 3. measures a torch DataLoader (``--workers`` processes, all CPUs) over a
    map-style dataset of the file bytes with the train recipe, before (Pillow
    full decode + torchvision-like crop/resize in Pillow) and after (fused);
@@ -218,19 +219,36 @@ def methods() -> list[tuple[str, str, object]]:
 # --------------------------------------------------------------------------- timing
 
 
-def rate(fn_factory, blobs: list[bytes], repeats: int) -> tuple[float, list[float]]:
-    """Median images/s over ``repeats`` passes (a fresh callable each pass: same seed, same work)."""
-    fn = fn_factory()
-    for data in blobs[: max(1, len(blobs) // 20)]:  # warm caches and lazy imports
+def _one_pass(fn_factory, blobs: list[bytes]) -> tuple[float, float]:
+    """(images per CPU-second, images per wall-second) of one pass over ``blobs``."""
+    fn = fn_factory()  # fresh callable each pass: same seed, same work
+    c0, t0 = time.process_time(), time.perf_counter()
+    for data in blobs:
         fn(data)
-    rates = []
-    for _ in range(repeats):
-        fn = fn_factory()
-        t0 = time.perf_counter()
-        for data in blobs:
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    return len(blobs) / max(cpu, 1e-9), len(blobs) / wall
+
+
+def rates(cases: list[tuple[object, list[bytes]]], repeats: int) -> list[dict]:
+    """Median images/s (per CPU-second and per wall-second) of each (factory, blobs) case.
+
+    Passes are interleaved (repeat 1 of every case, then repeat 2, ...) so
+    that a burst of load from elsewhere on the machine hits all cases alike.
+    The process runs single-threaded on one core, so CPU time is the time the
+    work took whether or not other processes shared the core; on an idle
+    machine the two rates agree.
+    """
+    for factory, blobs in cases:  # warm caches and lazy imports
+        fn = factory()
+        for data in blobs[: max(1, len(blobs) // 20)]:
             fn(data)
-        rates.append(len(blobs) / (time.perf_counter() - t0))
-    return statistics.median(rates), rates
+    runs: list[list[tuple[float, float]]] = [[] for _ in cases]
+    for _ in range(repeats):
+        for i, (factory, blobs) in enumerate(cases):
+            runs[i].append(_one_pass(factory, blobs))
+    return [{"images_per_cpu_s": statistics.median(c for c, _ in r),
+             "images_per_s": statistics.median(w for _, w in r),
+             "runs_cpu": [c for c, _ in r], "runs_wall": [w for _, w in r]} for r in runs]
 
 
 class BytesDataset(torch.utils.data.Dataset):
@@ -246,20 +264,25 @@ class BytesDataset(torch.utils.data.Dataset):
         return self.transform(self.blobs[i]), self.labels[i]
 
 
-def loader_rate(blobs, labels, transform, workers: int, batch: int, epochs: int) -> float:
-    ds = BytesDataset(blobs, labels, transform)
+def loader_rates(blobs, labels, transforms: list, workers: int, batch: int, repeats: int) -> list[tuple]:
+    """Median images/s of one epoch through a DataLoader per transform, epochs interleaved.
+
+    Workers are persistent and warmed by one untimed epoch, so start-up is not measured.
+    """
     kwargs = {"persistent_workers": True} if workers > 0 else {}
-    dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, **kwargs)
-    for _ in dl:  # warm-up epoch: worker start-up is not measured
-        pass
-    t0 = time.perf_counter()
-    n = 0
-    for _ in range(epochs):
-        for x, _y in dl:
-            n += x.shape[0]
-    elapsed = time.perf_counter() - t0
-    del dl
-    return n / elapsed
+    loaders = [torch.utils.data.DataLoader(BytesDataset(blobs, labels, t), batch_size=batch, shuffle=True,
+                                           num_workers=workers, **kwargs) for t in transforms]
+    for dl in loaders:
+        for _ in dl:
+            pass
+    runs: list[list[float]] = [[] for _ in loaders]
+    for _ in range(repeats):
+        for i, dl in enumerate(loaders):
+            t0 = time.perf_counter()
+            n = sum(x.shape[0] for x, _y in dl)
+            runs[i].append(n / (time.perf_counter() - t0))
+    del loaders
+    return [(statistics.median(r), r) for r in runs]
 
 
 # --------------------------------------------------------------------------- report
@@ -318,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "mean_bytes": int(statistics.fmean(len(b) for b in blobs)),
         "mean_size_wh": [int(statistics.fmean(s[0] for s in sizes)), int(statistics.fmean(s[1] for s in sizes))],
         "repeats": repeats,
+        "loadavg_start": os.getloadavg(),
         "command": "python benchmarks/bench_decode.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     print(f"# {info['machine']}; python {info['python']}, torch {info['torch']} "
@@ -326,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# auto decoder: {report['auto_jpeg']} for JPEG (bit-exact vs Pillow: "
           f"{report['simplejpeg_matches_pillow']}), {report['auto_other']} otherwise")
     print(f"# {n} JPEGs, mean {info['mean_bytes'] / 1000:.0f} KB, mean {info['mean_size_wh'][0]}x"
-          f"{info['mean_size_wh'][1]} (WxH), quality 90; {repeats} repeats, median shown")
+          f"{info['mean_size_wh'][1]} (WxH), quality 90; {repeats} interleaved repeats, median shown")
 
     # ---- single core
     all_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
@@ -335,52 +359,55 @@ def main(argv: list[str] | None = None) -> int:
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
-    rows = []
+    rows, ms_rows = [], []
     try:
-        base = None
-        group_base = {}
-        for name, group, factory in methods():
-            med, runs = rate(factory, blobs, repeats)
-            if base is None:
-                base = med
-            group_base.setdefault(group, med)
-            rows.append({"method": name, "group": group, "images_per_s": med, "runs": runs,
-                         "vs_baseline": med / base, "vs_group_first": med / group_base[group]})
-        ms_rows = []
-        for ms in max_sides:
-            re = reencode(blobs, ms)
-            med, runs = rate(lambda: imagenet_train_transform(OUT, seed=0), re, repeats)
+        table = methods()
+        measured = rates([(factory, blobs) for _name, _group, factory in table], repeats)
+        base = measured[0]["images_per_cpu_s"]
+        group_base: dict[str, float] = {}
+        for (name, group, _factory), m in zip(table, measured):
+            cpu_rate = m["images_per_cpu_s"]
+            group_base.setdefault(group, cpu_rate)
+            rows.append({"method": name, "group": group, **m,
+                         "vs_baseline": cpu_rate / base, "vs_group_first": cpu_rate / group_base[group]})
+        packed = [(ms, reencode(blobs, ms)) for ms in max_sides]
+        measured = rates([(lambda: imagenet_train_transform(OUT, seed=0), re) for _ms, re in packed], repeats)
+        for (ms, re), m in zip(packed, measured):
             ms_rows.append({"max_side": ms, "total_bytes": sum(len(b) for b in re),
                             "mean_bytes": int(statistics.fmean(len(b) for b in re)),
-                            "train_images_per_s": med, "runs": runs})
+                            "train_images_per_cpu_s": m["images_per_cpu_s"], "train_images_per_s": m["images_per_s"],
+                            "runs_cpu": m["runs_cpu"], "runs_wall": m["runs_wall"]})
     finally:
         if all_cpus is not None:
             os.sched_setaffinity(0, all_cpus)
         torch.set_num_threads(threads)
 
-    print(f"\n## One core (pinned to CPU {cpu}, torch threads 1): images/s\n")
-    print(_table(["method", "images/s", "vs baseline", "vs recipe 'before'"],
-                 [[r["method"], f"{r['images_per_s']:.0f}", f"{r['vs_baseline']:.2f}x",
-                   f"{r['vs_group_first']:.2f}x" if r["group"] != "resize" else ""] for r in rows]))
+    print(f"\n## One core (pinned to CPU {cpu}, torch threads 1): images per CPU-second (and per wall-second)\n")
+    print(_table(["method", "img/s (CPU)", "img/s (wall)", "vs baseline", "vs recipe 'before'"],
+                 [[r["method"], f"{r['images_per_cpu_s']:.0f}", f"{r['images_per_s']:.0f}",
+                   f"{r['vs_baseline']:.2f}x", f"{r['vs_group_first']:.2f}x" if r["group"] != "resize" else ""]
+                  for r in rows]))
 
     # ---- loader
-    loader_rows = []
-    for name, factory in (("before: pillow decode + pillow crop/resize", lambda: PillowTrain(0)),
-                          ("after: fused train transform", lambda: imagenet_train_transform(OUT))):
-        r = loader_rate(blobs, labels, factory(), args.workers, batch, epochs=2 if not args.quick else 1)
-        loader_rows.append({"pipeline": name, "workers": args.workers, "images_per_s": r})
+    names = ("before: pillow decode + pillow crop/resize", "after: fused train transform")
+    measured = loader_rates(blobs, labels, [PillowTrain(0), imagenet_train_transform(OUT)], args.workers, batch,
+                            repeats)
+    loader_rows = [{"pipeline": name, "workers": args.workers, "images_per_s": med, "runs": runs}
+                   for name, (med, runs) in zip(names, measured)]
     print(f"\n## DataLoader, train recipe, {args.workers} workers, batch {batch}: images/s\n")
     print(_table(["pipeline", "images/s", "speed-up"],
                  [[r["pipeline"], f"{r['images_per_s']:.0f}",
                    f"{r['images_per_s'] / loader_rows[0]['images_per_s']:.2f}x"] for r in loader_rows]))
 
     print("\n## Pack-time --max-side (thumbnail, bicubic, quality 90): size vs train-transform rate (one core)\n")
-    print(_table(["max-side", "total MB", "KB/image", "train images/s"],
+    print(_table(["max-side", "total MB", "KB/image", "train img/s (CPU)", "train img/s (wall)"],
                  [["none (as generated)" if r["max_side"] is None else str(r["max_side"]),
                    f"{r['total_bytes'] / 1e6:.1f}", f"{r['mean_bytes'] / 1000:.0f}",
-                   f"{r['train_images_per_s']:.0f}"] for r in ms_rows]))
+                   f"{r['train_images_per_cpu_s']:.0f}", f"{r['train_images_per_s']:.0f}"] for r in ms_rows]))
     elapsed = time.perf_counter() - started
-    print(f"\n# total {elapsed:.0f} s")
+    info["loadavg_end"] = os.getloadavg()
+    print(f"\n# total {elapsed:.0f} s; load average at start {info['loadavg_start'][0]:.2f}, "
+          f"at end {info['loadavg_end'][0]:.2f} (1 min; above ~0.3 other work shared the CPUs)")
     result = {"info": info, "single_core": rows, "loader": loader_rows, "max_side": ms_rows,
               "elapsed_s": elapsed}
     if args.json:

@@ -274,4 +274,5 @@ def test_benchmark_quick_runs(tmp_path):
     result = json.loads(out.read_text())
     assert result["single_core"][0]["vs_baseline"] == 1.0
     assert all(r["images_per_s"] > 0 for r in result["single_core"] + result["loader"])
+    assert all(r["images_per_cpu_s"] > 0 for r in result["single_core"])
     assert [r["max_side"] for r in result["max_side"]][0] is None
