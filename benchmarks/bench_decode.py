@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from packer.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from readers.decode import (  # noqa: E402
     decode_rgb,
     decode_rgb_reduced,
@@ -60,54 +61,17 @@ from readers.transforms import (  # noqa: E402
     sample_crop_box,
 )
 
-REAL_IMAGES = REPO / "examples" / "real-images"
 OUT = 224
 
 
 # --------------------------------------------------------------------------- data
 
 
-def _sources(max_side: int = 1024) -> list[Image.Image]:
-    out = []
-    for path in sorted(REAL_IMAGES.rglob("*")):
-        if path.suffix.lower() not in (".jpg", ".jpeg", ".png"):
-            continue
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-            im.thumbnail((max_side, max_side), Image.BICUBIC)
-            out.append(im)
-    if not out:
-        raise SystemExit(f"no source photos under {REAL_IMAGES}")
-    return out
-
-
 def make_folder(root: Path, n: int, seed: int = 0, classes: int = 10) -> list[tuple[Path, int]]:
-    """An ImageFolder of ``n`` noisy ~480x400 JPEGs (quality 90) made from the real photos."""
-    rng = np.random.default_rng(seed)
-    sources = _sources()
-    aspects = (4 / 3, 4 / 3, 3 / 2, 1.2, 1.0, 3 / 4)
-    items = []
-    for i in range(n):
-        src = sources[int(rng.integers(len(sources)))]
-        sw, sh = src.size
-        frac = rng.uniform(0.4, 1.0)
-        cw, ch = max(8, int(sw * frac)), max(8, int(sh * frac))
-        x0, y0 = int(rng.integers(0, sw - cw + 1)), int(rng.integers(0, sh - ch + 1))
-        aspect = aspects[int(rng.integers(len(aspects)))]
-        long_side = int(rng.integers(420, 561))
-        w, h = (long_side, int(long_side / aspect)) if aspect >= 1 else (int(long_side * aspect), long_side)
-        im = src.resize((w, h), Image.BICUBIC, box=(x0, y0, x0 + cw, y0 + ch))
-        arr = np.asarray(im).astype(np.float32) + rng.normal(0.0, 15.0, (h, w, 3)).astype(np.float32)
-        im = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
-        if rng.random() < 0.02:  # ImageNet has a few percent grayscale JPEGs
-            im = im.convert("L")
-        label = i % classes
-        d = root / f"n{label:08d}"
-        d.mkdir(parents=True, exist_ok=True)
-        path = d / f"img_{i:05d}.JPEG"
-        im.save(path, "JPEG", quality=90)
-        items.append((path, label))
-    return items
+    """An ImageFolder of ``n`` noisy ~480x400 JPEGs (quality 90, 2% grayscale), from packer.synth."""
+    make_imagenet_like(root, n, classes, SynthOptions(noise=15.0, gray_fraction=0.02, seed=seed))
+    classes_found = sorted(p.name for p in root.iterdir() if p.is_dir())
+    return [(p, label) for label, c in enumerate(classes_found) for p in sorted((root / c).iterdir())]
 
 
 def reencode(blobs: list[bytes], max_side: int | None) -> list[bytes]:

@@ -28,9 +28,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import multiprocessing
 import os
 import platform
 import shutil
@@ -40,76 +38,28 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-from PIL import Image
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from packer import PackOptions, pack  # noqa: E402
+from packer.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from readers.env import available_cpus  # noqa: E402
 from readers.spec import FORMATS  # noqa: E402
 
-PHOTOS = REPO / "examples" / "real-images"
 MMAP_RESIZE = 256
 
 
 # ---------------------------------------------------------------- the source folder
-_PHOTO_CACHE: list[Image.Image] = []
-
-
-def _load_photos(limit: int | None = None) -> list[Image.Image]:
-    """The bundled photos as RGB, at most ~1600 px (JPEGs decoded at a reduced DCT scale: fast)."""
-    if not _PHOTO_CACHE:
-        paths = [p for p in sorted(PHOTOS.rglob("*")) if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
-        for p in paths[::max(1, len(paths) // limit)] if limit else paths:
-            with Image.open(p) as im:
-                im.draft("RGB", (1600, 1200))
-                im = im.convert("RGB")
-                im.thumbnail((1600, 1600))
-                if min(im.size) >= 256:
-                    _PHOTO_CACHE.append(im)
-    return _PHOTO_CACHE
-
-
-def _make_one(job: tuple[Path, int, int, int, int, int, float]) -> int:
-    path, seed, w, h, quality, _classes, noise = job
-    rng = np.random.default_rng(seed)
-    photos = _load_photos()
-    photo = photos[int(rng.integers(len(photos)))]
-    w += int(rng.integers(-40, 41))
-    h += int(rng.integers(-40, 41))
-    # a random crop of 35-100% of the photo's area, aspect close to the target's
-    area = photo.width * photo.height * rng.uniform(0.35, 1.0)
-    aspect = (w / h) * float(np.exp(rng.uniform(-0.15, 0.15)))
-    cw = int(min(photo.width, round(np.sqrt(area * aspect))))
-    ch = int(min(photo.height, round(np.sqrt(area / aspect))))
-    x, y = int(rng.integers(0, photo.width - cw + 1)), int(rng.integers(0, photo.height - ch + 1))
-    img = photo.crop((x, y, x + cw, y + ch)).resize((w, h), Image.BICUBIC)
-    if rng.random() < 0.5:
-        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    arr = np.asarray(img, dtype=np.float32) + rng.normal(0.0, noise, size=(h, w, 3)).astype(np.float32)
-    buf = io.BytesIO()
-    Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=quality)
-    path.write_bytes(buf.getvalue())
-    return len(buf.getvalue())
 
 
 def make_source(root: Path, images: int, classes: int, size: tuple[int, int], quality: int, noise: float,
                 seed: int, processes: int) -> tuple[int, int]:
-    """Write ``root/n000000xx/img_xxxxxxx.JPEG``; return (files, bytes)."""
-    _load_photos(8 if images < 100 else None)  # loaded once, before the workers fork
-    jobs = []
-    for i in range(images):
-        d = root / f"n{i % classes:08d}"
-        d.mkdir(parents=True, exist_ok=True)
-        jobs.append((d / f"img_{i:07d}.JPEG", seed * 1_000_003 + i, size[0], size[1], quality, classes, noise))
-    if processes > 1:
-        with multiprocessing.get_context("fork").Pool(processes) as pool:
-            sizes = pool.map(_make_one, jobs, chunksize=8)
-    else:
-        sizes = [_make_one(j) for j in jobs]
-    return len(sizes), sum(sizes)
+    """Write ``root/n000000xx/img_xxxxxxx.JPEG`` (packer.synth); return (files, bytes)."""
+    make_imagenet_like(root, images, classes, SynthOptions(size=size, quality=quality, noise=noise, seed=seed),
+                       processes=processes)
+    files = source_files(root)
+    return len(files), sum(p.stat().st_size for p in files)
 
 
 def source_files(root: Path) -> list[Path]:

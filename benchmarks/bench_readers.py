@@ -19,7 +19,6 @@ Each figure is the median of ``--repeats`` full epochs. Usage::
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import platform
 import statistics

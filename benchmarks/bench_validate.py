@@ -33,35 +33,20 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import PIL  # noqa: E402
 import simplejpeg  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from packer.images import ImageOptions, prepare_image  # noqa: E402
+from packer.synth import SynthOptions, make_imagenet_like  # noqa: E402
 
-PHOTOS = ROOT / "examples" / "real-images"
 SIZE = (480, 400)  # width, height
 
 
 def make_folder(dst: Path, n: int, seed: int = 0) -> list[Path]:
-    """Write ``n`` ImageNet-like JPEGs under ``dst/<class>/`` and return their paths."""
-    rng = np.random.default_rng(seed)
-    photos = [Image.open(p).convert("RGB") for p in sorted(PHOTOS.rglob("*.jpg"))]
-    paths = []
-    for i in range(n):
-        photo = photos[i % len(photos)]
-        w, h = photo.size
-        cw = int(min(w, h * SIZE[0] / SIZE[1]) * rng.uniform(0.3, 1.0))  # crop of the target aspect
-        ch = cw * SIZE[1] // SIZE[0]
-        x, y = rng.integers(0, w - cw + 1), rng.integers(0, h - ch + 1)
-        im = photo.crop((x, y, x + cw, y + ch)).resize(SIZE, Image.LANCZOS)
-        arr = np.asarray(im, dtype=np.float32) + rng.normal(0, 4.0, (SIZE[1], SIZE[0], 3))
-        path = dst / f"class{i % 10:02d}" / f"img{i:05d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8)).save(path, "JPEG", quality=95)
-        paths.append(path)
-    return paths
+    """Write ``n`` ImageNet-like JPEGs under ``dst/<class>/`` (packer.synth) and return their paths."""
+    make_imagenet_like(dst, n, 10, SynthOptions(quality=95, noise=4.0, seed=seed))
+    return sorted(dst.rglob("*.JPEG"))
 
 
 def naive_full_decode(data: bytes) -> None:

@@ -1,70 +1,106 @@
-"""Generate an ImageNet-like folder for benchmarks and notebooks.
+"""Generate an ImageNet-like folder for benchmarks, notebooks and tests.
 
-JPEGs of about 480x400 pixels and ~100 KB at quality 90, like ImageNet's
-training images, cut from the bundled real photos (random crop, scale,
-flip and mild noise, so they are neither identical nor trivially
-compressible), in ``root/<class>/<image>.JPEG`` layout.
+JPEGs of about 480x400 pixels (each side varies by up to 40 px) and, at the
+defaults, ~95 KB at quality 90, like ImageNet's training images. Each is a
+random crop of one of the bundled real photos (``examples/real-images``),
+resized, sometimes mirrored, with Gaussian noise added so that the files are
+neither identical nor unrealistically compressible. Layout:
+``root/n0000000<c>/img_<i>.JPEG``. The same arguments give the same bytes.
 """
 
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["BUNDLED_PHOTOS", "make_imagenet_like"]
+__all__ = ["BUNDLED_PHOTOS", "SynthOptions", "make_imagenet_like"]
 
 BUNDLED_PHOTOS = Path(__file__).resolve().parent.parent / "examples" / "real-images"
+_PHOTOS: dict[Path, list[Image.Image]] = {}  # per source folder, loaded once per process
+
+
+@dataclass(frozen=True)
+class SynthOptions:
+    size: tuple[int, int] = (480, 400)  # width, height before the +-40 px jitter
+    quality: int = 90
+    noise: float = 16.0  # std of the Gaussian noise in grey levels (16: ~95 KB per image)
+    gray_fraction: float = 0.0  # share of grayscale JPEGs (ImageNet has a few percent)
+    seed: int = 0
 
 
 def _photos(source: Path) -> list[Image.Image]:
-    photos = []
-    for p in sorted(source.rglob("*")):
-        if p.suffix.lower() in (".jpg", ".jpeg", ".png"):
+    if source not in _PHOTOS:
+        photos = _PHOTOS[source] = []
+        for p in sorted(source.rglob("*")):
+            if p.suffix.lower() not in (".jpg", ".jpeg", ".png"):
+                continue
             with Image.open(p) as im:
+                im.draft("RGB", (1600, 1200))  # big JPEGs decode at a reduced scale: fast
                 im = im.convert("RGB")
                 im.thumbnail((1600, 1600))
-                if min(im.size) >= 300:
+                if min(im.size) >= 256:
                     photos.append(im)
-    if not photos:
-        raise FileNotFoundError(f"{source}: no photos to cut images from")
-    return photos
+        if not photos:
+            del _PHOTOS[source]
+            raise FileNotFoundError(f"{source}: no photos to cut images from")
+    return _PHOTOS[source]
 
 
-def make_imagenet_like(root: str | os.PathLike, n: int = 1000, classes: int = 10, seed: int = 0,
-                       size: tuple[int, int] = (480, 400), quality: int = 90,
+def _make_one(job: tuple[Path, int, SynthOptions, Path]) -> int:
+    path, index, opts, source = job
+    rng = np.random.default_rng([opts.seed, index])
+    photos = _photos(source)
+    photo = photos[int(rng.integers(len(photos)))]
+    w = opts.size[0] + int(rng.integers(-40, 41))
+    h = opts.size[1] + int(rng.integers(-40, 41))
+    area = photo.width * photo.height * rng.uniform(0.35, 1.0)  # crop 35-100% of the photo
+    aspect = (w / h) * float(np.exp(rng.uniform(-0.15, 0.15)))
+    cw = int(min(photo.width, round(np.sqrt(area * aspect))))
+    ch = int(min(photo.height, round(np.sqrt(area / aspect))))
+    x, y = int(rng.integers(0, photo.width - cw + 1)), int(rng.integers(0, photo.height - ch + 1))
+    img = photo.crop((x, y, x + cw, y + ch)).resize((w, h), Image.BICUBIC)
+    if rng.random() < 0.5:
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    arr = np.asarray(img, dtype=np.float32) + rng.normal(0.0, opts.noise, size=(h, w, 3)).astype(np.float32)
+    out = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+    if rng.random() < opts.gray_fraction:
+        out = out.convert("L")
+    buf = io.BytesIO()
+    out.save(buf, "JPEG", quality=opts.quality)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, path)
+    return len(buf.getvalue())
+
+
+def make_imagenet_like(root: str | os.PathLike, n: int = 1000, classes: int = 10,
+                       options: SynthOptions | None = None, *, processes: int = 1,
                        source: str | os.PathLike = BUNDLED_PHOTOS) -> Path:
     """Write ``n`` JPEGs in ``classes`` class folders under ``root``; return ``root``.
 
-    Deterministic for a given seed. Existing files of the same name are kept,
-    so a second call with the same arguments is cheap.
+    Files that already exist are kept, so a second call with the same
+    arguments costs nothing. ``processes > 1`` generates in parallel.
     """
-    root = Path(root)
-    rng = np.random.default_rng(seed)
-    photos = _photos(Path(source))
-    w, h = size
+    root, opts, source = Path(root), options or SynthOptions(), Path(source)
+    jobs = []
     for i in range(n):
-        cls_dir = root / f"n{i % classes:08d}"
-        path = cls_dir / f"img_{i:07d}.JPEG"
-        photo = photos[int(rng.integers(len(photos)))]
-        scale = float(rng.uniform(0.5, 1.0))
-        cw, ch = int(photo.width * scale), int(photo.height * scale)
-        x, y = int(rng.integers(0, photo.width - cw + 1)), int(rng.integers(0, photo.height - ch + 1))
-        jitter_w, jitter_h = int(rng.integers(-40, 41)), int(rng.integers(-40, 41))
-        noise = rng.normal(0, 16, size=(h + jitter_h, w + jitter_w, 3))
-        if path.exists():
-            continue
-        img = photo.crop((x, y, x + cw, y + ch)).resize((w + jitter_w, h + jitter_h), Image.BILINEAR)
-        if rng.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        arr = np.clip(np.asarray(img, dtype=np.float32) + noise, 0, 255).astype(np.uint8)
-        cls_dir.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        Image.fromarray(arr).save(buf, "JPEG", quality=quality)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, path)
+        path = root / f"n{i % classes:08d}" / f"img_{i:07d}.JPEG"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            jobs.append((path, i, opts, source))
+    if not jobs:
+        return root
+    _photos(source)  # loaded once, before workers fork
+    if processes > 1 and len(jobs) > 16:
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            pool.map(_make_one, jobs, chunksize=8)
+    else:
+        for job in jobs:
+            _make_one(job)
     return root

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from conftest import make_image_folder
 from readers.spec import FORMATS

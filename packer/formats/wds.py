@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import tarfile
-from pathlib import Path
 from typing import Any
 
 from packer.formats.base import FormatWriter

@@ -13,7 +13,6 @@ import os
 from typing import Any
 
 import numpy as np
-import torch
 
 from readers import spec
 from readers.base import LazyHandle, MapReader, to_chw
