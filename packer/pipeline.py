@@ -20,6 +20,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +80,7 @@ class SplitResult:
     meta: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def summary(self) -> str:
-        rate = self.images / self.seconds if self.seconds else 0.0
+        rate = (self.images - self.resumed_from) / self.seconds if self.seconds else 0.0
         text = (
             f"{self.split}: {self.images} images, {self.classes} classes, "
             f"{self.bytes_in / 1e6:.1f} MB in -> {self.bytes_out / 1e6:.1f} MB out, "
@@ -105,6 +106,8 @@ _WORKER_SEND_ORIGINALS = True
 def _init_worker(root: Path, opts: ImageOptions, send_originals: bool = True) -> None:
     global _WORKER_OPTS, _WORKER_ROOT, _WORKER_SEND_ORIGINALS
     _WORKER_ROOT, _WORKER_OPTS, _WORKER_SEND_ORIGINALS = root, opts, send_originals
+    if not send_originals:  # a pool worker: Ctrl-C is the main process's to handle
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _prepare_one(rel: str) -> tuple[str, Any, int]:
