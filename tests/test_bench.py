@@ -1,0 +1,277 @@
+"""packer.bench (``dataset-bench``): generator, cache control, measurements, report, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from packer import bench
+from packer.bench import (
+    BenchConfig,
+    BenchResult,
+    CacheControl,
+    NaiveImageFolder,
+    draw_chart,
+    format_limits,
+    format_table,
+    generate_image_folder,
+    headline,
+    main,
+    measure_format,
+    measure_loader,
+    run_benchmark,
+)
+
+
+def _fs_type(path: Path) -> str:
+    """Filesystem type of the mount holding ``path`` (from /proc/mounts)."""
+    best, kind = "", ""
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            _dev, mnt, fstype = line.split()[:3]
+            if str(path.resolve()).startswith(mnt) and len(mnt) > len(best):
+                best, kind = mnt, fstype
+    except OSError:
+        pass
+    return kind
+
+
+# --------------------------------------------------------------------------- generator
+
+
+def test_generate_image_folder(tmp_path):
+    root = generate_image_folder(tmp_path / "a", 12, classes=3, seed=1)
+    files = sorted(root.rglob("*.JPEG"))
+    assert len(files) == 12
+    assert sorted(p.name for p in root.iterdir()) == ["class_000", "class_001", "class_002"]
+    sizes = []
+    for f in files:
+        with Image.open(f) as im:
+            assert im.format == "JPEG" and im.mode == "RGB"
+            w, h = im.size
+            assert 420 <= w <= 540 and 340 <= h <= 460
+        sizes.append(f.stat().st_size)
+    assert 40_000 < np.mean(sizes) < 250_000  # ~100 KB, like ImageNet
+    again = generate_image_folder(tmp_path / "b", 12, classes=3, seed=1)
+    assert [f.read_bytes() for f in files] == [f.read_bytes() for f in sorted(again.rglob("*.JPEG"))]
+    with pytest.raises(ValueError):
+        generate_image_folder(tmp_path / "c", 0)
+
+
+# --------------------------------------------------------------------------- page cache, memory
+
+
+def test_cache_control_evicts_and_verifies(tmp_path):
+    cache = CacheControl()
+    if not (cache.can_evict and cache.can_verify):
+        pytest.skip("posix_fadvise or mincore not available here")
+    if _fs_type(tmp_path) in ("tmpfs", "ramfs", "overlay"):
+        pytest.skip(f"{tmp_path} is on {_fs_type(tmp_path)}: its pages cannot be evicted")
+    f = tmp_path / "data.bin"
+    f.write_bytes(os.urandom(4 << 20))
+    cache.warm([f])
+    assert cache.resident_fraction([f]) > 0.9
+    cache.evict([f])
+    assert cache.resident_fraction([f]) < 0.1
+    assert cache.resident(f)[1] == (4 << 20) // os.sysconf("SC_PAGE_SIZE")
+    empty = tmp_path / "empty"
+    empty.touch()
+    assert cache.resident(empty) == (0, 0)
+
+
+def test_pss():
+    assert bench.pss_bytes(os.getpid()) > 1_000_000
+    main_pss, workers = bench.process_tree_pss()
+    assert main_pss > 0 and workers >= 0
+    assert bench.pss_bytes(2**22 + 12345) is None  # no such process
+
+
+def test_machine_info():
+    info = bench.machine_info()
+    for key in ("hostname", "cpu_model", "usable_cpus", "ram_gb", "python", "torch"):
+        assert info[key], key
+    assert info["usable_cpus"] >= 1
+    assert info["cpu_model"] in bench.machine_label(info)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def test_naive_image_folder(generated):
+    ds = NaiveImageFolder(generated)
+    assert len(ds) == 28  # 4 classes x 7 (notes.txt is not an image)
+    x, label = ds[5]
+    assert x.dtype == torch.float32 and x.shape == (3, 224, 224)
+    assert 0.0 <= float(x.min()) and float(x.max()) <= 1.0
+    assert label == ds.labels[5]
+
+
+def test_measure_loader_counts_and_pss():
+    batches = [(torch.zeros(4, 3), torch.zeros(4)) for _ in range(5)]
+    seen = []
+    stats = measure_loader(lambda: batches, bytes_per_sample=1e6, on_batch=seen.append)
+    assert stats.samples == 20 and stats.batches == 5 and len(seen) == 5
+    assert stats.samples_per_s > 0 and stats.first_batch_s >= 0
+    assert stats.mb_per_s == pytest.approx(stats.samples_per_s)
+    assert stats.pss_main_mb > 0 and stats.pss_workers_mb == 0
+    short = measure_loader(lambda: batches, max_samples=7)
+    assert short.samples == 8
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb", "hdf5", "mmap"])
+def test_measure_format(packed_generated, fmt):
+    from readers import make_loader, open_dataset
+
+    target = bench.dataset_target(packed_generated[fmt])
+    assert target.name == fmt and target.samples == 28 and target.files
+    for mode in ("raw", "decoded"):
+        stats = measure_format(target.path, mode=mode, num_workers=0, batch_size=8,
+                               bytes_per_sample=target.bytes_per_sample)
+        assert stats.samples == 28 and stats.batches == 4 and stats.mb_per_s > 0
+    shapes = []
+    ds = open_dataset(target.path, transform=bench.eval_transform())
+    measure_loader(lambda: make_loader(ds, batch_size=8, num_workers=0), on_batch=lambda b: shapes.append(b[0].shape))
+    assert all(s[1:] == (3, 224, 224) for s in shapes)
+    with pytest.raises(ValueError):
+        measure_format(target.path, mode="jpeg", num_workers=0, batch_size=8)
+
+
+def test_decode_rates(generated):
+    files = NaiveImageFolder(generated).files
+    rates = bench.decode_rates(files, limit=5)
+    assert {"pil_decode", "decode_rgb", "eval_transform", "naive_item"} <= set(rates)
+    for v in rates.values():
+        assert v["images"] == 5 and v["images_per_s"] > 0
+    assert torch.get_num_threads() >= 1
+
+
+def test_simple_eval_transform():
+    t = bench.SimpleEvalTransform(224, 256)
+    out = t(torch.full((3, 300, 400), 7, dtype=torch.uint8))
+    assert out.shape == (3, 224, 224) and out.dtype == torch.uint8 and int(out.max()) == 7
+
+
+# --------------------------------------------------------------------------- config, report
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="nothing to measure"):
+        BenchConfig()
+    with pytest.raises(ValueError, match="unknown formats"):
+        BenchConfig(generate=4, formats=("zip",))
+    with pytest.raises(ValueError):
+        BenchConfig(generate=4, workers=(-1,))
+    quick = BenchConfig.quick_defaults()
+    assert quick.quick and quick.repeats == 1 and quick.generate
+    assert BenchConfig.quick_defaults(src="x").generate is None
+
+
+def _fake_result() -> BenchResult:
+    rows = []
+    for cache in ("warm", "cold"):
+        for w in (0, 2):
+            rows.append({"target": "naive", "mode": "decoded", "workers": w, "cache": cache,
+                         "samples_per_s": 100.0 * (w + 1), "mb_per_s": 10.0, "first_batch_s": 0.5,
+                         "pss_total_mb": 300.0, "pss_workers_mb": 100.0 * w, "x_naive": None})
+            for fmt, speed in (("wds", 3.0), ("mmap", 9.0)):
+                for mode in ("raw", "decoded"):
+                    rows.append({"target": fmt, "mode": mode, "workers": w, "cache": cache,
+                                 "samples_per_s": speed * 100.0 * (w + 1) * (3 if mode == "raw" else 1),
+                                 "mb_per_s": 30.0, "first_batch_s": 0.1, "pss_total_mb": None,
+                                 "pss_workers_mb": None})
+    bench._add_ratios(rows)
+    return BenchResult(machine=bench.machine_info(), config={"workers": [0, 2], "batch_size": 64, "repeats": 3},
+                       targets=[{"name": "naive", "samples": 10, "data_mb": 1.0, "files": 10}], rows=rows,
+                       limits={"sequential_read": {"wds": {"files": 1, "cold": {"mb": 1.0, "mb_per_s": 100.0},
+                                                           "warm": {"mb": 1.0, "mb_per_s": 1000.0}}},
+                               "decode_single_core": {"pil_decode": {"images_per_s": 250.0, "mb_per_s": 25.0}}},
+                       notes=["a note"], transform="T()")
+
+
+def test_ratios_table_headline_chart(tmp_path):
+    result = _fake_result()
+    r = result.row("mmap", "decoded", 2, "warm")
+    assert r["x_naive"] == pytest.approx(9.0)
+    assert result.row("mmap", "raw", 2, "warm")["x_naive"] is None
+    assert result.row("naive", "decoded", 0, "cold")["x_naive"] == pytest.approx(1.0)
+    table = format_table(result)
+    assert table.count("\n") == 2 + len(result.rows) - 1
+    assert "| decoded | warm | 2 | mmap | 2,700 | 30.0 | 9.00x |" in table
+    lines = headline(result)
+    assert len(lines) == 4 and "mmap 9.0x" in lines[0] and "naive" not in lines[0].split(":")[1].split("the")[0]
+    limits = format_limits(result)
+    assert "| wds (1 files) | 1.0 | 100 | 1,000 |" in limits and "PIL decode" in limits
+    png = draw_chart(result, tmp_path / "img" / "chart.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = result.save_json(tmp_path / "r.json")
+    assert BenchResult.load_json(saved).rows == json.loads(json.dumps(result.rows))
+    assert "a note" in bench.report_text(result)
+
+
+def test_cli_usage_errors(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--workers", "a,b"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["--formats", "zip", "--generate", "3"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main([])  # nothing to measure
+    assert exc.value.code == 2
+    assert "nothing to measure" in capsys.readouterr().err
+
+
+def test_cli_reports_failures(tmp_path, capsys):
+    assert main(["--src", str(tmp_path / "missing"), "--no-progress", "--quick"]) == 1
+    assert "dataset-bench: error" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- whole runs
+
+
+@pytest.mark.slow
+def test_run_benchmark_on_given_datasets(packed_generated):
+    """--datasets without --src: the baseline reads the source recorded in the index."""
+    result = run_benchmark(datasets=tuple(str(p) for p in packed_generated.values()), workers=(0,),
+                           caches=("warm",), repeats=1, batch_size=8, limits=False)
+    assert {r["target"] for r in result.rows} == {"naive", "wds", "lmdb", "hdf5", "mmap"}
+    assert len(result.rows) == 1 + 4 * 2
+    assert all(r["samples"] == 28 for r in result.rows)
+    assert any("source recorded" in n for n in result.notes)
+    assert result.limits == {}
+
+
+@pytest.mark.slow
+def test_quick_cli_end_to_end(tmp_path, capsys):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    t0 = time.perf_counter()
+    assert main(["--quick", "--no-progress", "--json", str(out_json), "--chart", str(out_png)]) == 0
+    elapsed = time.perf_counter() - t0
+    # --quick is meant to finish in < 60 s on an idle 2-core machine; leave room for a busy CI box
+    assert elapsed < 150, elapsed
+    printed = capsys.readouterr().out
+    assert "| mode | cache | workers | reader |" in printed and "machine:" in printed
+    assert "headline" in printed and "raw limits" in printed
+    data = json.loads(out_json.read_text())
+    assert set(data) >= {"machine", "config", "targets", "rows", "limits", "notes", "transform", "seconds"}
+    # naive (decoded) + 4 formats x 2 modes, for 2 worker counts and 2 cache states
+    assert len(data["rows"]) == (1 + 4 * 2) * 2 * 2
+    for row in data["rows"]:
+        assert row["samples"] == 48 and row["samples_per_s"] > 0 and row["first_batch_s"] > 0
+        assert row["pss_total_mb"] > 0
+        if row["mode"] == "decoded":
+            assert row["x_naive"] > 0
+    cold = [r for r in data["rows"] if r["cache"] == "cold"]
+    cache = CacheControl()
+    if cache.can_evict and cache.can_verify and _fs_type(Path(os.environ.get("TMPDIR", "/tmp"))) != "tmpfs":
+        assert all(r["cached_after_evict"] is not None and r["cached_after_evict"] < 0.05 for r in cold)
+    assert set(data["limits"]["sequential_read"]) == {"naive", "wds", "lmdb", "hdf5", "mmap"}
+    assert data["limits"]["decode_single_core"]["pil_decode"]["images_per_s"] > 0
+    assert out_png.stat().st_size > 10_000
