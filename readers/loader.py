@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler, get_worker_info
 
+from readers import shmring
 from readers.env import available_cpus, current_worker_env
 
 __all__ = ["make_loader", "PackedLoader", "EpochSampler", "ByteBatch", "collate", "shm_check"]
@@ -85,6 +86,28 @@ def collate(batch: Sequence[tuple]) -> tuple:
     out = [_collate_images(columns[0])]
     out += [torch.as_tensor(c, dtype=torch.int64) for c in columns[1:]]
     return tuple(out)
+
+
+class Collate:
+    """``collate`` plus reusable shared-memory slots for encoded bytes (see readers.shmring).
+
+    In a loader worker, a batch of ``bytes`` items is written into one of the
+    worker's reusable slots and rebuilt as a ByteBatch in the main process;
+    everything else (and the main process itself) goes through ``collate``.
+    """
+
+    def __init__(self, slots: int = 4) -> None:
+        self.ring = shmring.ShmSlots(slots) if shmring.available() else None
+
+    def __call__(self, batch: Sequence[tuple]) -> Any:
+        if (self.ring is not None and batch and isinstance(batch[0][0], (bytes, bytearray))
+                and get_worker_info() is not None):
+            columns = list(zip(*batch))
+            rest = tuple(torch.as_tensor(c, dtype=torch.int64) for c in columns[1:])
+            packed = self.ring.pack(columns[0], rest)
+            if packed is not None:
+                return packed
+        return collate(batch)
 
 
 class EpochSampler(Sampler[int]):
@@ -219,6 +242,6 @@ def make_loader(
     generator.manual_seed(seed)
     return PackedLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin,
-        drop_last=drop_last, collate_fn=collate_fn or collate, worker_init_fn=_seed_worker,
+        drop_last=drop_last, collate_fn=collate_fn or Collate(slots=prefetch_factor + 2), worker_init_fn=_seed_worker,
         generator=generator, **kwargs,
     )

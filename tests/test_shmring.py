@@ -1,0 +1,68 @@
+"""Reusable shared-memory slots for decode=False batches (readers.shmring)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from readers import make_loader, open_dataset, shmring
+from readers.loader import ByteBatch, Collate
+
+pytestmark = pytest.mark.skipif(not shmring.available(), reason="no writable /dev/shm")
+
+
+def _ours() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("dataset-packer-")}
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+@pytest.mark.parametrize("slots", [1, 3])
+def test_batches_through_slots_equal_the_stored_bytes(packed_generated, fmt, slots):
+    before = _ours()
+    ds = open_dataset(packed_generated[fmt], decode=False, return_index=True)
+    loader = make_loader(ds, batch_size=4, num_workers=2, collate_fn=Collate(slots=slots))
+    for _epoch in range(3):  # slots are reused many times over
+        seen = []
+        for batch, _labels, index in loader:
+            assert isinstance(batch, ByteBatch)
+            for k, i in enumerate(index.tolist()):
+                assert batch.get(k) == ds.read(i)
+            seen += index.tolist()
+        assert sorted(seen) == list(range(len(ds.labels)))
+    del loader
+    gc.collect()
+    assert _ours() == before, "shared-memory segments left in /dev/shm"
+
+
+def test_slot_is_copied_out_and_freed_on_unpickle():
+    ring = shmring.ShmSlots(slots=1, wait_s=0.05)
+    items = [b"abc", b"", b"\x00" * 1000]
+    sent = ring.pack(items, ())
+    assert sent is not None
+    assert ring.pack([b"x"], ()) is None  # the only slot is still in flight: no free slot in time
+    (batch,) = pickle.loads(pickle.dumps(sent))  # what the main process does
+    assert [batch.get(k) for k in range(len(batch))] == items
+    again = ring.pack([b"xyz"], ())  # freed by the unpickle
+    (batch2,) = pickle.loads(pickle.dumps(again))
+    assert batch2.get(0) == b"xyz"
+    assert [batch.get(k) for k in range(len(batch))] == items  # the first copy is independent of the slot
+
+
+def test_a_batch_bigger_than_a_slot_gets_a_bigger_segment():
+    ring = shmring.ShmSlots(slots=2)
+    small = ring.pack([b"a" * 10], ())
+    pickle.loads(pickle.dumps(small))
+    big_item = np.random.default_rng(0).bytes(9 << 20)  # past the 8 MiB minimum slot
+    big = ring.pack([big_item, b"tail"], ())
+    assert big.args[0] != small.args[0]
+    (batch,) = pickle.loads(pickle.dumps(big))
+    assert batch.get(0) == big_item and batch.get(1) == b"tail"
+
+
+def test_slots_must_fit_the_header():
+    with pytest.raises(ValueError, match="slots"):
+        shmring.ShmSlots(slots=0)
