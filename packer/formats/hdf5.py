@@ -9,9 +9,9 @@ Counterpart: ``readers/formats/hdf5.py``. Layout::
     /         attrs["dataset-packer"] = the index metadata (JSON; index.json adds
               file sizes, spec_version and checksum)
 
-When the chunks of /images lie back to back in file order (they do when
-appended in one pass), index.json's ``storage.raw_offset`` records where
-the first byte lies in ``data.h5``, and readers ``pread`` samples directly.
+Beside it, ``h5chunks.npy`` (<i8, one entry per 1 MiB chunk) gives each
+chunk's byte offset inside ``data.h5`` (index.json: ``storage.chunk_table``),
+so readers ``pread`` samples directly; h5py reads the same bytes.
 
 One flat byte dataset plus an offsets index, not one variable-length object
 per sample: vlen reads go through the HDF5 global heap and are several times
@@ -31,9 +31,10 @@ import numpy as np
 from packer.formats.base import FormatWriter
 from packer.images import Prepared
 
-__all__ = ["HDF5Writer", "CHUNK"]
+__all__ = ["HDF5Writer", "CHUNK", "CHUNK_TABLE"]
 
 CHUNK = 1 << 20
+CHUNK_TABLE = "h5chunks.npy"
 
 
 class HDF5Writer(FormatWriter):
@@ -99,7 +100,8 @@ class HDF5Writer(FormatWriter):
             if name in self.h5:
                 del self.h5[name]
             self.h5.create_dataset(name, data=values, track_times=False)
-        meta["storage"]["raw_offset"] = self._raw_offset()
+        meta["storage"]["chunk_table"] = self._chunk_table()
+        meta["storage"]["chunk_bytes"] = CHUNK
         self.h5.attrs["dataset-packer"] = json.dumps(meta, sort_keys=True)
         self.h5.close()
         fd = os.open(self.path, os.O_RDONLY)
@@ -109,23 +111,24 @@ class HDF5Writer(FormatWriter):
             os.close(fd)
         return {"files": {"data.h5": self.path.stat().st_size}}
 
-    def _raw_offset(self) -> int | None:
-        """File offset of /images' first byte when its chunks lie back to back, in order.
+    def _chunk_table(self) -> str | None:
+        """Write ``h5chunks.npy``: the file offset of each 1 MiB chunk of /images, in order.
 
-        Appends allocate chunks in order, so they normally do; readers then
-        read a sample with one ``pread`` instead of going through the chunk
-        B-tree and cache (which reads a whole 1 MiB chunk per 100 KB sample).
+        Readers then ``pread`` a sample straight from the file (one call, two
+        when it straddles chunks) instead of going through the chunk B-tree and
+        cache, which read a whole 1 MiB chunk per ~100 KB sample. Written only
+        when every chunk is stored raw (no filters), as this writer makes them.
         """
         dsid = self.images.id
         n = dsid.get_num_chunks()
-        if n == 0:
-            return None
-        infos = sorted((dsid.get_chunk_info(k) for k in range(n)), key=lambda c: c.chunk_offset[0])
-        base = infos[0].byte_offset
-        for c in infos:
-            if c.filter_mask != 0 or c.byte_offset - base != c.chunk_offset[0] or c.size != CHUNK:
+        table = np.zeros(n, dtype="<i8")
+        for k in range(n):
+            info = dsid.get_chunk_info(k)
+            if info.filter_mask != 0 or info.size != CHUNK:
                 return None
-        return int(base)
+            table[info.chunk_offset[0] // CHUNK] = info.byte_offset
+        np.save(self.root / CHUNK_TABLE, table)
+        return CHUNK_TABLE
 
     def abort(self) -> None:
         try:

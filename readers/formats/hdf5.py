@@ -1,10 +1,11 @@
 """HDF5 reader. Counterpart: ``packer/formats/hdf5.py`` (layout there).
 
 Sample ``i`` is ``/images[offsets[i]:offsets[i+1]]``. The offsets come from
-``offsets.npy``/``sizes.npy`` (loaded once, small). When the packer found
-/images' chunks back to back in the file (``storage.raw_offset``), a sample
-is one ``os.pread`` at ``raw_offset + offsets[i]``; otherwise the file is
-opened with h5py, lazily per process, without a chunk cache.
+``offsets.npy``/``sizes.npy`` (loaded once, small). With the packer's chunk
+table (``storage.chunk_table``: each 1 MiB chunk's byte offset in the file)
+a sample is one ``os.pread`` (two when it straddles non-adjacent chunks);
+without it the file is opened with h5py, lazily per process, without a
+chunk cache.
 """
 
 from __future__ import annotations
@@ -39,30 +40,48 @@ class HDF5Dataset(MapReader):
         self._offsets = self._arrays["offsets"]
         self._sizes = self._arrays["sizes"]
         file = str(self.root / "data.h5")
-        self._raw_offset = self.meta["storage"].get("raw_offset")
-        if self._raw_offset is not None:
+        table = self.meta["storage"].get("chunk_table")
+        self._chunks = np.load(self.root / table) if table else None
+        self._chunk_bytes = int(self.meta["storage"].get("chunk_bytes") or 0)
+        if self._chunks is not None:
             self._fd = LazyHandle(functools.partial(os.open, file, os.O_RDONLY), os.close)
         self._h5 = LazyHandle(functools.partial(_open_h5, file), _close_h5)
 
-    def read(self, i: int) -> bytes | np.ndarray:
+    def read(self, i: int) -> bytes:
         start, size = int(self._offsets[i]), int(self._sizes[i])
-        if self._raw_offset is not None:
-            data = os.pread(self._fd.get(), size, self._raw_offset + start)
-            if len(data) != size:
-                raise spec.DatasetFormatError(
-                    f"{self.root / 'data.h5'}: sample {i} at byte {self._raw_offset + start} is cut short "
-                    f"({len(data)} of {size} bytes): the file is truncated or damaged"
-                )
-            return data
+        if self._chunks is not None:
+            return self._pread(i, start, size)
         images = self._h5.get()["images"]
         if start + size > images.shape[0]:
             raise spec.DatasetFormatError(
                 f"{self.root / 'data.h5'}: sample {i} spans bytes {start}..{start + size}, "
                 f"past the end of /images ({images.shape[0]} bytes): the file is truncated or damaged"
             )
-        return images[start:start + size]
+        return images[start:start + size].tobytes()
+
+    def _pread(self, i: int, start: int, size: int) -> bytes:
+        """Read /images[start:start+size] with one pread per run of adjacent chunks."""
+        fd, cb, pieces = self._fd.get(), self._chunk_bytes, []
+        pos, end = start, start + size
+        while pos < end:
+            k = pos // cb
+            if k >= len(self._chunks):
+                raise spec.DatasetFormatError(
+                    f"{self.root / 'data.h5'}: sample {i} (bytes {start}..{end} of /images) lies past the "
+                    f"last chunk: the file is truncated or damaged")
+            addr, run_end = int(self._chunks[k]) + pos % cb, min(end, (k + 1) * cb)
+            while run_end < end and k + 1 < len(self._chunks) and self._chunks[k + 1] == self._chunks[k] + cb:
+                k += 1
+                run_end = min(end, (k + 1) * cb)
+            piece = os.pread(fd, run_end - pos, addr)
+            if len(piece) != run_end - pos:
+                raise spec.DatasetFormatError(
+                    f"{self.root / 'data.h5'}: sample {i} at byte {addr} is cut short: the file is truncated")
+            pieces.append(piece)
+            pos = run_end
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def close(self) -> None:
         self._h5.close()
-        if self._raw_offset is not None:
+        if self._chunks is not None:
             self._fd.close()
