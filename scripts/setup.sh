@@ -16,5 +16,5 @@ run() { "$@" >"$log" 2>&1 || { cat "$log"; echo "setup failed: $*" >&2; exit 1; 
 if ! python -c "import torch" 2>/dev/null; then
   run pip install "torch==${TORCH_VERSION:-2.13.0}"
 fi
-run pip install -c <(python -c "import torch; print('torch==' + torch.__version__.split('+')[0])") -e ".[test]"
+run pip install -c <(python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" 2>/dev/null) -e ".[test]"
 python -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1 || true
