@@ -37,6 +37,15 @@ CHUNK = 1 << 20
 CHUNK_TABLE = "h5chunks.npy"
 
 
+def _fsync_path(path: os.PathLike) -> None:
+    """fsync a file that h5py has open (any descriptor of the file flushes its pages)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class HDF5Writer(FormatWriter):
     format = "hdf5"
     fields = ("offsets",)
@@ -83,11 +92,7 @@ class HDF5Writer(FormatWriter):
     def checkpoint(self) -> dict[str, Any]:
         self._drain()
         self.h5.flush()
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_path(self.path)
         self._since = 0
         return {"bytes": self.pos}
 
@@ -104,11 +109,7 @@ class HDF5Writer(FormatWriter):
         meta["storage"]["chunk_bytes"] = CHUNK
         self.h5.attrs["dataset-packer"] = json.dumps(meta, sort_keys=True)
         self.h5.close()
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_path(self.path)
         return {"files": {"data.h5": self.path.stat().st_size}}
 
     def _chunk_table(self) -> str | None:
