@@ -41,8 +41,9 @@ four formats, and runs `packer.bench.run_benchmark` — the function behind the
 * the machine's **raw limits**: sequential read rate of the files and single-core decode rates.
 
 It is sized to run in a couple of minutes on 2 cores, so the dataset is small
-(a few hundred images) and each figure is the median of only a few passes: read the
-ratios, not the third digit. `docs/throughput.md` has a larger run made with the command line."""),
+(a few hundred images) and each figure comes from a single pass (each pass in a fresh
+Python process, so that its memory figure is that loader's alone): read the ratios, not
+the third digit. `docs/throughput.md` has a larger run made with the command line."""),
     ("code", """\
 %matplotlib inline
 import shutil
@@ -60,8 +61,8 @@ from readers.spec import FORMATS
 
 N_IMAGES = 192      # small on purpose: the whole notebook runs in ~2 minutes on 2 cores
 WORKERS = (0, 2)
-REPEATS = 2
-BATCH = 32
+REPEATS = 1
+BATCH = 16          # small batches: more of them in a small dataset, steadier rates
 WORK = Path(tempfile.mkdtemp(prefix="nb01-"))
 print(machine_label(machine_info()))"""),
     ("md", "## 1 · Generate an ImageNet-like folder and pack it into the four formats"),

@@ -18,7 +18,9 @@ One run on one machine measures, for every format (``wds``, ``lmdb``,
 * the machine's raw limits in the same run: sequential read rate of the
   dataset files (cold and warm, 8 MiB reads) and single-core decode rates.
 
-Every figure is the median of ``repeats`` runs. Samples/s is the steady
+Each measurement runs in a fresh process (``isolate``, the default; not
+with ``--quick``), so the PSS is that loader's alone. Every figure is the
+median of ``repeats`` runs. Samples/s is the steady
 rate: counted from the moment every worker has delivered its first batch
 (batch ``max(1, num_workers)``) to the last batch, so neither worker
 start-up nor the batches the workers made in parallel during it inflate or
@@ -71,6 +73,7 @@ __all__ = [
     "measure_loader",
     "measure_naive",
     "measure_format",
+    "run_isolated",
     "sequential_read",
     "decode_rates",
     "eval_transform",
@@ -88,7 +91,6 @@ MODES = ("raw", "decoded")
 CACHES = ("warm", "cold")
 NAIVE = "naive"
 MB = 1e6
-REAL_IMAGES = Path(__file__).resolve().parent.parent / "examples" / "real-images"
 
 
 # --------------------------------------------------------------------------- machine
@@ -153,70 +155,24 @@ def machine_label(info: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- test data
 
 
-def _source_photos(max_side: int = 1024) -> list[np.ndarray]:
-    """The bundled real photos (RGB, at most ``max_side``), the raw material for generated images."""
-    from PIL import Image
-
-    photos = []
-    for path in sorted(REAL_IMAGES.rglob("*")):
-        if path.suffix.lower() not in (".jpg", ".jpeg", ".png"):
-            continue
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-            if min(im.size) < 200:  # too small to crop ImageNet-sized views from
-                continue
-            im.thumbnail((max_side, max_side), Image.BILINEAR)
-            photos.append(np.asarray(im))
-    if not photos:
-        raise FileNotFoundError(f"no photos found under {REAL_IMAGES}")
-    return photos
-
-
-def _synth_image(photos: list[np.ndarray], rng: np.random.Generator, size: tuple[int, int]) -> Any:
-    """A random crop of a random photo, resized to about ``size`` (w, h), plus mild luma noise."""
-    from PIL import Image
-
-    photo = photos[int(rng.integers(len(photos)))]
-    ph, pw = photo.shape[:2]
-    w = int(size[0] * rng.uniform(0.875, 1.125))
-    h = int(size[1] * rng.uniform(0.85, 1.15))
-    scale = rng.uniform(0.35, 1.0)
-    ch = max(16, int(min(ph, pw * h / w) * scale))
-    cw = max(16, min(pw, int(ch * w / h)))
-    y, x = int(rng.integers(0, ph - ch + 1)), int(rng.integers(0, pw - cw + 1))
-    img = Image.fromarray(photo[y:y + ch, x:x + cw]).resize((w, h), Image.BILINEAR)
-    if rng.random() < 0.5:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    noise = rng.normal(0.0, rng.uniform(4.0, 8.0), (h, w, 1))
-    arr = np.clip(np.asarray(img, dtype=np.float32) + noise, 0, 255).astype(np.uint8)
-    return Image.fromarray(arr)
-
-
 def generate_image_folder(root: str | os.PathLike, n: int, *, classes: int = 10, seed: int = 0,
-                          size: tuple[int, int] = (480, 400), quality: int = 95,
-                          progress: Callable[[int], None] | None = None) -> Path:
+                          processes: int | None = None, progress: Callable[[int], None] | None = None) -> Path:
     """Write an ImageNet-like ImageFolder tree of ``n`` JPEGs under ``root``; return ``root``.
 
-    Each image is a random crop of one of the bundled real photos
-    (``examples/real-images``) resized to about ``size`` (480 x 400 by
-    default, +-12%), randomly flipped, with mild luma noise, saved as a
-    JPEG (quality 95, 4:2:0): about 100 KB each, like ImageNet's training
-    images. Deterministic for a given ``seed``. ``progress(k)`` is called
-    after each image.
+    The project's one generator, :func:`packer.synth.make_imagenet_like`
+    (random crops of the bundled real photos, about 480 x 400 pixels, noise,
+    quality 90: ~95 KB each, like ImageNet's training images), run on
+    ``processes`` CPUs (default: all usable). Deterministic for a given
+    ``seed``. ``progress(n)`` is called once at the end.
     """
+    from packer.synth import SynthOptions, make_imagenet_like
+
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    root = Path(root)
-    classes = max(1, min(classes, n))
-    photos = _source_photos()
-    rng = np.random.default_rng(seed)
-    for c in range(classes):
-        (root / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
-    for k in range(n):
-        img = _synth_image(photos, rng, size)
-        img.save(root / f"class_{k % classes:03d}" / f"img_{k:06d}.JPEG", "JPEG", quality=quality)
-        if progress is not None:
-            progress(k + 1)
+    root = make_imagenet_like(root, n, classes=max(1, min(classes, n)), options=SynthOptions(seed=seed),
+                              processes=processes or available_cpus())
+    if progress is not None:
+        progress(n)
     return root
 
 
@@ -811,6 +767,7 @@ class BenchConfig:
     shard_count: int | None = None
     seed: int = 0
     torch_threads: int | None = None  # torch.set_num_threads for the run (None: torch's default)
+    isolate: bool = True  # each measurement in a fresh interpreter (clean PSS; ~1-2 s start-up each, not timed)
     quick: bool = False
 
     def __post_init__(self) -> None:
@@ -829,9 +786,9 @@ class BenchConfig:
 
     @classmethod
     def quick_defaults(cls, **overrides: Any) -> "BenchConfig":
-        """A tiny run for tests and smoke checks: 48 images, one repeat, small batches."""
+        """A tiny run for tests and smoke checks: 48 images, one repeat, small batches, in one process."""
         base = {"generate": 48, "repeats": 1, "batch_size": 16, "decode_files": 24, "workers": (0, 1),
-                "quick": True}
+                "isolate": False, "quick": True}
         if overrides.get("src") or overrides.get("datasets"):
             base.pop("generate")
         base.update({k: v for k, v in overrides.items() if v is not None})
@@ -905,9 +862,9 @@ def _prepare(cfg: BenchConfig, work: Path, notes: list[str], bar: Any) -> tuple[
             shutil.rmtree(src)
         bar.set_description(f"generating {cfg.generate} images")
         generate_image_folder(src, cfg.generate, seed=cfg.seed,
-                              progress=lambda k: k % 100 or bar.set_postfix_str(f"{k} images"))
-        notes.append(f"generated {cfg.generate} ImageNet-like JPEGs (crops of examples/real-images, ~480x400, "
-                     f"noise, quality 95) in {src}")
+                              progress=lambda k: bar.set_postfix_str(f"{k} images"))
+        notes.append(f"generated {cfg.generate} ImageNet-like JPEGs with packer.synth (crops of "
+                     f"examples/real-images, ~480x400, noise, quality 90) in {src}")
     for p in cfg.datasets:
         t = dataset_target(p)
         if t.name in datasets:
@@ -1056,11 +1013,67 @@ def _run_case(cfg: BenchConfig, case: tuple[str, str, int, str], t: Target, cach
         left = cache.resident_fraction(t.files)
     else:
         cache.warm(t.files)
-    common = {"num_workers": w, "batch_size": cfg.batch_size, "max_samples": cfg.max_samples,
+    kwargs = {"num_workers": w, "batch_size": cfg.batch_size, "max_samples": cfg.max_samples,
               "bytes_per_sample": t.bytes_per_sample, "seed": cfg.seed}
     if name == NAIVE:
-        return measure_naive(t.path, **common), left
-    return measure_format(t.path, mode=mode, transform=transform, **common), left
+        fn, kwargs = measure_naive, {"src": t.path, **kwargs}
+    else:
+        fn, kwargs = measure_format, {"path": t.path, "mode": mode, "transform": transform, **kwargs}
+    if cfg.isolate:
+        return run_isolated(fn, kwargs, torch_threads=cfg.torch_threads), left
+    return fn(**kwargs), left
+
+
+def _isolated_main() -> None:
+    """Entry point of the fresh interpreter :func:`run_isolated` starts (job on stdin, result to argv[1])."""
+    import pickle
+
+    fn, kwargs, torch_threads = pickle.load(sys.stdin.buffer)
+    try:
+        import torch
+
+        import readers.registry  # noqa: F401 - every reader module imported before the clock starts
+
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        result = (True, fn(**kwargs))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+        import traceback
+
+        result = (False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    with open(sys.argv[1], "wb") as f:
+        pickle.dump(result, f)
+
+
+def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], *, torch_threads: int | None = None) -> Any:
+    """``fn(**kwargs)`` in a fresh Python interpreter (a subprocess); returns its result.
+
+    Each measurement then starts from a clean process: its PSS is the
+    loader's alone, and nothing an earlier case left behind (memory the
+    generator, the packer or another reader kept, torch settings) shows in it.
+    ``fn`` must be importable (a module-level function); ``kwargs`` and the
+    result must pickle. The child's own output is discarded unless it fails.
+    """
+    import pickle
+    import subprocess
+
+    fd, out = tempfile.mkstemp(prefix="dataset-bench-", suffix=".pkl")
+    os.close(fd)
+    try:
+        proc = subprocess.run([sys.executable, "-c", "from packer.bench import _isolated_main; _isolated_main()", out],
+                              input=pickle.dumps((fn, kwargs, torch_threads)), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, check=False)
+        try:
+            with open(out, "rb") as f:
+                ok, payload = pickle.load(f)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            ok, payload = False, proc.stderr.decode(errors="replace")[-2000:] or "no result"
+    finally:
+        os.unlink(out)
+    if not ok:
+        raise RuntimeError(f"measurement {getattr(fn, '__name__', fn)} failed in its process "
+                           f"(exit code {proc.returncode}): {payload}")
+    return payload
 
 
 def _run_cases(cfg: BenchConfig, cases: list[tuple[str, str, int, str]], targets: dict[str, Target],
@@ -1396,6 +1409,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-limits", dest="limits", action="store_false", help="skip raw read/decode limits")
     p.add_argument("--shard-count", type=int, help="wds: samples per shard when packing")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-isolate", dest="isolate", action="store_false", default=None,
+                   help="measure in this process instead of a fresh process per measurement (faster start, "
+                   "but PSS then includes whatever earlier cases left behind; --quick does this)")
     p.add_argument("--torch-threads", type=int, help="torch.set_num_threads for the run (default: torch's); "
                    "matters at --workers 0, where the transform runs in the main process")
     p.add_argument("--json", metavar="FILE", help="write all results as JSON")
@@ -1412,6 +1428,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "caches": tuple(args.cache), "batch_size": args.batch_size, "repeats": args.repeats,
         "max_samples": args.max_samples, "baseline": args.baseline, "limits": args.limits,
         "shard_count": args.shard_count, "seed": args.seed, "torch_threads": args.torch_threads,
+        "isolate": args.isolate,
     }
     if args.quick:
         return BenchConfig.quick_defaults(**fields)

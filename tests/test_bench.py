@@ -47,10 +47,11 @@ def _fs_type(path: Path) -> str:
 
 
 def test_generate_image_folder(tmp_path):
-    root = generate_image_folder(tmp_path / "a", 12, classes=3, seed=1)
+    seen = []
+    root = generate_image_folder(tmp_path / "a", 12, classes=3, seed=1, progress=seen.append)
     files = sorted(root.rglob("*.JPEG"))
-    assert len(files) == 12
-    assert sorted(p.name for p in root.iterdir()) == ["class_000", "class_001", "class_002"]
+    assert len(files) == 12 and seen == [12]
+    assert len([p for p in root.iterdir() if p.is_dir()]) == 3
     sizes = []
     for f in files:
         with Image.open(f) as im:
@@ -59,7 +60,7 @@ def test_generate_image_folder(tmp_path):
             assert 420 <= w <= 540 and 340 <= h <= 460
         sizes.append(f.stat().st_size)
     assert 40_000 < np.mean(sizes) < 250_000  # ~100 KB, like ImageNet
-    again = generate_image_folder(tmp_path / "b", 12, classes=3, seed=1)
+    again = generate_image_folder(tmp_path / "b", 12, classes=3, seed=1, processes=1)
     assert [f.read_bytes() for f in files] == [f.read_bytes() for f in sorted(again.rglob("*.JPEG"))]
     with pytest.raises(ValueError):
         generate_image_folder(tmp_path / "c", 0)
@@ -143,6 +144,15 @@ def test_measure_format(packed_generated, fmt):
         measure_format(target.path, mode="jpeg", num_workers=0, batch_size=8)
 
 
+def test_run_isolated(packed_generated):
+    path = packed_generated["wds"]
+    stats = bench.run_isolated(measure_format, {"path": path, "mode": "raw", "num_workers": 1, "batch_size": 8},
+                               torch_threads=1)
+    assert stats.samples == 28 and stats.pss_main_mb > 0 and stats.pss_workers_mb > 0
+    with pytest.raises(RuntimeError, match="ValueError"):
+        bench.run_isolated(measure_format, {"path": path, "mode": "jpeg", "num_workers": 0, "batch_size": 8})
+
+
 def test_decode_rates(generated):
     files = NaiveImageFolder(generated).files
     rates = bench.decode_rates(files, limit=5)
@@ -169,7 +179,8 @@ def test_config_validation():
     with pytest.raises(ValueError):
         BenchConfig(generate=4, workers=(-1,))
     quick = BenchConfig.quick_defaults()
-    assert quick.quick and quick.repeats == 1 and quick.generate
+    assert quick.quick and quick.repeats == 1 and quick.generate and not quick.isolate
+    assert BenchConfig(generate=4).isolate
     assert BenchConfig.quick_defaults(src="x").generate is None
 
 
