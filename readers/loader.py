@@ -154,6 +154,7 @@ class PackedLoader(DataLoader):
         for obj in (self.sampler, self.batch_sampler, self.dataset):
             if hasattr(obj, "set_epoch"):
                 obj.set_epoch(self._epoch)
+        shmring.release_dead()  # slots of earlier loaders' workers that have exited
         return super().__iter__()
 
 

@@ -21,7 +21,9 @@ main process unpickles that message it copies the slot into an ordinary
 array (heap memory that malloc reuses: no page faults), marks the slot free
 and hands out the copy, so no user-visible tensor ever aliases a slot. The
 main process unlinks the segment's name as soon as it has mapped it, so
-nothing is left in ``/dev/shm`` once both sides exit.
+nothing is left in ``/dev/shm`` once both sides exit, and it unmaps the
+segments of workers that have exited (when it attaches a new segment, and
+at the start of every epoch), so finished loaders leave no memory behind.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["ShmSlots", "available"]
+__all__ = ["ShmSlots", "available", "release_dead"]
 
 HEADER = 64  # bytes: one flag per slot, at most 64 slots
 _SHM_DIR = "/dev/shm"
@@ -54,6 +56,7 @@ def _rebuild(name: str, slot: int, capacity: int, offsets: np.ndarray, rest: tup
     if mm is None:
         for old in [n for n in _ATTACHED if n.rsplit("-", 1)[0] == name.rsplit("-", 1)[0]]:
             _ATTACHED.pop(old).close()  # the worker moved to a bigger segment
+        release_dead()
         path = os.path.join(_SHM_DIR, name)
         fd = os.open(path, os.O_RDWR)
         try:
@@ -67,6 +70,25 @@ def _rebuild(name: str, slot: int, capacity: int, offsets: np.ndarray, rest: tup
     data[:] = np.frombuffer(mm, dtype=np.uint8, count=total, offset=start)
     mm[slot] = 0  # free the slot for the worker
     return (ByteBatch(torch.from_numpy(data), torch.from_numpy(offsets)), *rest)
+
+
+def _pid_of(name: str) -> int:
+    return int(name.split("-")[2])  # dataset-packer-<pid>-<id>-<generation>
+
+
+def release_dead() -> int:
+    """Unmap the segments of workers that have exited (a finished loader's); return how many."""
+    dead = []
+    for name in _ATTACHED:
+        try:
+            os.kill(_pid_of(name), 0)
+        except ProcessLookupError:
+            dead.append(name)
+        except PermissionError:
+            pass
+    for name in dead:
+        _ATTACHED.pop(name).close()
+    return len(dead)
 
 
 def _unlink_quietly(path: str) -> None:

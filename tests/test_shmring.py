@@ -66,3 +66,19 @@ def test_a_batch_bigger_than_a_slot_gets_a_bigger_segment():
 def test_slots_must_fit_the_header():
     with pytest.raises(ValueError, match="slots"):
         shmring.ShmSlots(slots=0)
+
+
+def test_finished_loaders_leave_no_mappings(packed_generated):
+    """The main process unmaps the slots of workers that have exited."""
+    ds = open_dataset(packed_generated["lmdb"], decode=False)
+    for _round in range(3):
+        loader = make_loader(ds, batch_size=4, num_workers=2)
+        for _batch in loader:
+            pass
+        pids = {w.pid for w in loader._iterator._workers}
+        del loader, _batch
+        gc.collect()
+    shmring.release_dead()
+    # (segments made in this process by the tests above that call ShmSlots directly stay)
+    worker_segments = {n for n in shmring._ATTACHED if shmring._pid_of(n) != os.getpid()}
+    assert not worker_segments, f"mappings of exited workers kept: {worker_segments} (last workers {pids})"
