@@ -52,26 +52,22 @@ def _pack(src: Path, out: Path, fmt: str, **kw) -> Path:
     return out
 
 
+def _pack_all(src: Path, root: Path, shard_count: int, workers: int = 1) -> dict[str, Path]:
+    """format -> dataset folder of ``src``, packed into every format (wds with small uneven shards)."""
+    return {fmt: _pack(src, root / fmt, fmt, workers=workers, **({"shard_count": shard_count} if fmt == "wds" else {}))
+            for fmt in FORMATS}
+
+
 @pytest.fixture(scope="session")
 def packed_generated(tmp_path_factory, generated):
-    """format -> dataset folder of the generated folder (wds with uneven small shards)."""
-    root = tmp_path_factory.mktemp("packed-gen")
-    out = {}
-    for fmt in FORMATS:
-        kw = {"shard_count": 5} if fmt == "wds" else {}
-        out[fmt] = _pack(generated, root / fmt, fmt, **kw)
-    return out
+    """format -> dataset folder of the generated folder."""
+    return _pack_all(generated, tmp_path_factory.mktemp("packed-gen"), shard_count=5)
 
 
 @pytest.fixture(scope="session")
 def packed_real(tmp_path_factory, real_images):
     """format -> dataset folder of the bundled real photos."""
-    root = tmp_path_factory.mktemp("packed-real")
-    out = {}
-    for fmt in FORMATS:
-        kw = {"shard_count": 7} if fmt == "wds" else {}
-        out[fmt] = _pack(real_images, root / fmt, fmt, workers=2, **kw)
-    return out
+    return _pack_all(real_images, tmp_path_factory.mktemp("packed-real"), shard_count=7, workers=2)
 
 
 def pil_rgb(path_or_bytes) -> np.ndarray:
