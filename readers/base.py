@@ -31,20 +31,15 @@ def to_chw(arr: np.ndarray) -> torch.Tensor:
 class LazyHandle:
     """Opens ``opener()`` on first use per process; ``closer(handle)`` on close."""
 
-    def __init__(self, opener: Callable[[], Any], closer: Callable[[Any], None] | None = None,
-                 release_inherited: Callable[[Any], None] | None = None) -> None:
-        self._opener, self._closer, self._release = opener, closer, release_inherited
+    def __init__(self, opener: Callable[[], Any], closer: Callable[[Any], None] | None = None) -> None:
+        self._opener, self._closer = opener, closer
         self._handle: Any = None
         self._pid: int | None = None
 
     def get(self) -> Any:
         pid = os.getpid()
         if self._handle is None or self._pid != pid:
-            # An inherited handle belongs to the parent: never use it here. A
-            # library that refuses a second open in one process (py-lmdb) gets
-            # to release the child's copy first.
-            if self._handle is not None and self._release is not None:
-                self._release(self._handle)
+            # An inherited handle belongs to the parent: never use or close it here.
             self._handle, self._pid = self._opener(), pid
         return self._handle
 
@@ -54,8 +49,7 @@ class LazyHandle:
         self._handle, self._pid = None, None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_opener": self._opener, "_closer": self._closer, "_release": self._release,
-                "_handle": None, "_pid": None}
+        return {"_opener": self._opener, "_closer": self._closer, "_handle": None, "_pid": None}
 
 
 class PackedDataset:
