@@ -48,6 +48,15 @@ __all__ = [
     "wds_key",
     "lmdb_key",
     "LMDB_META_KEY",
+    "DATA_FILE",
+    "HDF5_CHUNK_TABLE",
+    "HDF5_CHUNK_BYTES",
+    "MMAP_HEADER_BYTES",
+    "TAR_BLOCK",
+    "REJECTS_NAME",
+    "RECORD_DTYPE",
+    "STATE_NAME",
+    "shard_name",
     "write_json_atomic",
     "fsync_dir",
 ]
@@ -84,6 +93,29 @@ REQUIRED_ARRAYS: Mapping[str, tuple[str, ...]] = {
 #: LMDB: reserved key holding a copy of index.json (keys of samples are digits,
 #: so ``__`` sorts after every one of them and appends stay ordered).
 LMDB_META_KEY = b"__meta__"
+
+# ---------------------------------------------------------------- file names
+#: The one data file of each single-file format (wds has shards, see shard_name).
+DATA_FILE: Mapping[str, str] = {"lmdb": "data.mdb", "hdf5": "data.h5", "mmap": "images.npy"}
+#: hdf5: byte offset of each chunk of /images inside data.h5 (<i8), beside it.
+HDF5_CHUNK_TABLE = "h5chunks.npy"
+#: hdf5: bytes per chunk of /images (1 MiB: whole-chunk writes, small table).
+HDF5_CHUNK_BYTES = 1 << 20
+#: mmap: images.npy's .npy header is padded to exactly this many bytes.
+MMAP_HEADER_BYTES = 128
+#: wds: tar block size (headers and padding).
+TAR_BLOCK = 512
+#: Images that could not be packed, one JSON object per line (only when there are any).
+REJECTS_NAME = "rejects.jsonl"
+
+#: One record per sample with every index array as a field (the packer's
+#: journal appends these; each format keeps the fields REQUIRED_ARRAYS names).
+RECORD_DTYPE = np.dtype([(name, dtype) for name, dtype in ARRAY_DTYPES.items()])
+
+
+def shard_name(split: str, index: int) -> str:
+    """wds: file name of shard ``index`` of ``split``."""
+    return f"{split}-{index:06d}.tar"
 
 
 class DatasetFormatError(ValueError):
