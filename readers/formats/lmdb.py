@@ -23,13 +23,15 @@ from readers.perprocess import PerProcess
 
 __all__ = ["LMDBDataset"]
 
-# py-lmdb refuses to open one environment twice in a process, so readers of
-# the same folder share it: path -> [env, users], one registry per process.
+
 def _close_inherited(envs: dict[str, list]) -> None:
+    """A forked child's copy of its parent's registry: py-lmdb would refuse to re-open them."""
     for env, _users in envs.values():
         env.close()  # unmaps this process's copy only (lock=False: no shared lock table)
 
 
+# py-lmdb refuses to open one environment twice in a process, so readers of
+# the same folder share it: path -> [env, users], one registry per process.
 _ENVS: PerProcess[dict[str, list]] = PerProcess(dict, inherited=_close_inherited)
 
 
