@@ -50,9 +50,10 @@ def _file_crc(path: Path) -> tuple[int, int]:
 
 
 def _verify_wds(ds, report: VerifyReport, tick: Callable[[int], None]) -> None:
-    checksums, shard_of = ds._arrays["checksums"], ds._shard_of
+    checksums = ds.index.arrays["checksums"]
+    _check_shard_array(ds, report)
     for k, shard in enumerate(ds.meta["shards"]):
-        path = ds.root / shard["name"]
+        path = ds.shard_path(k)
         if not path.exists():
             report.problems.append(Problem(str(path), "shard file is missing"))
             tick(int(shard["samples"]))
@@ -64,11 +65,19 @@ def _verify_wds(ds, report: VerifyReport, tick: Callable[[int], None]) -> None:
             report.problems.append(Problem(str(path), "shard checksum differs from the index"))
         fd = os.open(path, os.O_RDONLY)
         try:
-            for i in np.flatnonzero(shard_of == k):
-                _check_sample(report, f"{path} sample {i}", lambda: ds.read_from(fd, k, int(i)), checksums[i])
+            for i in ds.samples_of_shard(k):
+                _check_sample(report, f"{path} sample {i}", lambda: ds.read_from(fd, k, i), checksums[i])
                 tick(1)
         finally:
             os.close(fd)
+
+
+def _check_shard_array(ds, report: VerifyReport) -> None:
+    """The shards array (random access) must agree with index.json's shard list (iteration)."""
+    expected = np.repeat(np.arange(len(ds.shard_sizes)), ds.shard_sizes)
+    if not np.array_equal(ds.index.arrays["shards"], expected):
+        report.problems.append(Problem(str(ds.root / spec.array_file("shards")),
+                                       f"disagrees with the shard list in {spec.INDEX_NAME}"))
 
 
 def _check_sample(report: VerifyReport, where: str, read: Callable[[], object], expected: int) -> None:
@@ -83,12 +92,14 @@ def _check_sample(report: VerifyReport, where: str, read: Callable[[], object], 
         report.problems.append(Problem(where, "checksum mismatch: stored bytes changed since packing"))
 
 
-def verify(path: str | os.PathLike, progress: Callable[[int], None] | None = None) -> VerifyReport:
-    """Check one dataset folder; returns a report listing every damaged sample or file."""
-    root = Path(path)
+def verify(path: str | os.PathLike | spec.Index,
+           progress: Callable[[int], None] | None = None) -> VerifyReport:
+    """Check one dataset folder (or its index, already read); returns a report listing every
+    damaged sample or file."""
+    ds = open_dataset(path, decode=False)
+    root = ds.root
     report = VerifyReport(root)
     tick = progress or (lambda n: None)
-    ds = open_dataset(root, decode=False)
     try:
         for name, size in ds.meta.get("files", {}).items():
             f = root / name
@@ -99,10 +110,9 @@ def verify(path: str | os.PathLike, progress: Callable[[int], None] | None = Non
         if ds.format == "wds":
             _verify_wds(ds, report, tick)
         else:
-            checksums = ds._arrays["checksums"]
-            where = {"lmdb": "data.mdb", "hdf5": "data.h5", "mmap": "images.npy"}[ds.format]
+            checksums = ds.index.arrays["checksums"]
             for i in range(len(ds)):
-                _check_sample(report, f"{root / where} sample {i}", lambda: ds.read(i), checksums[i])
+                _check_sample(report, f"{ds.data_file} sample {i}", lambda: ds.read(i), checksums[i])
                 tick(1)
     finally:
         ds.close()
@@ -121,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = 0
     for root in roots:
         try:
-            n = spec.read_index(root).num_samples
+            index = spec.read_index(root)
         except (spec.DatasetFormatError, FileNotFoundError) as exc:
             print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
             return 1
@@ -129,8 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.quiet:
             from tqdm import tqdm
 
-            bar = tqdm(total=n, unit="img", desc=f"verify {root.name}", mininterval=0.5)
-        report = verify(root, bar.update if bar else None)
+            bar = tqdm(total=index.num_samples, unit="img", desc=f"verify {root.name}", mininterval=0.5)
+        report = verify(index, bar.update if bar else None)
         if bar:
             bar.close()
         for prob in report.problems:

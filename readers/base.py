@@ -1,11 +1,15 @@
 """What every reader shares: the index, lazy per-process handles, decode and transform.
 
-The constructor keeps only the dataset path and small numpy index arrays
+A reader is built from a dataset folder or from an already read
+:class:`readers.spec.Index` (``open_dataset`` reads the index once and hands
+it over); either way the index is public as ``reader.index``. The
+constructor keeps only the dataset path and small numpy index arrays
 (labels, sizes, offsets): no open file, no per-sample Python objects. A
 format's handle (tar file descriptor, LMDB environment, HDF5 file, memmap)
-is opened on first use in the process that uses it, re-opened when the pid
-changes (a forked DataLoader worker never uses its parent's handle), and
-dropped when the dataset is pickled (spawned workers, DDP).
+is a :class:`readers.perprocess.PerProcess`: opened on first use in the
+process that uses it, re-opened when the pid changes (a forked DataLoader
+worker never uses its parent's handle), and dropped when the dataset is
+pickled (spawned workers, DDP).
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import torch
 
 from readers import spec
 from readers.decode import decode_rgb
+from readers.perprocess import PerProcess
 
-__all__ = ["PackedDataset", "LazyHandle", "to_chw"]
+__all__ = ["PackedDataset", "MapReader", "LazyHandle", "to_chw"]
 
 
 def to_chw(arr: np.ndarray) -> torch.Tensor:
@@ -28,28 +33,8 @@ def to_chw(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
 
 
-class LazyHandle:
-    """Opens ``opener()`` on first use per process; ``closer(handle)`` on close."""
-
-    def __init__(self, opener: Callable[[], Any], closer: Callable[[Any], None] | None = None) -> None:
-        self._opener, self._closer = opener, closer
-        self._handle: Any = None
-        self._pid: int | None = None
-
-    def get(self) -> Any:
-        pid = os.getpid()
-        if self._handle is None or self._pid != pid:
-            # An inherited handle belongs to the parent: never use or close it here.
-            self._handle, self._pid = self._opener(), pid
-        return self._handle
-
-    def close(self) -> None:
-        if self._handle is not None and self._pid == os.getpid() and self._closer is not None:
-            self._closer(self._handle)
-        self._handle, self._pid = None, None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_opener": self._opener, "_closer": self._closer, "_handle": None, "_pid": None}
+#: A reader's lazily opened, per-process file handle (the one per-process idiom, readers.perprocess).
+LazyHandle = PerProcess
 
 
 class PackedDataset:
@@ -59,23 +44,25 @@ class PackedDataset:
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        source: str | os.PathLike | spec.Index,
         *,
         transform: Callable[[Any], Any] | None = None,
         decode: bool = True,
         return_index: bool = False,
     ) -> None:
-        index = spec.read_index(path)
+        """``source``: a dataset folder, or its index as :func:`readers.spec.read_index` returned it."""
+        index = source if isinstance(source, spec.Index) else spec.read_index(source)
         if index.format != self.format:
             raise spec.DatasetFormatError(
-                f"{path} holds a {index.format!r} dataset; {type(self).__name__} reads {self.format!r} "
+                f"{index.root} holds a {index.format!r} dataset; {type(self).__name__} reads {self.format!r} "
                 "(readers.open_dataset picks the right reader)"
             )
-        self.root = Path(path)
+        #: The dataset's index (metadata and per-sample arrays), read once, shared with whoever passed it in.
+        self.index = index
+        self.root = Path(index.root)
         self.meta = index.meta
         self.classes = index.classes
         self.labels = index.labels
-        self._arrays = index.arrays
         self.transform = transform
         self.decode = decode
         self.return_index = return_index
@@ -116,6 +103,11 @@ class MapReader(PackedDataset, torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    @property
+    def data_file(self) -> Path:
+        """The format's one data file (``readers.spec.DATA_FILE``)."""
+        return self.root / spec.DATA_FILE[self.format]
 
     def _check(self, i: int) -> int:
         n = len(self.labels)

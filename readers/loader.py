@@ -22,7 +22,8 @@ import logging
 import random
 import shutil
 import warnings
-from typing import Any, Callable, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -30,23 +31,12 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sa
 
 from readers import shmring
 from readers.env import available_cpus, current_worker_env
+from readers.shmring import ByteBatch
 
-__all__ = ["make_loader", "PackedLoader", "EpochSampler", "ByteBatch", "collate", "shm_check"]
+__all__ = ["make_loader", "PackedLoader", "EpochSampler", "ByteBatch", "collate", "shm_check", "ShmSpace",
+           "use_file_system_sharing"]
 
 log = logging.getLogger(__name__)
-
-
-class ByteBatch(NamedTuple):
-    """A batch of encoded samples: ``data[offsets[k]:offsets[k+1]]`` is sample k."""
-
-    data: torch.Tensor  # uint8, all samples back to back
-    offsets: torch.Tensor  # int64, len B + 1
-
-    def __len__(self) -> int:  # type: ignore[override]
-        return len(self.offsets) - 1
-
-    def get(self, k: int) -> bytes:
-        return self.data[int(self.offsets[k]):int(self.offsets[k + 1])].numpy().tobytes()
 
 
 def _collate_bytes(items: Sequence[Any]) -> ByteBatch:
@@ -166,8 +156,8 @@ def _seed_worker(worker_id: int) -> None:
 
 def _item_bytes(dataset: Any) -> int:
     """Rough size of one item as it crosses to the main process."""
-    arrays = getattr(dataset, "_arrays", {})
-    sizes = arrays.get("sizes")
+    index = getattr(dataset, "index", None)
+    sizes = index.arrays.get("sizes") if index is not None else None
     mean = float(sizes.mean()) if sizes is not None and len(sizes) else 150_000.0
     if getattr(dataset, "format", "") == "mmap" or not getattr(dataset, "decode", True):
         return int(mean)
@@ -176,25 +166,46 @@ def _item_bytes(dataset: Any) -> int:
     return int(mean * 10)  # JPEG compresses ~10:1
 
 
-def shm_check(need_bytes: int, path: str = "/dev/shm") -> bool:
-    """True when ``path`` has room for ``need_bytes``; else switch to file_system sharing and warn."""
+@dataclass(frozen=True)
+class ShmSpace:
+    """Free space in a shared-memory folder against what a loader needs. True when enough."""
+
+    path: str
+    free: int | None  # None: the folder could not be examined (then assumed enough)
+    needed: int
+
+    @property
+    def enough(self) -> bool:
+        return self.free is None or self.free >= self.needed
+
+    def __bool__(self) -> bool:
+        return self.enough
+
+
+def shm_check(need_bytes: int, path: str = "/dev/shm") -> ShmSpace:
+    """How much room ``path`` has for ``need_bytes`` (changes nothing; ``bool()`` of it: enough)."""
     try:
-        free = shutil.disk_usage(path).free
+        free: int | None = shutil.disk_usage(path).free
     except OSError:
-        return True
-    if free >= need_bytes:
-        return True
+        free = None
+    return ShmSpace(path, free, int(need_bytes))
+
+
+def use_file_system_sharing(space: ShmSpace, stacklevel: int = 1) -> None:
+    """Switch torch.multiprocessing (process-wide) to the 'file_system' sharing strategy and
+    warn, naming how short ``space`` is and how to fix it. ``make_loader`` calls this when
+    :func:`shm_check` finds too little room. ``stacklevel`` as for ``warnings.warn``, counted
+    from the caller (1: the warning names the line that called this)."""
     if torch.multiprocessing.get_sharing_strategy() != "file_system":
         torch.multiprocessing.set_sharing_strategy("file_system")
     warnings.warn(
-        f"{path} has {free / 2**20:.0f} MB free but the loader's prefetch queue needs about "
-        f"{need_bytes / 2**20:.0f} MB; switched torch.multiprocessing to the 'file_system' sharing "
+        f"{space.path} has {(space.free or 0) / 2**20:.0f} MB free but the loader's prefetch queue needs about "
+        f"{space.needed / 2**20:.0f} MB; switched torch.multiprocessing to the 'file_system' sharing "
         "strategy (slower, may leak files on crashes). Give the container more shared memory, "
         "e.g. `docker run --shm-size=8g`, or lower num_workers / prefetch_factor / batch_size.",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=stacklevel + 1,
     )
-    return False
 
 
 def make_loader(
@@ -217,7 +228,9 @@ def make_loader(
 
     ``shuffle`` (default True): map-style readers shuffle globally through the
     sampler (a ``DistributedSampler`` under DDP); ``ShardDataset`` shuffles
-    shards and a buffer itself. ``distributed`` defaults to "a process group
+    shards and a buffer itself, and the loader gets a copy of it
+    (``ShardDataset.with_order``) with ``seed``/``shuffle`` applied: the
+    dataset passed in is never changed. ``distributed`` defaults to "a process group
     is initialised or WORLD_SIZE > 1".
     """
     workers = available_cpus() if num_workers is None else num_workers
@@ -226,17 +239,18 @@ def make_loader(
     ddp = env.world_size > 1 if distributed is None else distributed
     sampler = None
     if isinstance(dataset, IterableDataset):
-        if shuffle is not None and hasattr(dataset, "shuffle"):
-            dataset.shuffle = shuffle
-        if hasattr(dataset, "seed"):
-            dataset.seed = seed  # ShardDataset shuffles itself: the loader's seed decides
+        if hasattr(dataset, "with_order"):
+            # ShardDataset shuffles itself: the loader's seed decides, on the loader's own copy.
+            dataset = dataset.with_order(shuffle=shuffle, seed=seed)
     elif ddp:
         sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank,
                                      shuffle=shuffle is not False, seed=seed, drop_last=drop_last)
     else:
         sampler = EpochSampler(len(dataset), shuffle=shuffle is not False, seed=seed)
     if workers > 0:
-        shm_check(workers * prefetch_factor * batch_size * _item_bytes(dataset) * 2)
+        space = shm_check(workers * prefetch_factor * batch_size * _item_bytes(dataset) * 2)
+        if not space:
+            use_file_system_sharing(space, stacklevel=2)
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                       multiprocessing_context=multiprocessing_context)
     generator = torch.Generator()

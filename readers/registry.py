@@ -22,15 +22,17 @@ READERS: dict[str, type] = {
 }
 
 
-def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
+def open_dataset(path: str | os.PathLike | spec.Index, **kwargs: Any) -> Any:
     """Open the dataset folder ``path`` with the reader its index names.
 
+    The index is read once and handed to the reader (``reader.index``);
+    ``path`` may also be an index already read with :func:`readers.spec.read_index`.
     Keyword arguments go to the reader (``transform=``, ``decode=``, and for
     ``wds`` ``shuffle=``, ``seed=``, ``buffer_size=``, ``pad=``).
     """
-    meta = spec.read_index(path).meta
+    index = path if isinstance(path, spec.Index) else spec.read_index(path)
     try:
-        cls = READERS[meta["format"]]
+        cls = READERS[index.format]
     except KeyError:
-        raise spec.DatasetFormatError(f"{path}: no reader for format {meta['format']!r}") from None
-    return cls(path, **kwargs)
+        raise spec.DatasetFormatError(f"{index.root}: no reader for format {index.format!r}") from None
+    return cls(index, **kwargs)

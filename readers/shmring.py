@@ -32,15 +32,31 @@ import mmap
 import multiprocessing.util
 import os
 import time
-from typing import Any, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
+import torch
 
-__all__ = ["ShmSlots", "available", "release_dead"]
+from readers.perprocess import PerProcess
+
+__all__ = ["ByteBatch", "ShmSlots", "available", "release_dead"]
 
 HEADER = 64  # bytes: one flag per slot, at most 64 slots
 _SHM_DIR = "/dev/shm"
 _ATTACHED: dict[str, mmap.mmap] = {}  # main process: name -> mapping
+
+
+class ByteBatch(NamedTuple):
+    """A batch of encoded samples: ``data[offsets[k]:offsets[k+1]]`` is sample k."""
+
+    data: torch.Tensor  # uint8, all samples back to back
+    offsets: torch.Tensor  # int64, len B + 1
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return len(self.offsets) - 1
+
+    def get(self, k: int) -> bytes:
+        return self.data[int(self.offsets[k]):int(self.offsets[k + 1])].numpy().tobytes()
 
 
 def available() -> bool:
@@ -49,9 +65,6 @@ def available() -> bool:
 
 def _rebuild(name: str, slot: int, capacity: int, offsets: np.ndarray, rest: tuple) -> tuple:
     """Runs in the receiving process: copy the slot out, free it, return a plain batch."""
-    from readers.loader import ByteBatch  # late: readers.loader imports this module
-    import torch
-
     mm = _ATTACHED.get(name)
     if mm is None:
         for old in [n for n in _ATTACHED if n.rsplit("-", 1)[0] == name.rsplit("-", 1)[0]]:
@@ -112,6 +125,14 @@ class _InSlot:
         return _rebuild, self.args
 
 
+class _Segment:
+    """One worker's segment: its mapping, name, slot capacity, next slot, generation."""
+
+    def __init__(self) -> None:
+        self.mm: mmap.mmap | None = None
+        self.name, self.capacity, self.next, self.gen = "", 0, 0, 0
+
+
 class ShmSlots:
     """Per-worker ring of ``slots`` reusable shared-memory slots. Picklable (state is per process)."""
 
@@ -119,57 +140,45 @@ class ShmSlots:
         if not 1 <= slots <= HEADER:
             raise ValueError(f"slots must be in 1..{HEADER}, got {slots}")
         self.slots, self.wait_s = slots, wait_s
-        self._reset()
+        # A forked or unpickled copy starts without a segment (the inherited mapping is left alone).
+        self._local: PerProcess[_Segment] = PerProcess(_Segment)
 
-    def _reset(self) -> None:
-        self._pid: int | None = None
-        self._mm: mmap.mmap | None = None
-        self._name, self._capacity, self._next, self._gen = "", 0, 0, 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"slots": self.slots, "wait_s": self.wait_s}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._reset()
-
-    def _segment(self, need: int) -> None:
-        if self._pid != os.getpid():
-            self._reset()
-            self._pid = os.getpid()
-        if self._mm is not None and need <= self._capacity:
-            return
-        if self._mm is not None:
-            self._mm.close()
-        self._gen += 1
-        self._capacity = max(need * 2, 8 << 20)
-        self._name = f"dataset-packer-{os.getpid()}-{id(self):x}-{self._gen}"
-        path = os.path.join(_SHM_DIR, self._name)
+    def _segment(self, need: int) -> _Segment:
+        seg = self._local.get()
+        if seg.mm is not None and need <= seg.capacity:
+            return seg
+        if seg.mm is not None:
+            seg.mm.close()
+        seg.gen += 1
+        seg.capacity = max(need * 2, 8 << 20)
+        seg.name = f"dataset-packer-{os.getpid()}-{id(self):x}-{seg.gen}"
+        path = os.path.join(_SHM_DIR, seg.name)
         # Normally the main process unlinks the name once it has mapped it; if
         # it never gets that far, this worker removes the file when it exits.
         multiprocessing.util.Finalize(None, _unlink_quietly, args=(path,), exitpriority=10)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, HEADER + self._capacity * self.slots)
-            self._mm = mmap.mmap(fd, HEADER + self._capacity * self.slots)
+            os.ftruncate(fd, HEADER + seg.capacity * self.slots)
+            seg.mm = mmap.mmap(fd, HEADER + seg.capacity * self.slots)
         finally:
             os.close(fd)
-        self._next = 0
+        seg.next = 0
+        return seg
 
     def pack(self, items: Sequence[bytes], rest: tuple) -> _InSlot | None:
         """Write ``items`` into a free slot; None when no slot freed up in time."""
         offsets = np.zeros(len(items) + 1, dtype=np.int64)
         np.cumsum([len(b) for b in items], out=offsets[1:])
-        self._segment(int(offsets[-1]))
-        mm, slot = self._mm, self._next
+        seg = self._segment(int(offsets[-1]))
+        mm, slot = seg.mm, seg.next
         deadline = time.monotonic() + self.wait_s
         while mm[slot] != 0:  # the main process has not copied this slot out yet
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.0002)
-        start = HEADER + slot * self._capacity
+        start = HEADER + slot * seg.capacity
         for k, b in enumerate(items):
             mm[start + offsets[k]:start + offsets[k + 1]] = b
         mm[slot] = 1
-        self._next = (slot + 1) % self.slots
-        return _InSlot(self._name, slot, self._capacity, offsets, rest)
+        seg.next = (slot + 1) % self.slots
+        return _InSlot(seg.name, slot, seg.capacity, offsets, rest)

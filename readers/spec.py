@@ -57,6 +57,7 @@ __all__ = [
     "RECORD_DTYPE",
     "STATE_NAME",
     "shard_name",
+    "array_file",
     "write_json_atomic",
     "fsync_dir",
 ]
@@ -111,6 +112,11 @@ REJECTS_NAME = "rejects.jsonl"
 #: One record per sample with every index array as a field (the packer's
 #: journal appends these; each format keeps the fields REQUIRED_ARRAYS names).
 RECORD_DTYPE = np.dtype([(name, dtype) for name, dtype in ARRAY_DTYPES.items()])
+
+
+def array_file(name: str) -> str:
+    """File name of the per-sample index array ``name`` (one of ARRAY_DTYPES)."""
+    return f"{name}.npy"
 
 
 def shard_name(split: str, index: int) -> str:
@@ -173,7 +179,7 @@ class Index:
 
 
 def _load_array(root: Path, name: str, expected_len: int | None) -> np.ndarray:
-    path = root / f"{name}.npy"
+    path = root / array_file(name)
     try:
         arr = np.load(path, allow_pickle=False)
     except FileNotFoundError:
@@ -259,7 +265,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 def save_array(root: str | os.PathLike, name: str, values: Any) -> np.ndarray:
     """Save one per-sample array with the contract's dtype, durably."""
     arr = np.ascontiguousarray(values, dtype=ARRAY_DTYPES[name])
-    path = Path(root) / f"{name}.npy"
+    path = Path(root) / array_file(name)
     with open(path, "wb") as f:
         np.save(f, arr, allow_pickle=False)
         f.flush()

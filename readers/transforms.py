@@ -60,7 +60,6 @@ travel to spawn workers; an unpickled copy restarts its stream.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import NamedTuple, Union
 
@@ -75,6 +74,7 @@ from readers.decode import (
     read_header,
     reduction_for,
 )
+from readers.perprocess import PerProcess
 
 __all__ = [
     "Box",
@@ -393,29 +393,19 @@ class _Seeded:
         if seed is not None and (not isinstance(seed, (int, np.integer)) or seed < 0):
             raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
         self.seed = None if seed is None else int(seed)
-        self._rng: np.random.Generator | None = None
-        self._pid: int | None = None
+        # Per process, dropped on pickling: rebuilt from the seed where it is next used.
+        self._rng: PerProcess[np.random.Generator] = PerProcess(self._new_rng)
 
-    def _entropy(self) -> list[int]:
+    def _new_rng(self) -> np.random.Generator:
         in_worker = torch.utils.data.get_worker_info() is not None
         entropy = [] if self.seed is None else [self.seed]
         if self.seed is None or in_worker:
             entropy.append(int(torch.initial_seed()))
-        return entropy
+        return np.random.default_rng(np.random.SeedSequence(entropy))
 
     @property
     def rng(self) -> np.random.Generator:
-        pid = os.getpid()
-        if self._rng is None or self._pid != pid:
-            self._rng = np.random.default_rng(np.random.SeedSequence(self._entropy()))
-            self._pid = pid
-        return self._rng
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_rng"] = None
-        state["_pid"] = None
-        return state
+        return self._rng.get()
 
 
 def _image_size(image: ImageInput) -> tuple[int, int]:

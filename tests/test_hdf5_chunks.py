@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import h5py
-import numpy as np
 
-from readers import open_dataset
+from readers import open_dataset, spec
 
 
 def test_chunk_table_reads_equal_h5py(packed_real):
     root = packed_real["hdf5"]
     ds = open_dataset(root, decode=False)
-    assert ds._chunks is not None, "the packer wrote no chunk table"
-    offsets = np.load(root / "offsets.npy")
-    sizes = np.load(root / "sizes.npy")
+    assert ds.chunk_table is not None, "the packer wrote no chunk table"
+    assert ds.chunk_bytes == spec.HDF5_CHUNK_BYTES
+    assert ds.meta["storage"]["chunk_table"] == spec.HDF5_CHUNK_TABLE and (root / spec.HDF5_CHUNK_TABLE).is_file()
+    offsets, sizes = ds.index.arrays["offsets"], ds.index.arrays["sizes"]
     straddling = 0
-    with h5py.File(root / "data.h5", "r") as f:
+    with h5py.File(ds.data_file, "r") as f:
         images = f["images"]
         for i in range(len(ds)):
             start, size = int(offsets[i]), int(sizes[i])
-            straddling += start // ds._chunk_bytes != (start + size - 1) // ds._chunk_bytes
+            straddling += start // ds.chunk_bytes != (start + size - 1) // ds.chunk_bytes
             assert ds.read(i) == images[start:start + size].tobytes(), f"sample {i}"
     assert straddling > 0  # the multi-chunk path was exercised
     ds.close()
@@ -31,10 +31,10 @@ def test_without_chunk_table_h5py_is_used(packed_real, tmp_path):
 
     root = tmp_path / "ds"
     shutil.copytree(packed_real["hdf5"], root)
-    meta = json.loads((root / "index.json").read_text())
+    meta = json.loads((root / spec.INDEX_NAME).read_text())
     meta["storage"]["chunk_table"] = None
-    (root / "index.json").write_text(json.dumps(meta))
+    (root / spec.INDEX_NAME).write_text(json.dumps(meta))
     plain, direct = open_dataset(root, decode=False), open_dataset(packed_real["hdf5"], decode=False)
-    assert plain._chunks is None
+    assert plain.chunk_table is None and direct.chunk_table is not None
     assert all(plain.read(i) == direct.read(i) for i in range(len(plain)))
     plain.close(), direct.close()

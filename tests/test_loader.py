@@ -22,7 +22,7 @@ from packer import PackOptions, pack
 from readers import spec
 from readers.env import WorkerEnv, available_cpus, cgroup_cpu_limit
 from readers.formats.wds import ShardDataset, epoch_plan
-from readers.loader import ByteBatch, collate, make_loader, shm_check
+from readers.loader import ByteBatch, collate, make_loader, shm_check, use_file_system_sharing
 from readers.registry import open_dataset
 from readers.spec import FORMATS
 
@@ -226,13 +226,26 @@ def restore_sharing_strategy():
     torch.multiprocessing.set_sharing_strategy(saved)
 
 
-def test_shm_check_warns_and_switches_strategy(restore_sharing_strategy):
+def test_shm_check_only_measures(restore_sharing_strategy):
+    torch.multiprocessing.set_sharing_strategy("file_descriptor")
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert shm_check(1) is True  # room: no warning, nothing changed
+        warnings.simplefilter("error")  # a check never warns
+        roomy, short = shm_check(1), shm_check(1 << 62)
+    assert roomy and roomy.enough and roomy.needed == 1 and roomy.free >= 1
+    assert not short and not short.enough and short.needed == 1 << 62 and short.free == roomy.free
+    assert torch.multiprocessing.get_sharing_strategy() == "file_descriptor", "a check changed the strategy"
+    unknown = shm_check(1 << 62, path="/no/such/folder")
+    assert unknown and unknown.free is None  # cannot tell: assume there is room, as before
+
+
+def test_use_file_system_sharing_switches_and_says_how_to_fix(restore_sharing_strategy):
+    torch.multiprocessing.set_sharing_strategy("file_descriptor")
+    short = shm_check(1 << 62)
     with pytest.warns(RuntimeWarning, match="--shm-size") as record:
-        assert shm_check(1 << 62) is False
-    assert "file_system" in str(record[0].message)
+        use_file_system_sharing(short)
+    message = str(record[0].message)
+    assert "file_system" in message and "/dev/shm" in message and f"{short.needed / 2**20:.0f} MB" in message
+    assert record[0].filename == __file__  # names the caller's line
     assert torch.multiprocessing.get_sharing_strategy() == "file_system"
 
 
@@ -244,9 +257,29 @@ def test_make_loader_checks_shm(packed_generated, monkeypatch, restore_sharing_s
 
     monkeypatch.setattr(readers.loader.shutil, "disk_usage", small_shm)
     ds = open_dataset(packed_generated["lmdb"])
-    with pytest.warns(RuntimeWarning, match="--shm-size"):
+    with pytest.warns(RuntimeWarning, match="--shm-size") as record:
         make_loader(ds, batch_size=64, num_workers=2)
+    assert record[0].filename == __file__  # the warning points at the make_loader call
     assert torch.multiprocessing.get_sharing_strategy() == "file_system"
+
+
+def test_make_loader_leaves_the_callers_dataset_alone(packed_generated):
+    ds = ShardDataset(packed_generated["wds"], shuffle=True, seed=3, return_index=True)
+    ds.set_epoch(5)
+    before = {k: v for k, v in vars(ds).items() if isinstance(v, (bool, int, float, str))}
+    loaders = {seed: make_loader(ds, batch_size=BATCH, num_workers=0, seed=seed) for seed in (7, 8)}
+    unshuffled = make_loader(ds, batch_size=BATCH, num_workers=0, shuffle=False)
+    orders = {seed: epoch(loader)[0] for seed, loader in loaders.items()}
+    epoch(loaders[7])
+    after = {k: v for k, v in vars(ds).items() if isinstance(v, (bool, int, float, str))}
+    assert after == before and ds.seed == 3 and ds.shuffle is True, "make_loader changed the caller's dataset"
+    assert ds.epoch == 5, "the loader's epochs reached the caller's dataset"
+    assert all(loader.dataset is not ds and loader.dataset.index is ds.index for loader in loaders.values())
+    assert orders[7] != orders[8], "the loader's seed does not decide the order"
+    assert orders[7] == epoch(make_loader(ds, batch_size=BATCH, num_workers=0, seed=7))[0]
+    assert epoch(unshuffled)[0] == list(range(len(ds.labels)))
+    reference = ShardDataset(packed_generated["wds"], shuffle=True, seed=7, return_index=True)
+    assert orders[7] == [t[2] for t in reference], "the loader's copy does not shuffle as ShardDataset(seed=7)"
 
 
 # --------------------------------------------------------------------------- batches

@@ -22,7 +22,7 @@ from conftest import make_image_folder, pil_rgb
 from packer import PackOptions, pack
 from readers import spec
 from readers.base import LazyHandle
-from readers.formats.wds import BLOCK, ShardDataset
+from readers.formats.wds import ShardDataset
 from readers.registry import READERS, open_dataset
 from readers.spec import FORMATS, DatasetFormatError, IncompleteDatasetError
 
@@ -181,6 +181,117 @@ def test_wrong_reader_class_fails_clearly(packed_generated, fmt):
     assert repr(fmt) in msg and repr(other.format) in msg and other.__name__ in msg and "open_dataset" in msg
 
 
+# --------------------------------------------------------------------------- the shared index
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
+def test_open_dataset_reads_the_index_once_and_shares_it(packed_generated, monkeypatch, fmt):
+    calls = []
+    real = spec.read_index
+
+    def counting(root):
+        calls.append(root)
+        return real(root)
+
+    monkeypatch.setattr(spec, "read_index", counting)
+    ds = open_dataset(packed_generated[fmt])
+    assert len(calls) == 1, f"open_dataset read the index {len(calls)} times"
+    index = ds.index
+    assert isinstance(index, spec.Index) and index.format == fmt
+    assert ds.meta is index.meta and ds.labels is index.labels and ds.classes == index.classes
+    assert ds.root == index.root == Path(packed_generated[fmt])
+    assert set(index.arrays) == set(spec.REQUIRED_ARRAYS[fmt])
+    again = open_dataset(index)  # an index already read: no second read
+    direct = READERS[fmt](index)
+    assert len(calls) == 1 and again.index is index and direct.index is index
+    for reader in (ds, again, direct):
+        reader.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
+def test_reader_from_index_reads_like_reader_from_path(packed_generated, fmt):
+    root = packed_generated[fmt]
+    kw = {"shuffle": False} if fmt == "wds" else {}
+    by_path = items_of(open_dataset(root, decode=False, return_index=True, **kw))
+    by_index = items_of(READERS[fmt](spec.read_index(root), decode=False, return_index=True, **kw))
+    assert [(raw(d), label, i) for d, label, i in by_index] == [(raw(d), label, i) for d, label, i in by_path]
+
+
+def test_wrong_reader_for_an_index_fails_clearly(packed_generated):
+    index = spec.read_index(packed_generated["hdf5"])
+    with pytest.raises(DatasetFormatError, match=r"'hdf5' dataset; MemmapDataset reads 'mmap'"):
+        READERS["mmap"](index)
+
+
+def test_wds_public_shard_accessors_agree_with_the_index(packed_generated):
+    ds = ShardDataset(packed_generated["wds"], shuffle=False, decode=False, return_index=True)
+    shards = ds.index.arrays["shards"]
+    covered = []
+    for k, name in enumerate(ds.shard_names):
+        samples = ds.samples_of_shard(k)
+        assert ds.shard_path(k) == ds.root / name and ds.shard_path(k).is_file()
+        assert len(samples) == ds.shard_sizes[k] and all(ds.shard_of(i) == k for i in samples)
+        assert (shards[list(samples)] == k).all()
+        covered += list(samples)
+    assert covered == list(range(len(shards)))  # shard by shard, in sample order
+    assert [t[2] for t in ds] == covered
+
+
+@pytest.mark.parametrize("fmt", MAP_FORMATS)
+def test_map_readers_name_their_data_file(packed_generated, fmt):
+    ds = open_dataset(packed_generated[fmt])
+    assert ds.data_file == Path(packed_generated[fmt]) / spec.DATA_FILE[fmt] and ds.data_file.is_file()
+    assert ds.data_file.name in ds.meta["files"]
+
+
+def test_readers_modules_import_without_cycles():
+    """Every module-level or function-level import among readers modules, as a graph: no cycle."""
+    import ast
+    import readers
+
+    pkg = Path(readers.__file__).parent
+    modules = {".".join(("readers", *p.relative_to(pkg).with_suffix("").parts)).removesuffix(".__init__"): p
+               for p in pkg.rglob("*.py")}
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            deps |= {t for t in targets if t in modules and t != "readers" and t != name}
+        edges[name] = deps
+    assert "packer" not in " ".join(" ".join(d) for d in edges.values())
+    state: dict[str, int] = {}
+
+    def visit(m: str, trail: list[str]) -> None:
+        state[m] = 1
+        for d in edges[m]:
+            assert state.get(d) != 1, f"import cycle: {' -> '.join(trail + [m, d])}"
+            if d not in state:
+                visit(d, trail + [m])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [])
+    assert "readers.loader" not in edges["readers.shmring"]
+    assert edges["readers.spec"] == set() and edges["readers.perprocess"] == set()
+
+
+@pytest.mark.slow
+def test_spec_and_perprocess_import_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, readers.spec, readers.perprocess; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def _copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
@@ -276,7 +387,7 @@ def test_constructor_opens_nothing_and_close_releases(packed_generated, fmt):
     before = fds()
     ds = open_dataset(packed_generated[fmt], return_index=True)
     assert fds() == before, "the constructor left a file open"
-    assert all(h._handle is None for h in _handles(ds))
+    assert all(h.peek() is None and h.owner is None for h in _handles(ds))
     if fmt == "wds":
         it = iter(ds)
         next(it)
@@ -287,7 +398,7 @@ def test_constructor_opens_nothing_and_close_releases(packed_generated, fmt):
         assert fds() == before  # a finished epoch closes its shards
         return
     ds[3], ds[5]
-    assert fds() == before + 1 and any(h._handle is not None for h in _handles(ds))
+    assert fds() == before + 1 and any(h.peek() is not None for h in _handles(ds))
     ds.close()
     assert fds() == before
     ds.close()  # twice is fine
@@ -313,8 +424,8 @@ def test_handles_reopen_in_forked_child(packed_generated, fmt):
         try:
             os.close(r)
             got = [_digest(t) for t in items_of(ds)]
-            opened = [h for h in _handles(ds) if h._handle is not None]
-            mine = all(h._pid == os.getpid() for h in opened) and (fmt == "wds" or bool(opened))
+            opened = [h for h in _handles(ds) if h.owner is not None]
+            mine = all(h.owner == os.getpid() for h in opened) and (fmt == "wds" or bool(opened))
             os.write(w, pickle.dumps((got, mine)))
             code = 0
         finally:
@@ -327,7 +438,7 @@ def test_handles_reopen_in_forked_child(packed_generated, fmt):
     got, mine = pickle.loads(data)
     assert got == expected
     assert mine, "the child used the parent's handle instead of opening its own"
-    assert all(h._pid in (None, os.getpid()) for h in _handles(ds))
+    assert all(h.owner in (None, os.getpid()) for h in _handles(ds))
     assert _digest(_first(ds)) == parent  # the parent's handle still works after the child exited
     ds.close()
 
@@ -337,7 +448,7 @@ def test_pickle_drops_handles(packed_generated, fmt):
     ds = open_dataset(packed_generated[fmt], return_index=True, **({"shuffle": False} if fmt == "wds" else {}))
     expected = [_digest(t) for t in items_of(ds)]  # used: handles open
     copy = pickle.loads(pickle.dumps(ds))
-    assert all(h._handle is None for h in _handles(copy))
+    assert all(h.owner is None for h in _handles(copy))
     assert [_digest(t) for t in items_of(copy)] == expected
     copy.close()
     ds.close()
@@ -351,7 +462,7 @@ def _wds_sample(root: Path, shard: int, k: int) -> tuple[int, Path, int]:
     index = spec.read_index(root)
     s = index.meta["shards"][shard]
     i = s["first"] + k
-    return i, root / s["name"], int(index.arrays["offsets"][i]) - BLOCK
+    return i, root / s["name"], int(index.arrays["offsets"][i]) - spec.TAR_BLOCK
 
 
 def _iter_all(root: Path) -> list:
@@ -361,7 +472,7 @@ def _iter_all(root: Path) -> list:
 def test_wds_truncated_shard_names_shard_and_offset(packed_generated, tmp_path):
     root = _copy(packed_generated["wds"], tmp_path / "ds")
     i, shard, header = _wds_sample(root, 1, 2)
-    os.truncate(shard, header + BLOCK + 10)  # cut inside sample i's data
+    os.truncate(shard, header + spec.TAR_BLOCK + 10)  # cut inside sample i's data
     with pytest.raises(DatasetFormatError) as info:
         _iter_all(root)
     msg = str(info.value)
@@ -389,7 +500,7 @@ def test_wds_header_of_another_sample_is_caught(packed_generated, tmp_path):
     i, shard, header = _wds_sample(root, 0, 1)
     with open(shard, "r+b") as f:
         f.seek(header)
-        old = tarfile.TarInfo.frombuf(f.read(BLOCK), "utf-8", "strict")
+        old = tarfile.TarInfo.frombuf(f.read(spec.TAR_BLOCK), "utf-8", "strict")
         info = tarfile.TarInfo(spec.wds_key(i + 100) + ".jpg")
         info.size = old.size
         f.seek(header)
@@ -399,7 +510,7 @@ def test_wds_header_of_another_sample_is_caught(packed_generated, tmp_path):
 
 
 def _break_offset(root: Path, i: int) -> None:
-    offsets = np.load(root / "offsets.npy")
+    offsets = np.load(root / spec.array_file("offsets"))
     offsets[i] = 10**9
     spec.save_array(root, "offsets", offsets)
 
@@ -410,7 +521,7 @@ def test_offsets_past_the_end(packed_generated, tmp_path, fmt):
     _break_offset(root, 4)
     ds = open_dataset(root)
     ds[3], ds[5]  # the others still read
-    name = "data.h5" if fmt == "hdf5" else "images.npy"
+    name = spec.DATA_FILE[fmt]
     with pytest.raises(DatasetFormatError, match=rf"{name}: sample 4 .*truncated or damaged"):
         ds[4]
     with pytest.raises(DatasetFormatError, match=rf"{name}: sample 4 "):
@@ -420,9 +531,9 @@ def test_offsets_past_the_end(packed_generated, tmp_path, fmt):
 
 def test_mmap_truncated_data_file(packed_generated, tmp_path):
     root = _copy(packed_generated["mmap"], tmp_path / "ds")
-    size = (root / "images.npy").stat().st_size
-    os.truncate(root / "images.npy", size // 2)
-    with pytest.raises(DatasetFormatError, match="images.npy"):
+    data = root / spec.DATA_FILE["mmap"]
+    os.truncate(data, data.stat().st_size // 2)
+    with pytest.raises(DatasetFormatError, match=data.name):
         open_dataset(root)[0]
 
 
@@ -479,7 +590,7 @@ def _synthetic_index(root: Path, fmt: str) -> None:
     if fmt == "mmap":
         arrays["heights"] = np.full(n, 375)
         arrays["widths"] = np.full(n, 500)
-        with open(root / "images.npy", "wb") as f:  # sparse
+        with open(root / spec.DATA_FILE["mmap"], "wb") as f:  # sparse
             f.truncate(1 << 30)
     spec.write_index(root, meta, arrays)
 
@@ -500,7 +611,7 @@ def test_imagenet_sized_index_opens_fast_and_small(tmp_path, fmt, capsys):
         tracemalloc.stop()
     assert fds() == before
     arrays = {k: v for k, v in vars(ds).items() if isinstance(v, np.ndarray)}
-    arrays.update({f"_arrays[{k}]": v for k, v in ds._arrays.items()})
+    arrays.update({f"index.arrays[{k}]": v for k, v in ds.index.arrays.items()})
     unique = {id(a.base if a.base is not None else a): a for a in arrays.values()}
     total = sum(a.nbytes for a in unique.values())
     per_sample = [k for k, v in vars(ds).items() if isinstance(v, (list, tuple, dict, set)) and len(v) >= 10_000]

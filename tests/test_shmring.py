@@ -9,8 +9,10 @@ import pickle
 import numpy as np
 import pytest
 
+import readers.loader
 from readers import make_loader, open_dataset, shmring
-from readers.loader import ByteBatch, Collate
+from readers.loader import Collate
+from readers.shmring import ByteBatch
 
 pytestmark = pytest.mark.skipif(not shmring.available(), reason="no writable /dev/shm")
 
@@ -61,6 +63,41 @@ def test_a_batch_bigger_than_a_slot_gets_a_bigger_segment():
     assert big.args[0] != small.args[0]
     (batch,) = pickle.loads(pickle.dumps(big))
     assert batch.get(0) == big_item and batch.get(1) == b"tail"
+
+
+def test_byte_batch_lives_beside_the_slots():
+    assert readers.loader.ByteBatch is ByteBatch  # the loader re-exports it
+    (batch,) = pickle.loads(pickle.dumps(shmring.ShmSlots(slots=1).pack([b"ab", b"c"], ())))
+    assert isinstance(batch, ByteBatch) and len(batch) == 2 and batch.get(0) == b"ab" and batch.get(1) == b"c"
+
+
+@pytest.mark.slow
+def test_forked_or_pickled_slots_make_their_own_segment():
+    ring = shmring.ShmSlots(slots=2)
+    mine = ring.pack([b"parent"], ())
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            sent = ring.pack([b"child"], ())
+            os.write(w, pickle.dumps(sent.args[0]))
+            os.close(w)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        child_name = pickle.loads(f.read())
+    os.waitpid(pid, 0)
+    os.unlink(os.path.join("/dev/shm", child_name))  # os._exit skipped the child's own clean-up
+    assert child_name != mine.args[0] and shmring._pid_of(child_name) == pid
+    copy = pickle.loads(pickle.dumps(ring))  # travels without the segment
+    assert copy.slots == 2 and copy._local.peek() is None
+    (batch,) = pickle.loads(pickle.dumps(mine))  # the parent's segment still works after the child
+    assert batch.get(0) == b"parent"
+    assert ring.pack([b"again"], ()).args[0] == mine.args[0]
 
 
 def test_slots_must_fit_the_header():

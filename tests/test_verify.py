@@ -16,21 +16,22 @@ CLI = [sys.executable, "-m", "packer.cli", "verify"]
 
 def _data_position(root, fmt: str, i: int) -> tuple[str, int]:
     """(file, byte position) of the middle of sample i's stored bytes."""
-    sizes = np.load(root / "sizes.npy")
+    index = spec.read_index(root)
+    size = int(index.arrays["sizes"][i])
     if fmt == "wds":
-        shard = int(np.load(root / "shards.npy")[i])
-        name = spec.read_index(root).meta["shards"][shard]["name"]
-        return name, int(np.load(root / "offsets.npy")[i]) + int(sizes[i]) // 2
+        shard = int(index.arrays["shards"][i])
+        return index.meta["shards"][shard]["name"], int(index.arrays["offsets"][i]) + size // 2
+    name = spec.DATA_FILE[fmt]
     if fmt == "mmap":
-        start = spec.read_index(root).meta["storage"]["data_offset"] + int(np.load(root / "offsets.npy")[i])
-        return "images.npy", start + int(sizes[i]) // 2
+        start = index.meta["storage"]["data_offset"] + int(index.arrays["offsets"][i])
+        assert index.meta["storage"]["data_offset"] == spec.MMAP_HEADER_BYTES
+        return name, start + size // 2
     # lmdb / hdf5: find the sample's bytes inside the container file
     from readers import open_dataset
 
     ds = open_dataset(root, decode=False)
     stored = ds.read(i)
     ds.close()
-    name = "data.mdb" if fmt == "lmdb" else "data.h5"
     blob = (root / name).read_bytes()
     at = blob.find(stored)
     assert at >= 0 and blob.find(stored, at + 1) < 0
@@ -74,3 +75,45 @@ def test_verify_refuses_a_half_written_pack(tmp_path):
     bad = subprocess.run([*CLI, str(tmp_path), "-q"], capture_output=True, text=True)
     assert bad.returncode == 1
     assert "--resume" in bad.stderr
+
+
+def _count_index_reads(monkeypatch) -> list:
+    calls = []
+    real = spec.read_index
+
+    def counting(root):
+        calls.append(root)
+        return real(root)
+
+    monkeypatch.setattr(spec, "read_index", counting)
+    return calls
+
+
+@pytest.mark.parametrize("fmt", spec.FORMATS)
+def test_verify_reads_the_index_once(packed_generated, monkeypatch, capsys, fmt):
+    from packer.verify import main, verify
+
+    calls = _count_index_reads(monkeypatch)
+    report = verify(packed_generated[fmt])
+    assert report.ok and report.samples > 0
+    assert len(calls) == 1, f"verify read the index {len(calls)} times"
+    calls.clear()
+    assert main([str(packed_generated[fmt]), "-q"]) == 0
+    assert len(calls) == 1, f"pack-dataset verify read the index {len(calls)} times"
+    assert "OK" in capsys.readouterr().out
+
+
+def test_verify_finds_a_shards_array_that_disagrees_with_the_shard_list(packed_generated, tmp_path):
+    from packer.verify import verify
+
+    root = tmp_path / "wds"
+    shutil.copytree(packed_generated["wds"], root)
+    index = spec.read_index(root)
+    shards = index.arrays["shards"].copy()
+    first = index.meta["shards"][1]["first"]
+    shards[first] = 0  # sample `first` claims to live in shard 0
+    spec.save_array(root, "shards", shards)
+    report = verify(root)
+    assert [p.where for p in report.problems] == [str(root / spec.array_file("shards"))]
+    assert spec.INDEX_NAME in report.problems[0].what
+    assert report.samples == index.num_samples  # every sample still checked, through the shard list

@@ -2,7 +2,8 @@
 
 Sample ``i`` is ``/images[offsets[i]:offsets[i+1]]``. The offsets come from
 ``offsets.npy``/``sizes.npy`` (loaded once, small). With the packer's chunk
-table (``storage.chunk_table``: each 1 MiB chunk's byte offset in the file)
+table (``storage.chunk_table``, normally ``spec.HDF5_CHUNK_TABLE``: each
+chunk's byte offset in the file)
 a sample is one ``os.pread`` (two when it straddles non-adjacent chunks);
 without it the file is opened with h5py, lazily per process, without a
 chunk cache.
@@ -35,17 +36,28 @@ def _close_h5(f: h5py.File) -> None:
 class HDF5Dataset(MapReader):
     format = "hdf5"
 
-    def __init__(self, path: str | os.PathLike, **kw: Any) -> None:
-        super().__init__(path, **kw)
-        self._offsets = self._arrays["offsets"]
-        self._sizes = self._arrays["sizes"]
-        file = str(self.root / "data.h5")
+    def __init__(self, source: str | os.PathLike | spec.Index, **kw: Any) -> None:
+        super().__init__(source, **kw)
+        self._offsets = self.index.arrays["offsets"]
+        self._sizes = self.index.arrays["sizes"]
+        file = str(self.data_file)
         table = self.meta["storage"].get("chunk_table")
         self._chunks = np.load(self.root / table) if table else None
         self._chunk_bytes = int(self.meta["storage"].get("chunk_bytes") or 0)
         if self._chunks is not None:
             self._fd = LazyHandle(functools.partial(os.open, file, os.O_RDONLY), os.close)
         self._h5 = LazyHandle(functools.partial(_open_h5, file), _close_h5)
+
+    @property
+    def chunk_table(self) -> np.ndarray | None:
+        """Byte offset in the data file of each chunk of /images (``spec.HDF5_CHUNK_TABLE``);
+        None for a pack without one (then samples are read through h5py)."""
+        return self._chunks
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes per chunk of /images as the index records it (0 when unrecorded)."""
+        return self._chunk_bytes
 
     def read(self, i: int) -> bytes:
         start, size = int(self._offsets[i]), int(self._sizes[i])
@@ -54,7 +66,7 @@ class HDF5Dataset(MapReader):
         images = self._h5.get()["images"]
         if start + size > images.shape[0]:
             raise spec.DatasetFormatError(
-                f"{self.root / 'data.h5'}: sample {i} spans bytes {start}..{start + size}, "
+                f"{self.data_file}: sample {i} spans bytes {start}..{start + size}, "
                 f"past the end of /images ({images.shape[0]} bytes): the file is truncated or damaged"
             )
         return images[start:start + size].tobytes()
@@ -67,7 +79,7 @@ class HDF5Dataset(MapReader):
             k = pos // cb
             if k >= len(self._chunks):
                 raise spec.DatasetFormatError(
-                    f"{self.root / 'data.h5'}: sample {i} (bytes {start}..{end} of /images) lies past the "
+                    f"{self.data_file}: sample {i} (bytes {start}..{end} of /images) lies past the "
                     f"last chunk: the file is truncated or damaged")
             addr, run_end = int(self._chunks[k]) + pos % cb, min(end, (k + 1) * cb)
             while run_end < end and k + 1 < len(self._chunks) and self._chunks[k + 1] == self._chunks[k] + cb:
@@ -76,7 +88,7 @@ class HDF5Dataset(MapReader):
             piece = os.pread(fd, run_end - pos, addr)
             if len(piece) != run_end - pos:
                 raise spec.DatasetFormatError(
-                    f"{self.root / 'data.h5'}: sample {i} at byte {addr} is cut short: the file is truncated")
+                    f"{self.data_file}: sample {i} at byte {addr} is cut short: the file is truncated")
             pieces.append(piece)
             pos = run_end
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)

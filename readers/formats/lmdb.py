@@ -19,25 +19,28 @@ import lmdb
 
 from readers import spec
 from readers.base import LazyHandle, MapReader
+from readers.perprocess import PerProcess
 
 __all__ = ["LMDBDataset"]
 
+
+def _close_inherited(envs: dict[str, list]) -> None:
+    """A forked child's copy of its parent's registry: py-lmdb would refuse to re-open them."""
+    for env, _users in envs.values():
+        env.close()  # unmaps this process's copy only (lock=False: no shared lock table)
+
+
 # py-lmdb refuses to open one environment twice in a process, so readers of
-# the same folder share it: path -> [env, users], for the process in _PID.
-_ENVS: dict[str, list] = {}
-_PID = [os.getpid()]
+# the same folder share it: path -> [env, users], one registry per process.
+_ENVS: PerProcess[dict[str, list]] = PerProcess(dict, inherited=_close_inherited)
 
 
 def _acquire(root: str) -> lmdb.Environment:
-    if _PID[0] != os.getpid():  # forked: the parent's environments are not ours
-        for env, _users in _ENVS.values():
-            env.close()  # unmaps this process's copy only (lock=False: no shared lock table)
-        _ENVS.clear()
-        _PID[0] = os.getpid()
-    entry = _ENVS.get(root)
+    envs = _ENVS.get()  # forked: the parent's environments are closed here, not reused
+    entry = envs.get(root)
     if entry is None:
         env = lmdb.open(root, readonly=True, lock=False, readahead=True, meminit=False, subdir=True)
-        entry = _ENVS[root] = [env, 0]
+        entry = envs[root] = [env, 0]
     entry[1] += 1
     return entry[0]
 
@@ -47,19 +50,20 @@ def _release_env(root: str, _env: lmdb.Environment) -> None:
 
 
 def _release(root: str) -> None:
-    entry = _ENVS.get(root)
-    if entry is not None and _PID[0] == os.getpid():
+    envs = _ENVS.peek()  # None in a process that never opened one (or forked since)
+    entry = envs.get(root) if envs is not None else None
+    if entry is not None:
         entry[1] -= 1
         if entry[1] <= 0:
             entry[0].close()
-            del _ENVS[root]
+            del envs[root]
 
 
 class LMDBDataset(MapReader):
     format = "lmdb"
 
-    def __init__(self, path: str | os.PathLike, **kw: Any) -> None:
-        super().__init__(path, **kw)
+    def __init__(self, source: str | os.PathLike | spec.Index, **kw: Any) -> None:
+        super().__init__(source, **kw)
         root = os.path.realpath(self.root)
         self._env = LazyHandle(functools.partial(_acquire, root), functools.partial(_release_env, root))
 

@@ -1,7 +1,7 @@
 """Memory-mapped pixel reader. Counterpart: ``packer/formats/mmap.py`` (layout there).
 
-``images.npy`` is mapped read-only, lazily per process; sample ``i`` is the
-view ``flat[offsets[i] : offsets[i] + heights[i]*widths[i]*3]`` reshaped to
+The data file (``spec.DATA_FILE["mmap"]``, ``images.npy``) is mapped
+read-only, lazily per process; sample ``i`` is the view ``flat[offsets[i] : offsets[i] + heights[i]*widths[i]*3]`` reshaped to
 HWC. Pages come from the OS page cache, shared by every worker: memory
 does not grow with ``num_workers``.
 """
@@ -23,14 +23,13 @@ __all__ = ["MemmapDataset"]
 class MemmapDataset(MapReader):
     format = "mmap"
 
-    def __init__(self, path: str | os.PathLike, **kw: Any) -> None:
-        super().__init__(path, **kw)
-        self._offsets = self._arrays["offsets"]
-        self._heights = self._arrays["heights"]
-        self._widths = self._arrays["widths"]
+    def __init__(self, source: str | os.PathLike | spec.Index, **kw: Any) -> None:
+        super().__init__(source, **kw)
+        self._offsets = self.index.arrays["offsets"]
+        self._heights = self.index.arrays["heights"]
+        self._widths = self.index.arrays["widths"]
         self.fixed_shape = self.meta["storage"].get("fixed_shape")
-        file = self.root / "images.npy"
-        self._map = LazyHandle(functools.partial(MemmapDataset._open, file))
+        self._map = LazyHandle(functools.partial(MemmapDataset._open, self.data_file))
 
     @staticmethod
     def _open(file: os.PathLike) -> np.ndarray:
@@ -47,7 +46,7 @@ class MemmapDataset(MapReader):
         end = start + h * w * 3
         if end > flat.shape[0]:
             raise spec.DatasetFormatError(
-                f"{self.root / 'images.npy'}: sample {i} ends at byte {end}, past the end of the "
+                f"{self.data_file}: sample {i} ends at byte {end}, past the end of the "
                 f"data ({flat.shape[0]} bytes): the file is truncated or damaged"
             )
         return flat[start:end].reshape(h, w, 3)

@@ -24,9 +24,11 @@ raises an error that names the shard and the byte offset.
 
 from __future__ import annotations
 
+import copy
 import math
 import multiprocessing
 import os
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -38,7 +40,7 @@ from readers.env import WorkerEnv, current_worker_env
 
 __all__ = ["ShardDataset", "epoch_plan"]
 
-BLOCK = 512
+BLOCK = spec.TAR_BLOCK
 
 
 def epoch_plan(shard_sizes: np.ndarray, seed: int, epoch: int, shuffle: bool, env: WorkerEnv,
@@ -72,15 +74,15 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
 
     format = "wds"
 
-    def __init__(self, path: str | os.PathLike, *, shuffle: bool = True, seed: int = 0,
+    def __init__(self, source: str | os.PathLike | spec.Index, *, shuffle: bool = True, seed: int = 0,
                  buffer_size: int = 1000, pad: bool = True, **kw: Any) -> None:
-        super().__init__(path, **kw)
+        super().__init__(source, **kw)
         if buffer_size < 1:
             raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
         self.shuffle, self.seed, self.buffer_size, self.pad = shuffle, seed, buffer_size, pad
-        self._shard_of = self._arrays["shards"]
-        self._offsets = self._arrays["offsets"]
-        self._sizes = self._arrays["sizes"]
+        self._shard_of = self.index.arrays["shards"]
+        self._offsets = self.index.arrays["offsets"]
+        self._sizes = self.index.arrays["sizes"]
         shards = self.meta["shards"]
         self.shard_names = [s["name"] for s in shards]
         self.shard_sizes = np.array([s["samples"] for s in shards], dtype=np.int64)
@@ -88,6 +90,34 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         # Shared with loader workers (inherited at start), so set_epoch reaches
         # persistent workers too.
         self._epoch = multiprocessing.get_context().RawValue("q", 0)
+
+    def with_order(self, *, shuffle: bool | None = None, seed: int | None = None) -> "ShardDataset":
+        """A copy that shuffles as asked (``None``: as this one does), sharing the index.
+
+        The copy has its own epoch counter (starting at this one's epoch), so
+        setting its epoch leaves this dataset alone; ``make_loader`` uses this
+        to apply its ``seed``/``shuffle`` without touching the caller's dataset.
+        """
+        other = copy.copy(self)  # through __getstate__/__setstate__: a fresh epoch counter
+        if shuffle is not None:
+            other.shuffle = shuffle
+        if seed is not None:
+            other.seed = seed
+        return other
+
+    # ------------------------------------------------------------ shards
+    def shard_of(self, i: int) -> int:
+        """Which shard (position in ``shard_names``) holds sample ``i``."""
+        return int(self._shard_of[i])
+
+    def samples_of_shard(self, shard: int) -> range:
+        """Indices of the samples shard ``shard`` holds, in their order in the shard."""
+        first = int(self._shard_first[shard])
+        return range(first, first + int(self.shard_sizes[shard]))
+
+    def shard_path(self, shard: int) -> Path:
+        """Path of shard ``shard``."""
+        return self.root / self.shard_names[shard]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -163,7 +193,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return blob[BLOCK:]
 
     def _where(self, shard: int, offset: int) -> str:
-        return f"{self.root / self.shard_names[shard]} at byte {offset - BLOCK}"
+        return f"{self.shard_path(shard)} at byte {offset - BLOCK}"
 
     @staticmethod
     def _keys_prefix(i: int) -> bytes:
@@ -171,8 +201,8 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
 
     def read(self, i: int) -> bytes:
         """Stored bytes of sample ``i`` (random access; opens and closes its shard)."""
-        shard = int(self._shard_of[i])
-        fd = os.open(self.root / self.shard_names[shard], os.O_RDONLY)
+        shard = self.shard_of(i)
+        fd = os.open(self.shard_path(shard), os.O_RDONLY)
         try:
             return self.read_from(fd, shard, i)
         finally:
@@ -213,7 +243,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
                 if fd is None:
                     if len(fds) >= 4:  # the buffer spans a few shards at most
                         os.close(fds.pop(next(iter(fds))))
-                    fd = fds[shard] = os.open(self.root / self.shard_names[shard], os.O_RDONLY)
+                    fd = fds[shard] = os.open(self.shard_path(shard), os.O_RDONLY)
                 yield self._item(i, self.read_from(fd, shard, i))
         finally:
             for fd in fds.values():
