@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -75,7 +75,7 @@ class Journal:
         if state["fingerprint"] != identity["fingerprint"]:
             raise PackError(f"{out}: the source folder changed since the interrupted pack; "
                             "start again with --overwrite")
-        counters = {k: state[k] for k in cls.__dataclass_fields__ if k != "identity"}
+        counters = {f.name: state[f.name] for f in fields(cls) if f.name != "identity"}
         return cls(identity=identity, **counters)
 
     def save(self, out: Path) -> None:

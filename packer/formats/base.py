@@ -62,7 +62,7 @@ class FormatWriter(ABC):
     def checkpoint(self) -> dict[str, Any]:
         """Make all samples appended so far durable; return the state ``open`` resumes from."""
 
-    def end_samples(self) -> None:  # noqa: B027 (optional hook: most formats need nothing here)
+    def end_samples(self) -> None:
         """No more samples: reach a durable boundary (wds closes its open shard)."""
 
     @abstractmethod
@@ -74,7 +74,7 @@ class FormatWriter(ABC):
         keys to add to ``meta["storage"]``.
         """
 
-    def abort(self) -> None:  # noqa: B027 (optional hook)
+    def abort(self) -> None:
         """Release handles after an error; the journal keeps the output resumable."""
 
 

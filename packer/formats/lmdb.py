@@ -86,7 +86,7 @@ class LmdbWriter(FormatWriter):
         self.env.sync(True)
         self.env.close()
         data = self.root / spec.DATA_FILE[self.format]
-        return {"files": {data.name: data.stat().st_size if data.exists() else 0}}
+        return {"files": {data.name: data.stat().st_size}}
 
     def abort(self) -> None:
         try:
