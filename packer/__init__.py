@@ -5,8 +5,9 @@ thin layer over :func:`pack`. Readers live in the ``readers`` package.
 """
 
 from packer.api import WRITERS, pack
+from packer.errors import OutputError, OutputExistsError, PackError, PackerError, SourceError, UsageError
 from packer.options import PackOptions
-from packer.pipeline import OutputError, OutputExistsError, PackError, SplitResult
-from packer.source import SourceError
+from packer.pipeline import SplitResult
 
-__all__ = ["pack", "PackOptions", "PackError", "OutputError", "OutputExistsError", "SourceError", "SplitResult", "WRITERS"]
+__all__ = ["pack", "PackOptions", "PackerError", "UsageError", "PackError", "OutputError", "OutputExistsError",
+           "SourceError", "SplitResult", "WRITERS"]

@@ -8,13 +8,16 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from packer.errors import OutputError, SourceError
+from packer.formats.base import FormatWriter
 from packer.formats.hdf5 import HDF5Writer
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.mmap import MemmapWriter
 from packer.formats.wds import WdsWriter
 from packer.options import PackOptions
-from packer.pipeline import OutputError, Progress, SplitResult, pack_split, prepare_output
-from packer.source import Source, SourceError, find_split_dirs, scan
+from packer.output import prepare_output
+from packer.pipeline import Progress, SplitResult, pack_split
+from packer.source import Source, find_split_dirs, scan
 from readers.env import available_cpus
 
 __all__ = ["pack", "WRITERS", "plan"]
@@ -22,7 +25,7 @@ __all__ = ["pack", "WRITERS", "plan"]
 log = logging.getLogger(__name__)
 
 #: format name (as stored in index.json) -> writer class
-WRITERS = {"wds": WdsWriter, "lmdb": LmdbWriter, "hdf5": HDF5Writer, "mmap": MemmapWriter}
+WRITERS: dict[str, type[FormatWriter]] = {w.format: w for w in (WdsWriter, LmdbWriter, HDF5Writer, MemmapWriter)}
 
 
 def _split_name(path: Path) -> str:
@@ -33,7 +36,7 @@ def _split_name(path: Path) -> str:
 def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -> list[tuple[str, Source, Path]]:
     """Scan the source and decide (split name, source, output folder) for each split.
 
-    Raises SourceError / PackError before anything is written.
+    Raises SourceError / OutputError (both UsageError) before anything is written.
     """
     src, out = Path(src), Path(out)
     if not src.exists():

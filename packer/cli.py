@@ -9,18 +9,19 @@ nothing written; 3 done, but some images were rejected (listed in
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
-from packer.options import DEFAULT_SHARD_SIZE, PackOptions, parse_size
-from readers.spec import FORMATS
+from packer.errors import PackerError, PackError, UsageError
+from packer.options import Flag, PackOptions, cli_fields
 
 __all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_REJECTS"]
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, PackError.exit_code, UsageError.exit_code, 3
 
 EPILOG = """\
 examples:
@@ -35,21 +36,34 @@ exit codes: 0 done, 1 failed (resumable with --resume), 2 usage error (nothing w
 """
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """argparse ``type=`` for a parser that raises ValueError with a one-line reason."""
+    if isinstance(parse, type):
+        return parse  # a builtin such as int: argparse's own message ("invalid int value: 'x'")
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _add_option(target: Any, f: dataclasses.Field, flag: Flag) -> None:
+    kwargs: dict[str, Any] = {"dest": f.name, "help": flag.help_for(f.default)}
+    if flag.action:
+        kwargs["action"] = flag.action
+    if flag.parse:
+        kwargs["type"] = _arg_type(flag.parse)
+    if flag.choices:
+        kwargs["choices"] = flag.choices
+    if flag.required:
+        kwargs["required"] = True
+    else:
+        kwargs["default"] = f.default
+    target.add_argument(*flag.flags, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,27 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", type=Path, help="image folder: root/<class>/<image>, or root/<split>/<class>/<image>")
-    p.add_argument("-f", "--format", required=True, choices=FORMATS, help="output format")
-    p.add_argument("-o", "--output", type=Path, help="output folder (default: SRC-FORMAT beside SRC)")
-    p.add_argument("-w", "--workers", type=_positive, help="worker processes (default: usable CPUs, cgroup-aware)")
-    p.add_argument("--shard-size", type=_size, default=DEFAULT_SHARD_SIZE,
-                   help="wds: start a new shard once a shard reaches this size (default 256MB)")
-    p.add_argument("--shard-count", type=_positive, help="wds: ...or once it holds this many samples")
-    p.add_argument("--max-side", type=_positive, help="downscale so the longer side is at most N pixels")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality for re-encoded images (default 90)")
-    p.add_argument("--resize", type=_positive,
-                   help="mmap: shorter side to N, then center crop NxN (one N x N x 3 array)")
-    p.add_argument("--no-validate", dest="validate", action="store_false",
-                   help="do not decode images at pack time (for data you already trust)")
-    p.add_argument("--strict", action="store_true", help="stop at the first image that cannot be packed")
-    p.add_argument("--max-pixels", type=_positive, default=PackOptions.max_pixels,
-                   help="reject images with more pixels than this (decompression bombs)")
-    p.add_argument("--follow-symlinks", action="store_true", help="follow symlinks that point outside SRC")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    g.add_argument("--resume", action="store_true", help="finish an interrupted pack with the same options")
-    p.add_argument("--checkpoint-bytes", type=_size, default=PackOptions.checkpoint_bytes,
-                   help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default 64MB)")
+    groups: dict[str, Any] = {}
+    for f, flag in cli_fields():
+        target = p
+        if flag.exclusive_group:
+            if flag.exclusive_group not in groups:
+                groups[flag.exclusive_group] = p.add_mutually_exclusive_group()
+            target = groups[flag.exclusive_group]
+        _add_option(target, f, flag)
+        if f.name == "format":  # listed right after --format, as --help always showed it
+            p.add_argument("-o", "--output", type=Path, help="output folder (default: SRC-FORMAT beside SRC)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -114,27 +117,18 @@ def _pack_main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from packer.api import pack
-    from packer.pipeline import OutputError, PackError
-    from packer.source import SourceError
 
     out = args.output or args.src.parent / f"{args.src.resolve().name}-{args.format}"
     try:
-        options = PackOptions(
-            format=args.format, workers=args.workers, shard_size=args.shard_size, shard_count=args.shard_count,
-            max_side=args.max_side, quality=args.quality, resize=args.resize, validate=args.validate,
-            strict=args.strict, max_pixels=args.max_pixels, follow_symlinks=args.follow_symlinks,
-            overwrite=args.overwrite, resume=args.resume, checkpoint_bytes=args.checkpoint_bytes,
-        )
+        options = PackOptions(**{f.name: getattr(args, f.name) for f, _ in cli_fields()})
     except ValueError as exc:
         parser.error(str(exc))
     try:
         results = pack(args.src, out, options, progress=_progress_factory(args.quiet))
-    except (SourceError, OutputError) as exc:
-        print(f"pack-dataset: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except PackError as exc:
-        print(f"pack-dataset: failed: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    except PackerError as exc:
+        word = "error" if isinstance(exc, UsageError) else "failed"
+        print(f"pack-dataset: {word}: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print(f"pack-dataset: interrupted; {out} is incomplete, re-run with --resume to finish it",
               file=sys.stderr)

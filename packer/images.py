@@ -38,7 +38,12 @@ import numpy as np
 import simplejpeg
 from PIL import Image, ImageFile, JpegImagePlugin
 
-__all__ = ["ImageOptions", "Prepared", "RejectedImage", "prepare_image"]
+__all__ = ["ImageOptions", "Prepared", "RejectedImage", "prepare_image", "DEFAULT_QUALITY", "DEFAULT_MAX_PIXELS"]
+
+#: JPEG quality of re-encoded images (``PackOptions.quality`` and ``--quality`` default to it).
+DEFAULT_QUALITY = 90
+#: Decompression-bomb limit in pixels: Pillow's own error threshold (2 x its warning limit).
+DEFAULT_MAX_PIXELS = 178_956_970
 
 
 class RejectedImage(Exception):
@@ -49,10 +54,10 @@ class RejectedImage(Exception):
 class ImageOptions:
     validate: bool = True  # decode every image once (unchanged JPEGs at 1/8 scale); False: trust the bytes
     max_side: int | None = None  # downscale so the longer side is at most this
-    quality: int = 90  # JPEG quality of downscaled (max_side) re-encodes
+    quality: int = DEFAULT_QUALITY  # JPEG quality of downscaled (max_side) re-encodes
     resize: int | None = None  # pixels mode: shorter side -> resize, center crop to resize x resize
     want_pixels: bool = False  # return decoded RGB pixels (mmap) instead of encoded bytes
-    max_pixels: int = 178_956_970  # decompression-bomb limit (Pillow's error threshold)
+    max_pixels: int = DEFAULT_MAX_PIXELS  # decompression-bomb limit (Pillow's error threshold)
     normalize_quality: int = 95  # full-size JPEG re-encodes (CMYK, EXIF) use max(quality, this)
 
 

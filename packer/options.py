@@ -1,15 +1,25 @@
-"""Packing options, grouped in one frozen dataclass shared by the API and the CLI."""
+"""Packing options, grouped in one frozen dataclass shared by the API and the CLI.
+
+Each field that ``pack-dataset`` exposes carries its command-line spelling
+and help text as field metadata (:class:`Flag`); ``packer.cli`` builds its
+parser from them, so a new option is one field here. Defaults live only in
+the field definitions (image-rule defaults come from ``packer.images``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
+from packer.images import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, ImageOptions
 from readers.spec import FORMATS
 
-__all__ = ["PackOptions", "DEFAULT_SHARD_SIZE", "parse_size"]
+__all__ = ["PackOptions", "Flag", "cli_fields", "DEFAULT_SHARD_SIZE", "parse_size", "format_size", "parse_positive"]
 
 DEFAULT_SHARD_SIZE = 256 * 1024 * 1024  # 256 MiB: large sequential reads, ~2.5k ImageNet images
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
+          "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
 
 def parse_size(text: str | int) -> int:
@@ -17,38 +27,101 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int):
         return text
     s = text.strip().lower().replace(" ", "")
-    units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
-             "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
     num = s.rstrip("kmgibKMGIB")
     unit = s[len(num):]
-    if unit not in units or not num:
+    if unit not in _UNITS or not num:
         raise ValueError(f"not a size: {text!r} (use e.g. 256MB, 1GB, 500k)")
     try:
         value = float(num)
     except ValueError:
         raise ValueError(f"not a size: {text!r} (use e.g. 256MB, 1GB, 500k)") from None
-    return int(value * units[unit])
+    return int(value * _UNITS[unit])
+
+
+def format_size(n: int) -> str:
+    """The shortest spelling that :func:`parse_size` reads back as ``n`` (``256MB``, ``500k``)."""
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("k", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def parse_positive(text: str) -> int:
+    """A whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a :class:`PackOptions` field appears on the command line.
+
+    ``help`` may say ``{default}``: it is filled in with the field's default,
+    spelled by ``show``.
+    """
+
+    flags: tuple[str, ...]
+    help: str
+    parse: Callable[[str], Any] | None = None  # raises ValueError with a one-line reason
+    action: str | None = None  # "store_true" / "store_false" for on/off switches
+    choices: tuple[str, ...] | None = None
+    required: bool = False
+    exclusive_group: str | None = None  # flags sharing a group name cannot be given together
+    show: Callable[[Any], str] = str
+
+    def help_for(self, default: Any) -> str:
+        return self.help.format(default=self.show(default))
+
+
+def _flag(*flags: str, **kwargs: Any) -> dict[str, Flag]:
+    return {"cli": Flag(flags, **kwargs)}
 
 
 @dataclass(frozen=True)
 class PackOptions:
     """Everything that decides what ``pack`` writes. Recorded in each index."""
 
-    format: str = "wds"
-    workers: int | None = None  # None: the CPUs this process may use (cgroup-aware)
-    shard_size: int = DEFAULT_SHARD_SIZE  # wds: roll over to a new shard past this many bytes
-    shard_count: int | None = None  # wds: ...or past this many samples
-    max_side: int | None = None  # downscale so the longer side <= this, re-encode at quality
-    quality: int = 90  # JPEG quality for re-encoded images
-    resize: int | None = None  # mmap: shorter side to this, center crop to resize x resize
-    validate: bool = True  # decode every image once at pack time
-    strict: bool = False  # stop at the first rejected image
-    max_pixels: int = 178_956_970  # decompression-bomb limit (pixels)
-    follow_symlinks: bool = False  # follow symlinks that point outside SRC
-    overwrite: bool = False
-    resume: bool = False
-    checkpoint_bytes: int = 64 * 1024 * 1024  # lmdb/hdf5/mmap: durable commit every this many bytes
-    extra: dict[str, Any] = field(default_factory=dict)
+    format: str = field(default="wds", metadata=_flag(
+        "-f", "--format", help="output format", choices=FORMATS, required=True))
+    # None: the CPUs this process may use (cgroup-aware)
+    workers: int | None = field(default=None, metadata=_flag(
+        "-w", "--workers", parse=parse_positive, help="worker processes (default: usable CPUs, cgroup-aware)"))
+    shard_size: int = field(default=DEFAULT_SHARD_SIZE, metadata=_flag(
+        "--shard-size", parse=parse_size, show=format_size,
+        help="wds: start a new shard once a shard reaches this size (default {default})"))
+    shard_count: int | None = field(default=None, metadata=_flag(
+        "--shard-count", parse=parse_positive, help="wds: ...or once it holds this many samples"))
+    # downscale so the longer side <= this, re-encode at quality
+    max_side: int | None = field(default=None, metadata=_flag(
+        "--max-side", parse=parse_positive, help="downscale so the longer side is at most N pixels"))
+    quality: int = field(default=DEFAULT_QUALITY, metadata=_flag(
+        "--quality", parse=int, help="JPEG quality for re-encoded images (default {default})"))
+    resize: int | None = field(default=None, metadata=_flag(
+        "--resize", parse=parse_positive,
+        help="mmap: shorter side to N, then center crop NxN (one N x N x 3 array)"))
+    validate: bool = field(default=True, metadata=_flag(
+        "--no-validate", action="store_false",
+        help="do not decode images at pack time (for data you already trust)"))
+    strict: bool = field(default=False, metadata=_flag(
+        "--strict", action="store_true", help="stop at the first image that cannot be packed"))
+    max_pixels: int = field(default=DEFAULT_MAX_PIXELS, metadata=_flag(
+        "--max-pixels", parse=parse_positive, help="reject images with more pixels than this (decompression bombs)"))
+    follow_symlinks: bool = field(default=False, metadata=_flag(
+        "--follow-symlinks", action="store_true", help="follow symlinks that point outside SRC"))
+    overwrite: bool = field(default=False, metadata=_flag(
+        "--overwrite", action="store_true", exclusive_group="existing", help="replace an existing output"))
+    resume: bool = field(default=False, metadata=_flag(
+        "--resume", action="store_true", exclusive_group="existing",
+        help="finish an interrupted pack with the same options"))
+    # lmdb/hdf5/mmap: durable commit every this many bytes
+    checkpoint_bytes: int = field(default=64 * 1024 * 1024, metadata=_flag(
+        "--checkpoint-bytes", parse=parse_size, show=format_size,
+        help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default {default})"))
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -72,3 +145,15 @@ class PackOptions:
         for volatile in ("workers", "overwrite", "resume", "strict"):
             d.pop(volatile)
         return d
+
+    def image_options(self, *, want_pixels: bool) -> ImageOptions:
+        """The per-image rules these options ask for (``want_pixels``: the writer stores pixels)."""
+        return ImageOptions(validate=self.validate, max_side=self.max_side, quality=self.quality,
+                            resize=self.resize, want_pixels=want_pixels, max_pixels=self.max_pixels)
+
+
+def cli_fields() -> Iterator[tuple[dataclasses.Field, Flag]]:
+    """The :class:`PackOptions` fields the command line exposes, in declaration order."""
+    for f in dataclasses.fields(PackOptions):
+        if "cli" in f.metadata:
+            yield f, f.metadata["cli"]

@@ -8,15 +8,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packer.errors import SourceError
+
 __all__ = ["IMAGE_EXTENSIONS", "Source", "SourceError", "scan", "find_split_dirs"]
 
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
-
-
-class SourceError(ValueError):
-    """The source folder cannot be packed (missing, empty, unreadable)."""
 
 
 @dataclass
@@ -84,15 +82,8 @@ def find_split_dirs(root: Path) -> list[Path]:
     return [] if deep else splits
 
 
-def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
-    """Scan ``root/<class>/...`` like torchvision's ImageFolder, deterministically."""
-    root = Path(root)
-    if not root.exists():
-        raise SourceError(f"{root}: no such folder")
-    if not root.is_dir():
-        raise SourceError(f"{root}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
-    real_root = root.resolve()
-    skipped: list[str] = []
+def _class_folders(root: Path, real_root: Path, follow_symlinks: bool, skipped: list[str]) -> list[str]:
+    """Class folder names in sorted order; symlinked ones leaving ``root`` go to ``skipped``."""
     try:
         classes = []
         for e in sorted(os.scandir(root), key=lambda e: e.name):
@@ -104,28 +95,49 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
             classes.append(e.name)
     except PermissionError as exc:
         raise SourceError(f"{root}: cannot list the folder ({exc.strerror})") from exc
+    return classes
+
+
+def _walk_class(root: Path, cls: str, real_root: Path, follow_symlinks: bool,
+                skipped: list[str]) -> list[tuple[str, list[str]]]:
+    """(folder, sorted file names) for every folder under ``root/cls``, in ImageFolder's order.
+
+    torchvision's ImageFolder order: sorted(os.walk(class_dir)), then sorted file names
+    (files directly in a folder come before those of its sub-folders).
+    """
+    steps = []
+    visited: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in visited:  # a symlink loop
+            dirnames.clear()
+            continue
+        visited.add(real)
+        for d in list(dirnames):
+            full = Path(dirpath) / d
+            if full.is_symlink() and not follow_symlinks and not full.resolve().is_relative_to(real_root):
+                dirnames.remove(d)
+                skipped.append(full.relative_to(root).as_posix())
+        steps.append((dirpath, sorted(filenames)))
+    return sorted(steps)
+
+
+def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
+    """Scan ``root/<class>/...`` like torchvision's ImageFolder, deterministically."""
+    root = Path(root)
+    if not root.exists():
+        raise SourceError(f"{root}: no such folder")
+    if not root.is_dir():
+        raise SourceError(f"{root}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
+    real_root = root.resolve()
+    skipped: list[str] = []
+    classes = _class_folders(root, real_root, follow_symlinks, skipped)
     paths: list[str] = []
     labels: list[int] = []
     sizes: list[int] = []
     ignored: list[str] = []
     for label, cls in enumerate(classes):
-        # torchvision's ImageFolder order: sorted(os.walk(class_dir)), then sorted file names
-        # (files directly in a folder come before those of its sub-folders).
-        steps = []
-        visited: set[str] = set()
-        for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True):
-            real = os.path.realpath(dirpath)
-            if real in visited:  # a symlink loop
-                dirnames.clear()
-                continue
-            visited.add(real)
-            for d in list(dirnames):
-                full = Path(dirpath) / d
-                if full.is_symlink() and not follow_symlinks and not full.resolve().is_relative_to(real_root):
-                    dirnames.remove(d)
-                    skipped.append(full.relative_to(root).as_posix())
-            steps.append((dirpath, sorted(filenames)))
-        for dirpath, filenames in sorted(steps):
+        for dirpath, filenames in _walk_class(root, cls, real_root, follow_symlinks, skipped):
             rel_dir = Path(dirpath).relative_to(root)
             for name in filenames:
                 rel = (rel_dir / name).as_posix()

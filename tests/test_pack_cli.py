@@ -7,6 +7,7 @@ Exit codes (packer/cli.py): 0 done; 1 failed; 2 usage error or bad input, nothin
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -17,6 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import make_image_folder
 from readers.spec import FORMATS
@@ -255,3 +258,106 @@ def test_output_location_errors_are_usage_errors(src, tmp_path, where):
     out = src / "packed" if where == "inside-source" else tmp_path / "no" / "such" / "out"
     r = cli(src, "-f", "wds", "-o", out)
     assert r.returncode == 2, r.stderr
+
+
+# ---------------------------------------------------------------- one source of truth for options and errors
+def _parser_flags(parser) -> dict[str, str]:
+    """long flag -> help text of every option of ``parser`` (except --help)."""
+    return {a.option_strings[-1]: a.help for a in parser._actions if a.option_strings and a.dest != "help"}
+
+
+def test_default_flags_give_the_default_options():
+    from packer.cli import build_parser
+    from packer.options import PackOptions, cli_fields
+
+    args = build_parser().parse_args(["src", "-f", "mmap"])
+    built = PackOptions(**{f.name: getattr(args, f.name) for f, _ in cli_fields()})
+    assert built == PackOptions(format="mmap")
+
+
+def test_every_flag_reaches_its_field():
+    """Each option flag, given a non-default value, changes exactly its own PackOptions field."""
+    from packer.cli import build_parser
+    from packer.options import PackOptions, cli_fields
+
+    values = {"workers": "3", "shard_size": "1GB", "shard_count": "4", "max_side": "7", "quality": "80",
+              "resize": "16", "max_pixels": "5", "checkpoint_bytes": "1k"}
+    base = vars(build_parser().parse_args(["src", "-f", "mmap"]))
+    fields = list(cli_fields())
+    assert {f.name for f, _ in fields} == {f.name for f in dataclasses.fields(PackOptions)}
+    for f, flag in fields:
+        if f.name == "format":
+            continue
+        argv = ["src", "-f", "mmap", flag.flags[-1]] + ([values[f.name]] if f.name in values else [])
+        got = vars(build_parser().parse_args(argv))
+        changed = {k for k in got if got[k] != base[k]}
+        assert changed == {f.name}, (flag.flags, changed)
+
+
+def test_help_and_readme_list_the_same_flags():
+    """The README's command-line reference stays true to ``--help`` (flags and their help text)."""
+    from packer.cli import build_parser
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    reference = readme.split("## Command-line reference", 1)[1].split("```")[1]
+    documented = {m[0]: m[1] for m in re.findall(r"^  (?:-\w, )?(--[\w-]+)\s{2,}(.+)$", reference, re.M)}
+    flags = _parser_flags(build_parser())
+    assert set(documented) == set(flags)
+    for flag, text in flags.items():
+        # the README may add a note in parentheses; it never says something else
+        assert documented[flag].startswith(text.split(" (")[0]), flag
+
+
+def test_help_shows_the_dataclass_defaults():
+    from packer.cli import build_parser
+    from packer.options import PackOptions, format_size
+
+    flags = _parser_flags(build_parser())
+    defaults = PackOptions()
+    assert f"(default {defaults.quality})" in flags["--quality"]
+    assert f"(default {format_size(defaults.shard_size)})" in flags["--shard-size"]
+    assert f"(default {format_size(defaults.checkpoint_bytes)})" in flags["--checkpoint-bytes"]
+
+
+def test_image_options_carry_the_pack_options():
+    from packer.images import ImageOptions
+    from packer.options import PackOptions
+
+    opts = PackOptions(format="mmap", validate=False, max_side=99, quality=70, resize=32, max_pixels=1234)
+    img = opts.image_options(want_pixels=True)
+    for f in dataclasses.fields(ImageOptions):
+        if f.name == "want_pixels":
+            assert img.want_pixels is True
+        elif hasattr(opts, f.name):
+            assert getattr(img, f.name) == getattr(opts, f.name), f.name
+    # one set of defaults: an ImageOptions made from default PackOptions is the default ImageOptions
+    assert PackOptions().image_options(want_pixels=False) == ImageOptions()
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 1 << 40))
+def test_format_size_reads_back(n):
+    from packer.options import format_size, parse_size
+
+    assert parse_size(format_size(n)) == n
+
+
+def test_each_error_carries_its_exit_code():
+    """Usage errors (exit 2) and failures (exit 1) are separate families: no except-order games."""
+    import packer
+    from packer.cli import EXIT_FAILED, EXIT_USAGE
+
+    for cls in (packer.SourceError, packer.OutputError, packer.OutputExistsError):
+        assert issubclass(cls, packer.UsageError) and not issubclass(cls, packer.PackError)
+        assert cls("x").exit_code == EXIT_USAGE == 2
+    assert not issubclass(packer.PackError, packer.UsageError)
+    assert packer.PackError("x").exit_code == EXIT_FAILED == 1
+    assert all(issubclass(c, packer.PackerError) for c in (packer.UsageError, packer.PackError))
+
+
+def test_failure_exit_code_comes_from_the_error(src, tmp_path):
+    (src / "class_01" / "broken.jpg").write_bytes(b"not an image at all")
+    r = cli(src, "-f", "wds", "-o", tmp_path / "out", "-q", "--strict")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("pack-dataset: failed: rejected ") and "broken.jpg" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

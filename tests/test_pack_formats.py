@@ -518,10 +518,10 @@ def test_wds_writer_round_trips_through_tarfile(samples, shard_count, shard_size
         writer.open(0, None)
         fields = []
         for i, (data, ext, label) in enumerate(samples):
-            fields.append(writer.write(i, Prepared(data, ext, 1, 1, False), label))
-            if writer.ready():
+            fields.append(writer.append(i, Prepared(data, ext, 1, 1, False), label))
+            if writer.at_checkpoint_boundary():
                 writer.checkpoint()
-        shards = writer.close({}, {})["shards"]
+        shards = writer.finalize({}, {})["shards"]
         assert [s["name"] for s in shards] == [f"prop-{k:06d}.tar" for k in range(len(shards))]
         assert sorted(p.name for p in root.iterdir()) == [s["name"] for s in shards]
         got = []
@@ -535,7 +535,8 @@ def test_wds_writer_round_trips_through_tarfile(samples, shard_count, shard_size
                 for img, cls in zip(members[::2], members[1::2]):
                     i = len(got)
                     assert img.name == f"{i:010d}.{samples[i][1]}" and cls.name == f"{i:010d}.cls"
-                    assert fields[i] == {"offsets": img.offset_data, "shards": k}
+                    assert dict(zip(WdsWriter.location_fields, fields[i], strict=True)) == {
+                        "offsets": img.offset_data, "shards": k}
                     got.append((tf.extractfile(img).read(), samples[i][1], int(tf.extractfile(cls).read())))
         assert got == samples
         for s in shards:  # a shard closes as soon as it reaches either limit, never later

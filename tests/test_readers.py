@@ -344,15 +344,15 @@ def test_interrupted_real_pack_is_refused(generated, tmp_path, monkeypatch):
     from packer.formats.lmdb import LmdbWriter
 
     calls = []
-    write = LmdbWriter.write
+    append = LmdbWriter.append
 
-    def failing(self, index, sample, label):
-        calls.append(index)
+    def failing(self, sample_no, prepared, label):
+        calls.append(sample_no)
         if len(calls) == 5:
             raise Crash("the machine went away")
-        return write(self, index, sample, label)
+        return append(self, sample_no, prepared, label)
 
-    monkeypatch.setattr(LmdbWriter, "write", failing)
+    monkeypatch.setattr(LmdbWriter, "append", failing)
     with pytest.raises(Crash):
         pack(generated, tmp_path / "out", PackOptions(format="lmdb", workers=1))
     assert not (tmp_path / "out" / spec.INDEX_NAME).exists()

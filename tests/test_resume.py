@@ -130,15 +130,15 @@ def test_disk_full_is_clear_and_resumable(src, tmp_path, monkeypatch):
 
     out = tmp_path / "full"
     calls = {"n": 0}
-    real_write = mmap_mod.MemmapWriter.write
+    real_append = mmap_mod.MemmapWriter.append
 
-    def failing_write(self, index, sample, label):
+    def failing_append(self, sample_no, prepared, label):
         calls["n"] += 1
         if calls["n"] == 120:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(self, index, sample, label)
+        return real_append(self, sample_no, prepared, label)
 
-    monkeypatch.setattr(mmap_mod.MemmapWriter, "write", failing_write)
+    monkeypatch.setattr(mmap_mod.MemmapWriter, "append", failing_append)
     opts = PackOptions(format="mmap", resize=32, workers=1, checkpoint_bytes=40_000)
     from packer import PackError
 
@@ -146,7 +146,7 @@ def test_disk_full_is_clear_and_resumable(src, tmp_path, monkeypatch):
         pack(src, out, opts)
     with pytest.raises(spec.IncompleteDatasetError):
         open_dataset(out)
-    monkeypatch.setattr(mmap_mod.MemmapWriter, "write", real_write)
+    monkeypatch.setattr(mmap_mod.MemmapWriter, "append", real_append)
     pack(src, out, PackOptions(format="mmap", resize=32, workers=1, checkpoint_bytes=40_000, resume=True))
     ref = tmp_path / "ref"
     pack(src, ref, PackOptions(format="mmap", resize=32, workers=1, checkpoint_bytes=40_000))

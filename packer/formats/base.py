@@ -3,26 +3,41 @@
 A writer only knows how to open its files, append one sample, make what it
 has written durable (a checkpoint) and finish. The pipeline owns the rest:
 the source, parallel preparation, index arrays, journal, resume, progress.
+
+The pipeline calls, in this order::
+
+    open(samples, state)                      fresh (0, None) or resumed from a checkpoint
+    append(sample_no, prepared, label)        once per sample, sample_no = 0, 1, 2, ...
+      -> at_checkpoint_boundary()?  -> checkpoint() -> state (saved in the journal)
+    end_samples(); checkpoint()               no more samples
+    finalize(meta, arrays) -> extra meta      the index arrays are final
+    abort()                                   instead of the above, after any error
+
+Each sample's index record holds labels, checksums, sizes, heights and
+widths (the pipeline knows them) plus the writer's ``location_fields``:
+where the sample sits in the writer's files, returned by ``append``.
+``readers.spec.REQUIRED_ARRAYS`` decides which of them the index keeps.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from packer.images import Prepared
 from packer.options import PackOptions
 
-__all__ = ["FormatWriter"]
+__all__ = ["FormatWriter", "merged"]
 
 
 class FormatWriter(ABC):
-    format: str = ""
-    #: index arrays this writer fills per sample besides labels/checksums/sizes
-    fields: tuple[str, ...] = ()
+    #: the format's name in ``index.json`` (one of ``readers.spec.FORMATS``)
+    format: ClassVar[str] = ""
+    #: index arrays that ``append`` fills, in the order of the values it returns
+    location_fields: ClassVar[tuple[str, ...]] = ()
     #: True when samples are decoded pixels rather than encoded bytes
-    pixels: bool = False
+    pixels: ClassVar[bool] = False
 
     def __init__(self, root: Path, split: str, options: PackOptions, estimated_bytes: int) -> None:
         self.root = root
@@ -31,27 +46,41 @@ class FormatWriter(ABC):
         self.estimated_bytes = estimated_bytes
 
     @abstractmethod
-    def open(self, done: int, state: dict[str, Any] | None) -> None:
-        """Start writing; on resume, drop anything past ``done`` samples / ``state``."""
+    def open(self, samples: int, state: dict[str, Any] | None) -> None:
+        """Start writing. On resume, ``samples`` are durable as of the checkpoint that
+        returned ``state``: drop anything written after it."""
 
     @abstractmethod
-    def write(self, index: int, sample: Prepared, label: int) -> dict[str, int]:
-        """Append one sample; return its values for ``fields``."""
+    def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[int, ...]:
+        """Append sample number ``sample_no``; return one value per ``location_fields`` name."""
 
     @abstractmethod
-    def ready(self) -> bool:
+    def at_checkpoint_boundary(self) -> bool:
         """True when this is a good moment for a checkpoint (e.g. a shard just closed)."""
 
     @abstractmethod
     def checkpoint(self) -> dict[str, Any]:
-        """Make all samples written so far durable; return state needed to resume."""
+        """Make all samples appended so far durable; return the state ``open`` resumes from."""
 
-    def seal(self) -> None:
-        """All samples are written: reach a durable boundary (wds closes its open shard)."""
+    def end_samples(self) -> None:
+        """No more samples: reach a durable boundary (wds closes its open shard)."""
 
     @abstractmethod
-    def close(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
-        """Finish the data files (durably) given the final index arrays; return extra metadata."""
+    def finalize(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
+        """Finish the data files durably, given the final index metadata and arrays.
+
+        ``meta`` is not modified. Returns what to add to it: top-level keys
+        (``files``: data file name -> bytes, ...), and under ``storage``,
+        keys to add to ``meta["storage"]``.
+        """
 
     def abort(self) -> None:
         """Release handles after an error; the journal keeps the output resumable."""
+
+
+def merged(meta: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` plus what ``finalize`` returned (``storage`` merged key by key); a new dict."""
+    out = dict(meta, **{k: v for k, v in extra.items() if k != "storage"})
+    if "storage" in extra:
+        out["storage"] = {**meta.get("storage", {}), **extra["storage"]}
+    return out

@@ -28,13 +28,11 @@ from typing import Any
 import h5py
 import numpy as np
 
-from packer.formats.base import FormatWriter
+from packer.formats.base import FormatWriter, merged
 from packer.images import Prepared
+from readers.spec import DATA_FILE, HDF5_CHUNK_BYTES, HDF5_CHUNK_TABLE
 
-__all__ = ["HDF5Writer", "CHUNK", "CHUNK_TABLE"]
-
-CHUNK = 1 << 20
-CHUNK_TABLE = "h5chunks.npy"
+__all__ = ["HDF5Writer"]
 
 
 def _fsync_path(path: os.PathLike) -> None:
@@ -48,10 +46,10 @@ def _fsync_path(path: os.PathLike) -> None:
 
 class HDF5Writer(FormatWriter):
     format = "hdf5"
-    fields = ("offsets",)
+    location_fields = ("offsets",)
 
-    def open(self, done: int, state: dict[str, Any] | None) -> None:
-        self.path = self.root / "data.h5"
+    def open(self, samples: int, state: dict[str, Any] | None) -> None:
+        self.path = self.root / DATA_FILE[self.format]
         if state and self.path.exists():
             self.h5 = h5py.File(self.path, "r+")
             self.pos = int(state["bytes"])
@@ -60,7 +58,7 @@ class HDF5Writer(FormatWriter):
         else:
             self.h5 = h5py.File(self.path, "w", track_order=False)
             self.images = self.h5.create_dataset("images", shape=(0,), maxshape=(None,), dtype=np.uint8,
-                                                 chunks=(CHUNK,), track_times=False)
+                                                 chunks=(HDF5_CHUNK_BYTES,), track_times=False)
             self.pos = 0
         self._buf: list[bytes] = []
         self._buf_bytes = 0
@@ -76,17 +74,17 @@ class HDF5Writer(FormatWriter):
         self._buf.clear()
         self._buf_bytes = 0
 
-    def write(self, index: int, sample: Prepared, label: int) -> dict[str, int]:
+    def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[int]:
         offset = self.pos
-        self._buf.append(sample.data)
-        self._buf_bytes += len(sample.data)
-        self.pos += len(sample.data)
-        self._since += len(sample.data)
-        if self._buf_bytes >= 16 * CHUNK:  # write whole chunks at a time
+        self._buf.append(prepared.data)
+        self._buf_bytes += len(prepared.data)
+        self.pos += len(prepared.data)
+        self._since += len(prepared.data)
+        if self._buf_bytes >= 16 * HDF5_CHUNK_BYTES:  # write whole chunks at a time
             self._drain()
-        return {"offsets": offset}
+        return (offset,)
 
-    def ready(self) -> bool:
+    def at_checkpoint_boundary(self) -> bool:
         return self._since >= self.options.checkpoint_bytes
 
     def checkpoint(self) -> dict[str, Any]:
@@ -96,7 +94,7 @@ class HDF5Writer(FormatWriter):
         self._since = 0
         return {"bytes": self.pos}
 
-    def close(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    def finalize(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         self._drain()
         offsets = np.empty(len(arrays["labels"]) + 1, dtype="<i8")
         offsets[:-1] = arrays["offsets"]
@@ -105,12 +103,11 @@ class HDF5Writer(FormatWriter):
             if name in self.h5:
                 del self.h5[name]
             self.h5.create_dataset(name, data=values, track_times=False)
-        meta["storage"]["chunk_table"] = self._chunk_table()
-        meta["storage"]["chunk_bytes"] = CHUNK
-        self.h5.attrs["dataset-packer"] = json.dumps(meta, sort_keys=True)
+        storage = {"chunk_table": self._chunk_table(), "chunk_bytes": HDF5_CHUNK_BYTES}
+        self.h5.attrs["dataset-packer"] = json.dumps(merged(meta, {"storage": storage}), sort_keys=True)
         self.h5.close()
         _fsync_path(self.path)
-        return {"files": {"data.h5": self.path.stat().st_size}}
+        return {"storage": storage, "files": {self.path.name: self.path.stat().st_size}}
 
     def _chunk_table(self) -> str | None:
         """Write ``h5chunks.npy``: the file offset of each 1 MiB chunk of /images, in order.
@@ -125,11 +122,11 @@ class HDF5Writer(FormatWriter):
         table = np.zeros(n, dtype="<i8")
         for k in range(n):
             info = dsid.get_chunk_info(k)
-            if info.filter_mask != 0 or info.size != CHUNK:
+            if info.filter_mask != 0 or info.size != HDF5_CHUNK_BYTES:
                 return None
-            table[info.chunk_offset[0] // CHUNK] = info.byte_offset
-        np.save(self.root / CHUNK_TABLE, table)
-        return CHUNK_TABLE
+            table[info.chunk_offset[0] // HDF5_CHUNK_BYTES] = info.byte_offset
+        np.save(self.root / HDF5_CHUNK_TABLE, table)
+        return HDF5_CHUNK_TABLE
 
     def abort(self) -> None:
         try:

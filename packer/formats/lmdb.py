@@ -34,7 +34,7 @@ __all__ = ["LmdbWriter"]
 class LmdbWriter(FormatWriter):
     format = "lmdb"
 
-    def open(self, done: int, state: dict[str, Any] | None) -> None:
+    def open(self, samples: int, state: dict[str, Any] | None) -> None:
         map_size = max(2 * self.estimated_bytes + (1 << 30), 1 << 30)
         # meminit=True: unused parts of pages are zeroed, so no stale process
         # memory lands in the file and the same input gives the same bytes.
@@ -44,7 +44,7 @@ class LmdbWriter(FormatWriter):
             self.env.set_mapsize(map_size)
         with self.env.begin(write=True) as txn:  # drop samples past the last checkpoint
             cursor = txn.cursor()
-            if cursor.set_range(spec.lmdb_key(done)):
+            if cursor.set_range(spec.lmdb_key(samples)):
                 while cursor.key() and cursor.key() != spec.LMDB_META_KEY:
                     cursor.delete()
             txn.delete(spec.LMDB_META_KEY)
@@ -63,14 +63,14 @@ class LmdbWriter(FormatWriter):
                 self._txn.put(k, v, append=True)
             self._txn.put(key, value, append=True)
 
-    def write(self, index: int, sample: Prepared, label: int) -> dict[str, int]:
-        key = spec.lmdb_key(index)
-        self._put(key, sample.data)
-        self._pending.append((key, sample.data))
-        self._pending_bytes += len(sample.data)
-        return {}
+    def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[()]:
+        key = spec.lmdb_key(sample_no)
+        self._put(key, prepared.data)
+        self._pending.append((key, prepared.data))
+        self._pending_bytes += len(prepared.data)
+        return ()
 
-    def ready(self) -> bool:
+    def at_checkpoint_boundary(self) -> bool:
         return self._pending_bytes >= self.options.checkpoint_bytes
 
     def checkpoint(self) -> dict[str, Any]:
@@ -80,13 +80,13 @@ class LmdbWriter(FormatWriter):
         self._pending_bytes = 0
         return {}
 
-    def close(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
+    def finalize(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
         self._put(spec.LMDB_META_KEY, json.dumps(meta, sort_keys=True).encode())
         self._txn.commit()
         self.env.sync(True)
         self.env.close()
-        files = {p.name: p.stat().st_size for p in self.root.glob("*.mdb")}
-        return {"files": {"data.mdb": files.get("data.mdb", 0)}}
+        data = self.root / spec.DATA_FILE[self.format]
+        return {"files": {data.name: data.stat().st_size}}
 
     def abort(self) -> None:
         try:

@@ -4,7 +4,7 @@ Counterpart: ``readers/formats/mmap.py``. Byte layout::
 
     +-----------------------------+----------------------------------------+
     | .npy header, padded to      | sample 0 pixels  | sample 1 pixels | ... |
-    | HEADER_BYTES (128) bytes    | H0*W0*3 (HWC)    | H1*W1*3         |     |
+    | spec.MMAP_HEADER_BYTES (128)| H0*W0*3 (HWC)    | H1*W1*3         |     |
     +-----------------------------+----------------------------------------+
       offsets[i] = position of sample i's first byte, counted from the end of
       the header; heights[i], widths[i] give its shape.
@@ -25,47 +25,46 @@ import numpy as np
 
 from packer.formats.base import FormatWriter
 from packer.images import Prepared
+from readers.spec import DATA_FILE, MMAP_HEADER_BYTES
 
-__all__ = ["MemmapWriter", "HEADER_BYTES", "npy_header"]
-
-HEADER_BYTES = 128
+__all__ = ["MemmapWriter", "npy_header"]
 
 
 def npy_header(shape: tuple[int, ...]) -> bytes:
-    """A version 1.0 .npy header for C-order uint8 ``shape``, exactly HEADER_BYTES long."""
+    """A version 1.0 .npy header for C-order uint8 ``shape``, exactly MMAP_HEADER_BYTES long."""
     text = "{'descr': '|u1', 'fortran_order': False, 'shape': %r, }" % (tuple(shape),)
-    body_len = HEADER_BYTES - 10  # magic (6) + version (2) + header length (2)
+    body_len = MMAP_HEADER_BYTES - 10  # magic (6) + version (2) + header length (2)
     if len(text) + 1 > body_len:
-        raise ValueError(f"shape {shape} does not fit a {HEADER_BYTES}-byte .npy header")
+        raise ValueError(f"shape {shape} does not fit a {MMAP_HEADER_BYTES}-byte .npy header")
     text = text.ljust(body_len - 1) + "\n"
     return b"\x93NUMPY\x01\x00" + body_len.to_bytes(2, "little") + text.encode("latin1")
 
 
 class MemmapWriter(FormatWriter):
     format = "mmap"
-    fields = ("offsets",)
+    location_fields = ("offsets",)
     pixels = True
 
-    def open(self, done: int, state: dict[str, Any] | None) -> None:
-        self.path = self.root / "images.npy"
+    def open(self, samples: int, state: dict[str, Any] | None) -> None:
+        self.path = self.root / DATA_FILE[self.format]
         self.pos = int(state["bytes"]) if state else 0
         mode = "r+b" if state and self.path.exists() else "wb"
         self._file = open(self.path, mode)
-        self._file.truncate(HEADER_BYTES + self.pos)
+        self._file.truncate(MMAP_HEADER_BYTES + self.pos)
         self._file.seek(0)
-        self._file.write(b"\0" * HEADER_BYTES)
-        self._file.seek(HEADER_BYTES + self.pos)
+        self._file.write(b"\0" * MMAP_HEADER_BYTES)
+        self._file.seek(MMAP_HEADER_BYTES + self.pos)
         self._since = 0
 
-    def write(self, index: int, sample: Prepared, label: int) -> dict[str, int]:
+    def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[int]:
         offset = self.pos
-        px = sample.pixels
+        px = prepared.pixels
         self._file.write(memoryview(px).cast("B"))
         self.pos += px.nbytes
         self._since += px.nbytes
-        return {"offsets": offset}
+        return (offset,)
 
-    def ready(self) -> bool:
+    def at_checkpoint_boundary(self) -> bool:
         return self._since >= self.options.checkpoint_bytes
 
     def checkpoint(self) -> dict[str, Any]:
@@ -74,7 +73,7 @@ class MemmapWriter(FormatWriter):
         self._since = 0
         return {"bytes": self.pos}
 
-    def close(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    def finalize(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         n, size = len(arrays["labels"]), self.options.resize
         shape: tuple[int, ...] = (n, size, size, 3) if size else (self.pos,)
         self._file.flush()
@@ -83,9 +82,10 @@ class MemmapWriter(FormatWriter):
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        meta["storage"]["fixed_shape"] = [size, size, 3] if size else None
-        meta["storage"]["data_offset"] = HEADER_BYTES
-        return {"files": {"images.npy": self.path.stat().st_size}}
+        return {
+            "storage": {"fixed_shape": [size, size, 3] if size else None, "data_offset": MMAP_HEADER_BYTES},
+            "files": {self.path.name: self.path.stat().st_size},
+        }
 
     def abort(self) -> None:
         if not self._file.closed:

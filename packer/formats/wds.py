@@ -26,13 +26,7 @@ from packer.formats.base import FormatWriter
 from packer.images import Prepared
 from readers import spec
 
-__all__ = ["WdsWriter", "shard_name"]
-
-BLOCK = 512
-
-
-def shard_name(split: str, index: int) -> str:
-    return f"{split}-{index:06d}.tar"
+__all__ = ["WdsWriter"]
 
 
 def _header(name: str, size: int) -> bytes:
@@ -44,14 +38,14 @@ def _header(name: str, size: int) -> bytes:
 
 
 def _pad(size: int) -> bytes:
-    return b"\0" * (-size % BLOCK)
+    return b"\0" * (-size % spec.TAR_BLOCK)
 
 
 class WdsWriter(FormatWriter):
     format = "wds"
-    fields = ("offsets", "shards")
+    location_fields = ("offsets", "shards")
 
-    def open(self, done: int, state: dict[str, Any] | None) -> None:
+    def open(self, samples: int, state: dict[str, Any] | None) -> None:
         self.shards: list[dict[str, Any]] = list(state["shards"]) if state else []
         keep = {s["name"] for s in self.shards}
         for p in self.root.glob(f"{self.split}-*.tar*"):
@@ -61,7 +55,7 @@ class WdsWriter(FormatWriter):
         self._just_closed = False
 
     def _start_shard(self) -> None:
-        name = shard_name(self.split, len(self.shards))
+        name = spec.shard_name(self.split, len(self.shards))
         self._path = self.root / name
         self._tmp = self._path.with_name(name + ".tmp")
         self._file = open(self._tmp, "wb", buffering=1 << 20)
@@ -74,15 +68,15 @@ class WdsWriter(FormatWriter):
         self._crc = spec.checksum(chunk, self._crc)
         self._pos += len(chunk)
 
-    def write(self, index: int, sample: Prepared, label: int) -> dict[str, int]:
+    def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[int, int]:
         if self._file is None:
             self._start_shard()
-            self._first = index
-        key = spec.wds_key(index)
-        self._emit(_header(f"{key}.{sample.ext}", len(sample.data)))
+            self._first = sample_no
+        key = spec.wds_key(sample_no)
+        self._emit(_header(f"{key}.{prepared.ext}", len(prepared.data)))
         offset = self._pos
-        self._emit(sample.data)
-        self._emit(_pad(len(sample.data)))
+        self._emit(prepared.data)
+        self._emit(_pad(len(prepared.data)))
         cls = str(label).encode()
         self._emit(_header(f"{key}.cls", len(cls)) + cls + _pad(len(cls)))
         self._count += 1
@@ -90,10 +84,10 @@ class WdsWriter(FormatWriter):
         limit = self.options.shard_count
         if self._pos >= self.options.shard_size or (limit is not None and self._count >= limit):
             self._close_shard()
-        return {"offsets": offset, "shards": shard}
+        return offset, shard
 
     def _close_shard(self) -> None:
-        self._emit(b"\0" * (2 * BLOCK))  # end-of-archive marker
+        self._emit(b"\0" * (2 * spec.TAR_BLOCK))  # end-of-archive marker
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
@@ -104,7 +98,7 @@ class WdsWriter(FormatWriter):
                             "crc32": self._crc, "first": self._first})
         self._just_closed = True
 
-    def ready(self) -> bool:
+    def at_checkpoint_boundary(self) -> bool:
         return self._just_closed
 
     def checkpoint(self) -> dict[str, Any]:
@@ -112,13 +106,12 @@ class WdsWriter(FormatWriter):
         self._just_closed = False
         return {"shards": self.shards}
 
-    def seal(self) -> None:
+    def end_samples(self) -> None:
         if self._file is not None:
             self._close_shard()
 
-    def close(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
-        if self._file is not None:
-            self._close_shard()
+    def finalize(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
+        self.end_samples()
         return {"shards": self.shards, "files": {s["name"]: s["bytes"] for s in self.shards}}
 
     def abort(self) -> None:

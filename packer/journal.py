@@ -1,0 +1,143 @@
+"""The journal of a pack in progress: ``pack-state.json`` and the side files it vouches for.
+
+While a split is packed its folder holds, besides the format's data files:
+
+* ``records.bin`` -- one :data:`readers.spec.RECORD_DTYPE` record per written
+  sample (turned into the index arrays at the end);
+* ``names.jsonl`` -- each written sample's source path (kept as is);
+* ``rejects.jsonl`` -- the files that could not be packed;
+* ``pack-state.json`` -- the :class:`Journal`: counters, the lengths of the
+  three files above and the writer's state, as of the last checkpoint.
+
+At a checkpoint the writer's data is made durable first, then the side
+files are fsynced, then the journal is replaced atomically. Resume cuts the
+side files back to the journal's lengths (and the writer its data files to
+the writer state), so everything past the last checkpoint is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from packer.errors import PackError
+from packer.options import PackOptions
+from packer.source import Source
+from readers import spec
+
+__all__ = ["Journal", "SideFiles", "RECORDS_NAME"]
+
+RECORDS_NAME = "records.bin"
+
+
+@dataclass
+class Journal:
+    """Progress of one split's pack as of its last checkpoint (``pack-state.json``)."""
+
+    identity: dict[str, Any]  # format, split, options, source fingerprint: must match to resume
+    done: int = 0  # samples written
+    next_source: int = 0  # source position to continue from (written + rejected)
+    bytes_in: int = 0  # source bytes consumed
+    changed: int = 0  # samples stored re-encoded
+    rejected: int = 0
+    encodings: dict[str, int] = field(default_factory=dict)  # stored extension -> samples
+    records_len: int = 0  # byte lengths of the side files at the checkpoint
+    names_len: int = 0
+    rejects_len: int = 0
+    writer: dict[str, Any] | None = None  # the writer's checkpoint state
+
+    @staticmethod
+    def identity_of(split: str, source: Source, options: PackOptions) -> dict[str, Any]:
+        return {"format": options.format, "split": split, "options": options.recorded(),
+                "fingerprint": source.fingerprint()}
+
+    @classmethod
+    def load(cls, out: Path, identity: dict[str, Any]) -> Journal | None:
+        """The journal in ``out`` if it belongs to this pack; None when ``out`` is empty."""
+        path = out / spec.STATE_NAME
+        if not path.exists():
+            if any(out.iterdir()):
+                raise PackError(f"{out}: nothing to resume (no {spec.STATE_NAME} journal); use --overwrite")
+            return None
+        state = json.loads(path.read_text(encoding="utf-8"))
+        if state["options"].get("extra") == {}:  # journals written before the unused option was removed
+            del state["options"]["extra"]
+        if state["options"] != json.loads(json.dumps(identity["options"])):
+            raise PackError(
+                f"{out}: the interrupted pack used other options ({state['options']}); "
+                "resume with the same options, or start again with --overwrite"
+            )
+        if state["fingerprint"] != identity["fingerprint"]:
+            raise PackError(f"{out}: the source folder changed since the interrupted pack; "
+                            "start again with --overwrite")
+        counters = {f.name: state[f.name] for f in fields(cls) if f.name != "identity"}
+        return cls(identity=identity, **counters)
+
+    def save(self, out: Path) -> None:
+        """Replace ``pack-state.json`` atomically (after the data it describes is durable)."""
+        state = asdict(self)
+        state.update(state.pop("identity"))
+        spec.write_json_atomic(out / spec.STATE_NAME, state)
+
+    @staticmethod
+    def discard(out: Path) -> None:
+        """Remove the journal and the records once the index is committed."""
+        for name in (RECORDS_NAME, spec.STATE_NAME):
+            (out / name).unlink(missing_ok=True)
+
+
+def _truncate(path: Path, length: int) -> None:
+    with open(path, "ab") as f:
+        f.truncate(length)
+
+
+class SideFiles:
+    """``records.bin``, ``names.jsonl`` and ``rejects.jsonl``: appended per sample, cut back on resume."""
+
+    def __init__(self, out: Path, journal: Journal) -> None:
+        self.paths = (out / RECORDS_NAME, out / spec.NAMES_FILE, out / spec.REJECTS_NAME)
+        for path, length in zip(self.paths, (journal.records_len, journal.names_len, journal.rejects_len)):
+            _truncate(path, length)
+        files: list[BinaryIO] = []
+        try:
+            for path in self.paths:
+                files.append(open(path, "ab"))
+        except BaseException:
+            for f in files:
+                f.close()
+            raise
+        self._files = tuple(files)
+        self.records, self.names, self.rejects = self._files
+        self._pending: list[tuple] = []
+
+    def add_sample(self, record: tuple, rel: str) -> None:
+        """One written sample: its index record (fields of RECORD_DTYPE, in order) and source path."""
+        self._pending.append(record)
+        self.names.write((json.dumps(rel) + "\n").encode())  # ASCII escapes: any file name round-trips
+
+    def add_reject(self, rel: str, reason: str) -> None:
+        self.rejects.write((json.dumps({"path": rel, "reason": reason}) + "\n").encode())
+
+    def sync(self, journal: Journal) -> None:
+        """Make everything added so far durable and record the files' lengths in ``journal``."""
+        if self._pending:
+            self.records.write(np.array(self._pending, dtype=spec.RECORD_DTYPE).tobytes())
+            self._pending.clear()
+        for f in self._files:
+            f.flush()
+            os.fsync(f.fileno())
+        journal.records_len, journal.names_len, journal.rejects_len = (f.tell() for f in self._files)
+
+    def close(self) -> None:
+        for f in self._files:
+            if not f.closed:
+                f.close()
+
+    @staticmethod
+    def read_records(out: Path) -> np.ndarray:
+        return np.fromfile(out / RECORDS_NAME, dtype=spec.RECORD_DTYPE)
