@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from packer.engines import open_engine
 from packer.errors import OutputError, SourceError
 from packer.formats.base import FormatWriter
 from packer.formats.hdf5 import HDF5Writer
@@ -16,9 +17,8 @@ from packer.formats.mmap import MemmapWriter
 from packer.formats.wds import WdsWriter
 from packer.options import PackOptions
 from packer.output import prepare_output
-from packer.pipeline import Progress, SplitResult, pack_split
+from packer.pipeline import Progress, SplitResult
 from packer.source import Source, find_split_dirs, scan
-from readers.env import available_cpus
 
 __all__ = ["pack", "WRITERS", "plan"]
 
@@ -74,11 +74,11 @@ def pack(
     is called as work completes; the CLI uses it for its progress bar.
     """
     options = options or PackOptions()
-    jobs = plan(src, out, options)
-    workers = options.workers or available_cpus()
-    results = []
-    for split, source, dest in jobs:
-        callback = progress(split, source) if progress else None
-        log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
-        results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback))
+    with open_engine(options) as pack_split:  # connected first: a cluster that cannot be reached changes nothing
+        jobs = plan(src, out, options)
+        results = []
+        for split, source, dest in jobs:
+            callback = progress(split, source) if progress else None
+            log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
+            results.append(pack_split(source, dest, split, WRITERS[options.format], callback))
     return results
