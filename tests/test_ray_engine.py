@@ -1,0 +1,243 @@
+"""The Ray engine on a real Ray cluster: two nodes (two raylets) on this machine.
+
+Every test compares against the local engine: the Ray engine must write the
+same dataset (byte for byte, except LMDB's lock file) whatever the cluster
+size, through worker and driver crashes. Drivers run in this process (the
+API) or as a ``pack-dataset`` process (crash tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import make_image_folder
+from packer import PackError, PackOptions, pack
+from readers import open_dataset, spec
+
+ray = pytest.importorskip("ray")
+from raycluster import RayCluster  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CLI = [sys.executable, "-m", "packer.cli"]
+BAD = "class_02/img_003.JPEG"  # a corrupt JPEG in the middle of the list (chunk 7 of 12 at --ray-chunk 7)
+
+# format, extra options: wds with small shards (several per chunk and some across chunks) and
+# with every image re-encoded smaller (the layout then follows the stored sizes, not the source's)
+CASES = {
+    "wds": dict(format="wds", shard_count=5),
+    "wds-resized": dict(format="wds", shard_size=20_000, max_side=40),
+    "lmdb": dict(format="lmdb", checkpoint_bytes=60_000),
+    "hdf5": dict(format="hdf5", checkpoint_bytes=60_000),
+    "mmap": dict(format="mmap", resize=24, checkpoint_bytes=60_000),
+}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = RayCluster().start(cpus=1)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def driver(cluster, monkeypatch):
+    """This process as a driver of the test cluster (the engine connects and disconnects per pack)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    root = make_image_folder(tmp_path_factory.mktemp("ray-src") / "train", classes=4, per_class=20, png_every=3)
+    (root / BAD).write_bytes(b"\xff\xd8\xff\xe0 not really a JPEG")
+    rgba = np.random.default_rng(1).integers(0, 256, size=(50, 70, 4), dtype=np.uint8)
+    Image.fromarray(rgba, "RGBA").save(root / "class_01" / "img_100.png")  # stored re-encoded (alpha)
+    return root
+
+
+def _options(case: str, **more) -> PackOptions:
+    return PackOptions(workers=2, **CASES[case], **more)
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())
+            if p.is_file() and p.name != "lock.mdb"}
+
+
+@pytest.fixture(scope="module")
+def local(src, tmp_path_factory):
+    """case -> the local engine's output for that case."""
+    root = tmp_path_factory.mktemp("ray-local")
+    for case in CASES:
+        pack(src, root / case, _options(case))
+    return {case: root / case for case in CASES}
+
+
+def _ray_pack(src: Path, out: Path, case: str, cluster: RayCluster, **more):
+    return pack(src, out, _options(case, engine="ray", ray_address=cluster.address, ray_chunk=7, **more))
+
+
+# ---------------------------------------------------------------- same output as the local engine
+def test_one_node_then_two_nodes_byte_identical(src, local, driver, tmp_path):
+    """The output depends on the source and options only: 1 node, 2 nodes, local engine: same bytes."""
+    driver.scale(1)
+    one = {case: _ray_pack(src, tmp_path / f"one-{case}", case, driver)[0] for case in ("wds", "lmdb")}
+    driver.scale(2)
+    two = {case: _ray_pack(src, tmp_path / f"two-{case}", case, driver)[0] for case in ("wds", "lmdb")}
+    for case in one:
+        assert (one[case].nodes, two[case].nodes) == (1, 2), "tasks did not run in both raylets"
+        assert "[ray: 2 nodes, 2 CPUs]" in two[case].summary()
+        assert _files(one[case].out) == _files(two[case].out) == _files(local[case])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_format_equals_the_local_engine(src, local, driver, tmp_path, case):
+    driver.scale(2)
+    [result] = _ray_pack(src, tmp_path / case, case, driver)
+    assert _files(result.out) == _files(local[case])  # data, index arrays, index.json, names, rejects
+    rejects = [json.loads(line) for line in (result.out / spec.REJECTS_NAME).read_text().splitlines()]
+    assert [r["path"] for r in rejects] == [BAD]  # the bad image of a middle chunk, as locally
+    assert result.rejected == 1 and result.images == 80
+    ds = open_dataset(result.out)
+    assert len(ds) == 80
+
+
+def test_unreadable_source_file_is_named_and_resumable(tmp_path, driver):
+    """A file that cannot be read fails its chunk for good: one line naming it, then --resume."""
+    driver.scale(2)
+    src = make_image_folder(tmp_path / "src" / "train", classes=2, per_class=20, png_every=0)
+    victim = src / "class_01" / "img_005.JPEG"
+    saved = victim.read_bytes()
+
+    def progress(split, source):
+        victim.unlink()  # after the scan, before any task reads it
+        return None
+
+    out = tmp_path / "out"
+    opts = dict(format="wds", engine="ray", ray_address=driver.address, ray_chunk=4, shard_count=6, checkpoint_bytes=1)
+    with pytest.raises(PackError, match=r"class_01/img_005\.JPEG: read error: No such file.*--resume"):
+        pack(src, out, PackOptions(**opts), progress=progress)
+    victim.write_bytes(saved)
+    os.utime(victim)
+    [done] = pack(src, out, PackOptions(**opts, resume=True))
+    assert done.images == 40 and done.resumed_from > 0
+    pack(src, tmp_path / "ref", PackOptions(format="wds", shard_count=6, checkpoint_bytes=1))
+    assert _files(out) == _files(tmp_path / "ref")
+
+
+# ---------------------------------------------------------------- crashes
+def _cli(src: Path, out: Path, cluster: RayCluster, *more: str) -> list[str]:
+    return [*CLI, str(src), "-o", str(out), "--quiet", "--engine", "ray", "--ray-address", cluster.address, *more]
+
+
+@pytest.fixture(scope="module")
+def big_src(tmp_path_factory) -> Path:
+    """Enough work that a pack takes a few seconds on 2 CPUs."""
+    return make_image_folder(tmp_path_factory.mktemp("ray-big") / "train", classes=4, per_class=150,
+                             size=(200, 160), png_every=0)
+
+
+CRASH_ARGS = {
+    "wds": ["--format", "wds", "--shard-count", "40", "--checkpoint-bytes", "1"],
+    "lmdb": ["--format", "lmdb", "--checkpoint-bytes", "300k"],
+}
+
+
+def _reference(src: Path, out: Path, fmt: str) -> Path:
+    if not out.exists():
+        assert subprocess.run([*CLI, str(src), "-o", str(out), "--quiet", *CRASH_ARGS[fmt]]).returncode == 0
+    return out
+
+
+def _task_workers(cluster: RayCluster, task: str) -> list:
+    found = []
+    for p in cluster.processes():
+        try:
+            if p.cmdline()[:1] == [f"ray::{task}"]:
+                found.append(p)
+        except Exception:  # noqa: BLE001 -- exited meanwhile
+            pass
+    return found
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+def test_worker_killed_mid_task_is_retried_and_output_unchanged(big_src, cluster, tmp_path_factory, tmp_path, fmt):
+    cluster.scale(2)
+    reference = _reference(big_src, tmp_path_factory.getbasetemp() / f"ray-ref-{fmt}", fmt)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(_cli(big_src, out, cluster, *CRASH_ARGS[fmt], "--ray-chunk", "60"), env=cluster.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = []
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and not killed and time.monotonic() < deadline:
+        for p in _task_workers(cluster, "prepare_chunk")[:1]:
+            p.kill()  # SIGKILL a worker process while it runs a task
+            killed.append(p.pid)
+        time.sleep(0.005)
+    stdout, stderr = proc.communicate(timeout=180)
+    assert killed, "no worker was caught running a task"
+    assert proc.returncode == 0, stderr
+    assert _files(out) == _files(reference) if fmt == "wds" else _same_content(out, reference)
+
+
+def _same_content(a: Path, b: Path) -> bool:
+    """LMDB's page layout depends on its transaction history (see test_resume); everything else is equal."""
+    fa, fb = _files(a), _files(b)
+    assert {k: v for k, v in fa.items() if k != "data.mdb"} == {k: v for k, v in fb.items() if k != "data.mdb"}
+    da, db = open_dataset(a, decode=False), open_dataset(b, decode=False)
+    try:
+        assert all(bytes(da.read(i)) == bytes(db.read(i)) for i in range(len(da)))
+    finally:
+        da.close()
+        db.close()
+    return True
+
+
+def _kill_driver_when(proc: subprocess.Popen, journal: Path, done_at_least: int) -> bool:
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if json.loads(journal.read_text())["done"] >= done_at_least:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.005)
+    if proc.poll() is not None:
+        proc.communicate()
+        return False
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    return True
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+def test_driver_sigkill_then_resume_finishes_identical(big_src, cluster, tmp_path_factory, tmp_path, fmt):
+    cluster.scale(2)
+    reference = _reference(big_src, tmp_path_factory.getbasetemp() / f"ray-ref-{fmt}", fmt)
+    out = tmp_path / "out"
+    cmd = _cli(big_src, out, cluster, *CRASH_ARGS[fmt], "--ray-chunk", "30")
+    proc = subprocess.Popen(cmd, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert _kill_driver_when(proc, out / spec.STATE_NAME, 150), "the pack finished before it could be killed"
+    with pytest.raises(spec.IncompleteDatasetError):
+        open_dataset(out)
+    done = subprocess.run([*cmd, "--resume"], env=cluster.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    resumed = int(done.stdout.split("resumed after ")[1].split()[0])
+    assert resumed >= 150  # the chunks written before the kill were skipped
+    assert _files(out) == _files(reference) if fmt == "wds" else _same_content(out, reference)
+    assert subprocess.run([*CLI, "verify", str(out), "-q"]).returncode == 0
