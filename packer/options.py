@@ -124,14 +124,15 @@ class PackOptions:
     # lmdb/hdf5/mmap: durable commit every this many bytes
     checkpoint_bytes: int = field(default=64 * 1024 * 1024, metadata=_flag(
         "--checkpoint-bytes", parse=parse_size, show=format_size,
-        help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default {default})"))
+        help="lmdb/hdf5/mmap, and wds with --engine ray: make progress durable (resumable) every this many "
+             "bytes (default {default})"))
     # Where the work runs. Never changes the output, so not recorded (see recorded()).
     engine: str = field(default="local", metadata=_flag(
         "--engine", choices=ENGINES, help="where images are prepared: local (a process pool on this machine, "
         "the default) or ray (tasks on a Ray cluster; pip install 'dataset-packer[ray]', see docs/distributed.md)"))
     ray_address: str | None = field(default=None, metadata=_flag(
-        "--ray-address", help="ray: the cluster to use ('auto', HOST:PORT, ray://...; default: RAY_ADDRESS, "
-        "else the cluster 'ray start' runs on this machine, else a private one with --workers CPUs)"))
+        "--ray-address", help="ray: the cluster's address, 'auto' or HOST:PORT (default: $RAY_ADDRESS, else the "
+        "cluster 'ray start' runs on this machine, else a private one-machine Ray with --workers CPUs)"))
     ray_chunk: int = field(default=64, metadata=_flag(
         "--ray-chunk", parse=parse_positive, help="ray: images per task (at most 64 MB of source each; "
                                                   "default {default})"))
