@@ -17,6 +17,12 @@ client, then measures, for both clients in the same run:
 * fork safety: the parent uses the client, forks, the child builds a new
   client and reads (DataLoader workers are forked on Linux).
 
+A second table measures this project's layer on the chosen client (s3fs):
+``Store.read_range``, ``Store.stream`` (with and without readahead), a
+cache fill with the parallel ranged download, reading a 1.28M-sample wds
+index (``index.json`` + five ``.npy`` arrays, 35 MB), and, for scale, the same
+bytes read from local disk (page cache).
+
 Run: ``python benchmarks/bench_remote_clients.py`` (``--quick`` for a
 smaller object). Prints one table; the ratio column is obstore / s3fs
 (> 1 means obstore is faster).
@@ -198,8 +204,59 @@ def fork_safe(srv: SeaweedServer, name: str) -> str:
     return "yes" if res.returncode == 0 else f"NO: exit {res.returncode}"
 
 
+# --------------------------------------------------------------------------- our layer
+def index_arrays() -> dict[str, int]:
+    """Byte sizes of a 1.28M-sample wds index's arrays (readers.spec dtypes)."""
+    n = 1_281_167
+    return {"labels.npy": 4 * n, "checksums.npy": 4 * n, "sizes.npy": 8 * n, "offsets.npy": 8 * n,
+            "shards.npy": 4 * n}
+
+
+def run_store(srv: SeaweedServer, work: Path, big_key: str, big: int, args: argparse.Namespace) -> list:
+    """Rows (label, value, unit) for readers.remote on s3fs."""
+    import tempfile as _tf
+
+    from readers.remote import open_store
+    from readers.remote.cache import NodeCache
+
+    store = open_store(srv.url(), srv.storage_options())
+    rng = random.Random(3)
+    rows: list[tuple[str, float, str]] = []
+
+    starts = [rng.randrange(0, big - 100_000) for _ in range(args.small_count)]
+    t = time.perf_counter()
+    for s in starts:
+        store.read_range(big_key, s, 100_000)
+    rows.append(("Store.read_range 100 KB, 1 thread", args.small_count / (time.perf_counter() - t), "req/s"))
+
+    for ahead in (0, 1):
+        secs = best_of(lambda: sum(map(len, store.stream(big_key, chunk_size=16 * MB, readahead=ahead))),
+                       args.repeat)
+        rows.append((f"Store.stream {big // MB} MB, 16 MB chunks, readahead {ahead}", big / MB / secs, "MB/s"))
+
+    def fill() -> None:
+        with _tf.TemporaryDirectory(dir=work) as d:
+            NodeCache(d).fetch(store, big_key, size=big, workers=4, part_size=16 * MB)
+
+    rows.append((f"NodeCache.fetch {big // MB} MB, 4 x 16 MB ranged parts", big / MB / best_of(fill, args.repeat),
+                 "MB/s"))
+
+    arrays = index_arrays()
+    for name, n in arrays.items():
+        store.put_bytes(f"index-1.28M/{name}", rng.randbytes(n))
+    store.put_bytes("index-1.28M/index.json", b'{"format": "wds", "num_samples": 1281167}')
+    names = ["index.json", *arrays]
+    ms = 1e3 * best_of(lambda: [store.read(f"index-1.28M/{x}") for x in names], args.repeat)
+    rows.append((f"1.28M-sample wds index ({sum(arrays.values()) / MB:.0f} MB, 6 objects) read", ms, "ms"))
+
+    local = work / "big.bin"
+    secs = best_of(lambda: local.read_bytes(), args.repeat)
+    rows.append((f"local disk (page cache), {big // MB} MB read", big / MB / secs, "MB/s"))
+    return rows
+
+
 # --------------------------------------------------------------------------- main
-def run(args: argparse.Namespace) -> list[tuple[str, dict[str, float | str]]]:
+def run(args: argparse.Namespace) -> tuple[list, list]:
     big = args.big_mb * MB
     work = Path(tempfile.mkdtemp(prefix="bench-remote-"))
     srv = SeaweedServer(work / "s3")
@@ -236,7 +293,7 @@ def run(args: argparse.Namespace) -> list[tuple[str, dict[str, float | str]]]:
         row(f"{args.index_mb} MB index object, whole read, ms",
             lambda c: 1e3 * best_of(lambda: c.whole("index"), args.repeat))
         row("fork-safe (forked child builds a client and reads)", lambda c: fork_safe(srv, c.name))
-        return rows
+        return rows, run_store(srv, work, "big-s3fs", big, args)
     finally:
         srv.stop()
         import shutil
@@ -254,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.big_mb, args.small_count, args.repeat = 64, 100, 1
-    rows = run(args)
+    rows, store_rows = run(args)
     print(f"\nloopback SeaweedFS, {os.cpu_count()} CPUs; ratio = obstore / s3fs (>1: obstore faster, "
           "for times and latencies <1: obstore faster)")
     print(f"{'':56s} {'s3fs':>10s} {'obstore':>10s} {'ratio':>7s}")
@@ -263,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{v:10.2f}" if isinstance(v, float) else f"{v:>10s}" for v in (a, b)]
         ratio = f"{b / a:7.2f}" if isinstance(a, float) and isinstance(b, float) and a else f"{'':7s}"
         print(f"{label:56s} {cells[0]} {cells[1]} {ratio}")
+    print("\nreaders.remote on s3fs (same server, same run)")
+    for label, value, unit in store_rows:
+        print(f"{label:56s} {value:10.1f} {unit}")
     return 0
 
 

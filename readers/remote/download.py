@@ -20,6 +20,7 @@ import concurrent.futures as cf
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 __all__ = ["download_ranged", "partial_paths", "file_crc32", "DEFAULT_PART_SIZE"]
 
 DEFAULT_PART_SIZE = 16 << 20
+#: At most one fdatasync of the partial file per this many seconds (before recording parts).
+SYNC_EVERY_S = 1.0
 
 Progress = Callable[[int, int], None]
 
@@ -92,7 +95,7 @@ def download_ranged(store: Store, name: str, dest: str | os.PathLike, size: int,
         else:
             log.info("%s: resuming download, %d of %d parts already here", store.url_of(name), len(done), nparts)
         _fetch_parts(store, name, fd, journal, size, part_size, sorted(set(range(nparts)) - done),
-                     workers, progress, len(done))
+                     workers, progress)
     finally:
         os.close(fd)
     _verify(store, name, partial, journal, size, crc32)
@@ -106,7 +109,7 @@ def _part_bytes(i: int, size: int, part_size: int) -> int:
 
 
 def _fetch_parts(store: Store, name: str, fd: int, journal: Path, size: int, part_size: int,
-                 todo: list[int], workers: int, progress: Progress | None, ndone: int) -> None:
+                 todo: list[int], workers: int, progress: Progress | None) -> None:
     done_bytes = size - sum(_part_bytes(i, size, part_size) for i in todo)
     if progress is not None:
         progress(done_bytes, size)
@@ -117,28 +120,44 @@ def _fetch_parts(store: Store, name: str, fd: int, journal: Path, size: int, par
         view, off = memoryview(data), 0
         while off < n:
             off += os.pwrite(fd, view[off:], start + off)
-        os.fdatasync(fd)  # the journal must never name a part whose bytes are not on disk
         return i
 
     pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ranged-download")
+    unsynced: list[int] = []
+    last_sync = time.monotonic()
     try:
         # At most `workers` parts in memory: submit as slots free up.
         pending: set[cf.Future] = set()
         queue = iter(todo)
         with open(journal, "a") as jf:
-            while True:
-                while len(pending) < workers and (i := next(queue, None)) is not None:
-                    pending.add(pool.submit(fetch, i))
-                if not pending:
-                    break
-                finished, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-                for fut in finished:
-                    i = fut.result()
-                    jf.write(f"{i}\n")
+
+            def record(force: bool) -> None:
+                # The journal must never name a part whose bytes could still be lost, so parts are
+                # recorded after an fdatasync; one sync per second at most keeps that cheap.
+                nonlocal last_sync
+                if unsynced and (force or time.monotonic() - last_sync > SYNC_EVERY_S):
+                    os.fdatasync(fd)
+                    jf.write("".join(f"{i}\n" for i in unsynced))
                     jf.flush()
-                    done_bytes += _part_bytes(i, size, part_size)
+                    unsynced.clear()
+                    last_sync = time.monotonic()
+
+            try:
+                while True:
+                    while len(pending) < workers and (i := next(queue, None)) is not None:
+                        pending.add(pool.submit(fetch, i))
+                    if not pending:
+                        break
+                    finished, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                    for fut in finished:
+                        i = fut.result()
+                        unsynced.append(i)
+                        done_bytes += _part_bytes(i, size, part_size)
+                    record(force=False)
                     if progress is not None:
                         progress(done_bytes, size)
+            finally:
+                record(force=True)  # keep what arrived, even when stopping on an error
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

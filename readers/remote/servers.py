@@ -282,8 +282,9 @@ http {{
         root {root};
         autoindex on;
         location / {{ }}
-        # The same files, sent at 4 MB/s per connection: slow enough to interrupt a download.
-        location /slow/ {{ alias {root}/; limit_rate 4m; }}
+        # The same files at 512 KB/s per request (after a first-second burst of as much):
+        # a 1 MB range takes ~1 s, slow enough to interrupt a download or overlap two.
+        location /slow/ {{ alias {root}/; limit_rate 512k; }}
     }}
 }}
 """
@@ -323,7 +324,7 @@ class NginxServer:
 
     @property
     def slow_url(self) -> str:
-        """The same files at 4 MB/s per connection (nginx ``limit_rate``)."""
+        """The same files at 512 KB/s per request (nginx ``limit_rate``): a 1 MB range takes ~1 s."""
         return f"http://127.0.0.1:{self.port}/slow"
 
     @property
