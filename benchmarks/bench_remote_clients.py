@@ -243,7 +243,7 @@ def run_store(srv: SeaweedServer, work: Path, big_key: str, big: int, args: argp
 
     arrays = index_arrays()
     for name, n in arrays.items():
-        store.put_bytes(f"index-1.28M/{name}", rng.randbytes(n))
+        store.put_bytes(f"index-1.28M/{name}", os.urandom(n))
     store.put_bytes("index-1.28M/index.json", b'{"format": "wds", "num_samples": 1281167}')
     names = ["index.json", *arrays]
     ms = 1e3 * best_of(lambda: [store.read(f"index-1.28M/{x}") for x in names], args.repeat)
@@ -264,8 +264,8 @@ def run(args: argparse.Namespace) -> tuple[list, list]:
         srv.start()
         rng = random.Random(1)
         blob = work / "big.bin"
-        blob.write_bytes(rng.randbytes(big))
-        index = rng.randbytes(args.index_mb * MB)
+        blob.write_bytes(os.urandom(big))
+        index = os.urandom(args.index_mb * MB)
         clients = [S3fsClient(srv), ObstoreClient(srv)]
         clients[0].fs.pipe_file(f"{srv.bucket}/small", b"x" * 1000)
         clients[0].fs.pipe_file(f"{srv.bucket}/index", index)

@@ -36,6 +36,7 @@ from readers.remote.cache import CacheFullError, NodeCache
 from readers.remote.config import is_url, parse_url, s3_settings
 from readers.remote.download import download_ranged, partial_paths
 from readers.remote.retry import classify
+from readers.remote.spans import plan_requests, prefetch_cached, read_spans
 
 pytest_plugins = ["servers"]
 
@@ -515,3 +516,74 @@ def test_ranged_download_resumes_after_sigkill(http_server, http_prefix, tmp_pat
     download_ranged(open_store(url), "data.mdb", dest, len(data), workers=4, part_size=MB,
                     crc32=zlib.crc32(data))
     assert dest.read_bytes() == data
+
+
+# --------------------------------------------------------------------------- spans and prefetch
+def test_plan_requests_coalesces_neighbours():
+    spans = [("a", 0, 10), ("a", 12, 10), ("a", 100_000, 5), ("a", 100_005, 5), ("b", 0, 3), ("a", 0, 1)]
+    reqs = list(plan_requests(spans, chunk_size=1000, max_gap=100))
+    assert [(r.name, r.start, r.end, r.cuts) for r in reqs] == [
+        ("a", 0, 22, [(0, 10), (12, 10)]),
+        ("a", 100_000, 100_010, [(0, 5), (5, 5)]),
+        ("b", 0, 3, [(0, 3)]),
+        ("a", 0, 1, [(0, 1)]),  # going backwards starts a new request
+    ]
+    # a span larger than chunk_size is one request of its own
+    assert [(r.start, r.end) for r in plan_requests([("a", 0, 5000), ("a", 5000, 10)], chunk_size=1000)] == [
+        (0, 5000), (5000, 5010)]
+
+
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_read_spans_streams_samples_in_few_requests(backend, tmp_path, request):
+    import random
+
+    if backend == "s3":
+        srv = request.getfixturevalue("s3_server")
+        store = open_store(request.getfixturevalue("s3_prefix"), srv.storage_options())
+    else:
+        store = open_store(tmp_path / "ds")
+    rng = random.Random(30)
+    objects = {f"shard-{k}.tar": blob(3 * MB, seed=31 + k) for k in range(3)}
+    for name, data in objects.items():
+        store.put_bytes(name, data)
+    spans, pos = [], {n: 0 for n in objects}
+    for name in objects:  # tar-like: records with small gaps, shard after shard
+        while True:
+            start = pos[name] + rng.randrange(0, 2048)
+            length = rng.randrange(1, 200_000)
+            if start + length > len(objects[name]):
+                break
+            spans.append((name, start, length))
+            pos[name] = start + length
+    spans.append(("shard-0.tar", 5, 7))  # a jump back to an earlier place
+    before = store.stats.reads
+    got = list(read_spans(store, spans, chunk_size=MB, readahead=2))
+    assert got == [objects[n][o:o + ln] for n, o, ln in spans]
+    requests = store.stats.reads - before
+    assert requests <= 3 * 4 + 1 + 3, requests  # ~1 request per MB, not one per sample (len(spans) >> 16)
+    assert len(spans) > 50
+
+
+def test_prefetch_cached_fetches_ahead_and_pins(http_server, http_prefix, tmp_path):
+    folder, url = http_prefix
+    objs = {f"p{i}.tar": blob(MB, seed=40 + i) for i in range(4)}
+    for name, data in objs.items():
+        (folder / name).write_bytes(data)
+    store, cache = open_store(url), NodeCache(tmp_path / "cache", limit=int(2.5 * MB))
+    items = [(n, len(d), zlib.crc32(d)) for n, d in objs.items()]
+    seen = []
+    gen = prefetch_cached(cache, store, items, depth=1)
+    for name, path in gen:
+        assert path.read_bytes() == objs[name]
+        nxt = f"p{int(name[1]) + 1}.tar"
+        if nxt in objs:  # the next one arrives in the background while this one is in use
+            deadline = time.monotonic() + 10
+            while not cache.path_for(store, nxt).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert cache.path_for(store, nxt).exists()
+        assert path.exists()  # pinned: the limit (2.5 objects) never evicts the one in use
+        seen.append(name)
+    assert seen == list(objs)
+    assert cache.usage() <= cache.limit
+    # each object downloaded once
+    assert [served_bytes(http_server, f"/{folder.name}/{n}")[1] for n in objs] == [MB] * 4
