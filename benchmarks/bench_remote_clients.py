@@ -34,6 +34,7 @@ import argparse
 import concurrent.futures as cf
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -197,11 +198,20 @@ def fork_safe(srv: SeaweedServer, name: str) -> str:
     fmt = dict(key=srv.access_key, secret=srv.secret_key, url=srv.endpoint_url, bucket=srv.bucket)
     make, read = (t.format(**fmt) for t in FORK_CLIENT[name])
     code = FORK_CHECK.format(make=make, read=read)
+    # Its own process group: a hung forked child is killed with its parent, not left behind.
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=15)
+        rc = proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
         return "NO: hangs"
-    return "yes" if res.returncode == 0 else f"NO: exit {res.returncode}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return "yes" if rc == 0 else f"NO: exit {rc}"
 
 
 # --------------------------------------------------------------------------- our layer
