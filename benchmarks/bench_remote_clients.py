@@ -272,7 +272,6 @@ def run(args: argparse.Namespace) -> tuple[list, list]:
     srv = SeaweedServer(work / "s3")
     try:
         srv.start()
-        rng = random.Random(1)
         blob = work / "big.bin"
         blob.write_bytes(os.urandom(big))
         index = os.urandom(args.index_mb * MB)
@@ -319,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per figure (best, or median for latency)")
     ap.add_argument("--quick", action="store_true", help="64 MB object, 100 range GETs, 1 run")
     args = ap.parse_args(argv)
+    try:
+        import obstore  # noqa: F401
+        import s3fs  # noqa: F401
+    except ImportError as exc:
+        print(f"bench_remote_clients: {exc.name} is not installed: pip install -e '.[bench]'", file=sys.stderr)
+        return 2
     if args.quick:
         args.big_mb, args.small_count, args.repeat = 64, 100, 1
     rows, store_rows = run(args)

@@ -11,7 +11,6 @@ interruption and after SIGKILL.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import subprocess
 import sys
@@ -587,3 +586,38 @@ def test_prefetch_cached_fetches_ahead_and_pins(http_server, http_prefix, tmp_pa
     assert cache.usage() <= cache.limit
     # each object downloaded once
     assert [served_bytes(http_server, f"/{folder.name}/{n}")[1] for n in objs] == [MB] * 4
+
+
+CHURN_SCRIPT = """
+import random, sys, zlib
+from readers.remote import open_store
+from readers.remote.cache import NodeCache
+url, cache_dir, seed, crcs = sys.argv[1], sys.argv[2], int(sys.argv[3]), [int(c) for c in sys.argv[4:]]
+store, cache = open_store(url), NodeCache(cache_dir, limit=int(2.5 * (1 << 20)))
+rng = random.Random(seed)
+for _ in range(12):
+    k = rng.randrange(len(crcs))
+    with cache.open(store, f"c{k}.tar", size=1 << 20, crc32=crcs[k], part_size=1 << 18) as path:
+        assert zlib.crc32(path.read_bytes()) == crcs[k], f"c{k}.tar: wrong bytes"
+"""
+
+
+@pytest.mark.slow
+def test_cache_survives_concurrent_churn(http_prefix, tmp_path):
+    """Three processes fetch random objects through one small cache at once: every read is right,
+    and once nothing is pinned the cache is back under its limit."""
+    folder, url = http_prefix
+    objs = [blob(MB, seed=50 + k) for k in range(5)]
+    for k, data in enumerate(objs):
+        (folder / f"c{k}.tar").write_bytes(data)
+    crcs = [str(zlib.crc32(d)) for d in objs]
+    procs = [subprocess.Popen([sys.executable, "-c", CHURN_SCRIPT, url, str(tmp_path / "cache"), str(seed), *crcs],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    cache = NodeCache(tmp_path / "cache", limit=int(2.5 * MB))
+    store = open_store(url)
+    cache.fetch(store, "c0.tar", size=MB, crc32=int(crcs[0]))
+    cache.fetch(store, "c1.tar", size=MB, crc32=int(crcs[1]))
+    assert cache.usage() <= cache.limit
+    assert not [p for p, _, _ in cache.entries() if p.name.endswith((".partial", ".parts"))]
