@@ -43,7 +43,6 @@ def _choices(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
     return parse
 
 
-# A flat list of add_argument calls: long, but one option per statement reads best.
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dataset-bench",

@@ -284,7 +284,7 @@ def test_run_benchmark_on_given_datasets(packed_generated):
     assert len(result.rows) == 1 + 4 * 2
     # one report as each of the 9 cases starts, then the end; counts only go up
     assert [p.done for p in seen] == list(range(10)) and {p.total for p in seen} == {9}
-    assert seen[-1].step == "done" and "mmap raw w=0 warm" in seen[-2].step
+    assert seen[-1].step == "done" and "mmap decoded w=0 warm" in seen[-2].step
     assert all(r["samples"] == 28 for r in result.rows)
     assert any("source recorded" in n for n in result.notes)
     assert result.limits == {}

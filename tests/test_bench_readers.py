@@ -21,7 +21,7 @@ def test_bench_readers_quick(tmp_path):
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     lines = r.stdout.splitlines()
-    table = lines[next(i for i, line in enumerate(lines) if line.startswith("reader ")) + 1:]
+    table = lines[next(i for i, line in enumerate(lines) if line.split()[:2] == ["reader", "mode"]) + 1:]
     rows = {tuple(line.split()[:2]) for line in table}
     expected = {("naive-folder", "decoded")} | {(reader, mode) for reader in ("webdataset",) + FORMATS
                                                 for mode in ("bytes", "decoded")}
