@@ -235,8 +235,10 @@ def _kill_driver_when(proc: subprocess.Popen, journal: Path, done_at_least: int)
     return True
 
 
-@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
-def test_driver_sigkill_then_resume_finishes_identical(big_src, cluster, tmp_path_factory, tmp_path, fmt):
+@pytest.mark.parametrize("fmt, resume_with", [("wds", "ray"), ("lmdb", "ray"), ("wds", "local")])
+def test_driver_sigkill_then_resume_finishes_identical(big_src, cluster, tmp_path_factory, tmp_path, fmt,
+                                                       resume_with):
+    """kill -9 the driver mid-pack; the same command with --resume (either engine) finishes it."""
     cluster.scale(2)
     reference = _reference(big_src, tmp_path_factory.getbasetemp() / f"ray-ref-{fmt}", fmt)
     out = tmp_path / "out"
@@ -245,6 +247,8 @@ def test_driver_sigkill_then_resume_finishes_identical(big_src, cluster, tmp_pat
     assert _kill_driver_when(proc, out / spec.STATE_NAME, 150), "the pack finished before it could be killed"
     with pytest.raises(spec.IncompleteDatasetError):
         open_dataset(out)
+    if resume_with == "local":  # the journal is the local engine's: it can take over
+        cmd = [arg for arg in cmd if arg not in ("--engine", "ray", "--ray-address", cluster.address)]
     done = subprocess.run([*cmd, "--resume"], env=cluster.env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     resumed = int(done.stdout.split("resumed after ")[1].split()[0])
