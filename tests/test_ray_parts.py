@@ -187,3 +187,20 @@ def test_without_ray_installed_the_ray_engine_is_a_usage_error(tmp_path):
     assert out.stderr.strip() == ("pack-dataset: error: --engine ray needs Ray: "
                                   "pip install 'dataset-packer[ray]'")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_bench_ray_quick(tmp_path):
+    """benchmarks/bench_ray.py --quick runs end to end (a smoke test; the figures are not checked)."""
+    pytest.importorskip("ray")
+    out = tmp_path / "ray.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_ray.py"), "--quick", "--json", str(out),
+                        "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Ray engine 1 -> 2 CPUs:" in r.stdout and "empty task round trip" in r.stdout
+    import json
+
+    data = json.loads(out.read_text())
+    assert set(data["summary"]["ratios"]) == {"ray_vs_local_2cpu", "ray_vs_local_1cpu", "ray_1_to_2", "local_1_to_2"}
+    assert all(v > 0 for v in data["summary"]["ratios"].values())
+    assert [p.name for p in tmp_path.iterdir()] == ["ray.json"]  # the temp source and outputs are removed
