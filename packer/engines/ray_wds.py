@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any
 from packer.engines.io import LocalOutput
 from packer.engines.tasks import ShardPart
 from packer.errors import PackError
-from packer.formats.base import FormatWriter
-from packer.formats.wds import END_OF_ARCHIVE
+from packer.formats.wds import END_OF_ARCHIVE, WdsWriter
 from packer.images import Prepared
 from packer.options import PackOptions
 from readers import spec
@@ -75,9 +74,8 @@ class _OpenShard:
         return self._ref_no[ref]
 
 
-class RayWdsWriter(FormatWriter):
-    format = "wds"
-    location_fields = ("offsets", "shards")
+class RayWdsWriter(WdsWriter):
+    """WdsWriter's decisions and finish, with the shard bytes written by Ray tasks."""
 
     def __init__(self, root: Path, split: str, options: PackOptions, estimated_bytes: int, *,
                  session: RaySession) -> None:
@@ -160,7 +158,7 @@ class RayWdsWriter(FormatWriter):
         self.checkpoint()
         # temp files of attempts that were killed (their retries published the shard)
         self.output.remove_except(f"{self.split}-*.tar.*.tmp", set())
-        return {"shards": self.shards, "files": {s["name"]: s["bytes"] for s in self.shards}}
+        return super().finalize(meta, arrays)  # every shard is written: what WdsWriter adds at the end
 
     def abort(self) -> None:
         self.session.cancel([task for task, _ in self._pending])

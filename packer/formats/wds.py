@@ -26,7 +26,7 @@ from packer.formats.base import FormatWriter
 from packer.images import Prepared
 from readers import spec
 
-__all__ = ["WdsWriter", "sample_tar", "END_OF_ARCHIVE"]
+__all__ = ["WdsWriter"]
 
 
 def _header(name: str, size: int) -> bytes:
@@ -39,22 +39,6 @@ def _header(name: str, size: int) -> bytes:
 
 def _pad(size: int) -> bytes:
     return b"\0" * (-size % spec.TAR_BLOCK)
-
-
-#: closes every shard: two zero blocks
-END_OF_ARCHIVE = b"\0" * (2 * spec.TAR_BLOCK)
-
-
-def sample_tar(sample_no: int, ext: str, size: int, label: int) -> tuple[bytes, bytes]:
-    """The tar bytes around one sample's ``size`` stored bytes: (before, after).
-
-    ``before`` is the image member's header (the data starts right after it);
-    ``after`` pads the data and adds the ``.cls`` member. Every writer of
-    shards (this one, the Ray engine's) lays samples out with this function.
-    """
-    key = spec.wds_key(sample_no)
-    cls = str(label).encode()
-    return _header(f"{key}.{ext}", size), _pad(size) + _header(f"{key}.cls", len(cls)) + cls + _pad(len(cls))
 
 
 class WdsWriter(FormatWriter):
@@ -88,11 +72,13 @@ class WdsWriter(FormatWriter):
         if self._file is None:
             self._start_shard()
             self._first = sample_no
-        before, after = sample_tar(sample_no, prepared.ext, len(prepared.data), label)
-        self._emit(before)
+        key = spec.wds_key(sample_no)
+        self._emit(_header(f"{key}.{prepared.ext}", len(prepared.data)))
         offset = self._pos
         self._emit(prepared.data)
-        self._emit(after)
+        self._emit(_pad(len(prepared.data)))
+        cls = str(label).encode()
+        self._emit(_header(f"{key}.cls", len(cls)) + cls + _pad(len(cls)))
         self._count += 1
         shard = len(self.shards)
         limit = self.options.shard_count
@@ -101,7 +87,7 @@ class WdsWriter(FormatWriter):
         return offset, shard
 
     def _close_shard(self) -> None:
-        self._emit(END_OF_ARCHIVE)
+        self._emit(b"\0" * (2 * spec.TAR_BLOCK))  # end-of-archive marker
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
@@ -132,3 +118,16 @@ class WdsWriter(FormatWriter):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+#: closes every shard: two zero blocks
+END_OF_ARCHIVE = b"\0" * (2 * spec.TAR_BLOCK)
+
+
+def sample_tar(sample_no: int, ext: str, size: int, label: int) -> tuple[bytes, bytes]:
+    """The tar bytes around a sample's ``size`` stored bytes, as ``WdsWriter.append`` lays them out:
+    (the image member's header, the padding plus the ``.cls`` member). For writers of shards outside
+    this class (the Ray engine's tasks); tests check both give the same bytes."""
+    key = spec.wds_key(sample_no)
+    cls = str(label).encode()
+    return _header(f"{key}.{ext}", size), _pad(size) + _header(f"{key}.cls", len(cls)) + cls + _pad(len(cls))
