@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -204,3 +205,24 @@ def test_bench_ray_quick(tmp_path):
     assert set(data["summary"]["ratios"]) == {"ray_vs_local_2cpu", "ray_vs_local_1cpu", "ray_1_to_2", "local_1_to_2"}
     assert all(v > 0 for v in data["summary"]["ratios"].values())
     assert [p.name for p in tmp_path.iterdir()] == ["ray.json"]  # the temp source and outputs are removed
+
+
+@pytest.mark.slow
+def test_an_unreachable_cluster_is_a_quick_usage_error(tmp_path):
+    """Nothing listens at the address: exit 2 at once, one line, nothing written (ray.init alone would
+    retry for many minutes)."""
+    pytest.importorskip("ray")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once closed
+    src = make_image_folder(tmp_path / "src", classes=2, per_class=3)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "packer.cli", str(src), "-f", "wds", "-o", str(tmp_path / "out"),
+                        "--engine", "ray", "--ray-address", f"127.0.0.1:{port}"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 2 and time.monotonic() - t0 < 60
+    assert r.stderr.strip().startswith(f"pack-dataset: error: cannot reach the Ray cluster at 127.0.0.1:{port} (")
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

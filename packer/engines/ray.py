@@ -31,6 +31,7 @@ same command with ``--resume`` (either engine) carries on from there.
 from __future__ import annotations
 
 import logging
+import socket
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -111,16 +112,28 @@ def _one_line(exc: BaseException) -> str:
     return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
 
 
-def _existing_cluster(address: str | None) -> bool:
-    """Would ``ray.init(address)`` connect to a running cluster (rather than start one)?"""
-    if address is not None:
-        return address != "local"
+def _cluster_address(address: str | None) -> str | None:
+    """The HOST:PORT ``ray.init(address)`` would connect to; None when it would start a new Ray."""
+    if address == "local":
+        return None
     try:
         from ray._private.services import canonicalize_bootstrap_address  # RAY_ADDRESS, then `ray start`'s record
 
-        return canonicalize_bootstrap_address(None) is not None
-    except Exception:  # noqa: BLE001 -- private helper; without it, let ray.init decide
-        return True
+        return canonicalize_bootstrap_address(address)
+    except Exception:  # noqa: BLE001 -- a private helper: if it is gone or fails, ray.init decides
+        return address or "auto"
+
+
+def _check_reachable(address: str, shown: str) -> None:
+    """Fail fast when nothing listens at ``address`` (ray.init would retry for many minutes)."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return  # "auto", ray://...: Ray's own resolution
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as exc:
+        raise UsageError(f"cannot reach the Ray cluster at {shown} ({exc.strerror or exc}); start it with "
+                         "'ray start --head', or pass its address with --ray-address") from None
 
 
 class RaySession:
@@ -144,8 +157,11 @@ class RaySession:
         if owned:
             kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
             address = options.ray_address
-            if not _existing_cluster(address):
+            target = _cluster_address(address)
+            if target is None:
                 kwargs.update(num_cpus=options.workers or available_cpus(), include_dashboard=False)
+            else:
+                _check_reachable(target, address or target)
             try:
                 ray.init(address=address, **kwargs)
             except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as exc:
