@@ -2,19 +2,21 @@
 
 1. generates an ImageNet-like folder (``bench.synth``: ``--images`` JPEGs, default 2,000, ~480x400,
    ~95 KB each) and reads it once, so the page cache is warm for every measurement;
-2. packs it with the local engine (``workers`` 1 and 2), before and after the Ray runs, so that a
-   change of load from elsewhere on the machine shows up in both;
-3. for 1 and then 2 CPUs: starts a one-machine Ray instance with that many CPUs in this process
-   (``ray.init``, timed), packs once cold (Ray's worker processes start and import the packer:
-   what every ``pack-dataset --engine ray`` run pays once), then ``--repeats`` times warm;
-4. measures the per-chunk overhead: the round trip of an empty ``prepare_chunk`` task, one at a
+2. ``--cycles`` times (default 3), so that load from elsewhere on the machine spreads over all
+   configurations: packs with the local engine (``workers`` 1 and 2); then, for 1 and for 2 CPUs,
+   starts a one-machine Ray instance with that many CPUs in this process (``ray.init``, timed),
+   packs once cold (Ray's worker processes start and import the packer: what every
+   ``pack-dataset --engine ray`` run pays once) and ``--repeats`` times warm, and stops it;
+3. measures the per-chunk overhead: the round trip of an empty ``prepare_chunk`` task, one at a
    time and many in flight, and the time the Ray engine on 1 CPU takes beyond the local engine on
    1 worker, per chunk;
-5. on 2 CPUs, packs with other ``--ray-chunk`` sizes (``--sweep``), to show the choice.
+4. on 2 CPUs (last cycle), packs with other ``--ray-chunk`` sizes (``--sweep``), to show the choice.
 
 Validation is on (the default: every image decoded once), so packing is CPU-bound and the ratios
 say how much of the CPU the engine leaves to the work. Throughput is source images (and MB) per
-second of the ``pack`` call; medians of ``--repeats``. Format ``--format`` (default lmdb: every
+second of the ``pack`` call, median over all warm runs; "CPU ms/img" is the CPU time of this
+process and all its descendants (pool workers; Ray's daemons and workers) per image, which other
+load on the machine barely changes. Format ``--format`` (default lmdb: every
 byte goes through the driver, the engine's heavier path); ``--format wds`` has tasks write the
 shards (``--shard-size``, default 16MB here: 2,000 images would make a single 256 MB shard).
 
@@ -83,22 +85,37 @@ class ForeignCpu:
         return max(0.0, ((busy1 - busy0) - (own1 - own0)) / ((t1 - t0) * self.cpus))
 
 
-def time_pack(src: Path, out: Path, options: PackOptions) -> float:
+def tree_cpu() -> float:
+    """CPU seconds of this process and its descendants, live and reaped."""
+    total = 0.0
+    me = psutil.Process()
+    for p in (me, *me.children(recursive=True)):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
+def time_pack(src: Path, out: Path, options: PackOptions, cpu: list[float] | None = None) -> float:
+    """Seconds of one pack; its CPU seconds (whole process tree) appended to ``cpu``."""
     shutil.rmtree(out, ignore_errors=True)
-    t0 = time.perf_counter()
+    c0, t0 = tree_cpu(), time.perf_counter()
     [result] = pack(src, out, options)
     seconds = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.append(tree_cpu() - c0)
     assert result.rejected == 0 and result.images > 0, result
     shutil.rmtree(out)
     return seconds
 
 
-def local_runs(src: Path, out: Path, fmt_opts: dict, repeats: int) -> dict[int, list[float]]:
-    runs: dict[int, list[float]] = {1: [], 2: []}
+def local_runs(src: Path, out: Path, fmt_opts: dict, repeats: int, runs: dict, cpu: dict) -> None:
     for _ in range(repeats):  # 1 and 2 workers alternate: load bursts hit both
         for workers in (1, 2):
-            runs[workers].append(time_pack(src, out, PackOptions(workers=workers, **fmt_opts)))
-    return runs
+            runs.setdefault(workers, []).append(
+                time_pack(src, out, PackOptions(workers=workers, **fmt_opts), cpu.setdefault(workers, [])))
 
 
 def task_overhead(n: int = 200) -> dict[str, float]:
@@ -115,33 +132,40 @@ def task_overhead(n: int = 200) -> dict[str, float]:
     return {"serial_ms": serial * 1e3, "pipelined_ms": pipelined * 1e3}
 
 
-def ray_runs(src: Path, out: Path, fmt_opts: dict, cpus: int, repeats: int, chunk: int,
-             sweep: list[int]) -> dict:
+def ray_runs(src: Path, out: Path, fmt_opts: dict, cpus: int, repeats: int, chunk: int, sweep: list[int],
+             into: dict) -> None:
+    """One Ray instance with ``cpus`` CPUs: start-up, a cold pack, warm packs (added to ``into``)."""
     t0 = time.perf_counter()
     ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     try:
-        init_s = time.perf_counter() - t0
+        into.setdefault("init_s", []).append(time.perf_counter() - t0)
         opts = dict(fmt_opts, engine="ray", ray_chunk=chunk)
-        cold = time_pack(src, out, PackOptions(**opts))
-        warm = [time_pack(src, out, PackOptions(**opts)) for _ in range(repeats)]
-        sweeps = {c: [time_pack(src, out, PackOptions(**dict(opts, ray_chunk=c))) for _ in range(max(1, repeats - 1))]
-                  for c in sweep if c != chunk}
-        overhead = task_overhead()
+        into.setdefault("cold_s", []).append(time_pack(src, out, PackOptions(**opts)))
+        cpu = into.setdefault("cpu_s", [])
+        into.setdefault("warm_s", []).extend(time_pack(src, out, PackOptions(**opts), cpu) for _ in range(repeats))
+        for c in sweep:
+            if c != chunk:
+                into.setdefault("sweep_s", {}).setdefault(c, []).extend(
+                    time_pack(src, out, PackOptions(**dict(opts, ray_chunk=c))) for _ in range(repeats))
+        into.setdefault("overhead", []).append(task_overhead())
     finally:
         ray.shutdown()
-    return {"cpus": cpus, "init_s": init_s, "cold_s": cold, "warm_s": warm, "sweep_s": sweeps, "overhead": overhead}
 
 
-def report(n: int, mb: float, local: dict[int, list[float]], rays: dict[int, dict], chunk: int, chunks: int) -> dict:
+def report(n: int, mb: float, local: dict[int, list[float]], local_cpu: dict[int, list[float]],
+           rays: dict[int, dict], chunk: int, chunks: int) -> dict:
     med = statistics.median
     rate = {("local", w): n / med(t) for w, t in local.items()}
     rate.update({("ray", c): n / med(r["warm_s"]) for c, r in rays.items()})
-    print(f"{'engine':<7} {'CPUs':>4} {'img/s':>7} {'MB/s':>6} {'cold img/s':>10} {'start s':>7}   runs (s)")
+    cpu_ms = {("local", w): med(c) / n * 1e3 for w, c in local_cpu.items()}
+    cpu_ms.update({("ray", c): med(r["cpu_s"]) / n * 1e3 for c, r in rays.items()})
+    print(f"{'engine':<7} {'CPUs':>4} {'img/s':>7} {'MB/s':>6} {'CPU ms/img':>10} {'cold img/s':>10} "
+          f"{'start s':>7}   runs (s)")
     for (engine, cpus), r in rate.items():
         runs = local[cpus] if engine == "local" else rays[cpus]["warm_s"]
-        cold = f"{n / rays[cpus]['cold_s']:10.0f}" if engine == "ray" else f"{'-':>10}"
-        start = f"{rays[cpus]['init_s']:7.1f}" if engine == "ray" else f"{'-':>7}"
-        print(f"{engine:<7} {cpus:>4} {r:7.0f} {r * mb / n:6.1f} {cold} {start}   "
+        cold = f"{n / med(rays[cpus]['cold_s']):10.0f}" if engine == "ray" else f"{'-':>10}"
+        start = f"{med(rays[cpus]['init_s']):7.1f}" if engine == "ray" else f"{'-':>7}"
+        print(f"{engine:<7} {cpus:>4} {r:7.0f} {r * mb / n:6.1f} {cpu_ms[(engine, cpus)]:10.2f} {cold} {start}   "
               + " ".join(f"{t:.2f}" for t in runs))
     ratios = {
         "ray_vs_local_2cpu": rate[("ray", 2)] / rate[("local", 2)],
@@ -155,16 +179,18 @@ def report(n: int, mb: float, local: dict[int, list[float]], rays: dict[int, dic
           f"local engine 1 -> 2 workers: {ratios['local_1_to_2']:.2f}x")
     extra = (med(rays[1]["warm_s"]) - med(local[1])) / chunks
     for cpus, r in rays.items():
-        o = r["overhead"]
-        print(f"empty task round trip ({cpus} CPU): {o['serial_ms']:.2f} ms one at a time, "
-              f"{o['pipelined_ms']:.2f} ms each with 200 in flight")
+        serial = med(o["serial_ms"] for o in r["overhead"])
+        piped = med(o["pipelined_ms"] for o in r["overhead"])
+        print(f"empty task round trip ({cpus} CPU): {serial:.2f} ms one at a time, "
+              f"{piped:.2f} ms each with 200 in flight")
     print(f"chunk size {chunk} images ({chunks} chunks): Ray on 1 CPU took {extra * 1e3:+.1f} ms per chunk beyond "
           f"the local engine on 1 worker ({med(local[1]) / chunks * 1e3:.0f} ms of work per chunk)")
-    sweep = {c: n / med(t) for c, t in rays[2]["sweep_s"].items()}
+    sweep = {c: n / med(t) for c, t in rays[2].get("sweep_s", {}).items()}
     if sweep:
         sweep[chunk] = rate[("ray", 2)]
         print("ray, 2 CPUs, by --ray-chunk: " + ", ".join(f"{c}: {sweep[c]:.0f} img/s" for c in sorted(sweep)))
     return {"rates": {f"{e}_{c}": v for (e, c), v in rate.items()}, "ratios": ratios,
+            "cpu_ms_per_image": {f"{e}_{c}": v for (e, c), v in cpu_ms.items()},
             "extra_ms_per_chunk_1cpu": extra * 1e3, "sweep_img_s": sweep}
 
 
@@ -174,7 +200,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--images", type=int, default=2000, help="source JPEGs (default 2000)")
     p.add_argument("--format", default="lmdb", choices=("wds", "lmdb", "hdf5"), help="output format (default lmdb)")
     p.add_argument("--shard-size", type=parse_size, default=16 << 20, help="wds shard size (default 16MB)")
-    p.add_argument("--repeats", type=int, default=3, help="warm runs per configuration, median (default 3)")
+    p.add_argument("--cycles", type=int, default=3, help="rounds over every configuration (default 3)")
+    p.add_argument("--repeats", type=int, default=2, help="warm runs per configuration and cycle (default 2)")
     p.add_argument("--chunk", type=int, default=PackOptions().ray_chunk,
                    help=f"--ray-chunk of the main runs (default {PackOptions().ray_chunk})")
     p.add_argument("--sweep", default="16,256", help="other --ray-chunk sizes to try on 2 CPUs (default 16,256)")
@@ -185,7 +212,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.sweep_list = [int(v) for v in args.sweep.split(",") if v]
     if args.quick:
-        args.images, args.repeats, args.sweep_list = 64, 1, [8]
+        args.images, args.cycles, args.repeats, args.sweep_list = 64, 1, 1, [8]
     return args
 
 
@@ -201,23 +228,30 @@ def main(argv: list[str] | None = None) -> int:
         CacheControl.warm(files)
         fmt_opts = {"format": args.format, **({"shard_size": args.shard_size} if args.format == "wds" else {})}
         chunks = len(tasks.plan_chunks([p.stat().st_size for p in files], 0, args.chunk, MAX_CHUNK_BYTES))
-        print(f"source: {n} JPEGs, {mb:.1f} MB; format {args.format}; validation on; {args.repeats} repeats")
-        print(f"machine: {machine_label(machine_info())}")
+        print(f"source: {n} JPEGs, {mb:.1f} MB; format {args.format}; validation on; "
+              f"{args.cycles} cycles x {args.repeats} warm runs")
         load0, foreign = load_average(), ForeignCpu()
         out = work / "out"
-        local = local_runs(src, out, fmt_opts, args.repeats)
-        rays = {c: ray_runs(src, out, fmt_opts, c, args.repeats, args.chunk, args.sweep_list if c == 2 else [])
-                for c in (1, 2)}
-        after = local_runs(src, out, fmt_opts, args.repeats)
-        local = {w: local[w] + after[w] for w in local}
+        local: dict[int, list[float]] = {}
+        local_cpu: dict[int, list[float]] = {}
+        rays: dict[int, dict] = {1: {}, 2: {}}
+        for cycle in range(args.cycles):
+            local_runs(src, out, fmt_opts, args.repeats, local, local_cpu)
+            for cpus in (1, 2):
+                last = cycle == args.cycles - 1
+                ray_runs(src, out, fmt_opts, cpus, args.repeats, args.chunk,
+                         args.sweep_list if cpus == 2 and last else [], rays[cpus])
+            print(f"  cycle {cycle + 1}/{args.cycles} done, load average {load_average():.2f}", flush=True)
         print()
-        summary = report(n, mb, local, rays, args.chunk, chunks)
+        summary = report(n, mb, local, local_cpu, rays, args.chunk, chunks)
         share, load1 = foreign.share(), load_average()
+        print(f"machine: {machine_label(machine_info())}")  # imports torch: after the runs, so forks stay light
         print(f"load average (1 min) before/after: {load0:.2f} / {load1:.2f}; other processes used {share:.0%} "
               f"of the machine's CPU time during the run")
         if args.json:
             args.json.write_text(json.dumps({"images": n, "mb": mb, "format": args.format, "chunk": args.chunk,
-                                             "chunks": chunks, "local_s": local, "ray": rays, "summary": summary,
+                                             "chunks": chunks, "local_s": local, "local_cpu_s": local_cpu,
+                                             "ray": rays, "summary": summary,
                                              "load_before_after": [load0, load1], "foreign_cpu": share},
                                             indent=1, default=str))
     finally:
