@@ -12,6 +12,10 @@
    1 worker, per chunk;
 4. on 2 CPUs (last cycle), packs with other ``--ray-chunk`` sizes (``--sweep``), to show the choice.
 
+"N CPUs" is N cores for the whole pack: this process and everything it starts (pool workers, Ray's
+daemons and workers) are pinned to N cores (``sched_setaffinity``), so the driver does not get a
+free core beside a 1-CPU Ray instance, and the local engine runs ``workers=N`` on the same N cores.
+
 Validation is on (the default: every image decoded once), so packing is CPU-bound and the ratios
 say how much of the CPU the engine leaves to the work. Throughput is source images (and MB) per
 second of the ``pack`` call, median over all warm runs; "CPU ms/img" is the CPU time of this
@@ -38,7 +42,9 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
@@ -111,11 +117,24 @@ def time_pack(src: Path, out: Path, options: PackOptions, cpu: list[float] | Non
     return seconds
 
 
+@contextmanager
+def pinned(cpus: int) -> Iterator[None]:
+    """Run on ``cpus`` cores only, with every process started meanwhile (pool workers, Ray's daemons and
+    workers inherit it): "N CPUs" means N cores for the whole pack, driver included."""
+    everything = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(everything)[:cpus])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, everything)
+
+
 def local_runs(src: Path, out: Path, fmt_opts: dict, repeats: int, runs: dict, cpu: dict) -> None:
     for _ in range(repeats):  # 1 and 2 workers alternate: load bursts hit both
         for workers in (1, 2):
-            runs.setdefault(workers, []).append(
-                time_pack(src, out, PackOptions(workers=workers, **fmt_opts), cpu.setdefault(workers, [])))
+            with pinned(workers):
+                runs.setdefault(workers, []).append(
+                    time_pack(src, out, PackOptions(workers=workers, **fmt_opts), cpu.setdefault(workers, [])))
 
 
 def task_overhead(n: int = 200) -> dict[str, float]:
@@ -134,7 +153,13 @@ def task_overhead(n: int = 200) -> dict[str, float]:
 
 def ray_runs(src: Path, out: Path, fmt_opts: dict, cpus: int, repeats: int, chunk: int, sweep: list[int],
              into: dict) -> None:
-    """One Ray instance with ``cpus`` CPUs: start-up, a cold pack, warm packs (added to ``into``)."""
+    """One Ray instance with ``cpus`` CPUs, on ``cpus`` cores: start-up, a cold pack, warm packs (into ``into``)."""
+    with pinned(cpus):
+        _ray_runs(src, out, fmt_opts, cpus, repeats, chunk, sweep, into)
+
+
+def _ray_runs(src: Path, out: Path, fmt_opts: dict, cpus: int, repeats: int, chunk: int, sweep: list[int],
+              into: dict) -> None:
     t0 = time.perf_counter()
     ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     try:
