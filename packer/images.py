@@ -71,6 +71,7 @@ class Prepared:
     pixels: np.ndarray | None = None  # (H, W, 3) uint8 in pixels mode
     note: str = ""  # what was changed (and any decoder warning), comma-separated
     source_format: str = ""  # Pillow's name for the content: "JPEG", "PNG", "GIF", ...
+    repair: str = ""  # set when the stored bytes are a lossless repair of the file (what was repaired)
 
 
 _UNSAFE_FORMATS = frozenset({"EPS"})  # Pillow shells out to Ghostscript for these

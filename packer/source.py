@@ -7,6 +7,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from packer.errors import SourceError
 
@@ -28,11 +29,20 @@ class Source:
     sizes: list[int]
     ignored: list[str] = field(default_factory=list)  # files that are not images by name
     skipped_links: list[str] = field(default_factory=list)  # symlinks leaving root
+    #: what the source is: "folder" (ImageFolder tree), "wds" (tar shards), "hf" (Hugging Face
+    #: datasets), "dataset" (a packed dataset, for convert)
+    kind: str = "folder"
+    #: more about the source for index.json's "source" record (JSON-able)
+    details: dict[str, Any] = field(default_factory=dict)
     _fingerprint: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def total_bytes(self) -> int:
         return sum(self.sizes)
+
+    def describe(self) -> dict[str, Any]:
+        """Where the samples come from (index.json's ``source`` record and the journal)."""
+        return {"root": str(self.root.resolve()), "kind": self.kind, **self.details}
 
     def fingerprint(self) -> str:
         """Hash of the file list and sizes: resume refuses a source that changed.
