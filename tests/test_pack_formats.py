@@ -44,6 +44,7 @@ from packer import PackOptions, pack
 from packer.formats.wds import WdsWriter, _header
 from packer.images import Prepared
 from readers import spec
+from readers.geometry import resize_center_crop
 
 FORMATS = spec.FORMATS
 IMAGE_FORMATS = {"jpg": "JPEG", "png": "PNG"}
@@ -443,13 +444,9 @@ def test_shard_size_rollover(real_images, tmp_path, shard_size):
 
 
 def _reference_resize(rgb: np.ndarray, size: int) -> np.ndarray:
-    """The packer's rule, computed here: shorter side to ``size`` (bicubic), then the center size x size."""
-    h, w = rgb.shape[:2]
-    scale = size / min(w, h)
-    nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
-    resized = Image.fromarray(rgb).resize((nw, nh), Image.BICUBIC)
-    left, top = (nw - size) // 2, (nh - size) // 2
-    return np.asarray(resized.crop((left, top, left + size, top + size)))
+    """Shorter side to ``size`` (bicubic), then the center size x size, in the shared geometry (readers.geometry)."""
+    g = resize_center_crop(rgb.shape[0], rgb.shape[1], size, size)
+    return np.asarray(Image.fromarray(rgb).resize((g.width, g.height), Image.BICUBIC).crop(g.box))
 
 
 def test_mmap_resize_generated_exact(generated, tmp_path):
