@@ -27,6 +27,8 @@ import io
 import logging
 import multiprocessing
 import os
+import queue
+import threading
 from collections import deque
 from dataclasses import replace
 from pathlib import Path
@@ -116,6 +118,49 @@ def _checked(index: spec.Index, start: int) -> Iterator[tuple[int, Any, int]]:
         yield i, data, crc
 
 
+_DONE = object()
+
+
+def _read_ahead(items: Iterator[Any], depth: int = 64) -> Iterator[Any]:
+    """``items``, produced by a thread up to ``depth`` ahead: reading and checksumming the source
+    (system calls and zlib, which release the GIL) overlap with the writer's work in this thread.
+    An error in the thread is raised here; closing this generator stops the thread."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            q.put(exc)
+        finally:
+            items.close()
+
+    thread = threading.Thread(target=produce, name="convert-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue, then let it finish
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                thread.join(0.05)
+
+
 # ---------------------------------------------------------------------------- turning samples into Prepared
 def _ext(data: bytes) -> str:
     return "png" if data[:8] == _PNG_SIGNATURE else "jpg"
@@ -198,7 +243,7 @@ def _prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
         samples = _checked(index, start)
         pixels_in = index.meta["storage"]["kind"] == "pixels"
         if not opts.want_pixels and not pixels_in:  # a copy: no worker would have anything to do
-            for _i, data, crc in samples:
+            for _i, data, crc in _read_ahead(samples):
                 yield Outcome(Prepared(data, _ext(data), 0, 0, False), crc)
             return
         yield from _outcomes(((data, crc) for _i, data, crc in samples), opts, workers)

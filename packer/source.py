@@ -15,7 +15,10 @@ __all__ = ["IMAGE_EXTENSIONS", "Source", "SourceError", "scan", "find_split_dirs
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+#: torchvision's ImageFolder extensions (``torchvision.datasets.folder.IMG_EXTENSIONS``), plus ``.mpo``
+#: (multi-picture JPEGs from cameras), matched in any letter case. What a file is, its content decides.
+TORCHVISION_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGE_EXTENSIONS = TORCHVISION_EXTENSIONS + (".mpo",)
 
 
 @dataclass
@@ -171,7 +174,7 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
         hint = ""
         if any(_is_image_name(n) for n in loose):
             hint = " (the images lie directly in it: put them in one sub-folder per class)"
-        raise SourceError(f"{root}: no images found (.jpg/.jpeg/.png in root/<class>/){hint}")
+        raise SourceError(f"{root}: no images found ({'/'.join(IMAGE_EXTENSIONS)} in root/<class>/){hint}")
     used = set(labels)
     empty = [c for i, c in enumerate(classes) if i not in used]
     if empty:

@@ -89,7 +89,10 @@ def thread_police():
 # Independent re-implementations used by test_pack_formats.py / test_source.py:
 # they must not import anything from packer.*.
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+# torchvision.datasets.folder.IMG_EXTENSIONS, copied from torchvision 0.20, plus the packer's one
+# documented addition, .mpo (multi-picture JPEG)
+TORCHVISION_IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGE_SUFFIXES = TORCHVISION_IMG_EXTENSIONS + (".mpo",)
 
 
 def imagefolder_reference(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
@@ -98,7 +101,7 @@ def imagefolder_reference(root: Path) -> tuple[list[str], list[tuple[str, int]]]
     torchvision: ``classes = sorted(d.name for d in os.scandir(root) if d.is_dir())``; per class,
     ``for dirpath, _, fnames in sorted(os.walk(cls_dir, followlinks=True)): for f in sorted(fnames)``,
     kept when ``f.lower().endswith(extensions)``. The packer's documented deviations are applied
-    here too: only .jpg/.jpeg/.png, and hidden (dot) class folders and files are skipped.
+    here too: .mpo is taken as well, and hidden (dot) class folders and files are skipped.
     Samples are ``(path relative to root as posix, label)``.
     """
     import os
