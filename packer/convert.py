@@ -25,11 +25,9 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import multiprocessing
 import os
 import queue
 import threading
-from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -38,6 +36,7 @@ import numpy as np
 
 from packer.errors import OutputError, PackError, SourceError
 from packer.images import ImageOptions, Prepared, RejectedImage, prepare_image
+from packer.importers.stage import ordered_outcomes
 from packer.options import PackOptions, cli_fields
 from packer.output import prepare_output
 from packer.pipeline import Progress, SplitResult, pack_split
@@ -193,7 +192,9 @@ def _ppm(pixels: np.ndarray) -> bytes:
     return b"P6\n%d %d\n255\n" % (w, h) + np.ascontiguousarray(pixels).tobytes()
 
 
-def _job(data: Any, opts: ImageOptions) -> Outcome:
+def _job(item: tuple[Any, int], opts: ImageOptions) -> Outcome:
+    """Worker: one (stored sample, crc) -> what the target stores."""
+    data = item[0]
     if isinstance(data, np.ndarray):
         return _to_pixels(_ppm(data), opts) if opts.want_pixels else _to_png(data, opts)
     return _to_pixels(data, opts)
@@ -210,31 +211,6 @@ def _kept(data: np.ndarray, crc: int) -> Outcome:
     return Outcome(Prepared(b"", "rgb", h, w, False, pixels=np.ascontiguousarray(data)), crc)
 
 
-def _outcomes(items: Iterator[tuple[Any, int]], opts: ImageOptions, workers: int) -> Iterator[Outcome]:
-    """The outcome of each ``(stored data, crc)``, in order: kept as is, or ``_job`` in a worker pool.
-
-    At most a few jobs per worker are in flight, so memory stays bounded
-    (``Pool.imap`` would read the whole source ahead of the workers).
-    """
-    if workers <= 1:
-        for data, crc in items:
-            yield _kept(data, crc) if _passes_through(data, opts) else _job(data, opts)
-        return
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(workers) as pool:
-        window: deque = deque()
-        for data, crc in items:
-            window.append((data, crc, None if _passes_through(data, opts) else pool.apply_async(_job, (data, opts))))
-            while len(window) >= 4 * workers:
-                yield _finished(*window.popleft())
-        while window:
-            yield _finished(*window.popleft())
-
-
-def _finished(data: Any, crc: int, job: Any) -> Outcome:
-    return _kept(data, crc) if job is None else job.get()
-
-
 def _prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
     """A prepare stage (``packer.workers.PrepareStage``) that reads the packed dataset ``index``."""
 
@@ -246,7 +222,9 @@ def _prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
             for _i, data, crc in _read_ahead(samples):
                 yield Outcome(Prepared(data, _ext(data), 0, 0, False), crc)
             return
-        yield from _outcomes(((data, crc) for _i, data, crc in samples), opts, workers)
+        items = ((data, crc) for _i, data, crc in samples)
+        yield from ordered_outcomes(items, _job, opts, workers,
+                                    inline=lambda item: _kept(*item) if _passes_through(item[0], opts) else None)
 
     return stage
 

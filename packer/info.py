@@ -53,7 +53,10 @@ def resume_command(state: dict[str, Any], out: Path) -> str:
     command = "convert" if source.get("kind") == "dataset" else "pack"
     options = state.get("options", {})
     words = ["pack-dataset"] + (["convert"] if command == "convert" else [])
-    words += [source.get("root", "SRC"), "-f", state["format"], "-o", str(out)]
+    if source.get("splits", 1) > 1:  # an imported source with several splits: resume them all at once
+        words += [source["given"], "-f", state["format"], "-o", str(out.parent)]
+    else:
+        words += [source.get("given") or source.get("root", "SRC"), "-f", state["format"], "-o", str(out)]
     for f, flag in cli_fields(command):
         if f.name in ("format", "overwrite", "resume") or f.name not in options:
             continue
@@ -146,9 +149,13 @@ def _mb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
-def _order(order: Any) -> str:
+_SOURCE_ORDER = {"folder": "sorted by class, then path (as scanned)", "wds": "the shards' order",
+                 "hf": "the dataset's row order", "dataset": "the source dataset's order"}
+
+
+def _order(order: Any, kind: str) -> str:
     if not order:
-        return "source order (class, then path; as scanned)"
+        return "source order: " + _SOURCE_ORDER.get(kind, "as scanned")
     if isinstance(order, dict):
         kind = order.get("kind") or order.get("order") or "custom"
         rest = ", ".join(f"{k} {v}" for k, v in order.items() if k not in ("kind", "order"))
@@ -204,7 +211,7 @@ def render(d: dict[str, Any]) -> str:
         lines += _class_lines(d["classes"])
     shards = f", {d['shards']} shard{'s' if d.get('shards') != 1 else ''}" if d.get("shards") else ""
     lines.append(f"  on disk      {_mb(d['bytes_on_disk'])} ({d['bytes_on_disk']:,} bytes in {d['files']} files{shards})")
-    lines.append(f"  order        {_order(d.get('order'))}")
+    lines.append(f"  order        {_order(d.get('order'), (d.get('source') or {}).get('kind', 'folder'))}")
     lines.append(f"  source       {src.get('kind', 'folder')} {src.get('root', '?')}: {_counts(d)}")
     for k, c in enumerate(d.get("converted_from") or []):
         lines.append(f"  {'converted' if k == 0 else '':<12} from {c['format']} dataset {c['path']}")

@@ -37,6 +37,8 @@ class Source:
     kind: str = "folder"
     #: more about the source for index.json's "source" record (JSON-able)
     details: dict[str, Any] = field(default_factory=dict)
+    #: the prepare stage that reads this source (``packer.workers.PrepareStage``); None: files under root
+    prepare: Any = field(default=None, repr=False, compare=False)
     _fingerprint: str | None = field(default=None, repr=False, compare=False)
 
     @property
