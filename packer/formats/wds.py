@@ -11,7 +11,9 @@ Counterpart: ``readers/formats/wds.py``. Byte layout of one shard::
 
 Keys are the sample index as ten digits (``0000000042``): no dots, so the
 official ``webdataset`` library groups ``.jpg``/``.png`` and ``.cls`` into one
-sample. Headers carry mtime 0, uid/gid 0 and empty owner names so the same
+sample. Beside the shards, ``wids-index.json`` lists them (name, samples,
+bytes) in the ``wids`` library's shard-index format, so ``wids`` opens the
+dataset for indexed (random) access without scanning the shards first. Headers carry mtime 0, uid/gid 0 and empty owner names so the same
 input gives byte-identical shards. A shard is written as ``.tmp``, fsynced and
 renamed when full: a complete-looking shard is always complete.
 """
@@ -112,7 +114,19 @@ class WdsWriter(FormatWriter):
 
     def finalize(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
         self.end_samples()
-        return {"shards": self.shards, "files": {s["name"]: s["bytes"] for s in self.shards}}
+        self._write_wids_index()
+        return {"shards": self.shards, "files": {s["name"]: s["bytes"] for s in self.shards},
+                "storage": {"wids_index": spec.WIDS_INDEX_NAME}}
+
+    def _write_wids_index(self) -> None:
+        """The shard list in the ``wids`` library's format (``wids.ShardListDataset(path)`` opens the
+        dataset with random access; shard URLs are relative to the file, so the folder can move)."""
+        spec.write_json_atomic(self.root / spec.WIDS_INDEX_NAME, {
+            "__kind__": "wids-shard-index-v1",
+            "wids_version": 1,
+            "name": self.split,
+            "shardlist": [{"url": s["name"], "nsamples": s["samples"], "filesize": s["bytes"]} for s in self.shards],
+        })
 
     def abort(self) -> None:
         if self._file is not None:
