@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import imagefolder_reference, make_image_folder
+from conftest import make_image_folder
+from reference import imagefolder_reference
 from packer import PackError, PackOptions, pack
 from readers import spec
 

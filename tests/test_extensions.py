@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REAL_IMAGES, TORCHVISION_IMG_EXTENSIONS, expected_rgb, imagefolder_reference
+from conftest import REAL_IMAGES
+from reference import TORCHVISION_IMG_EXTENSIONS, expected_rgb, imagefolder_reference
 from packer import PackOptions, pack
 from packer.source import IMAGE_EXTENSIONS, scan
 from readers import spec

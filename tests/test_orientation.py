@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from conftest import REAL_IMAGES, expected_rgb
+from conftest import REAL_IMAGES
+from reference import expected_rgb
 from packer.images import ImageOptions, prepare_image
 
 ORIENTATIONS = range(2, 9)
