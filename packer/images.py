@@ -12,8 +12,13 @@ The rules (documented for users in ``docs/bad-input.md``):
   channel exactly, so every reader gets the same RGB pixels from a 3x smaller file.
 * Everything else becomes 8-bit RGB: CMYK/YCCK (Pillow's Adobe convention),
   16-bit and 32-bit (scaled, not clipped), palette, 1-bit, and alpha, which
-  is composited onto white. EXIF orientation is applied to the pixels. Only
-  the first frame of an animation is kept. Re-encoded files carry no metadata.
+  is composited onto white. Orientation is applied to the pixels wherever
+  Pillow's ``getexif`` finds it (EXIF, a PNG eXIf chunk, ImageMagick's "Raw
+  profile type exif" text, XMP ``tiff:Orientation``). Only the first frame
+  of an animation is kept. Re-encoded files carry no metadata.
+* A JPEG with junk between its header segments is repaired losslessly first
+  (``packer.jpeg_repair``): stored as the repaired file (``Prepared.repair``
+  says what was removed) unless it is re-encoded anyway.
 * Rejected (:class:`RejectedImage`, one-line reason): empty, not an image,
   truncated, corrupt (JPEGs on which libjpeg-turbo reports corrupt data
   included), or more than ``max_pixels`` pixels (checked from the header).

@@ -119,7 +119,7 @@ def _incomplete(root: Path) -> dict[str, Any]:
         "source": source,
         "rejected": state.get("rejected", 0), "repaired": state.get("repaired", 0),
         "reencoded": state.get("changed", 0),
-        "resume": resume_command(state, root),
+        "resume": resume_command(state, root.resolve()),
     }
 
 
