@@ -6,7 +6,9 @@ end (:func:`raw_copy`). Each conversion (:func:`time_convert`) goes through
 ``packer.convert.convert`` (the Python API: no CLI start-up) and copies every
 sample with its checksum checked. Rounds interleave the baseline and every
 conversion, so a burst of load from elsewhere on the machine spreads over all
-of them; medians are reported (:func:`measure_conversions`).
+of them; medians are reported (:func:`measure_conversions`). Each timed run
+starts after an untimed ``os.sync()``, so write-back left by the previous one
+(and the deletion of its output) is not charged to it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def data_files(root: Path) -> list[Path]:
 
 def raw_copy(files: Sequence[Path], dest: Path) -> float:
     """Read every file, write them concatenated to ``dest``, fsync: seconds (``dest`` is removed)."""
+    os.sync()  # untimed: no write-back left over from earlier work lands in this measurement
     t0 = time.perf_counter()
     with open(dest, "wb") as out:
         for p in files:
@@ -54,6 +57,7 @@ def time_convert(src: Path, out: Path, fmt: str, **options: Any) -> float:
 
     if out.exists():
         shutil.rmtree(out)
+    os.sync()  # untimed, as for the raw copy
     t0 = time.perf_counter()
     convert(src, out, PackOptions(format=fmt, **options))
     return time.perf_counter() - t0

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import mmap
 import os
 import queue
 import threading
@@ -77,32 +78,41 @@ def dataset_source(index: spec.Index) -> Source:
 # ---------------------------------------------------------------------------- reading the source
 def _stored(index: spec.Index, start: int) -> Iterator[tuple[int, Any]]:
     """(sample, stored bytes or pixel array) for every sample from ``start`` on, in order."""
+    if index.format == "wds":
+        yield from _stored_wds(index, start)
+        return
     from readers.registry import open_dataset  # torch: imported only when converting
 
     ds = open_dataset(index, decode=False)
     n = index.num_samples
     try:
-        if index.format == "wds":
-            yield from _stored_wds(ds, start, n)
-            return
         for a in range(start, n, _BATCH):
             yield from zip(range(a, min(a + _BATCH, n)), ds.read_many(list(range(a, min(a + _BATCH, n)))))
     finally:
         ds.close()
 
 
-def _stored_wds(ds: Any, start: int, n: int) -> Iterator[tuple[int, bytes]]:
-    """wds: shard by shard, one open file at a time (every tar header is checked by ``read_from``)."""
-    i = start
+def _stored_wds(index: spec.Index, start: int) -> Iterator[tuple[int, bytes]]:
+    """wds: each shard mapped once and read front to back (the layout of ``readers.spec``: the sample's
+    bytes at ``offsets[i]``, its tar header just before them, named after its key)."""
+    offsets, sizes, shard_of = (index.arrays[k] for k in ("offsets", "sizes", "shards"))
+    shards = index.meta["shards"]
+    i, n = start, index.num_samples
     while i < n:
-        shard = ds.shard_of(i)
-        fd = os.open(ds.shard_path(shard), os.O_RDONLY)
-        try:
-            for i in range(i, ds.samples_of_shard(shard).stop):
-                yield i, ds.read_from(fd, shard, i)
-            i += 1
-        finally:
-            os.close(fd)
+        k = int(shard_of[i])
+        path = index.root / shards[k]["name"]
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+            stop = int(shards[k]["first"]) + int(shards[k]["samples"])
+            for i in range(i, stop):
+                off, size = int(offsets[i]), int(sizes[i])
+                key = spec.wds_key(i).encode() + b"."
+                if off + size > len(mm) or mm[off - spec.TAR_BLOCK:off - spec.TAR_BLOCK + len(key)] != key:
+                    raise PackError(f"{path} at byte {off - spec.TAR_BLOCK}: not the tar header of sample {i}; "
+                                    f"the shard is damaged or does not match its index (pack-dataset verify "
+                                    f"{index.root})")
+                yield i, mm[off:off + size]
+        i = stop
 
 
 def _checked(index: spec.Index, start: int) -> Iterator[tuple[int, Any, int]]:
@@ -120,24 +130,33 @@ def _checked(index: spec.Index, start: int) -> Iterator[tuple[int, Any, int]]:
 _DONE = object()
 
 
-def _read_ahead(items: Iterator[Any], depth: int = 64) -> Iterator[Any]:
-    """``items``, produced by a thread up to ``depth`` ahead: reading and checksumming the source
+def _read_ahead(items: Iterator[Any], depth: int = 8, batch: int = 32) -> Iterator[Any]:
+    """``items``, produced by a thread up to ``depth`` chunks of ``batch`` ahead: reading and checksumming the source
     (system calls and zlib, which release the GIL) overlap with the writer's work in this thread.
     An error in the thread is raised here; closing this generator stops the thread."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
+    def put(chunk: list) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(chunk, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
+            chunk: list = []
             for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
+                chunk.append(item)
+                if len(chunk) >= batch:
+                    if not put(chunk):
+                        return
+                    chunk = []
+            if chunk and not put(chunk):
+                return
             q.put(_DONE)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
             q.put(exc)
@@ -147,10 +166,10 @@ def _read_ahead(items: Iterator[Any], depth: int = 64) -> Iterator[Any]:
     thread = threading.Thread(target=produce, name="convert-read-ahead", daemon=True)
     thread.start()
     try:
-        while (item := q.get()) is not _DONE:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        while (chunk := q.get()) is not _DONE:
+            if isinstance(chunk, BaseException):
+                raise chunk
+            yield from chunk
     finally:
         stop.set()
         while thread.is_alive():  # unblock a producer waiting on a full queue, then let it finish

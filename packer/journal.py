@@ -123,6 +123,7 @@ class SideFiles:
         self._files = tuple(files)
         self.records, self.names, self.rejects, self.repairs = self._files
         self._pending: list[tuple] = []
+        self._synced = False  # the first sync makes every file durable (resume may have truncated them)
 
     def add_sample(self, record: tuple, rel: str) -> None:
         """One written sample: its index record (fields of RECORD_DTYPE, in order) and source path."""
@@ -140,9 +141,12 @@ class SideFiles:
         if self._pending:
             self.records.write(np.array(self._pending, dtype=spec.RECORD_DTYPE).tobytes())
             self._pending.clear()
-        for f in self._files:
+        lengths = (journal.records_len, journal.names_len, journal.rejects_len, journal.repairs_len)
+        for f, synced in zip(self._files, lengths):
             f.flush()
-            os.fsync(f.fileno())
+            if f.tell() != synced or not self._synced:  # unchanged since the last sync: durable already
+                os.fsync(f.fileno())
+        self._synced = True
         journal.records_len, journal.names_len, journal.rejects_len, journal.repairs_len = (
             f.tell() for f in self._files)
 
