@@ -5,8 +5,8 @@ dataset's data files and write their bytes into one new file, fsync at the
 end (:func:`raw_copy`). Each conversion (:func:`time_convert`) goes through
 ``packer.convert.convert`` (the Python API: no CLI start-up) and copies every
 sample with its checksum checked. Rounds interleave the baseline and every
-conversion, so a burst of load from elsewhere on the machine spreads over all
-of them; medians are reported (:func:`measure_conversions`). Each timed run
+conversion (in an order rotated each round), so a burst of load from elsewhere
+on the machine spreads over all of them; medians are reported (:func:`measure_conversions`). Each timed run
 starts after an untimed ``os.sync()``, so write-back left by the previous one
 (and the deletion of its output) is not charged to it.
 """
@@ -75,13 +75,18 @@ def measure_conversions(sources: dict[str, Path], pairs: Sequence[tuple[str, str
     options = options or {}
     raw_runs: dict[str, list[float]] = {fmt: [] for fmt in sorted({s for s, _ in pairs})}
     runs: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
+    ops = [("raw", fmt) for fmt in raw_runs] + [("convert", pair) for pair in pairs]
     for rnd in range(repeats):
-        for fmt in raw_runs:
-            raw_runs[fmt].append(raw_copy(data_files(sources[fmt]), work / "raw.bin"))
-        for s, t in pairs:
-            out = work / f"{s}-to-{t}"
-            runs[(s, t)].append(time_convert(sources[s], out, t, **options.get(t, {})))
-            shutil.rmtree(out)
+        # Rotated each round: the first write after a while is slower here (page allocation), and
+        # rotating keeps that from landing on the same measurement every round.
+        for kind, what in ops[rnd % len(ops):] + ops[:rnd % len(ops)]:
+            if kind == "raw":
+                raw_runs[what].append(raw_copy(data_files(sources[what]), work / "raw.bin"))
+            else:
+                s, t = what
+                out = work / f"{s}-to-{t}"
+                runs[what].append(time_convert(sources[s], out, t, **options.get(t, {})))
+                shutil.rmtree(out)
         if progress:
             progress(f"round {rnd + 1}/{repeats}: raw " + ", ".join(f"{f} {v[-1]:.3f} s" for f, v in raw_runs.items())
                      + "; " + ", ".join(f"{s}->{t} {runs[(s, t)][-1]:.3f} s" for s, t in pairs))

@@ -143,7 +143,7 @@ def scan_wds(src: Path) -> Source:
         log.warning("%d sample(s) without an image or a label ignored, e.g. %s", len(ignored), ignored[0])
     classes, labels = _classes(raw, src)
     source = Source(root, classes, paths, labels, sizes, ignored=ignored, kind="wds",
-                    details={"shards": [str(s.resolve()) for s in shards]})
+                    details={"shards": len(shards), "first_shard": shards[0].name if shards else None})
     source.prepare = bytes_stage(lambda start: _read(shards, where, sizes, start))
     return source
 
