@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_convert.py"
 
 
+@pytest.mark.slow  # subprocess
 def test_bench_convert_quick(tmp_path):
     out = tmp_path / "convert.json"
     r = subprocess.run([sys.executable, "-W", "error", str(SCRIPT), "--quick", "--mmap", "--json", str(out),

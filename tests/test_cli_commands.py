@@ -18,6 +18,7 @@ from packer import PackError, PackOptions, pack
 from readers import spec
 
 CLI = [sys.executable, "-m", "packer.cli"]
+pytestmark = pytest.mark.slow  # the CLI runs in a subprocess (tests/conftest.py's slow rule)
 
 
 def run(*args, cwd=None) -> subprocess.CompletedProcess:

@@ -109,6 +109,7 @@ def test_workers_do_not_change_the_output(real_wds, tmp_path):
     assert files_of(one) == files_of(two)
 
 
+@pytest.mark.slow  # subprocess
 def test_a_damaged_sample_stops_the_conversion_naming_it(real_wds, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(real_wds, src)
@@ -125,6 +126,7 @@ def test_a_damaged_sample_stops_the_conversion_naming_it(real_wds, tmp_path):
     assert not (tmp_path / "out" / spec.INDEX_NAME).exists()
 
 
+@pytest.mark.slow  # subprocess
 @pytest.mark.parametrize("fmt", ["wds", "hdf5"])
 def test_interrupted_conversion_resumes_to_the_same_output(real_wds, tmp_path, monkeypatch, fmt):
     import packer.convert as conv
@@ -171,6 +173,7 @@ def _samples(root: Path) -> list:
         ds.close()
 
 
+@pytest.mark.slow  # subprocess
 def test_splits_are_converted_split_by_split(tmp_path):
     make_image_folder(tmp_path / "src" / "train", classes=2, per_class=3)
     make_image_folder(tmp_path / "src" / "val", classes=2, per_class=2)
@@ -182,6 +185,7 @@ def test_splits_are_converted_split_by_split(tmp_path):
         assert spec.read_index(tmp_path / "h5" / split).num_samples == n
 
 
+@pytest.mark.slow  # subprocess
 def test_usage_errors(real_wds, tmp_path):
     make_image_folder(tmp_path / "folder", classes=2, per_class=1)
     cases = [
@@ -197,6 +201,7 @@ def test_usage_errors(real_wds, tmp_path):
     assert not any((tmp_path / f"o{k}").exists() for k in range(1, 5))
 
 
+@pytest.mark.slow  # subprocess
 def test_an_unfinished_pack_is_not_converted(real_wds, tmp_path):
     src = tmp_path / "unfinished"
     shutil.copytree(real_wds, src)
@@ -205,6 +210,7 @@ def test_an_unfinished_pack_is_not_converted(real_wds, tmp_path):
     assert r.returncode == 2 and "--resume" in r.stderr
 
 
+@pytest.mark.slow  # subprocess
 def test_info_names_what_a_dataset_was_converted_from(real_wds, tmp_path):
     h5 = tmp_path / "h5"
     convert(real_wds, h5, opts("hdf5"))

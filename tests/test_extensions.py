@@ -124,6 +124,7 @@ def test_stored_encodings_and_counts(every_extension, packed):
     assert np.load(packed / "labels.npy").tolist() == [lab for _, lab in samples]
 
 
+@pytest.mark.slow  # subprocess
 def test_the_issue_example_packs_four_images(tmp_path):
     """A folder with w.jpg x.webp y.bmp z.tif: torchvision finds 4 samples, so does pack-dataset."""
     with Image.open(PHOTOS["person"]) as im:

@@ -84,6 +84,7 @@ def photo_items():
     return [(p.read_bytes(), p.suffix[1:], c) for p, c in photos()]
 
 
+@pytest.mark.slow  # subprocess
 def test_webdataset_shards_pack_like_the_folder(tmp_path, folder_pack):
     shards = write_shards(tmp_path / "shards", photo_items())
     assert len(list(shards.glob("*.tar"))) == 4
@@ -119,6 +120,7 @@ def test_other_image_formats_in_shards_are_normalized(tmp_path):
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")), expected)
 
 
+@pytest.mark.slow  # subprocess
 def test_bad_images_unlabelled_and_imageless_samples(tmp_path):
     good = (REAL_IMAGES / "people" / "grace_hopper.jpg").read_bytes()
     items = [(good, "jpg", "people"), (good[: len(good) // 2], "jpg", "people"), (good, "jpg", None),
@@ -150,6 +152,7 @@ def test_shard_splits(tmp_path):
 @pytest.mark.parametrize("content, message", [
     (b"this is not a tar file at all" * 40, "not a readable tar file"),
 ], ids=["garbage"])
+@pytest.mark.slow  # subprocess
 def test_unreadable_shards_are_usage_errors(tmp_path, content, message):
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "a.tar").write_bytes(content)
@@ -158,6 +161,7 @@ def test_unreadable_shards_are_usage_errors(tmp_path, content, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # subprocess
 def test_mixed_label_kinds_are_refused(tmp_path):
     good = (REAL_IMAGES / "people" / "grace_hopper.jpg").read_bytes()
     shards = write_shards(tmp_path / "a", [(good, "jpg", "people")], label="json")
@@ -167,6 +171,7 @@ def test_mixed_label_kinds_are_refused(tmp_path):
     assert r.returncode == 2 and "mix class indexes and class names" in r.stderr
 
 
+@pytest.mark.slow  # subprocess
 def test_interrupted_import_resumes_to_the_same_output(tmp_path):
     from packer.api import WRITERS, plan
     from packer.pipeline import pack_split
@@ -194,6 +199,7 @@ def test_interrupted_import_resumes_to_the_same_output(tmp_path):
         assert (out / name).read_bytes() == (ref / name).read_bytes(), name
 
 
+@pytest.mark.slow  # subprocess
 def test_a_folder_pack_imports_no_heavy_package():
     code = ("import sys, packer.api, packer.cli; "
             "heavy = [m for m in ('datasets', 'pyarrow', 'torch') if m in sys.modules]; print(heavy)")
@@ -221,6 +227,7 @@ def quiet_datasets(monkeypatch):
     return datasets
 
 
+@pytest.mark.slow  # subprocess
 def test_hf_save_to_disk_packs_like_the_folder(tmp_path, folder_pack, quiet_datasets):
     _, ds = hf_dataset()
     ds.save_to_disk(str(tmp_path / "hf"))
@@ -259,6 +266,7 @@ def test_hf_hub_parquet_layout_gives_splits(tmp_path, quiet_datasets):
     assert sorted((r.split, r.images) for r in results) == [("test", 6), ("train", 25)]
 
 
+@pytest.mark.slow  # subprocess
 def test_hf_rejects_and_unlabelled_rows(tmp_path, quiet_datasets):
     good = (REAL_IMAGES / "people" / "grace_hopper.jpg").read_bytes()
     rows = [(good, "a.jpg", 3), (good[:5000], "cut.jpg", 3), (good, "unlabelled.jpg", -1), (b"junk", "b.png", 0)]
@@ -272,6 +280,7 @@ def test_hf_rejects_and_unlabelled_rows(tmp_path, quiet_datasets):
     assert rejects == ["1:cut.jpg", "3:b.png"]
 
 
+@pytest.mark.slow  # subprocess
 def test_hf_without_a_class_label_is_refused(tmp_path, quiet_datasets):
     datasets = quiet_datasets
     ds = datasets.Dataset.from_dict({"image": [{"bytes": b"x", "path": None}], "label": [0]},

@@ -163,6 +163,7 @@ def damaged_folder(tmp_path) -> Path:
     return root
 
 
+@pytest.mark.slow  # subprocess
 def test_pack_lists_repairs(damaged_folder, tmp_path, stored_bytes):
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "packer.cli", damaged_folder, "-f", "wds", "-o", out, "-q"],
