@@ -42,7 +42,7 @@ from readers.env import WorkerEnv
 
 __all__ = ["ShardLayout", "ShardSettings", "epoch_plan", "shard_stream", "interleave", "buffer_shuffle",
            "worker_order", "round_robin", "batch_counts", "consumed_batches", "permutation", "rank_indices",
-           "worker_lengths", "shards_delivered", "resume_order", "map_delivered"]
+           "worker_lengths", "shards_delivered", "resume_order", "is_exact", "settings_of"]
 
 
 # --------------------------------------------------------------------------- map-style
@@ -271,40 +271,50 @@ def worker_lengths(n: int, world: int, workers: int, pad: bool) -> list[int]:
     return [b - a for a, b in (_worker_range(n, WorkerEnv(0, world, w, workers), pad) for w in range(workers))]
 
 
-def _settings_of(point: dict) -> ShardSettings:
+def settings_of(point: dict) -> ShardSettings:
+    """The order settings a resume point records."""
     return ShardSettings(point["seed"], bool(point["shuffle"]), point["buffer_size"], point["open_shards"],
                          bool(point["pad"]))
 
 
 def shards_delivered(layout: ShardLayout, epoch: int, point: dict) -> np.ndarray:
-    """Mask of the samples a ShardDataset loader had delivered at ``point`` (all ranks, every worker)."""
-    settings, world, workers = _settings_of(point), point["world_size"], point["num_workers"]
-    counts = batch_counts(worker_lengths(layout.num_samples, world, workers, settings.pad), point["batch_size"],
+    """Mask of the samples a ShardDataset loader had delivered this epoch at ``point`` (all ranks,
+    every worker): each worker's first ``taken x batch_size`` samples, where ``taken`` follows from
+    the round-robin over workers. ``point["after"]``: an earlier point this run had resumed from."""
+    prior = shards_delivered(layout, epoch, point["after"]) if point.get("after") else None
+    settings, world, workers = settings_of(point), point["world_size"], point["num_workers"]
+    n = layout.num_samples - (0 if prior is None else int(prior.sum()))
+    counts = batch_counts(worker_lengths(n, world, workers, settings.pad), point["batch_size"],
                           bool(point["drop_last"]))
     taken, _ = consumed_batches(counts, point["delivered"])
-    mask = np.zeros(layout.num_samples, dtype=bool)
+    mask = np.zeros(layout.num_samples, dtype=bool) if prior is None else prior.copy()
     for rank in range(world):
         for w in range(workers):
             if taken[w]:
-                order = worker_order(layout, settings, epoch, WorkerEnv(rank, world, w, workers))
+                order = worker_order(layout, settings, epoch, WorkerEnv(rank, world, w, workers), consumed=prior)
                 mask[order[:taken[w] * point["batch_size"]]] = True
     return mask
+
+
+def is_exact(point: dict, env: WorkerEnv, settings: ShardSettings) -> bool:
+    """True when resuming at ``point`` under ``env``/``settings`` can continue the uninterrupted order."""
+    return (not point.get("after") and point["world_size"] == env.world_size
+            and point["num_workers"] == env.num_workers and settings_of(point) == settings)
 
 
 def resume_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env: WorkerEnv, point: dict) -> np.ndarray:
     """What worker ``env`` delivers for the rest of an epoch interrupted at ``point``.
 
-    Exact resume (same ranks, workers, batch size and order settings): the
-    DataLoader will hand out batches round-robin starting at its worker 0, while
-    the interrupted run would continue with logical worker ``nxt``; so physical
-    worker p plays logical worker ``(p + nxt) % W`` and skips the batches that
-    one already delivered. The rest of the epoch is then batch for batch the
-    uninterrupted order. Otherwise the delivered samples are removed and the
-    remainder is split with the current settings: each sample once (plus padding).
+    Exact resume (same ranks, workers and order settings; the loader also checks
+    batch size and ``drop_last``, and sets ``point["exact"]``): the DataLoader
+    hands out batches round-robin starting at its worker 0, while the interrupted
+    run would continue with logical worker ``nxt``; so physical worker p plays
+    logical worker ``(p + nxt) % W`` and skips the batches that one already
+    delivered. The rest of the epoch is then batch for batch the uninterrupted
+    order. Otherwise the delivered samples are removed and the remainder is split
+    with the current settings: each sample once (plus padding).
     """
-    same = (point["world_size"], point["num_workers"], _settings_of(point)) == (env.world_size, env.num_workers,
-                                                                               settings)
-    if not (point["exact"] and same):
+    if not (point.get("exact") and is_exact(point, env, settings)):
         return worker_order(layout, settings, epoch, env, consumed=shards_delivered(layout, epoch, point))
     workers, bs = env.num_workers, point["batch_size"]
     counts = batch_counts(worker_lengths(layout.num_samples, env.world_size, workers, settings.pad), bs,
@@ -313,18 +323,3 @@ def resume_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env: 
     logical = (env.worker_id + nxt) % workers
     order = worker_order(layout, settings, epoch, WorkerEnv(env.rank, env.world_size, logical, workers))
     return order[taken[logical] * bs:]
-
-
-def map_delivered(n: int, epoch: int, point: dict) -> np.ndarray:
-    """Mask of the samples a map-style loader had delivered at ``point`` (all ranks).
-
-    Each of the ``world_size`` ranks had taken its first ``delivered * batch_size`` samples,
-    so together they took the first ``world_size`` times that of the (padded) permutation.
-    """
-    perm = permutation(n, point["seed"], epoch, bool(point["shuffle"]))
-    world, per_rank = point["world_size"], point["delivered"] * point["batch_size"]
-    taken = [_split_ranks(perm, perm, world, r, bool(point["drop_last"]))[:per_rank] for r in range(world)]
-    mask = np.zeros(n, dtype=bool)
-    for part in taken:
-        mask[part] = True
-    return mask

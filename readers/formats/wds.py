@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 import multiprocessing
 import os
@@ -34,12 +35,11 @@ from readers.base import PackedDataset
 from readers.env import WorkerEnv, current_worker_env
 from readers.order import ShardLayout, ShardSettings, epoch_plan, resume_order, worker_order
 
-__all__ = ["ShardDataset", "epoch_plan", "RESUME_FIELDS"]
+__all__ = ["ShardDataset", "epoch_plan"]
 
 BLOCK = spec.TAR_BLOCK
-#: Slots of the shared resume record a loader hands its (persistent) workers: see ``resume_point``.
-RESUME_FIELDS = ("active", "exact", "delivered", "batch_size", "drop_last", "world_size", "num_workers",
-                 "seed", "shuffle", "buffer_size", "open_shards", "pad")
+#: Bytes of shared memory that carry a resume point (JSON) to the loader's workers, persistent ones too.
+RESUME_BYTES = 8192
 
 
 def _octal(field: bytes) -> int:
@@ -70,7 +70,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         # Shared with loader workers (inherited at start), so set_epoch and a
         # resume point reach persistent workers too.
         self._epoch = multiprocessing.get_context().RawValue("q", 0)
-        self._resume = multiprocessing.get_context().RawArray("q", len(RESUME_FIELDS))
+        self._resume = multiprocessing.get_context().RawArray("c", RESUME_BYTES)
 
     # The order settings, readable and settable one by one (with_order copies before changing them).
     seed = property(lambda self: self.settings.seed, lambda self, v: self._set(seed=int(v)))
@@ -124,7 +124,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         if context.get_spawning_popen() is None:
             # Plain pickling (not a worker start): shared memory cannot travel; keep the values.
             state["_epoch"] = int(self._epoch.value)
-            state["_resume"] = list(self._resume)
+            state["_resume"] = bytes(self._resume.value)
         else:
             # A spawned worker has no process group and maybe no RANK/WORLD_SIZE
             # (mp.spawn, explicit init_process_group): carry the parent's rank.
@@ -135,9 +135,10 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
     def __setstate__(self, state: dict[str, Any]) -> None:
         if isinstance(state["_epoch"], int):
             state["_epoch"] = multiprocessing.get_context().RawValue("q", state["_epoch"])
-        if isinstance(state.get("_resume"), list):
-            state["_resume"] = multiprocessing.get_context().RawArray("q", state["_resume"])
-        state.setdefault("_resume", multiprocessing.get_context().RawArray("q", len(RESUME_FIELDS)))
+        if isinstance(state.get("_resume", b""), bytes):
+            shared = multiprocessing.get_context().RawArray("c", RESUME_BYTES)
+            shared.value = state.get("_resume", b"")
+            state["_resume"] = shared
         state.setdefault("_world", None)
         self.__dict__.update(state)
 
@@ -156,22 +157,25 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
 
     def resume_at(self, point: dict[str, Any] | None) -> None:
         """Make the next epoch start part-way (``None``: from the start). Set by the loader
-        (``PackedLoader.load_state_dict``); shared with persistent workers.
+        (``PackedLoader.load_state_dict``); it reaches persistent workers through shared memory.
 
-        ``point`` holds :data:`RESUME_FIELDS`: batches ``delivered`` so far by a
-        loader with ``batch_size``/``drop_last``, ``world_size`` ranks of
-        ``num_workers`` workers each, and the order settings it ran with;
-        ``exact`` says those equal the current ones, so each worker skips what it
-        delivered and the epoch continues in the uninterrupted order. Otherwise
-        the delivered samples are worked out and the rest is split anew.
+        ``point``: batches ``delivered`` so far by a loader with ``batch_size``/
+        ``drop_last``, over ``world_size`` ranks of ``num_workers`` workers each,
+        with the order settings it ran with (``seed``, ``shuffle``, ``buffer_size``,
+        ``open_shards``, ``pad``); ``exact``: the loader's batching is unchanged;
+        ``after``: an earlier point of this epoch that run had resumed from. See
+        :func:`readers.order.resume_order`.
         """
-        values = [0] * len(RESUME_FIELDS) if point is None else [int(point[k]) for k in RESUME_FIELDS]
-        self._resume[:] = values
+        text = b"" if point is None else json.dumps(point, sort_keys=True).encode()
+        if len(text) >= RESUME_BYTES:
+            raise ValueError(f"resume point too large ({len(text)} bytes): too many resumes with changed "
+                             "settings within one epoch")
+        self._resume.value = text
 
-    def resume_point(self) -> dict[str, int] | None:
+    def resume_point(self) -> dict[str, Any] | None:
         """The resume point the next iteration applies, or None."""
-        point = dict(zip(RESUME_FIELDS, (int(v) for v in self._resume)))
-        return point if point["active"] else None
+        text = self._resume.value
+        return json.loads(text) if text else None
 
     def sample_order(self, env: WorkerEnv | None = None, epoch: int | None = None) -> np.ndarray:
         """Sample indices this worker (``env``: default, where this runs) delivers in ``epoch``,
