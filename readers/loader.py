@@ -70,6 +70,8 @@ def _collate_images(images: Sequence[Any]) -> Any:
     first = images[0]
     if isinstance(first, (bytes, bytearray, memoryview)):
         return _collate_bytes(images)
+    if type(first).__module__.startswith("PIL."):
+        return list(images)  # image="pil" without a transform that makes tensors
     if isinstance(first, torch.Tensor):
         same = all(t.shape == first.shape for t in images)
         if same and first.dtype != torch.bfloat16:

@@ -74,6 +74,7 @@ from readers.decode import (
     read_header,
     reduction_for,
 )
+from readers.compose import Compose, accepts_bytes, warn_if_fused_lost  # re-exported here
 from readers.perprocess import PerProcess
 
 __all__ = [
@@ -89,6 +90,9 @@ __all__ = [
     "ResizeCenterCrop",
     "imagenet_train_transform",
     "imagenet_eval_transform",
+    "Compose",
+    "accepts_bytes",
+    "warn_if_fused_lost",
 ]
 
 ImageInput = Union[bytes, bytearray, memoryview, np.ndarray, torch.Tensor]
@@ -501,3 +505,4 @@ def imagenet_train_transform(size: int = 224, seed: int | None = None, **kwargs)
 def imagenet_eval_transform(size: int = 224, resize: int = 256, **kwargs) -> ResizeCenterCrop:
     """The standard ImageNet eval recipe: ``Resize(resize)`` + ``CenterCrop(size)``, bilinear."""
     return ResizeCenterCrop(resize, size, **kwargs)
+
