@@ -31,6 +31,7 @@ import random
 import shutil
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -274,6 +275,12 @@ class PackedLoader(DataLoader):
             self._delivered += 1
             yield batch
         self._finished = True
+
+    def _get_iterator(self):
+        it = super()._get_iterator()
+        if self.num_workers > 0:  # once the iterator is gone its workers have exited: unmap their slots
+            weakref.finalize(it, shmring.release_dead).atexit = False
+        return it
 
 
 def _continued(resumed_from: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
