@@ -68,13 +68,13 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from readers.compose import Compose, accepts_bytes, warn_if_fused_lost  # re-exported here
 from readers.decode import (
     DECODERS,
     decode_rgb_scaled,
     read_header,
     reduction_for,
 )
-from readers.compose import Compose, accepts_bytes, warn_if_fused_lost  # re-exported here
 from readers.geometry import resize_center_crop
 from readers.perprocess import PerProcess
 

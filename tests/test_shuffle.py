@@ -208,3 +208,16 @@ def test_measure_loader_on_a_real_loader(packed_generated):
         n = ds.index.num_samples
         assert q.batches == -(-n // 8) and 1 <= q.distinct <= 4
         assert q.displacement is not None and q.expected_displacement > 0
+
+
+def test_dataset_bench_reports_shuffle_quality_beside_throughput(packed_generated):
+    from bench.measure import measure_format
+    from bench.report import format_table
+    from bench.results import BenchResult, summarize
+
+    stats = measure_format(packed_generated["wds"], mode="raw", num_workers=0, batch_size=8)
+    assert stats.samples_per_s > 0 and 0 < stats.shuffle_ratio <= 1.5 and stats.displacement_ratio is not None
+    row = {"target": "wds", "mode": "raw", "workers": 0, "cache": "warm", "x_naive": None, **summarize([stats], [], [])}
+    table = format_table(BenchResult(machine={}, config={}, targets=[], rows=[row], limits={}, notes=[],
+                                     transform=""))
+    assert "shuffle x uniform" in table.splitlines()[0] and f"{stats.shuffle_ratio:.2f}x |" in table.splitlines()[2]
