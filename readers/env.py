@@ -69,11 +69,15 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(parent_pid: int, sig: int = 9) -> bool:
-    """Ask the kernel to send ``sig`` (SIGKILL) to this process when its parent dies (Linux
-    ``prctl(PR_SET_PDEATHSIG)``); exit at once if ``parent_pid`` is already gone. True if set.
+    """Ask the kernel to send ``sig`` (SIGKILL) to this process when its parent ``parent_pid`` dies
+    (Linux ``prctl(PR_SET_PDEATHSIG)``). True if set. Nothing is set when this process is not a
+    child of ``parent_pid`` (e.g. started by a forkserver); it exits at once if the parent died
+    while this was being set.
 
     The signal fires when the parent *thread* that started this process ends, so call it only
     in processes started from the parent's main thread."""
+    if os.getppid() != parent_pid:
+        return False
     try:
         import ctypes
 

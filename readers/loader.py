@@ -208,8 +208,8 @@ class PackedLoader(DataLoader):
                  "finished": False, "after": None}
         if self._started and not self._explicit:
             state.update(delivered=self._delivered, finished=self._finished)
-            if self._resume is not None:
-                state.update(_continued(self._resume, state))
+            if self._resume is not None:  # this epoch resumed with other settings: its batches came after those
+                state["after"] = {k: v for k, v in self._resume.items() if k != "exact"}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -268,13 +268,7 @@ class PackedLoader(DataLoader):
             init.parent_pid = os.getpid()
             init.die_with_parent = threading.current_thread() is threading.main_thread()
         shmring.release_dead()  # slots of earlier loaders' workers that have exited
-        return self._count(super().__iter__())
-
-    def _count(self, batches):
-        for batch in batches:
-            self._delivered += 1
-            yield batch
-        self._finished = True
+        return _Counted(super().__iter__(), self)
 
     def _get_iterator(self):
         it = super()._get_iterator()
@@ -283,10 +277,30 @@ class PackedLoader(DataLoader):
         return it
 
 
-def _continued(resumed_from: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
-    """State fields of an epoch that resumed from ``resumed_from`` with other settings: the
-    batches counted here were made after the samples ``resumed_from`` had delivered."""
-    return {"after": {k: v for k, v in resumed_from.items() if k != "exact"}}
+class _Counted:
+    """The DataLoader's iterator, counting the batches it hands out for ``PackedLoader.state_dict``.
+    Everything else (``_workers``, ``_shutdown_workers``, ``len``) is the wrapped iterator's."""
+
+    def __init__(self, inner: Any, loader: PackedLoader) -> None:
+        self._inner, self._loader = inner, loader
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._loader._finished = True
+            raise
+        self._loader._delivered += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def _item_bytes(dataset: Any) -> int:

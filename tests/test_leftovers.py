@@ -116,3 +116,10 @@ def test_die_with_parent_in_a_grandchild(tmp_path):
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child)
+
+
+def test_die_with_parent_is_a_no_op_for_a_process_that_is_not_our_child():
+    """A forkserver's child: its parent is the forkserver, not the loader's process; nothing is set."""
+    from readers.env import die_with_parent
+
+    assert die_with_parent(os.getppid() + 1_000_000) is False
