@@ -63,7 +63,7 @@ class ByteBatch(NamedTuple):
         return len(self.offsets) - 1
 
     def get(self, k: int) -> bytes:
-        return self.data[int(self.offsets[k]):int(self.offsets[k + 1])].numpy().tobytes()
+        return self.data[int(self.offsets[k]):int(self.offsets[k + 1])].cpu().numpy().tobytes()  # also after .to(device)
 
 
 def available() -> bool:
@@ -170,6 +170,17 @@ class _Segment:
         self.name, self.capacity, self.next, self.gen = "", 0, 0, 0
         self.fd = -1  # the memfd (kept open: the main process opens it through /proc), or -1
         self.retired: list = []  # (mapping, fd) of replaced segments that still had batches in flight
+
+    def __del__(self) -> None:
+        """Close this process's mapping and memfd (in a forked copy: the copy's descriptors only)."""
+        for mm, fd in self.retired + [(self.mm, self.fd)]:
+            if mm is not None:
+                mm.close()
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 class ShmSlots:

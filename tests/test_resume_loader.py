@@ -67,7 +67,10 @@ def flat(batches) -> list[int]:
     return [i for b in batches for i in b]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+WORKERS = [0, pytest.param(2, marks=pytest.mark.slow)]  # worker processes: slow by the suite's rule
+
+
+@pytest.mark.parametrize("workers", WORKERS)
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
 def test_resume_continues_the_uninterrupted_order(packed41, fmt, workers):
     ref = loader_for(packed41[fmt], workers)
@@ -93,6 +96,7 @@ def test_resume_continues_the_uninterrupted_order(packed41, fmt, workers):
         del again
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 def test_resume_on_a_live_loader_with_persistent_workers(packed41, fmt):
     ref = loader_for(packed41[fmt], 2)
@@ -118,6 +122,7 @@ def test_resume_on_a_live_loader_with_persistent_workers(packed41, fmt):
     del live
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
 def test_changed_workers_or_batch_size_deliver_the_rest_exactly_once(packed41, fmt):
     first = loader_for(packed41[fmt], 2)
@@ -161,7 +166,7 @@ def _ranks_epoch(root, world, monkeypatch, workers=0, state=None, batch=4, k=Non
     return out, states
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", WORKERS)
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
 def test_ddp_ranks_resume_exactly_and_at_another_world_size(packed41, fmt, workers, monkeypatch):
     full, _ = _ranks_epoch(packed41[fmt], 2, monkeypatch, workers)

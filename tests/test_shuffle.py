@@ -176,6 +176,7 @@ def test_shuffled_pack_is_seeded_and_reads_back_the_right_bytes(sorted_source, t
         assert stored_bytes(tmp_path / "a", i) == stored_bytes(tmp_path / "src", runs["src"].index(name))
 
 
+@pytest.mark.slow
 def test_order_keeps_the_fingerprint_and_the_cli_matches_the_api(sorted_source, tmp_path):
     """Resume identity ignores the order (it is an option); the CLI writes what the API writes."""
     import subprocess
