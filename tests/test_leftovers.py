@@ -57,7 +57,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> dict:
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 @pytest.mark.parametrize("crash", ["raise", "ctrl-c", "sigkill"])
 def test_nothing_outlives_a_crashed_trainer(packed_generated, tmp_path, crash, fmt):
-    cmd = [sys.executable, str(SCRIPT), str(packed_generated[fmt]), str(tmp_path), "--workers", "2",
+    cmd = [sys.executable, str(SCRIPT), str(tmp_path), str(packed_generated[fmt]), "--workers", "2",
            "--batch", "4", "--every", "1000"]
     if crash == "raise":
         t0 = time.monotonic()

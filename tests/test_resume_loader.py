@@ -255,14 +255,13 @@ def _before(entries: list[dict], state: dict) -> list[int]:
 def _kill_when_checkpointed(proc: subprocess.Popen, out: Path, epoch: int, group: bool, timeout: float = 90) -> dict:
     """Wait for a checkpoint inside ``epoch`` with a batch logged after it, then SIGKILL."""
     deadline = time.monotonic() + timeout
-    state = None
     while time.monotonic() < deadline and proc.poll() is None:
         if (out / "state.pt").exists():
             try:
-                state = torch.load(out / "state.pt")
+                state = torch.load(out / "state.pt")[0]
             except Exception:  # noqa: BLE001 - being replaced right now
                 state = None
-            entries = _log(out / "log-0.jsonl")
+            entries = _log(out / "log-0-0.jsonl")
             if state and state["epoch"] == epoch and not state["finished"] and 2 <= state["delivered"] and any(
                     e["epoch"] == epoch and e["batch"] >= state["delivered"] for e in entries):
                 break
@@ -291,39 +290,49 @@ def _reference(root: Path, workers: int, epochs: int, world: int = 1, monkeypatc
     return per_rank
 
 
+def _check_resumed(out: Path, states: dict, roots: list[Path], workers: int, ranks: int, monkeypatch) -> None:
+    """For each dataset and rank: delivered before the checkpoint + after the restart == uninterrupted."""
+    for k, root in enumerate(roots):
+        refs = _reference(root, workers, epochs=2, world=ranks, monkeypatch=monkeypatch)
+        for r in range(ranks):
+            before = _before(_log(out / f"killed-{k}-{r}.jsonl"), states[k])
+            after = flat(e["indices"] for e in _log(out / f"log-{k}-{r}.jsonl"))
+            assert before + after == refs[r], (f"{root.name} rank {r}: killed at epoch {states[k]['epoch']} "
+                                               f"batch {states[k]['delivered']}")
+
+
+def _set_aside_logs(out: Path) -> None:
+    for log in out.glob("log-*.jsonl"):
+        log.rename(log.with_name("killed-" + log.name[4:]))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
-def test_sigkilled_trainer_resumes_exactly(packed41, fmt, workers, tmp_path):
-    cmd = [sys.executable, str(SCRIPT), str(packed41[fmt]), str(tmp_path), "--workers", str(workers),
-           "--sleep", "0.15", "--every", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    state = _kill_when_checkpointed(proc, tmp_path, epoch=1, group=False)
-    before = _before(_log(tmp_path / "log-0.jsonl"), state)
-    (tmp_path / "log-0.jsonl").rename(tmp_path / "killed-0.jsonl")
-    res = subprocess.run(cmd[:-4] + ["--resume"], capture_output=True, text=True, timeout=120)
+def test_sigkilled_trainer_resumes_exactly(packed41, workers, tmp_path, monkeypatch):
+    """One trainer stepping a loader of every format together, SIGKILLed mid-epoch, restarted."""
+    roots = [packed41[fmt] for fmt in FORMATS]
+    cmd = [sys.executable, str(SCRIPT), str(tmp_path), *map(str, roots), "--workers", str(workers), "--every", "2"]
+    proc = subprocess.Popen(cmd + ["--sleep", "0.15"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    states = _kill_when_checkpointed(proc, tmp_path, epoch=1, group=False)
+    _set_aside_logs(tmp_path)
+    res = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
-    after = flat(e["indices"] for e in _log(tmp_path / "log-0.jsonl"))
-    (ref,) = _reference(packed41[fmt], workers, epochs=2)
-    assert before + after == ref, f"killed at epoch {state['epoch']} batch {state['delivered']}"
+    _check_resumed(tmp_path, states, roots, workers, 1, monkeypatch)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
-def test_sigkilled_ddp_job_resumes_exactly(packed41, fmt, tmp_path, monkeypatch):
-    """2 ranks under torchrun (gloo), 2 workers each; rank 0 saves the state; the whole job is killed."""
+def test_sigkilled_ddp_job_resumes_exactly(packed41, tmp_path, monkeypatch):
+    """2 ranks under torchrun (gloo), 2 workers per loader, a loader of every format stepped together;
+    rank 0 saves the states; the whole job is SIGKILLed mid-epoch and started again."""
+    roots = [packed41[fmt] for fmt in FORMATS]
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(SCRIPT),
-            str(packed41[fmt]), str(tmp_path), "--workers", "2", "--ddp"]
+            str(tmp_path), *map(str, roots), "--workers", "2", "--ddp"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(base + ["--sleep", "0.15"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, env=env)
-    state = _kill_when_checkpointed(proc, tmp_path, epoch=1, group=True)
-    before = [_before(_log(tmp_path / f"log-{r}.jsonl"), state) for r in range(2)]
-    for r in range(2):
-        (tmp_path / f"log-{r}.jsonl").rename(tmp_path / f"killed-{r}.jsonl")
+    states = _kill_when_checkpointed(proc, tmp_path, epoch=1, group=True)
+    _set_aside_logs(tmp_path)
     res = subprocess.run(base + ["--resume"], capture_output=True, text=True, timeout=180, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
-    refs = _reference(packed41[fmt], 2, epochs=2, world=2, monkeypatch=monkeypatch)
-    for r in range(2):
-        after = flat(e["indices"] for e in _log(tmp_path / f"log-{r}.jsonl"))
-        assert before[r] + after == refs[r], f"rank {r}, killed at epoch 1 batch {state['delivered']}"
+    _check_resumed(tmp_path, states, roots, 2, 2, monkeypatch)
