@@ -146,6 +146,8 @@ class PackOptions:
             raise ValueError("resize applies to the mmap format only; use max_side for the others")
         if self.order is not None and self.order not in ORDER_KINDS:
             raise ValueError(f"unknown order {self.order!r}; choose one of {', '.join(ORDER_KINDS)}")
+        if self.shuffle_seed < 0:
+            raise ValueError(f"shuffle_seed must be >= 0, got {self.shuffle_seed}")
         if self.overwrite and self.resume:
             raise ValueError("choose either overwrite (start again) or resume (continue), not both")
 
