@@ -72,7 +72,8 @@ def dataset_source(index: spec.Index) -> Source:
                "original_source": meta.get("source", {}), "original_stats": meta.get("stats", {})}
     return Source(root=index.root, classes=index.classes, paths=list(index.names()),
                   labels=arrays["labels"].tolist(), sizes=arrays["sizes"].tolist(),
-                  kind="dataset", details=details, _fingerprint=h.hexdigest())
+                  kind="dataset", details=details, _fingerprint=h.hexdigest(),
+                  order=meta.get("order") or {"kind": "source"})  # the samples keep the dataset's order
 
 
 # ---------------------------------------------------------------------------- reading the source

@@ -101,6 +101,14 @@ def _complete(root: Path, index: spec.Index) -> dict[str, Any]:
     }
 
 
+def _journal_order(options: dict[str, Any]) -> dict[str, Any] | None:
+    """The order an interrupted pack writes, from its options (``--order``, ``--shuffle-seed``)."""
+    kind = options.get("order")
+    if not kind:
+        return None
+    return {"kind": kind, "seed": options.get("shuffle_seed", 0)} if kind == "shuffled" else {"kind": kind}
+
+
 def _incomplete(root: Path) -> dict[str, Any]:
     try:
         state = json.loads((root / spec.STATE_NAME).read_text(encoding="utf-8"))
@@ -115,7 +123,7 @@ def _incomplete(root: Path) -> dict[str, Any]:
         "source_done": state.get("next_source", 0), "source_images": source.get("images"),
         "bytes_on_disk": size, "files": files,
         "options": state.get("options", {}),
-        "order": state.get("order"),
+        "order": _journal_order(state.get("options", {})),
         "source": source,
         "rejected": state.get("rejected", 0), "repaired": state.get("repaired", 0),
         "reencoded": state.get("changed", 0),

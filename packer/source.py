@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from packer.errors import SourceError
+from readers import spec
 
 __all__ = ["IMAGE_EXTENSIONS", "Source", "SourceError", "scan", "find_split_dirs"]
 
@@ -40,6 +41,11 @@ class Source:
     #: the prepare stage that reads this source (``packer.workers.PrepareStage``); None: files under root
     prepare: Any = field(default=None, repr=False, compare=False)
     _fingerprint: str | None = field(default=None, repr=False, compare=False)
+    #: the order of ``paths`` as index.json records it (``scan`` gives the source order)
+    order: dict = field(default_factory=lambda: {"kind": "source"})
+    #: scan position of each entry of ``paths`` (None: the scan order itself); sources read by position
+    #: (``prepare`` stages of imports) follow it
+    origin: list[int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def total_bytes(self) -> int:
@@ -58,6 +64,30 @@ class Source:
         if self._fingerprint is None:
             self._fingerprint = self._hash()
         return self._fingerprint
+
+    def ordered(self, kind: str, seed: int = 0) -> Source:
+        """This source in the order to write: ``"source"`` (as scanned) or ``"shuffled"``.
+
+        The one place a pack's sample order is decided (``packer.api.plan``), so the writer,
+        the journal, ``--resume`` and any prepare engine see the same list. The fingerprint
+        stays the scanned order's: it identifies the files, the order is a packing option.
+        """
+        if kind not in spec.ORDER_KINDS:
+            raise ValueError(f"unknown order {kind!r}; choose one of {', '.join(spec.ORDER_KINDS)}")
+        if kind == self.order["kind"] and self.order.get("seed", seed) == seed:
+            return self
+        if self.order["kind"] != "source":
+            raise ValueError("ordered() applies to a source in scanned order")
+        if kind == "source":
+            return self
+        perm = spec.order_permutation(len(self.paths), seed).tolist()
+        return replace(self, paths=[self.paths[i] for i in perm], labels=[self.labels[i] for i in perm],
+                       sizes=[self.sizes[i] for i in perm], _fingerprint=self.fingerprint(),
+                       order={"kind": kind, "seed": int(seed)}, origin=perm)
+
+    def positions(self, start: int) -> list[int]:
+        """Scan positions of the samples from ``start`` on, in the order they are written."""
+        return list(range(start, len(self.paths))) if self.origin is None else self.origin[start:]
 
     def _hash(self) -> str:
         h = hashlib.sha256()

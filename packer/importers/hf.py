@@ -93,6 +93,10 @@ class _ArrowTable:
         for a in range(start, self.rows, _BATCH):
             yield arrow[a:a + _BATCH].select(columns)
 
+    def take(self, rows: list[int], column: str) -> list[Any]:
+        """Column ``column`` of ``rows`` (any order: the table is memory-mapped)."""
+        return self.ds.with_format("arrow")[rows].column(column).to_pylist()
+
 
 class _ParquetTable:
     """Parquet files of one split, read a row group at a time."""
@@ -109,6 +113,27 @@ class _ParquetTable:
         features = _datasets().Features.from_dict(json.loads(meta[b"huggingface"])["info"]["features"])
         self.columns = _columns(features, files[0])
         self.rows = sum(f.metadata.num_rows for f in self.files)
+
+    def take(self, rows: list[int], column: str) -> list[Any]:
+        """Column ``column`` of ``rows``, a row group at a time, the last few decoded ones kept: in scan
+        order each group is decoded once; a shuffled order decodes groups again (slow for big files)."""
+        import bisect
+
+        if not hasattr(self, "_starts"):
+            self._groups = [(f, g) for f in self.files for g in range(f.num_row_groups)]
+            sizes = [f.metadata.row_group(g).num_rows for f, g in self._groups]
+            self._starts = [sum(sizes[:k]) for k in range(len(sizes))]
+            self._cache: dict[int, list[Any]] = {}
+        out = []
+        for row in rows:
+            k = bisect.bisect_right(self._starts, row) - 1
+            if k not in self._cache:
+                if len(self._cache) >= 4:
+                    self._cache.pop(next(iter(self._cache)))
+                f, g = self._groups[k]
+                self._cache[k] = f.read_row_group(g, columns=[column]).column(column).to_pylist()
+            out.append(self._cache[k][row - self._starts[k]])
+        return out
 
     def batches(self, start: int, columns: list[str]) -> Iterator[Any]:
         skip = start
@@ -175,7 +200,7 @@ def _scan_table(split: str, table: Any) -> Source:
     source = Source(table.path, cols.classes, paths, labels, sizes, ignored=ignored, kind="hf",
                     details={"split": split, "image_column": cols.image, "label_column": cols.label,
                              "rows": table.rows})
-    source.prepare = bytes_stage(lambda start: _read(table, rows, start))
+    source.prepare = bytes_stage(lambda positions: _read(table, rows, positions))
     return source
 
 
@@ -186,21 +211,13 @@ def _file_size(path: str, base: Path) -> int:
         return 0
 
 
-def _read(table: Any, rows: list[int], start: int) -> Iterator[Any]:
-    """The image bytes of each sample from position ``start`` on (a rejection reason when they are missing)."""
-    if start >= len(rows):
-        return
-    wanted = iter(rows[start:])
-    want = next(wanted)
-    row = rows[start]
-    for batch in table.batches(rows[start], [table.columns.image]):
-        for image in batch.column(table.columns.image).to_pylist():
-            if row == want:
-                yield _image_bytes(image or {}, table.path)
-                want = next(wanted, None)
-                if want is None:
-                    return
-            row += 1
+def _read(table: Any, rows: list[int], positions: list[int]) -> Iterator[Any]:
+    """The image bytes of the samples at ``positions`` (scan positions), in that order (a rejection
+    reason when an image's bytes and file are missing)."""
+    for a in range(0, len(positions), _BATCH):
+        wanted = [rows[p] for p in positions[a:a + _BATCH]]
+        for image in table.take(wanted, table.columns.image):
+            yield _image_bytes(image or {}, table.path)
 
 
 def _image_bytes(image: dict, base: Path) -> Any:

@@ -77,12 +77,13 @@ def _result(entry: Any) -> Outcome:
     return entry if isinstance(entry, Outcome) else entry.get()
 
 
-def bytes_stage(read_from: Callable[[int], Iterator[Any]]) -> Callable[..., Iterator[Outcome]]:
-    """A prepare stage over ``read_from(start)``: the source's items from position ``start`` on, each
-    the image's bytes, a ``str`` (reject it with this reason) or an :class:`Unreadable`."""
+def bytes_stage(read: Callable[[list[int]], Iterator[Any]]) -> Callable[..., Iterator[Outcome]]:
+    """A prepare stage over ``read(positions)``: the items at those scan positions, in that order, each
+    the image's bytes, a ``str`` (reject it with this reason) or an :class:`Unreadable`. The stage
+    asks for ``source.positions(start)``: the written order, shuffled or not."""
 
     def stage(source: Any, start: int, opts: ImageOptions, workers: int) -> Iterator[Outcome]:
-        items = read_from(start)
+        items = read(source.positions(start))
         try:
             yield from ordered_outcomes(items, prepare_bytes, opts, workers)
         finally:

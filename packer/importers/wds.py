@@ -144,15 +144,15 @@ def scan_wds(src: Path) -> Source:
     classes, labels = _classes(raw, src)
     source = Source(root, classes, paths, labels, sizes, ignored=ignored, kind="wds",
                     details={"shards": len(shards), "first_shard": shards[0].name if shards else None})
-    source.prepare = bytes_stage(lambda start: _read(shards, where, sizes, start))
+    source.prepare = bytes_stage(lambda positions: _read(shards, where, sizes, positions))
     return source
 
 
-def _read(shards: list[Path], where: list[tuple[int, int]], sizes: list[int], start: int) -> Iterator[Any]:
-    """The image bytes of each sample from ``start`` on (one open shard at a time)."""
+def _read(shards: list[Path], where: list[tuple[int, int]], sizes: list[int], positions: list[int]) -> Iterator[Any]:
+    """The image bytes of the samples at ``positions`` (scan positions), in that order."""
     fd, open_k = None, -1
     try:
-        for pos in range(start, len(where)):
+        for pos in positions:
             k, offset = where[pos]
             if k != open_k:
                 if fd is not None:
