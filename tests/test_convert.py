@@ -66,8 +66,9 @@ def test_round_trip_wds_lmdb_hdf5_wds(real_wds, tmp_path, stored_bytes):
 
 def test_convert_to_mmap_equals_packing_to_mmap(real_images, real_wds, tmp_path):
     direct, converted = tmp_path / "direct", tmp_path / "converted"
-    pack(real_images, direct, opts("mmap", resize=48))
+    pack(real_images, direct, opts("mmap", resize=48, order="shuffled"))  # the wds source's order
     convert(real_wds, converted, opts("mmap", resize=48, workers=2))
+    assert json.loads((converted / "index.json").read_text())["order"] == {"kind": "shuffled", "seed": 0}
     a, b = files_of(direct), files_of(converted)
     assert a["images.npy"] == b["images.npy"] and a["labels.npy"] == b["labels.npy"]
     assert a["checksums.npy"] == b["checksums.npy"]

@@ -93,7 +93,7 @@ def test_scan_matches_the_imagefolder_rules(every_extension):
 @pytest.fixture(scope="module")
 def packed(every_extension, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ext-packed") / "wds"
-    [result] = pack(every_extension, out, PackOptions(format="wds", workers=2))
+    [result] = pack(every_extension, out, PackOptions(format="wds", workers=2, order="source"))
     assert result.rejected == 0
     return out
 

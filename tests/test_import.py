@@ -273,7 +273,7 @@ def test_hf_rejects_and_unlabelled_rows(tmp_path, quiet_datasets):
     _, ds = hf_dataset(rows)
     ds.save_to_disk(str(tmp_path / "hf"))
     out = tmp_path / "out"
-    r = run(tmp_path / "hf", "-f", "wds", "-o", out, "-q")
+    r = run(tmp_path / "hf", "-f", "wds", "-o", out, "-q", "--order", "source")
     assert r.returncode == 3, r.stderr
     assert ": 1 images" in r.stdout and "2 rejected" in r.stdout and "1 non-image files ignored" in r.stdout
     rejects = [json.loads(line)["path"] for line in (out / spec.REJECTS_NAME).read_text().splitlines()]
@@ -289,3 +289,29 @@ def test_hf_without_a_class_label_is_refused(tmp_path, quiet_datasets):
     ds.save_to_disk(str(tmp_path / "hf"))
     r = run(tmp_path / "hf", "-f", "wds", "-o", tmp_path / "out")
     assert r.returncode == 2 and "needs a ClassLabel column" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_shuffled_imports_read_in_the_written_order(tmp_path, quiet_datasets):
+    """--order shuffled (wds's default) permutes the samples; each stored image is still its own."""
+    _, ds = hf_dataset()
+    ds.to_parquet(str(tmp_path / "photos.parquet"), batch_size=7)  # several row groups, read out of order
+    ds.save_to_disk(str(tmp_path / "hf"))
+    shards = write_shards(tmp_path / "shards", photo_items())
+    expected = {p.name: p.read_bytes() for p, _ in photos()}
+    for src in (tmp_path / "photos.parquet", tmp_path / "hf", shards):
+        out = tmp_path / f"out-{src.name}"
+        pack(src, out, PackOptions(format="wds", workers=2, order="shuffled", shuffle_seed=3))
+        index = spec.read_index(out)
+        assert index.meta["order"] == {"kind": "shuffled", "seed": 3}
+        names = list(index.names())
+        assert names != sorted(names, key=lambda n: int(n.split(":")[0]) if ":" in n else n)
+        for name, data, label in zip(names, stored(out), index.labels.tolist()):
+            original = Path(name).name if ":" not in name else name.split(":", 1)[1]
+            if src == shards:  # shard-0000.tar/sample00007.jpg: the 8th photo
+                p, cls = photos()[int(Path(name).stem.replace("sample", ""))]
+                original, want_label = p.name, CLASSES.index(cls)
+            else:
+                want_label = CLASSES.index(next(c for p, c in photos() if p.name == original))
+            assert label == want_label
+            if original.endswith(".jpg"):
+                assert data == expected[original], (src.name, name)

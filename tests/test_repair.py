@@ -166,7 +166,8 @@ def damaged_folder(tmp_path) -> Path:
 @pytest.mark.slow  # subprocess
 def test_pack_lists_repairs(damaged_folder, tmp_path, stored_bytes):
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "packer.cli", damaged_folder, "-f", "wds", "-o", out, "-q"],
+    r = subprocess.run([sys.executable, "-m", "packer.cli", damaged_folder, "-f", "wds", "-o", out, "-q",
+                        "--order", "source"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 3, r.stderr  # lost.jpg is rejected
     assert "1 rejected" in r.stdout and f"2 repaired (listed in {out / spec.REPAIRS_NAME})" in r.stdout
