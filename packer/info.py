@@ -218,7 +218,8 @@ def render(d: dict[str, Any]) -> str:
         lines.append(f"  samples      {d['samples']}")
         lines += _class_lines(d["classes"])
     shards = f", {d['shards']} shard{'s' if d.get('shards') != 1 else ''}" if d.get("shards") else ""
-    lines.append(f"  on disk      {_mb(d['bytes_on_disk'])} ({d['bytes_on_disk']:,} bytes in {d['files']} files{shards})")
+    size = d["bytes_on_disk"]
+    lines.append(f"  on disk      {_mb(size)} ({size:,} bytes in {d['files']} files{shards})")
     lines.append(f"  order        {_order(d.get('order'), (d.get('source') or {}).get('kind', 'folder'))}")
     lines.append(f"  source       {src.get('kind', 'folder')} {src.get('root', '?')}: {_counts(d)}")
     for k, c in enumerate(d.get("converted_from") or []):

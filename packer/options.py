@@ -94,7 +94,8 @@ class PackOptions:
         "-f", "--format", help="output format", choices=FORMATS, required=True, commands=_BOTH))
     # None: the CPUs this process may use (cgroup-aware)
     workers: int | None = field(default=None, metadata=_flag(
-        "-w", "--workers", parse=parse_positive, help="worker processes (default: usable CPUs, cgroup-aware)", commands=_BOTH))
+        "-w", "--workers", parse=parse_positive, help="worker processes (default: usable CPUs, cgroup-aware)",
+        commands=_BOTH))
     shard_size: int = field(default=DEFAULT_SHARD_SIZE, metadata=_flag(
         "--shard-size", parse=parse_size, show=format_size,
         help="wds: start a new shard once a shard reaches this size (default {default})", commands=_BOTH))
@@ -118,14 +119,16 @@ class PackOptions:
     follow_symlinks: bool = field(default=False, metadata=_flag(
         "--follow-symlinks", action="store_true", help="follow symlinks that point outside SRC"))
     overwrite: bool = field(default=False, metadata=_flag(
-        "--overwrite", action="store_true", exclusive_group="existing", help="replace an existing output", commands=_BOTH))
+        "--overwrite", action="store_true", exclusive_group="existing", help="replace an existing output",
+        commands=_BOTH))
     resume: bool = field(default=False, metadata=_flag(
         "--resume", action="store_true", exclusive_group="existing",
         help="finish an interrupted pack with the same options", commands=_BOTH))
     # lmdb/hdf5/mmap: durable commit every this many bytes
     checkpoint_bytes: int = field(default=64 * 1024 * 1024, metadata=_flag(
         "--checkpoint-bytes", parse=parse_size, show=format_size,
-        help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default {default})", commands=_BOTH))
+        help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default {default})",
+        commands=_BOTH))
 
     # None: the format's default (spec.DEFAULT_ORDER); resolved by order_kind()
     order: str | None = field(default=None, metadata=_flag(

@@ -74,7 +74,8 @@ def _columns(features: Any, where: Path) -> _Columns:
     label = next((k for k, f in features.items() if isinstance(f, ds.ClassLabel)), None)
     if image is None or label is None:
         missing = "an Image column" if image is None else "a ClassLabel column"
-        raise SourceError(f"{where}: needs {missing} (columns: {', '.join(f'{k} {type(f).__name__}' for k, f in features.items())})")
+        columns = ", ".join(f"{k} {type(f).__name__}" for k, f in features.items())
+        raise SourceError(f"{where}: needs {missing} (columns: {columns})")
     return _Columns(image, label, list(features[label].names))
 
 
