@@ -15,6 +15,7 @@ from packer.formats.hdf5 import HDF5Writer
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.mmap import MemmapWriter
 from packer.formats.wds import WdsWriter
+from packer.importers import scan_import
 from packer.options import PackOptions
 from packer.output import prepare_output
 from packer.pipeline import Progress, SplitResult
@@ -41,10 +42,12 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -
     src, out = Path(src), Path(out)
     if not src.exists():
         raise SourceError(f"{src}: no such folder")
-    if not src.is_dir():
+    imported = scan_import(src)  # WebDataset shards or a Hugging Face dataset (None: an image folder)
+    if imported is not None:
+        jobs = [(split, source, out if len(imported) == 1 else out / split) for split, source in imported]
+    elif not src.is_dir():
         raise SourceError(f"{src}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
-    splits = find_split_dirs(src)
-    if splits:
+    elif splits := find_split_dirs(src):
         names = [_split_name(d) for d in splits]
         clash = sorted({n for n in names if names.count(n) > 1})
         if clash:
@@ -58,7 +61,7 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -
     if src.resolve().is_relative_to(out.resolve()):
         raise OutputError(f"the source {src} lies inside the output folder {out}; choose another output")
     prepare_output(out, options)
-    return jobs
+    return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
 
 
 def pack(

@@ -18,9 +18,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from readers import spec
-from readers.registry import open_dataset
 
-__all__ = ["Problem", "VerifyReport", "verify", "main"]
+__all__ = ["Problem", "VerifyReport", "verify", "main", "add_arguments", "run"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +95,8 @@ def verify(path: str | os.PathLike | spec.Index,
            progress: Callable[[int], None] | None = None) -> VerifyReport:
     """Check one dataset folder (or its index, already read); returns a report listing every
     damaged sample or file."""
+    from readers.registry import open_dataset  # imports torch: not needed for `pack-dataset --help`
+
     ds = open_dataset(path, decode=False)
     root = ds.root
     report = VerifyReport(root)
@@ -119,12 +120,21 @@ def verify(path: str | os.PathLike | spec.Index,
     return report
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``pack-dataset verify``."""
+    p.add_argument("path", type=Path, help="dataset folder (or a folder of split datasets)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pack-dataset verify",
                                 description="Recompute the checksums of a packed dataset and name damaged samples.")
-    p.add_argument("path", type=Path, help="dataset folder (or a folder of split datasets)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """``pack-dataset verify`` with parsed arguments; returns the exit code."""
     roots = [args.path]
     if not (args.path / spec.INDEX_NAME).exists() and spec.find_splits(args.path):
         roots = [args.path / s for s in spec.find_splits(args.path)]

@@ -54,6 +54,8 @@ __all__ = [
     "MMAP_HEADER_BYTES",
     "TAR_BLOCK",
     "REJECTS_NAME",
+    "REPAIRS_NAME",
+    "WIDS_INDEX_NAME",
     "RECORD_DTYPE",
     "STATE_NAME",
     "shard_name",
@@ -108,6 +110,25 @@ MMAP_HEADER_BYTES = 128
 TAR_BLOCK = 512
 #: Images that could not be packed, one JSON object per line (only when there are any).
 REJECTS_NAME = "rejects.jsonl"
+#: Images stored after a lossless repair (JPEG header junk removed), one JSON object per line.
+REPAIRS_NAME = "repairs.jsonl"
+#: wds: the shard list in the ``wids`` library's JSON format (``wids.ShardListDataset(path)``).
+WIDS_INDEX_NAME = "wids-index.json"
+
+#: Sample order of a pack (index.json ``"order": {"kind": ..., "seed": ...}``): ``"source"`` =
+#: sorted by class then path, exactly torchvision's ImageFolder order; ``"shuffled"`` = the
+#: source order permuted by :func:`order_permutation` (sample k is source file ``perm[k]``,
+#: rejects left out). names.jsonl, labels.npy and every index array follow the written order.
+ORDER_KINDS = ("shuffled", "source")
+#: The pack-time order each format gets by default: wds is read sequentially shard by shard, so
+#: its samples are shuffled at pack time; the map-style readers shuffle globally when read.
+DEFAULT_ORDER: Mapping[str, str] = {"wds": "shuffled", "lmdb": "source", "hdf5": "source", "mmap": "source"}
+
+
+def order_permutation(n: int, seed: int) -> np.ndarray:
+    """``"shuffled"`` order of ``n`` scanned files: the source position of the k-th written one."""
+    return np.random.default_rng([int(seed), 0x5EED_0D4E]).permutation(n)
+
 
 #: One record per sample with every index array as a field (the packer's
 #: journal appends these; each format keeps the fields REQUIRED_ARRAYS names).

@@ -32,7 +32,7 @@ from raycluster import RayCluster  # noqa: E402
 pytestmark = pytest.mark.slow
 
 CLI = [sys.executable, "-m", "packer.cli"]
-BAD = "class_02/img_003.JPEG"  # a corrupt JPEG in the middle of the list (chunk 7 of 12 at --ray-chunk 7)
+BAD = "class_02/img_003.JPEG"  # a corrupt JPEG, in a middle chunk (12 chunks at --ray-chunk 7)
 
 # format and options: wds with small shards (several per chunk and some across chunks) and with
 # every image re-encoded smaller (the layout then follows the stored sizes, not the source's)

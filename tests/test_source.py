@@ -40,8 +40,9 @@ def read_names(ds: Path) -> list[str]:
 
 # ---------------------------------------------------------------- which files are images
 def test_extensions_in_any_case(tmp_path):
-    included = ["a.jpg", "b.JPG", "c.jpeg", "d.JPEG", "e.Jpeg", "f.png", "g.PNG", "h.pNg", "x.png.JPG"]
-    excluded = ["i.gif", "j.bmp", "k.webp", "l.tif", "m.txt", "n.jpg.txt", "o", "p.jpg~", "q.jpe", "r.JPG.bak"]
+    included = ["a.jpg", "b.JPG", "c.jpeg", "d.JPEG", "e.Jpeg", "f.png", "g.PNG", "h.pNg", "x.png.JPG",
+                "j.bmp", "k.webp", "l.tif", "s.TIFF", "t.ppm", "u.PGM", "v.mpo"]  # all of test_extensions.py
+    excluded = ["i.gif", "m.txt", "n.jpg.txt", "o", "p.jpg~", "q.jpe", "r.JPG.bak", "w.jp2", "y.heic"]
     for name in included:
         img(tmp_path / "cls" / name)
     for name in excluded:
@@ -240,7 +241,7 @@ def test_unicode_space_and_dot_names(tmp_path):
     assert src.classes == classes == ["class with space", "dotted.class", "çlass ü"]
     assert list(zip(src.paths, src.labels)) == reference
     for fmt in ("wds", "lmdb"):
-        pack(src_dir, tmp_path / fmt, PackOptions(format=fmt, workers=2))
+        pack(src_dir, tmp_path / fmt, PackOptions(format=fmt, workers=2, order="source"))
         assert read_names(tmp_path / fmt) == src.paths  # names.jsonl round-trips every name
         np.testing.assert_array_equal(np.load(tmp_path / fmt / "labels.npy"), src.labels)
 

@@ -44,6 +44,7 @@ def open_engine(options: PackOptions) -> Iterator[SplitPacker]:
 
     def pack_locally(source: Source, out: Path, split: str, writer_cls: type[FormatWriter],
                      progress: Progress | None) -> SplitResult:
-        return pack_split(source, out, split, options, writer_cls, workers, progress)
+        stage = {"prepare": source.prepare} if source.prepare is not None else {}  # imported sources read bytes
+        return pack_split(source, out, split, options, writer_cls, workers, progress, **stage)
 
     yield pack_locally

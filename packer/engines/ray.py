@@ -174,7 +174,12 @@ class RaySession:
 
     # ------------------------------------------------------------ one split
     def pack_split(self, source: Source, out: Path, split: str, writer_cls: type[FormatWriter],
-                   progress: Progress | None) -> RaySplitResult:
+                   progress: Progress | None) -> SplitResult:
+        if source.prepare is not None:  # an import (shards, a Hugging Face dataset): its own reader
+            log.warning("%s: %s sources are read and prepared on this machine; --engine ray distributes "
+                        "image folders", source.root, source.kind)
+            return pack_split(source, out, split, self.options, writer_cls, self.cpus, progress,
+                              prepare=source.prepare)
         detach = writer_cls.format == "wds"
         if detach:
             writer_cls = partial(RayWdsWriter, session=self)  # type: ignore[assignment]
