@@ -22,15 +22,25 @@ import numpy as np
 import torch
 
 from readers import spec
-from readers.decode import decode_rgb
+from readers.checks import check_index
+from readers.decode import DecodeError, decode_rgb
 from readers.perprocess import PerProcess
 
 __all__ = ["PackedDataset", "MapReader", "LazyHandle", "to_chw"]
 
 
 def to_chw(arr: np.ndarray) -> torch.Tensor:
-    """(H, W, 3) uint8 array -> (3, H, W) uint8 tensor (a copy, contiguous)."""
-    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+    """(H, W, 3) uint8 array -> (3, H, W) uint8 tensor, contiguous, never sharing read-only memory.
+
+    A transpose is usually copied by ``ascontiguousarray``; for shapes where
+    it is already contiguous (1x1 images) it would be a view of ``arr``, which
+    may be a read-only memory map: writing into such a tensor kills the
+    interpreter, so those are copied too.
+    """
+    chw = np.ascontiguousarray(arr.transpose(2, 0, 1))
+    if not chw.flags.writeable or np.shares_memory(chw, arr):
+        chw = chw.copy()
+    return torch.from_numpy(chw)
 
 
 #: A reader's lazily opened, per-process file handle (the one per-process idiom, readers.perprocess).
@@ -52,6 +62,7 @@ class PackedDataset:
     ) -> None:
         """``source``: a dataset folder, or its index as :func:`readers.spec.read_index` returned it."""
         index = source if isinstance(source, spec.Index) else spec.read_index(source)
+        check_index(index)  # every value a read is computed from is bounded before any data file opens
         if index.format != self.format:
             raise spec.DatasetFormatError(
                 f"{index.root} holds a {index.format!r} dataset; {type(self).__name__} reads {self.format!r} "
@@ -73,8 +84,15 @@ class PackedDataset:
 
     def _item(self, i: int, data: Any) -> tuple:
         """Build the item from the stored bytes (or pixels) of sample ``i``."""
-        image = self._convert(data)
+        try:
+            image = self._convert(data)
+        except DecodeError as exc:  # stored bytes that no decoder reads: name the file and sample
+            raise spec.DatasetFormatError(f"{self.where(i)} sample {i}: {exc}") from exc
         return (image, self._label(i), i) if self.return_index else (image, self._label(i))
+
+    def where(self, i: int) -> Path:
+        """The file that holds sample ``i`` (for messages)."""
+        raise NotImplementedError
 
     def _convert(self, data: Any) -> Any:
         if not self.decode:
@@ -108,6 +126,9 @@ class MapReader(PackedDataset, torch.utils.data.Dataset):
     def data_file(self) -> Path:
         """The format's one data file (``readers.spec.DATA_FILE``)."""
         return self.root / spec.DATA_FILE[self.format]
+
+    def where(self, i: int) -> Path:
+        return self.data_file
 
     def _check(self, i: int) -> int:
         n = len(self.labels)

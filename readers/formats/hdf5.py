@@ -7,6 +7,13 @@ chunk's byte offset in the file)
 a sample is one ``os.pread`` (two when it straddles non-adjacent chunks);
 without it the file is opened with h5py, lazily per process, without a
 chunk cache.
+
+Safety: ``data.h5`` and the chunk table must be regular files inside the
+dataset folder (``data.h5`` of the size index.json records); every chunk
+table entry must leave a whole chunk inside ``data.h5``. Through h5py,
+``/images`` must be a plain one-dimensional ``uint8`` dataset stored in
+``data.h5`` itself: an external link, a virtual dataset or external raw
+storage (all of which make HDF5 read other files) is refused.
 """
 
 from __future__ import annotations
@@ -25,8 +32,33 @@ __all__ = ["HDF5Dataset"]
 
 
 # Module-level (not lambdas) so readers pickle for spawn/forkserver workers.
-def _open_h5(file: str) -> h5py.File:
-    return h5py.File(file, "r", rdcc_nbytes=0)
+def _open_h5(file: str, size: int | None = None) -> h5py.File:
+    root, name = os.path.split(file)
+    os.close(spec.open_member(root, name, "data file", size))
+    try:
+        f = h5py.File(file, "r", rdcc_nbytes=0)
+    except OSError as exc:
+        raise spec.DatasetFormatError(f"{file}: not a readable HDF5 file ({exc})") from None
+    try:
+        check_images(f, file)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def check_images(f: h5py.File, file: str) -> None:
+    """``/images`` must be a plain 1-D uint8 dataset whose bytes live in ``file`` itself."""
+    link = f.get("images", getlink=True)
+    if not isinstance(link, h5py.HardLink):
+        raise spec.DatasetFormatError(f"{file}: /images is a {type(link).__name__} (it would read another "
+                                      "file or object); refusing it")
+    images = f["images"]
+    if not isinstance(images, h5py.Dataset) or images.dtype != np.uint8 or images.ndim != 1:
+        raise spec.DatasetFormatError(f"{file}: /images is not a one-dimensional uint8 dataset")
+    if images.is_virtual or images.external:
+        raise spec.DatasetFormatError(f"{file}: /images stores its bytes in other files (virtual dataset or "
+                                      "external storage); refusing it")
 
 
 def _close_h5(f: h5py.File) -> None:
@@ -41,12 +73,31 @@ class HDF5Dataset(MapReader):
         self._offsets = self.index.arrays["offsets"]
         self._sizes = self.index.arrays["sizes"]
         file = str(self.data_file)
-        table = self.meta["storage"].get("chunk_table")
-        self._chunks = np.load(self.root / table) if table else None
-        self._chunk_bytes = int(self.meta["storage"].get("chunk_bytes") or 0)
+        storage = self.meta.get("storage", {})
+        size = (self.meta.get("files") or {}).get(spec.DATA_FILE["hdf5"])
+        table = storage.get("chunk_table")
+        self._chunk_bytes = int(storage.get("chunk_bytes") or 0)
+        self._chunks = self._load_chunk_table(table, size) if table else None
         if self._chunks is not None:
-            self._fd = LazyHandle(functools.partial(os.open, file, os.O_RDONLY), os.close)
-        self._h5 = LazyHandle(functools.partial(_open_h5, file), _close_h5)
+            self._fd = LazyHandle(functools.partial(spec.open_member, str(self.root), spec.DATA_FILE["hdf5"],
+                                                    "data file", size), os.close)
+        self._h5 = LazyHandle(functools.partial(_open_h5, file, size), _close_h5)
+
+    def _load_chunk_table(self, name: str, data_size: int | None) -> np.ndarray:
+        """The chunk table, checked: every entry leaves a whole chunk inside data.h5."""
+        path = spec.member_path(self.root, name, "chunk table")
+        table = spec.parse_npy(path, spec.read_regular(path, "chunk table"), np.dtype("<i8"), what="chunk table")
+        fd = spec.open_member(self.root, spec.DATA_FILE["hdf5"], "data file", data_size)
+        try:
+            data_size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        bad = np.flatnonzero((table < 0) | (table > data_size - self._chunk_bytes))
+        if len(bad):
+            raise spec.DatasetFormatError(
+                f"{path}: chunk {bad[0]} at byte {table[bad[0]]} does not lie inside "
+                f"{spec.DATA_FILE['hdf5']} ({data_size} bytes)")
+        return table
 
     @property
     def chunk_table(self) -> np.ndarray | None:
@@ -69,7 +120,10 @@ class HDF5Dataset(MapReader):
                 f"{self.data_file}: sample {i} spans bytes {start}..{start + size}, "
                 f"past the end of /images ({images.shape[0]} bytes): the file is truncated or damaged"
             )
-        return images[start:start + size].tobytes()
+        try:
+            return images[start:start + size].tobytes()
+        except OSError as exc:  # HDF5 cannot read the chunk (damaged B-tree or chunk)
+            raise spec.DatasetFormatError(f"{self.data_file} sample {i}: unreadable ({exc})") from None
 
     def _pread(self, i: int, start: int, size: int) -> bytes:
         """Read /images[start:start+size] with one pread per run of adjacent chunks."""

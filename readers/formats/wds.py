@@ -119,6 +119,15 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         """Path of shard ``shard``."""
         return self.root / self.shard_names[shard]
 
+    def open_shard(self, shard: int) -> int:
+        """A descriptor of shard ``shard``: a regular file inside the dataset folder
+        (DatasetFormatError naming it otherwise; never blocks). Its size is not
+        required to match: reads are ``pread``s, and a short one names the sample and byte."""
+        return spec.open_member(self.root, self.shard_names[shard], "shard")
+
+    def where(self, i: int) -> Path:
+        return self.shard_path(self.shard_of(i))
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         from multiprocessing import context
@@ -202,7 +211,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
     def read(self, i: int) -> bytes:
         """Stored bytes of sample ``i`` (random access; opens and closes its shard)."""
         shard = self.shard_of(i)
-        fd = os.open(self.shard_path(shard), os.O_RDONLY)
+        fd = self.open_shard(shard)
         try:
             return self.read_from(fd, shard, i)
         finally:
@@ -243,7 +252,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
                 if fd is None:
                     if len(fds) >= 4:  # the buffer spans a few shards at most
                         os.close(fds.pop(next(iter(fds))))
-                    fd = fds[shard] = os.open(self.shard_path(shard), os.O_RDONLY)
+                    fd = fds[shard] = self.open_shard(shard)
                 yield self._item(i, self.read_from(fd, shard, i))
         finally:
             for fd in fds.values():
