@@ -15,7 +15,7 @@ from packer.formats.lmdb import LmdbWriter
 from packer.formats.mmap import MemmapWriter
 from packer.formats.wds import WdsWriter
 from packer.options import PackOptions
-from packer.output import prepare_output
+from packer.output import OutputLock, prepare_output
 from packer.pipeline import Progress, SplitResult, pack_split
 from packer.source import Source, find_split_dirs, scan
 from readers.env import available_cpus
@@ -33,17 +33,20 @@ def _split_name(path: Path) -> str:
     return name or "data"
 
 
-def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -> list[tuple[str, Source, Path]]:
+def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
+         lock: OutputLock | None = None) -> list[tuple[str, Source, Path]]:
     """Scan the source and decide (split name, source, output folder) for each split.
 
     Raises SourceError / OutputError (both UsageError) before anything is written.
+    With ``lock``, the output folders stay locked by it (``pack`` holds it for the
+    whole run); without, they are locked only while the output is checked.
     """
     src, out = Path(src), Path(out)
     if not src.exists():
         raise SourceError(f"{src}: no such folder")
     if not src.is_dir():
         raise SourceError(f"{src}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
-    splits = find_split_dirs(src)
+    splits = find_split_dirs(src, options.splits)
     if splits:
         names = [_split_name(d) for d in splits]
         clash = sorted({n for n in names if names.count(n) > 1})
@@ -57,7 +60,8 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -
         raise OutputError(f"{out} lies inside the source folder {src}; choose an output outside it")
     if src.resolve().is_relative_to(out.resolve()):
         raise OutputError(f"the source {src} lies inside the output folder {out}; choose another output")
-    prepare_output(out, options)
+    single = jobs[0][0] if len(jobs) == 1 and jobs[0][2] == out else None
+    prepare_output(out, options, [dest for _, _, dest in jobs], lock, split_hint=single)
     return jobs
 
 
@@ -74,11 +78,22 @@ def pack(
     is called as work completes; the CLI uses it for its progress bar.
     """
     options = options or PackOptions()
-    jobs = plan(src, out, options)
-    workers = options.workers or available_cpus()
-    results = []
-    for split, source, dest in jobs:
-        callback = progress(split, source) if progress else None
-        log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
-        results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback))
+    with OutputLock() as lock:  # no other pack writes these folders until this one ends
+        jobs = plan(src, out, options, lock=lock)
+        workers = options.workers or available_cpus()
+        results = []
+        for split, source, dest in jobs:
+            callback = progress(split, source) if progress else None
+            log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
+            results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback))
+            results[-1].note = _layout_note(jobs, split, Path(out))
     return results
+
+
+def _layout_note(jobs: list[tuple[str, Source, Path]], split: str, out: Path) -> str:
+    """What the summary says about the layout chosen: which splits, or that nested folders are not."""
+    if any(dest != out for _, _, dest in jobs):
+        return f"split {split} of {', '.join(s for s, _, _ in jobs)}"
+    if any(p.count("/") > 1 for p in jobs[0][1].paths):
+        return "one dataset: sub-folders inside class folders are part of their class (--splits to choose splits)"
+    return ""

@@ -27,6 +27,7 @@ import numpy as np
 
 from readers import spec
 from readers.base import LazyHandle, MapReader
+from readers.formats.h5layout import check_images
 
 __all__ = ["HDF5Dataset"]
 
@@ -45,20 +46,6 @@ def _open_h5(file: str, size: int | None = None) -> h5py.File:
         f.close()
         raise
     return f
-
-
-def check_images(f: h5py.File, file: str) -> None:
-    """``/images`` must be a plain 1-D uint8 dataset whose bytes live in ``file`` itself."""
-    link = f.get("images", getlink=True)
-    if not isinstance(link, h5py.HardLink):
-        raise spec.DatasetFormatError(f"{file}: /images is a {type(link).__name__} (it would read another "
-                                      "file or object); refusing it")
-    images = f["images"]
-    if not isinstance(images, h5py.Dataset) or images.dtype != np.uint8 or images.ndim != 1:
-        raise spec.DatasetFormatError(f"{file}: /images is not a one-dimensional uint8 dataset")
-    if images.is_virtual or images.external:
-        raise spec.DatasetFormatError(f"{file}: /images stores its bytes in other files (virtual dataset or "
-                                      "external storage); refusing it")
 
 
 def _close_h5(f: h5py.File) -> None:

@@ -9,11 +9,11 @@ data never changes after packing). Readahead stays on: the usual advice
 A batch is read in one read transaction.
 
 LMDB maps ``data.mdb`` into memory, and a page past the end of a truncated
-file kills the process with SIGBUS. So before the environment opens (in
-each process), the file must be a regular file inside the dataset folder,
-of the size index.json records, and at least as long as its own newer meta
-page says the database is (``(last_pg + 1) * page_size``: liblmdb never
-reads a page beyond that one). Each value read must be as long as
+file kills the process with SIGBUS. So before the environment opens (once
+per process and file), the file must be a regular file inside the dataset
+folder, at least the size index.json records, and pass
+:mod:`readers.formats.lmdbcheck` (meta pages, file length, B-tree pages):
+then nothing liblmdb reads lies past its end. Each value must be as long as
 ``sizes.npy`` says before it is copied out of the map.
 """
 
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import functools
 import os
-import struct
 from typing import Any
 
 import lmdb
 
 from readers import spec
 from readers.base import LazyHandle, MapReader
+from readers.formats.lmdbcheck import check_file
 from readers.perprocess import PerProcess
 
 __all__ = ["LMDBDataset"]
@@ -44,46 +44,14 @@ def _close_inherited(envs: dict[str, list]) -> None:
 _ENVS: PerProcess[dict[str, list]] = PerProcess(dict, inherited=_close_inherited)
 
 
-_P_META, _MAGIC, _DATA_VERSION = 0x08, 0xBEEFC0DE, 1
-
-
-def _meta(buf: bytes, path: str, k: int) -> tuple[int, int, int]:
-    """(page size, last page number, txn id) of meta page ``k`` (64-bit MDB_meta layout)."""
-    if len(buf) < 152:
-        raise spec.DatasetFormatError(f"{path}: LMDB meta page {k} is cut off: the file is truncated")
-    flags = struct.unpack_from("<H", buf, 10)[0]
-    magic, version = struct.unpack_from("<II", buf, 16)
-    if not flags & _P_META or magic != _MAGIC or version != _DATA_VERSION:
-        raise spec.DatasetFormatError(f"{path}: not an LMDB file this reader knows (meta page {k} is damaged)")
-    psize = struct.unpack_from("<I", buf, 40)[0]  # mm_dbs[FREE_DBI].md_pad holds the page size
-    last_pg, txnid = struct.unpack_from("<QQ", buf, 136)
-    return psize, last_pg, txnid
-
-
-def lmdb_used_bytes(fd: int, path: str) -> int:
-    """Bytes of ``data.mdb`` that liblmdb may read, from the newer of its two meta pages."""
-    psize, last0, txn0 = _meta(os.pread(fd, 152, 0), path, 0)
-    if psize & (psize - 1) or not 512 <= psize <= 65536:
-        raise spec.DatasetFormatError(f"{path}: LMDB page size {psize} in meta page 0 is impossible")
-    psize1, last1, txn1 = _meta(os.pread(fd, 152, psize), path, 1)
-    if psize1 != psize:
-        raise spec.DatasetFormatError(f"{path}: the two LMDB meta pages disagree on the page size")
-    last = last1 if txn1 > txn0 else last0  # the meta liblmdb picks
-    return (last + 1) * psize
-
-
 def check_data_file(root: str, size: int | None) -> None:
-    """Raise DatasetFormatError unless mapping ``root/data.mdb`` is safe (see the module docstring)."""
+    """Raise DatasetFormatError unless liblmdb may map ``root/data.mdb`` (readers.formats.lmdbcheck)."""
     name = spec.DATA_FILE["lmdb"]
     fd = spec.open_member(root, name, "data file", size)
     try:
-        actual, used = os.fstat(fd).st_size, lmdb_used_bytes(fd, os.path.join(root, name))
+        check_file(fd, os.path.join(root, name))
     finally:
         os.close(fd)
-    if actual < used:
-        raise spec.DatasetFormatError(
-            f"{os.path.join(root, name)}: data file is {actual} bytes, its LMDB meta page says the database "
-            f"uses {used}: the file is truncated")
 
 
 def _acquire(root: str, size: int | None = None) -> lmdb.Environment:

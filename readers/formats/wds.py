@@ -123,7 +123,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         """A descriptor of shard ``shard``: a regular file inside the dataset folder
         (DatasetFormatError naming it otherwise; never blocks). Its size is not
         required to match: reads are ``pread``s, and a short one names the sample and byte."""
-        return spec.open_member(self.root, self.shard_names[shard], "shard")
+        return spec.open_member(self.root, self.shard_names[shard], "shard file")
 
     def where(self, i: int) -> Path:
         return self.shard_path(self.shard_of(i))
