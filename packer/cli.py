@@ -3,7 +3,8 @@
 Exit codes: 0 done; 1 the work failed (I/O error, disk full, --strict
 reject, damaged dataset found by ``verify``); 2 usage error or bad input,
 nothing written; 3 done, but some images were rejected (listed in
-``rejects.jsonl`` beside the output).
+``rejects.jsonl`` beside the output); 130 interrupted by Ctrl-C (SIGINT),
+143 stopped by SIGTERM (both resumable with ``--resume``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 from packer.errors import PackerError, PackError, UsageError
 from packer.options import Flag, PackOptions, cli_fields
+from readers.spec import DatasetFormatError
 
 __all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_REJECTS"]
 
@@ -129,23 +133,52 @@ def _pack_main(argv: Sequence[str]) -> int:
         word = "error" if isinstance(exc, UsageError) else "failed"
         print(f"pack-dataset: {word}: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"pack-dataset: interrupted; {out} is incomplete, re-run with --resume to finish it",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        code = getattr(exc, "exit_code", 130)
+        if os.path.lexists(out):
+            print(f"pack-dataset: {_stopped(exc)}; {out} is incomplete, re-run the same command with --resume "
+                  "to finish it", file=sys.stderr)
+        else:
+            print(f"pack-dataset: {_stopped(exc)} before anything was written", file=sys.stderr)
+        return code
+    except (OSError, DatasetFormatError) as exc:  # outside the pack's own handling: still one line
+        print(f"pack-dataset: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     for r in results:
         print(r.summary())
     return EXIT_REJECTS if any(r.rejected for r in results) else EXIT_OK
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C (everything closed, resumable), with exit code 128 + 15."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def _stopped(exc: BaseException) -> str:
+    return "stopped by SIGTERM" if isinstance(exc, Terminated) else "interrupted"
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="pack-dataset: %(levelname)s: %(message)s")
-    if argv and argv[0] == "verify":
-        from packer.verify import main as verify_main
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        if argv and argv[0] == "verify":
+            from packer.verify import main as verify_main
 
-        return verify_main(argv[1:])
-    return _pack_main(argv)
+            try:
+                return verify_main(argv[1:])
+            except KeyboardInterrupt as exc:
+                print(f"pack-dataset verify: {_stopped(exc)}", file=sys.stderr)
+                return getattr(exc, "exit_code", 130)
+        return _pack_main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
