@@ -154,9 +154,9 @@ def _check_arrays(index: spec.Index, num_classes: int) -> None:
         _check_wds_arrays(index)
     elif fmt == "mmap":
         heights, widths = a["heights"], a["widths"]
-        _check_extents(index, lambda s: heights[s].astype(np.int64) * widths[s] * 3)
+        _check_extents(index, "offsets", lambda s: heights[s].astype(np.int64) * widths[s] * 3)
     elif fmt == "hdf5":
-        _check_extents(index, lambda s: sizes[s])
+        _check_extents(index, "sizes", lambda s: sizes[s])
     else:
         limit = data_files(index).get(spec.DATA_FILE[fmt])
         if limit is not None:
@@ -179,13 +179,14 @@ def _check_wds_arrays(index: spec.Index) -> None:
                          f"({limit[shards[i]]} bytes)")
 
 
-def _check_extents(index: spec.Index, lengths: Callable[[slice], np.ndarray]) -> None:
-    """offsets[i] + lengths(i) within the data (mmap: the pixels after the header; hdf5: the file)."""
+def _check_extents(index: spec.Index, blame: str, lengths: Callable[[slice], np.ndarray]) -> None:
+    """offsets[i] + lengths(i) within the data (mmap: the pixels after the header; hdf5: the file);
+    ``blame``: the array the message names."""
     offsets, root, n = index.arrays["offsets"], index.root, index.num_samples
     size = data_files(index).get(spec.DATA_FILE[index.format])
     if size is None:
         return  # nothing recorded: the reader checks against the file itself
     limit = size - spec.MMAP_HEADER_BYTES if index.format == "mmap" else size
-    _first_bad("offsets", root, lambda s: lengths(s) > limit - offsets[s], n,
+    _first_bad(blame, root, lambda s: lengths(s) > limit - offsets[s], n,
                lambda i: f"sample at offset {offsets[i]} with {int(lengths(slice(i, i + 1))[0])} bytes ends "
                          f"past the end of the data ({limit} bytes)")

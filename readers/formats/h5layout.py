@@ -21,7 +21,8 @@ def check_images(f: h5py.File, file: str) -> h5py.Dataset:
     """``/images`` of the open file ``f``, after checking it is stored in ``file`` itself."""
     link = f.get("images", getlink=True)
     if not isinstance(link, h5py.HardLink):
-        kind = "missing" if link is None else f"a {type(link).__name__} (it would read another file or object)"
+        kind = {h5py.ExternalLink: "an external link", h5py.SoftLink: "a soft link"}.get(type(link), "not a link")
+        kind = "missing" if link is None else f"{kind} (it would read another file or object)"
         raise spec.DatasetFormatError(f"{file}: /images is {kind}; refusing it")
     images = f["images"]
     if not isinstance(images, h5py.Dataset) or images.dtype != np.uint8 or images.ndim != 1:
