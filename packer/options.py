@@ -41,6 +41,14 @@ def parse_size(text: str | int) -> int:
     return int(value * _UNITS[unit])
 
 
+def parse_positive_size(text: str | int) -> int:
+    """:func:`parse_size`, at least 1 byte."""
+    value = parse_size(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1 byte, got {text!r}")
+    return value
+
+
 def format_size(n: int) -> str:
     """The shortest spelling that :func:`parse_size` reads back as ``n`` (``256MB``, ``500k``)."""
     for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("k", 1 << 10)):
@@ -111,7 +119,7 @@ class PackOptions:
     workers: int | None = field(default=None, metadata=_flag(
         "-w", "--workers", parse=parse_positive, help="worker processes (default: usable CPUs, cgroup-aware)"))
     shard_size: int = field(default=DEFAULT_SHARD_SIZE, metadata=_flag(
-        "--shard-size", parse=parse_size, show=format_size,
+        "--shard-size", parse=parse_positive_size, show=format_size,
         help="wds: start a new shard once a shard reaches this size (default {default})"))
     shard_count: int | None = field(default=None, metadata=_flag(
         "--shard-count", parse=parse_positive, help="wds: ...or once it holds this many samples"))
@@ -139,7 +147,7 @@ class PackOptions:
         help="finish an interrupted pack with the same options"))
     # lmdb/hdf5/mmap: durable commit every this many bytes
     checkpoint_bytes: int = field(default=64 * 1024 * 1024, metadata=_flag(
-        "--checkpoint-bytes", parse=parse_size, show=format_size,
+        "--checkpoint-bytes", parse=parse_positive_size, show=format_size,
         help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default {default})"))
     # which sub-folders of the source are splits; decides the output layout, not a dataset's content
     splits: str = field(default="auto", metadata=_flag(

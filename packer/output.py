@@ -13,8 +13,9 @@ the pack that took it.
 previous pack's: the names a dataset folder holds (index, journal, side
 files, index arrays, the format's data files, the shards its index or
 journal names, the open shard of an interrupted ``wds`` pack), in a folder
-that shows it is ours (an ``index.json``, a ``pack-state.json`` or a lock
-file of ours), or split folders that are each such a folder. Anything else
+that shows it is ours (an ``index.json``, a ``pack-state.json``, a lock
+file or a ``rejects.jsonl`` of ours), or split folders that are each such
+a folder. Anything else
 in the folder (a file or folder it does not know) makes it refuse, naming
 that entry, and nothing is deleted.
 """
@@ -195,14 +196,15 @@ def _shard_names(folder: Path, splits: set[str]) -> tuple[set[str], list[re.Patt
     return names, patterns
 
 
-def _owned(folder: Path, split_hint: str | None) -> bool:
-    """``folder`` shows it is ours: an index, a journal or a lock file of ours is there."""
-    return any(os.path.lexists(folder / n) for n in (spec.INDEX_NAME, spec.STATE_NAME, LOCK_NAME))
+def _owned(folder: Path) -> bool:
+    """``folder`` shows it is ours: an index, a journal, a lock file, or the rejects list that a
+    pack whose every image was rejected leaves."""
+    return any(os.path.lexists(folder / n) for n in (spec.INDEX_NAME, spec.STATE_NAME, LOCK_NAME, spec.REJECTS_NAME))
 
 
 def _foreign(folder: Path, split_hint: str | None) -> str | None:
     """The first entry of dataset folder ``folder`` that is not a file a pack wrote (None: all are)."""
-    if not _owned(folder, split_hint):
+    if not _owned(folder):
         return "" if any(True for _ in _entries(folder)) else None
     known = known_names()
     shards, patterns = _shard_names(folder, {split_hint} if split_hint else set())
@@ -217,14 +219,14 @@ def _foreign(folder: Path, split_hint: str | None) -> str | None:
 def _check_overwrite(out: Path, split_hint: str | None) -> list[Path]:
     """The dataset folders ``--overwrite`` will clear (``out``, or its split folders); refuses otherwise."""
     entries = _entries(out)
-    if _owned(out, split_hint):
+    if _owned(out):
         bad, folders = _foreign(out, split_hint), [out]
     else:
         dirs = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
         bad = next((e.name for e in entries if not e.is_dir(follow_symlinks=False)), None)
         folders = dirs
         for d in dirs if bad is None else []:
-            inner = _foreign(d, None) if _owned(d, None) else ""
+            inner = _foreign(d, None) if _owned(d) else ""
             if inner is not None:
                 bad = f"{d.name}/{inner}" if inner else d.name
                 break
