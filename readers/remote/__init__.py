@@ -1,0 +1,70 @@
+"""Remote datasets: ``s3://`` and ``http(s)://`` behind one small ``Store`` interface, plus a node-local cache.
+
+Nothing in ``readers`` imports this package for a local path, and importing
+it imports no client library: s3fs / fsspec / aiohttp load on the first
+request to a remote URL. Install them with ``pip install "dataset-packer[remote]"``.
+
+    from readers.remote import open_store, is_url
+    store = open_store("s3://bucket/imagenet/train-wds",
+                       storage_options={"endpoint_url": "http://127.0.0.1:8333"})
+    meta = store.read("index.json")
+    for chunk in store.stream("train-000000.tar"):
+        ...
+
+See docs/remote.md for the client choice, retries, the cache and figures.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from readers.remote.config import RemoteURL, is_url, parse_size, parse_url
+from readers.remote.errors import (
+    ObjectNotFoundError,
+    ReadOnlyStoreError,
+    RemoteAuthError,
+    RemoteError,
+    RemoteIntegrityError,
+    RemoteUnavailableError,
+)
+from readers.remote.retry import RetryPolicy
+from readers.remote.store import LocalStore, Store
+
+__all__ = [
+    "open_store",
+    "is_url",
+    "parse_url",
+    "parse_size",
+    "RemoteURL",
+    "Store",
+    "LocalStore",
+    "RetryPolicy",
+    "RemoteError",
+    "ObjectNotFoundError",
+    "RemoteAuthError",
+    "RemoteUnavailableError",
+    "RemoteIntegrityError",
+    "ReadOnlyStoreError",
+]
+
+
+def open_store(location: str | os.PathLike, storage_options: Mapping[str, Any] | None = None,
+               retry: RetryPolicy | None = None) -> Store:
+    """A :class:`Store` for a dataset folder: a local path, ``file://``, ``s3://`` or ``http(s)://`` URL.
+
+    ``storage_options`` are s3fs's (``endpoint_url``, ``key``, ``secret``, ...)
+    for s3, fsspec HTTP's (``headers``, ``client_kwargs``) for http; the AWS
+    environment variables fill in what they leave out. ``retry`` bounds
+    retries and timeouts (default: 6 tries within 30 s).
+    """
+    text = os.fspath(location)
+    if isinstance(text, str) and text.startswith("file://"):
+        text = text[len("file://"):]
+    if not is_url(text):
+        if storage_options:
+            raise ValueError(f"{location}: storage_options only apply to s3:// and http(s):// URLs")
+        return LocalStore(text)
+    from readers.remote.fsspec_store import FsspecStore
+
+    return FsspecStore(parse_url(text), storage_options, retry)

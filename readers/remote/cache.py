@@ -1,0 +1,228 @@
+"""A node-local cache of remote objects, shared by every process on the node.
+
+    cache = NodeCache("/nvme/cache", limit="200GB")
+    path = cache.fetch(store, "train-000042.tar", size=..., crc32=...)   # local path, complete
+    with cache.open(store, "train-000042.tar") as path:                   # ... and pinned while used
+        ...
+
+Guarantees, across processes (DataLoader workers, DDP ranks, separate jobs)
+that share ``cache_dir``:
+
+* no torn file: an object is downloaded to ``<name>.partial`` and renamed
+  when complete and verified (size, and CRC-32 when the caller knows it);
+* downloaded once: a per-object ``flock`` serialises fetches, a process that
+  finds a download in progress waits for it and then uses its result;
+* an interrupted download (killed process, network down) is resumed by the
+  next fetch, part by part (see :mod:`readers.remote.download`);
+* bounded: before a download, least-recently-used entries are evicted until
+  the new object fits under ``limit`` (``"200GB"``, ``"500MiB"``, bytes);
+  recency is the file's mtime, touched on every fetch;
+* an entry in use is never evicted: :meth:`open` holds a shared ``flock`` on
+  the entry while the caller uses it, eviction only removes entries whose
+  lock it can take exclusively without waiting. If pinned entries alone
+  exceed the limit the cache goes over it (with a warning) rather than
+  waiting, since the pinning process may be waiting on this one.
+
+Layout: ``<cache_dir>/objects/<store>/<name>`` (``<store>`` is a readable
+slug of the URL plus a hash of the URL and endpoint) and
+``<cache_dir>/locks/<hash>.lock``; lock files are empty and kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Iterator
+
+from readers.remote.config import parse_size
+from readers.remote.download import DEFAULT_PART_SIZE, Progress, download_ranged, partial_paths
+from readers.remote.errors import RemoteError, RemoteIntegrityError
+from readers.remote.store import Store
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NodeCache", "CacheFullError"]
+
+_SUFFIXES = (".partial", ".parts")
+
+
+class CacheFullError(RemoteError):
+    """An object larger than the whole cache limit."""
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int) -> Iterator[int]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        yield fd
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _try_flock(path: Path) -> int | None:
+    """An exclusive lock on ``path`` if nobody holds it (fd to close), else None."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+class NodeCache:
+    """Local copies of remote objects under ``cache_dir``, at most ``limit`` bytes (None: no limit)."""
+
+    def __init__(self, cache_dir: str | os.PathLike, limit: int | str | None = None) -> None:
+        self.dir = Path(cache_dir)
+        self.limit = parse_size(limit) if limit is not None else None
+        self.objects = self.dir / "objects"
+        self.locks = self.dir / "locks"
+        self.objects.mkdir(parents=True, exist_ok=True)
+        self.locks.mkdir(parents=True, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"NodeCache({str(self.dir)!r}, limit={self.limit})"
+
+    # ------------------------------------------------------------ names
+    def path_for(self, store: Store, name: str) -> Path:
+        """Where object ``name`` of ``store`` lives in the cache (whether or not it is there)."""
+        digest = hashlib.sha1(store.identity.encode()).hexdigest()[:12]
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", store.url.split("://", 1)[-1]).strip("_")[-60:]
+        parts = [p for p in name.split("/") if p not in ("", ".")]
+        if ".." in parts or not parts:
+            raise ValueError(f"{name!r}: not a valid object name")
+        if parts[-1].endswith(_SUFFIXES):
+            raise ValueError(f"{name!r}: names ending in {' or '.join(_SUFFIXES)} are reserved by the cache")
+        return self.objects.joinpath(f"{slug}-{digest}", *parts)
+
+    def _lock_path(self, entry: Path) -> Path:
+        rel = entry.relative_to(self.objects).as_posix()
+        return self.locks / (hashlib.sha1(rel.encode()).hexdigest() + ".lock")
+
+    # ------------------------------------------------------------ fetch
+    def fetch(self, store: Store, name: str, *, size: int | None = None, crc32: int | None = None,
+              workers: int = 4, part_size: int = DEFAULT_PART_SIZE, progress: Progress | None = None) -> Path:
+        """Local path of a complete copy of ``name``, downloading it first if needed.
+
+        ``size`` and ``crc32`` (from the dataset's index) are checked on
+        download; a cached copy of another size is replaced. Not pinned: use
+        :meth:`open` to keep the entry from being evicted while it is used.
+        """
+        path = self.path_for(store, name)
+        if self._valid(path, size):
+            _touch(path)
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _flock(self._lock_path(path), fcntl.LOCK_EX):  # waits while another process downloads it
+            if self._valid(path, size):
+                _touch(path)
+                return path
+            remote_size = store.size(name)
+            if size is not None and remote_size != size:
+                raise RemoteIntegrityError(f"{store.url_of(name)}: the object holds {remote_size} bytes, the "
+                                           f"index says {size} (replaced or damaged object)")
+            path.unlink(missing_ok=True)  # a stale copy of another size
+            self._reserve(path, remote_size)
+            log.info("cache: downloading %s (%d bytes)", store.url_of(name), remote_size)
+            download_ranged(store, name, path, remote_size, crc32=crc32, workers=workers,
+                            part_size=part_size, progress=progress)
+            _touch(path)
+            return path
+
+    @contextlib.contextmanager
+    def open(self, store: Store, name: str, **fetch_kw) -> Iterator[Path]:
+        """``fetch`` and keep the entry pinned (never evicted) until the block ends."""
+        while True:
+            path = self.fetch(store, name, **fetch_kw)
+            with _flock(self._lock_path(path), fcntl.LOCK_SH):
+                if path.exists():  # not evicted between fetch and the lock
+                    yield path
+                    return
+
+    @staticmethod
+    def _valid(path: Path, size: int | None) -> bool:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return False
+        return size is None or st.st_size == size
+
+    # ------------------------------------------------------------ size limit
+    def entries(self) -> list[tuple[Path, int, float]]:
+        """(path, bytes, mtime) of every file in the cache, partial downloads included."""
+        out = []
+        for dirpath, _dirs, files in os.walk(self.objects):
+            for f in files:
+                p = Path(dirpath, f)
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                out.append((p, st.st_size, st.st_mtime))
+        return out
+
+    def usage(self) -> int:
+        """Bytes the cache holds now (partial downloads count at their full size)."""
+        return sum(n for _, n, _ in self.entries())
+
+    def _reserve(self, path: Path, size: int) -> None:
+        """Make room for ``size`` more bytes and claim it by creating ``path``'s preallocated .partial.
+
+        Runs under a cache-wide lock so that two processes filling the cache at
+        once both count each other's claims. Called holding ``path``'s own lock.
+        """
+        partial, _ = partial_paths(path)
+        if self.limit is not None and size > self.limit:
+            raise CacheFullError(f"{path.name}: {size} bytes is more than the whole cache limit "
+                                 f"({self.limit} bytes in {self.dir}); raise cache_limit")
+        with _flock(self.locks / "_evict.lock", fcntl.LOCK_EX):
+            have = partial.stat().st_size if partial.exists() else 0
+            if self.limit is not None:
+                self._evict(self.usage() - have + size - self.limit, keep=path)
+            with open(partial, "ab") as f:  # a resumable download keeps its bytes
+                f.truncate(size)
+
+    def _evict(self, need: int, keep: Path) -> int:
+        """Remove least-recently-used unpinned entries until ``need`` bytes are freed."""
+        if need <= 0:
+            return 0
+        freed = 0
+        groups: dict[Path, list[tuple[Path, int, float]]] = {}
+        for p, n, mtime in self.entries():
+            base = p.with_name(p.name[: -len(s)]) if (s := next((x for x in _SUFFIXES if p.name.endswith(x)), "")) \
+                else p
+            groups.setdefault(base, []).append((p, n, mtime))
+        order = sorted(groups, key=lambda b: max(m for _, _, m in groups[b]))
+        for base in order:
+            if freed >= need:
+                break
+            if base == keep:
+                continue
+            fd = _try_flock(self._lock_path(base))
+            if fd is None:
+                continue  # pinned by a reader or being downloaded
+            try:
+                for p, n, _ in groups[base]:
+                    p.unlink(missing_ok=True)
+                    freed += n
+                log.info("cache: evicted %s", base.relative_to(self.objects))
+            finally:
+                os.close(fd)
+        if freed < need:
+            log.warning("cache %s: %d bytes over its limit (%d bytes); the rest is in use", self.dir,
+                        need - freed, self.limit)
+        return freed
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        pass

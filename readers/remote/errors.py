@@ -1,0 +1,56 @@
+"""Errors of the remote layer: one line each, naming the URL (and the object).
+
+All are :class:`RemoteError`, an ``OSError``, so code that already handles
+file errors handles these too; :class:`ObjectNotFoundError` is also a
+``FileNotFoundError`` and :class:`RemoteAuthError` a ``PermissionError``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RemoteError",
+    "ObjectNotFoundError",
+    "RemoteAuthError",
+    "RemoteUnavailableError",
+    "RemoteIntegrityError",
+    "ReadOnlyStoreError",
+    "one_line",
+]
+
+
+class RemoteError(OSError):
+    """Any failure talking to an object store or web server."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ObjectNotFoundError(RemoteError, FileNotFoundError):
+    """The object (or bucket) does not exist (HTTP 404)."""
+
+
+class RemoteAuthError(RemoteError, PermissionError):
+    """The server refused the credentials (HTTP 401/403). Never retried."""
+
+
+class RemoteUnavailableError(RemoteError, ConnectionError):
+    """Transient failures (5xx, resets, refused connections, timeouts) outlasted the retry budget."""
+
+
+class RemoteIntegrityError(RemoteError):
+    """Bytes arrived but are not what was expected (size or CRC-32 differs)."""
+
+
+class ReadOnlyStoreError(RemoteError):
+    """A write to a store that only reads (plain HTTP)."""
+
+
+def one_line(exc: BaseException, limit: int = 240) -> str:
+    """``exc`` as a short single line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

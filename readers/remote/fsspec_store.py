@@ -1,0 +1,178 @@
+"""``Store`` over S3 (s3fs) and HTTP(S) (fsspec's aiohttp filesystem).
+
+Why fsspec + s3fs and not obstore: see docs/remote.md (measured with
+benchmarks/bench_remote_clients.py). In short: obstore is faster for many
+small requests, but a forked child of a process that used it hangs on its
+first request, and PyTorch DataLoader workers are forked; for the large
+sequential GETs that streaming and caching use, the two are equally fast.
+
+The filesystem object is built lazily, once per process (s3fs refuses to be
+used across ``fork``), with the client's own retries switched off: every
+call goes through :class:`readers.remote.retry.Retrier`. Request signing,
+credential lookup (environment, profiles, ``storage_options``) and multipart
+uploads are s3fs's and botocore's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping, TypeVar
+
+from readers.remote.config import RemoteURL, s3_settings
+from readers.remote.errors import ReadOnlyStoreError, RemoteError
+from readers.remote.retry import Retrier, RetryPolicy
+from readers.remote.store import Store
+
+__all__ = ["FsspecStore"]
+
+T = TypeVar("T")
+
+
+class FsspecStore(Store):
+    """Objects under ``s3://bucket/prefix`` or ``http(s)://host/prefix``."""
+
+    def __init__(self, url: RemoteURL, storage_options: Mapping[str, Any] | None = None,
+                 retry: RetryPolicy | None = None) -> None:
+        super().__init__()
+        self.remote = url
+        self.url = url.root
+        self.storage_options = dict(storage_options or {})
+        self.retry = retry or RetryPolicy()
+        self.read_only = url.scheme != "s3"
+        self._fs_pid: int | None = None
+        self._fs: Any = None
+        self._lock = threading.Lock()
+        self._retrier = Retrier(self.retry, self._credential_sources)
+        if url.scheme == "s3":  # validate options now (cheap), not in a worker
+            self._settings = s3_settings(self.storage_options, connect_timeout_s=self.retry.connect_timeout_s,
+                                         read_timeout_s=self.retry.read_timeout_s)
+
+    # ------------------------------------------------------------ client per process
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_fs=None, _fs_pid=None, _lock=None, _retrier=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._retrier = Retrier(self.retry, self._credential_sources)
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem of this process (built on first use after start or fork)."""
+        pid = os.getpid()
+        if self._fs is None or self._fs_pid != pid:
+            if self._fs_pid != pid:
+                self._lock = threading.Lock()  # an inherited lock may be held by a thread that is gone
+            with self._lock:
+                if self._fs is None or self._fs_pid != pid:
+                    self._fs, self._fs_pid = self._make_fs(), pid
+        return self._fs
+
+    def _make_fs(self) -> Any:
+        if self.remote.scheme == "s3":
+            try:
+                import s3fs
+            except ImportError:
+                raise RemoteError(f"{self.url}: reading s3:// needs s3fs: pip install 'dataset-packer[remote]'") \
+                    from None
+            fs = s3fs.S3FileSystem(**self._settings.kwargs)
+            fs.retries = 1  # s3fs's own retry loop: off, Retrier decides
+            return fs
+        try:
+            import aiohttp
+            from fsspec.implementations.http import HTTPFileSystem
+        except ImportError:
+            raise RemoteError(f"{self.url}: reading http(s):// needs fsspec and aiohttp: "
+                              "pip install 'dataset-packer[remote]'") from None
+        opts = dict(self.storage_options)
+        client_kwargs = dict(opts.pop("client_kwargs", None) or {})
+        client_kwargs.setdefault("timeout", aiohttp.ClientTimeout(
+            total=None, connect=self.retry.connect_timeout_s, sock_read=self.retry.read_timeout_s))
+        return HTTPFileSystem(client_kwargs=client_kwargs, skip_instance_cache=True, **opts)
+
+    @property
+    def identity(self) -> str:
+        # The same bucket name on two S3 endpoints is two different datasets.
+        return f"{self.url} @ {self._settings.endpoint}" if self.remote.scheme == "s3" else self.url
+
+    def _credential_sources(self) -> str:
+        if self.remote.scheme == "s3":
+            return f"{self._settings.credential_sources}; endpoint {self._settings.endpoint}"
+        given = "headers given" if self.storage_options.get("headers") else "no headers given"
+        return f"storage_options ({given}); an HTTP URL carries no other credentials"
+
+    def _call(self, name: str, what: str, fn: Callable[[], T]) -> T:
+        return self._retrier.call(fn, self.url_of(name), what)
+
+    def _path(self, name: str) -> str:
+        """The path fsspec takes: ``bucket/key`` for s3, the full URL for http."""
+        if self.remote.scheme == "s3":
+            return f"{self.remote.netloc}/{self.remote.key(name)}"
+        return self.remote.child(name)
+
+    # ------------------------------------------------------------ primitives
+    def _read(self, name: str) -> bytes:
+        return self._call(name, "GET", lambda: self.fs.cat_file(self._path(name)))
+
+    def _read_range(self, name: str, start: int, length: int) -> bytes:
+        return self._call(name, f"GET bytes {start}-{start + length - 1}",
+                          lambda: self.fs.cat_file(self._path(name), start=start, end=start + length))
+
+    def _size(self, name: str) -> int:
+        def head() -> int:
+            info = self.fs.info(self._path(name))
+            if info.get("type") == "directory":
+                raise FileNotFoundError(self._path(name))
+            if info.get("size") is None:
+                raise RemoteError(f"{self.url_of(name)}: the server does not report a size (no Content-Length)")
+            return int(info["size"])
+
+        return self._call(name, "HEAD", head)
+
+    def _list(self, prefix: str) -> list[str]:
+        base = self._path("")
+        root = base.rstrip("/")
+        # List the deepest folder that contains the prefix, then filter.
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        target = f"{root}/{folder}" if folder else root
+
+        def find() -> list[str]:
+            try:
+                found = self.fs.find(target)
+            except FileNotFoundError:
+                return []
+            return [f[len(root):].lstrip("/") for f in found if f.startswith(root)]
+
+        return self._call(prefix or "", "LIST", find)
+
+    def _writable(self, name: str) -> None:
+        if self.read_only:
+            raise ReadOnlyStoreError(f"{self.url_of(name)}: {self.remote.scheme}:// datasets are read-only "
+                                     "(upload to s3:// instead)")
+
+    def _put(self, name: str, local_path: Path, part_size: int) -> None:
+        self._writable(name)
+        if not local_path.is_file():
+            raise RemoteError(f"{local_path}: no such file to upload to {self.url_of(name)}")
+        # s3fs uploads in parts of `chunksize` above that size and completes the
+        # multipart upload last, so the object appears whole or not at all.
+        self._call(name, "PUT", lambda: self.fs.put_file(str(local_path), self._path(name), chunksize=part_size))
+
+    def _put_bytes(self, name: str, data: bytes) -> None:
+        self._writable(name)
+        self._call(name, "PUT", lambda: self.fs.pipe_file(self._path(name), data))
+
+    def _delete(self, name: str) -> None:
+        self._writable(name)
+
+        def rm() -> None:
+            try:
+                self.fs.rm_file(self._path(name))
+            except FileNotFoundError:
+                pass
+
+        self._call(name, "DELETE", rm)

