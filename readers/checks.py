@@ -187,6 +187,8 @@ def _check_extents(index: spec.Index, blame: str, lengths: Callable[[slice], np.
     if size is None:
         return  # nothing recorded: the reader checks against the file itself
     limit = size - spec.MMAP_HEADER_BYTES if index.format == "mmap" else size
+    _first_bad("offsets", root, lambda s: offsets[s] > limit, n,
+               lambda i: f"offset {offsets[i]} lies past the end of the data ({limit} bytes)")
     _first_bad(blame, root, lambda s: lengths(s) > limit - offsets[s], n,
                lambda i: f"sample at offset {offsets[i]} with {int(lengths(slice(i, i + 1))[0])} bytes ends "
                          f"past the end of the data ({limit} bytes)")

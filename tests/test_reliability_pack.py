@@ -133,6 +133,7 @@ def test_kill9_with_a_worker_pool_leaves_no_lock_and_no_broken_pipe_tracebacks(s
 
 
 # ---------------------------------------------------------------- 3 (injected) / 4. a source file changing
+@pytest.mark.slow
 def test_a_file_overwritten_after_validation_is_not_stored(tmp_path, monkeypatch):
     """Same size, other bytes, between the worker's check and the writer's re-read (a pool of 2)."""
     import packer.workers as workers
@@ -183,6 +184,7 @@ def test_a_vanished_source_file_resumes_as_the_message_says(tmp_path):
     assert digest(out) == digest(tmp_path / "fresh")  # exactly a fresh pack of the source as it is now
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_change_in_the_part_already_packed(tmp_path):
     src = make_image_folder(tmp_path / "src", classes=2, per_class=6, png_every=0)
     out = tmp_path / "out"
@@ -214,6 +216,7 @@ def _split_source(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_split_names_are_said_in_the_summary(tmp_path):
     r = cli(_split_source(tmp_path / "src"), "-f", "wds", "-o", tmp_path / "out", "-q")
     assert r.returncode == 0, r.stderr
@@ -231,6 +234,7 @@ def test_the_splits_flag_decides(tmp_path, flag, expect):
     assert got == expect
 
 
+@pytest.mark.slow
 def test_an_unknown_split_folder_is_a_usage_error(tmp_path):
     r = cli(_split_source(tmp_path / "src"), "-f", "wds", "-o", tmp_path / "out", "--splits", "train,test")
     assert_one_line(r, 2, "test", "--splits names it")
@@ -242,6 +246,7 @@ def _snapshot(root: Path) -> dict:
     return {p.relative_to(root).as_posix(): (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", ["my_thesis.tex", "experiments/", "sub/data.h5"])
 def test_overwrite_refuses_a_dataset_folder_with_user_files(src, tmp_path, reference, extra):
     out = tmp_path / "out"
@@ -261,6 +266,7 @@ def test_overwrite_refuses_a_dataset_folder_with_user_files(src, tmp_path, refer
     assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_a_hand_written_journal_does_not_make_a_folder_deletable(src, tmp_path):
     out = tmp_path / "notes"
     out.mkdir()
@@ -271,6 +277,7 @@ def test_a_hand_written_journal_does_not_make_a_folder_deletable(src, tmp_path):
     assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_overwrite_through_a_symlink(src, tmp_path, reference):
     import shutil
 
@@ -290,6 +297,7 @@ def test_overwrite_through_a_symlink(src, tmp_path, reference):
     (["--max-side", "40"], "--max-side None then, 40 now"),
     (["SRC"], "the source"),
 ])
+@pytest.mark.slow
 def test_resume_on_a_finished_pack_compares_what_was_asked(src, tmp_path, reference, change, expect):
     import shutil
 
@@ -308,6 +316,7 @@ def test_resume_on_a_finished_pack_compares_what_was_asked(src, tmp_path, refere
     assert _snapshot(out) == before
 
 
+@pytest.mark.slow
 def test_resume_of_an_interrupted_pack_names_the_differing_option(src, tmp_path):
     out = tmp_path / "out"
     assert pack_killed_at("packer.pipeline:_WriteStage._finish", *_args(src, out, "wds")).returncode == 137
@@ -317,6 +326,7 @@ def test_resume_of_an_interrupted_pack_names_the_differing_option(src, tmp_path)
 
 
 # ---------------------------------------------------------------- 8. every kill point is recoverable
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 @pytest.mark.parametrize("then", ["plain", "resume", "overwrite"])
 def test_killed_before_the_first_journal_write(src, tmp_path, reference, fmt, then):
@@ -331,6 +341,7 @@ def test_killed_before_the_first_journal_write(src, tmp_path, reference, fmt, th
     _same_dataset(out, reference[fmt], fmt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", spec.FORMATS)
 def test_killed_after_the_index_before_the_clean_up(src, tmp_path, reference, fmt):
     out = tmp_path / "out"
@@ -346,6 +357,7 @@ def test_killed_after_the_index_before_the_clean_up(src, tmp_path, reference, fm
     _same_dataset(out, reference[fmt], fmt)
 
 
+@pytest.mark.slow
 def test_killed_while_overwrite_deletes(src, tmp_path, reference):
     import shutil
 
@@ -359,6 +371,7 @@ def test_killed_while_overwrite_deletes(src, tmp_path, reference):
 
 
 # ---------------------------------------------------------------- 12. --workers
+@pytest.mark.slow
 def test_absurd_worker_counts_are_refused(src, tmp_path):
     r = cli(src, "-f", "wds", "-o", tmp_path / "out", "--workers", "100000")
     assert_one_line(r, 2, "workers 100000 is more than this machine can use")
@@ -375,12 +388,14 @@ def test_absurd_worker_counts_are_refused(src, tmp_path):
     (["--checkpoint-bytes", "-1"], "at least 1 byte"),
     (["--splits", "a,,b"], "expected auto, none or sub-folder names"),
 ])
+@pytest.mark.slow
 def test_bad_values_are_usage_errors(src, tmp_path, args, expect):
     r = cli(src, "-f", "lmdb", "-o", tmp_path / "out", *args)
     assert_one_line(r, 2, expect)
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_read_only_output_folder(src, tmp_path):
     parent = tmp_path / "ro"
     parent.mkdir()
@@ -392,6 +407,7 @@ def test_a_read_only_output_folder(src, tmp_path):
         parent.chmod(0o755)
 
 
+@pytest.mark.slow
 def test_an_unreadable_class_folder(src, tmp_path):
     import shutil
 
@@ -405,6 +421,7 @@ def test_an_unreadable_class_folder(src, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_damaged_journal(src, tmp_path, reference):
     out = tmp_path / "out"
     assert pack_killed_at("packer.pipeline:_WriteStage._finish", *_args(src, out, "lmdb")).returncode == 137
@@ -416,6 +433,7 @@ def test_a_damaged_journal(src, tmp_path, reference):
     _same_dataset(out, reference["lmdb"], "lmdb")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("validate", [True, False])
 def test_a_fifo_named_like_an_image_is_ignored(src, tmp_path, validate):
     import shutil
@@ -442,6 +460,7 @@ def test_a_name_starting_with_two_dots_is_an_image(src, tmp_path):
     assert result.images == 31 and result.ignored == 2  # notes.txt and the hidden file
 
 
+@pytest.mark.slow
 def test_every_image_rejected_leaves_only_the_rejects_list(tmp_path):
     src = tmp_path / "src"
     (src / "a").mkdir(parents=True)
