@@ -70,7 +70,7 @@ def check_index(index: spec.Index) -> None:
     classes = _field(meta, "classes", list, path)
     if not all(isinstance(c, str) for c in classes):
         raise _fail(path, "field 'classes' must list class names (strings)")
-    storage = _field(meta, "storage", dict, path, {})
+    storage = _field(meta, "storage", dict, path)
     files = _field(meta, "files", dict, path, {})
     for name, size in files.items():
         spec.check_member_name(name, f"{path}: file")
@@ -84,6 +84,23 @@ def check_index(index: spec.Index) -> None:
     elif fmt == "mmap":
         _check_mmap_storage(storage, path)
     _check_arrays(index, len(classes))
+    _check_class_counts(index, len(classes), path)
+
+
+def _check_class_counts(index: spec.Index, num_classes: int, path: Path) -> None:
+    """index.json's class_counts (when recorded) must be what labels.npy counts: a label changed
+    without its checksum being kept in step (or in a dataset packed before checksums) shows here."""
+    counts = index.meta.get("class_counts")
+    if counts is None:
+        return
+    if not (isinstance(counts, list) and len(counts) == num_classes and all(_whole(c) for c in counts)):
+        raise _fail(path, f"class_counts must list one count per class ({num_classes})")
+    actual = np.bincount(index.arrays["labels"], minlength=num_classes)
+    if actual.tolist() != counts:
+        cls = int(np.flatnonzero(actual != np.array(counts))[0])
+        raise spec.DatasetFormatError(
+            f"{index.root / spec.array_file('labels')}: holds {actual[cls]} samples of class {cls}, "
+            f"{spec.INDEX_NAME} counts {counts[cls]}: the labels were changed")
 
 
 def _check_shard_list(index: spec.Index, path: Path) -> None:
@@ -97,8 +114,8 @@ def _check_shard_list(index: spec.Index, path: Path) -> None:
         for key in ("samples", "first", "bytes"):
             if not _whole(s.get(key)) or s[key] < 0:
                 raise _fail(path, f"{where}.{key} must be a whole number >= 0, got {s.get(key)!r}")
-        if not _whole(s.get("crc32", 0)):
-            raise _fail(path, f"{where}.crc32 must be a whole number")
+        if not _whole(s.get("crc32")):
+            raise _fail(path, f"{where}.crc32 must be a whole number, got {s.get('crc32')!r}")
         if s["first"] != first:
             raise _fail(path, f"{where}.first is {s['first']}, but the shards before it hold {first} samples")
         first += s["samples"]

@@ -302,7 +302,7 @@ def check_member_name(name: Any, what: str = "file") -> str:
 
 def member_path(root: str | os.PathLike, name: Any, what: str = "file") -> Path:
     """``root / name`` after checking that it names a file inside ``root`` (symlinks resolved)."""
-    path = Path(root) / check_member_name(name, what)
+    path = Path(root) / check_member_name(name, f"{root}: {what}")
     real_root, real = os.path.realpath(root), os.path.realpath(path)
     if real != real_root and not real.startswith(real_root.rstrip("/") + "/"):
         raise DatasetFormatError(f"{path}: {what} leads outside the dataset folder (to {real}); refusing to read it")
