@@ -62,7 +62,7 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *
         raise OutputError(f"the source {src} lies inside the output folder {out}; choose another output")
     single = jobs[0][0] if len(jobs) == 1 and jobs[0][2] == out else None
     prepare_output(out, options, [dest for _, _, dest in jobs], lock, split_hint=single)
-    return jobs
+    return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
 
 
 def pack(

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packer.errors import SourceError
+from readers import spec
 
 __all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "Source", "SourceError", "scan", "find_split_dirs", "parse_splits"]
 
@@ -52,6 +53,8 @@ class Source:
     ignored: list[str] = field(default_factory=list)  # files that are not images by name
     skipped_links: list[str] = field(default_factory=list)  # symlinks leaving root
     _fingerprint: str | None = field(default=None, repr=False, compare=False)
+    #: the order of ``paths`` as index.json records it (``scan`` gives the source order)
+    order: dict = field(default_factory=lambda: {"kind": "source"})
     _prefix: list | None = field(default=None, repr=False, compare=False)  # [entries hashed, sha256 state]
 
     def __getstate__(self) -> dict:
@@ -73,6 +76,26 @@ class Source:
             self._fingerprint = self._hash()
         return self._fingerprint
 
+    def ordered(self, kind: str, seed: int = 0) -> Source:
+        """This source in the order to write: ``"source"`` (as scanned) or ``"shuffled"``.
+
+        The one place a pack's sample order is decided (``packer.api.plan``), so the writer,
+        the journal, ``--resume`` and any prepare engine see the same list. The fingerprint
+        stays the scanned order's: it identifies the files, the order is a packing option.
+        """
+        if kind not in spec.ORDER_KINDS:
+            raise ValueError(f"unknown order {kind!r}; choose one of {', '.join(spec.ORDER_KINDS)}")
+        if kind == self.order["kind"] and self.order.get("seed", seed) == seed:
+            return self
+        if self.order["kind"] != "source":
+            raise ValueError("ordered() applies to a source in scanned order")
+        if kind == "source":
+            return self
+        perm = spec.order_permutation(len(self.paths), seed).tolist()
+        return Source(self.root, self.classes, [self.paths[i] for i in perm], [self.labels[i] for i in perm],
+                      [self.sizes[i] for i in perm], self.ignored, self.skipped_links, self.fingerprint(),
+                      {"kind": kind, "seed": int(seed)})
+
     def _hash(self) -> str:
         h = hashlib.sha256()
         for p, s, label in zip(self.paths, self.sizes, self.labels):
@@ -80,9 +103,9 @@ class Source:
         return h.hexdigest()
 
     def prefix_fingerprint(self, n: int) -> str:
-        """Hash of the first ``n`` entries, as :meth:`fingerprint` hashes all of them (equal for
-        ``n == len(paths)``). Incremental: checkpoints ask for growing ``n``, so the whole
-        pack hashes each entry once."""
+        """Hash of the first ``n`` entries in writing order (``paths`` as they are: the resume
+        check of the part already packed). Incremental: checkpoints ask for growing ``n``, so
+        the whole pack hashes each entry once."""
         pos, h = self._prefix if self._prefix is not None and self._prefix[0] <= n else (0, hashlib.sha256())
         for p, s, label in zip(self.paths[pos:n], self.sizes[pos:n], self.labels[pos:n]):
             h.update(_entry(p, s, label))

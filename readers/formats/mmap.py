@@ -24,7 +24,7 @@ import numpy as np
 import numpy.lib.format as npformat
 
 from readers import spec
-from readers.base import LazyHandle, MapReader, to_chw
+from readers.base import LazyHandle, MapReader
 
 __all__ = ["MemmapDataset"]
 
@@ -81,8 +81,7 @@ class MemmapDataset(MapReader):
     def _convert(self, data: np.ndarray) -> Any:
         if not self.decode:
             return data.tobytes()
-        image = to_chw(data)  # a copy: never a tensor over the read-only map
-        return self.transform(image) if self.transform is not None else image
+        return self._transformed(data)  # stored pixels, copied (to_chw): never a tensor over the map
 
     def close(self) -> None:
         self._map.close()
