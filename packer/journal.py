@@ -137,6 +137,10 @@ class Journal:
             log.warning("%s: the source changed after the %d files already packed; resuming with the source "
                         "as it is now", out, n)
             return
+        if source is not None and source.order.get("kind", "source") != "source":
+            raise PackError(f"{out}: the source folder changed since the interrupted pack, and its shuffled order "
+                            "(--order shuffled) changes with it; restore the source and --resume, or start again "
+                            "with --overwrite")
         raise PackError(f"{out}: the source folder changed in the part already packed (its first {n} files); "
                         "start again with --overwrite")
 

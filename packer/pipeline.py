@@ -231,7 +231,10 @@ class _WriteStage:
         rel, size = self.source.paths[pos], self.source.sizes[pos]
         self.journal.bytes_in += size
         if outcome.unreadable:
-            raise PackError(f"{outcome.problem}; fix it and re-run with --resume")
+            if self.source.order.get("kind", "source") == "source":  # the files packed so far stay valid
+                raise PackError(f"{outcome.problem}; re-run with --resume (after restoring it, or without it)")
+            raise PackError(f"{outcome.problem}; restore it and re-run with --resume, or start again with "
+                            "--overwrite (a shuffled order changes when a file is missing)")
         if outcome.prepared is None:
             self.journal.rejected += 1
             self.files.add_reject(rel, outcome.problem)
