@@ -80,7 +80,7 @@ class Journal:
     @staticmethod
     def identity_of(split: str, source: Source, options: PackOptions) -> dict[str, Any]:
         return {"format": options.format, "split": split, "options": options.recorded(),
-                "fingerprint": source.fingerprint()}
+                "fingerprint": source.fingerprint(), "files": len(source.paths)}
 
     @classmethod
     def load(cls, out: Path, identity: dict[str, Any], source: Source | None = None) -> Journal | None:
@@ -137,10 +137,11 @@ class Journal:
             log.warning("%s: the source changed after the %d files already packed; resuming with the source "
                         "as it is now", out, n)
             return
-        if source is not None and source.order.get("kind", "source") != "source":
-            raise PackError(f"{out}: the source folder changed since the interrupted pack, and its shuffled order "
-                            "(--order shuffled) changes with it; restore the source and --resume, or start again "
-                            "with --overwrite")
+        then = state.get("files")
+        if source is not None and source.order.get("kind", "source") != "source" and then != len(source.paths):
+            raise PackError(f"{out}: the source folder holds {len(source.paths)} images, {then} when the pack "
+                            "started, and a shuffled order (--order shuffled) changes with the count; restore the "
+                            "source and --resume, or start again with --overwrite")
         raise PackError(f"{out}: the source folder changed in the part already packed (its first {n} files); "
                         "start again with --overwrite")
 

@@ -218,11 +218,12 @@ def _foreign(folder: Path, split_hint: str | None) -> str | None:
 
 def _check_overwrite(out: Path, split_hint: str | None) -> list[Path]:
     """The dataset folders ``--overwrite`` will clear (``out``, or its split folders); refuses otherwise."""
-    entries = _entries(out)
-    if _owned(out):
-        bad, folders = _foreign(out, split_hint), [out]
-    else:
-        dirs = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+    entries = _entries(out)  # a stale lock file of a killed pack aside
+    dirs = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+    dataset_files = (spec.INDEX_NAME, spec.STATE_NAME, spec.REJECTS_NAME)
+    if not dirs or any(os.path.lexists(out / n) for n in dataset_files):
+        bad, folders = _foreign(out, split_hint), [out]  # one dataset folder
+    else:  # split folders, each a dataset folder of ours
         bad = next((e.name for e in entries if not e.is_dir(follow_symlinks=False)), None)
         folders = dirs
         for d in dirs if bad is None else []:

@@ -186,8 +186,8 @@ def test_a_vanished_source_file_leads_to_a_command_that_works(tmp_path, order):
         assert result.images == 17 and result.resumed_from > 0
     else:  # every position moves when a file goes: the message says so, and --overwrite works
         assert "restore it and re-run with --resume, or start again with --overwrite" in str(info.value)
-        with pytest.raises(PackError, match="shuffled order .* changes with it; restore the source and --resume, "
-                                            "or start again with --overwrite"):
+        with pytest.raises(PackError, match="holds 17 images, 18 when the pack started, and a shuffled order .* "
+                                            "restore the source and --resume, or start again with --overwrite"):
             pack(src, out, PackOptions(**opts, resume=True))
         pack(src, out, PackOptions(**opts, overwrite=True))
     assert digest(out) == digest(tmp_path / "fresh")  # exactly a fresh pack of the source as it is now
@@ -364,6 +364,20 @@ def test_killed_after_the_index_before_the_clean_up(src, tmp_path, reference, fm
     assert "already complete, nothing to resume: 30 images" in r.stdout and "img/s" not in r.stdout
     assert not {spec.STATE_NAME, spec.REJECTS_NAME, "records.bin", ".pack-lock"} & {p.name for p in out.iterdir()}
     _same_dataset(out, reference[fmt], fmt)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", ["resume", "overwrite"])
+def test_a_killed_split_pack_resumes_or_is_overwritten(tmp_path, then):
+    src = _split_source(tmp_path / "src")
+    out = tmp_path / "out"
+    assert pack_killed_at("packer.pipeline:_WriteStage._finish", src, "-f", "wds", "-o", out, "-q").returncode == 137
+    assert (out / ".pack-lock").exists() and (out / "train" / spec.STATE_NAME).exists()  # stale lock at the top
+    r = cli(src, "-f", "wds", "-o", out, "-q", f"--{then}")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["train", "val"]
+    for split in ("train", "val"):
+        _verified(out / split)
 
 
 @pytest.mark.slow
