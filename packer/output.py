@@ -34,7 +34,7 @@ from packer.errors import OutputError, OutputExistsError
 from packer.options import PackOptions
 from readers import spec
 
-__all__ = ["prepare_output", "is_dataset", "OutputLock", "OutputBusyError", "LOCK_NAME", "known_names"]
+__all__ = ["prepare_output", "OutputLock", "OutputBusyError", "LOCK_NAME", "known_names"]
 
 #: The lock file a running pack holds inside each folder it writes.
 LOCK_NAME = ".pack-lock"
@@ -163,16 +163,6 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def is_dataset(path: Path) -> bool:
-    """A folder written by pack-dataset: a parseable index or journal of ours."""
-    for name in (spec.INDEX_NAME, spec.STATE_NAME):
-        meta = _read_json(path / name)
-        if isinstance(meta, dict) and meta.get("format") in spec.FORMATS and (
-                "spec_version" in meta or "fingerprint" in meta):
-            return True
-    return False
 
 
 def _entries(folder: Path) -> list[os.DirEntry]:
