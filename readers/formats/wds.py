@@ -20,6 +20,13 @@ How an epoch is split (rank r of R DDP ranks, worker w of W loader workers):
 
 Every sample read checks the tar header in front of it, so a damaged shard
 raises an error that names the shard and the byte offset.
+
+The bytes come from :mod:`readers.formats.wds_io` (local files; for a
+remote dataset, streamed with large range requests, or through the node
+cache when ``cache_dir`` is given); this module only decides the order.
+A streamed dataset is read in stream order and shuffled after reading (the
+buffer then holds ``(index, bytes)``); the order of samples is the same
+either way.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import torch
 from readers import spec
 from readers.base import PackedDataset
 from readers.env import WorkerEnv, current_worker_env
+from readers.formats import wds_io
 
 __all__ = ["ShardDataset", "epoch_plan"]
 
@@ -60,13 +68,6 @@ def epoch_plan(shard_sizes: np.ndarray, seed: int, epoch: int, shuffle: bool, en
     start = rank_start + env.worker_id * base + min(env.worker_id, extra)
     stop = start + base + (1 if env.worker_id < extra else 0)
     return order, np.array([start, stop])
-
-
-def _octal(field: bytes) -> int:
-    try:
-        return int(field.strip(b"\0 ") or b"0", 8)
-    except ValueError:
-        return -1
 
 
 class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
@@ -116,8 +117,14 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return range(first, first + int(self.shard_sizes[shard]))
 
     def shard_path(self, shard: int) -> Path:
-        """Path of shard ``shard``."""
-        return self.root / self.shard_names[shard]
+        """Path of shard ``shard`` (a local dataset; remote ones: :meth:`shard_location`)."""
+        if self.remote is not None:
+            raise ValueError(f"{self.root} is remote: its shards have URLs (shard_location), not paths")
+        return Path(self.root) / self.shard_names[shard]
+
+    def shard_location(self, shard: int) -> str:
+        """Path or URL of shard ``shard``, as shown in messages."""
+        return self.location_of(self.shard_names[shard])
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -175,33 +182,14 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
 
     def read_from(self, fd: int, shard: int, i: int) -> bytes:
         """Stored bytes of sample ``i`` from the open shard ``fd``, checking its tar header."""
-        offset, size = int(self._offsets[i]), int(self._sizes[i])
-        blob = os.pread(fd, BLOCK + size, offset - BLOCK)
-        if len(blob) != BLOCK + size:
-            raise spec.DatasetFormatError(
-                f"{self._where(shard, offset)}: shard ends early (sample {i}): truncated or damaged")
-        # Structural check of the ustar header in front of the data: the member
-        # name must be this sample's key, the size field must match, and the
-        # header checksum (byte sum, checksum field read as spaces) must hold.
-        key = self._keys_prefix(i)
-        header = memoryview(blob)[:BLOCK]
-        if (blob[:len(key)] != key or _octal(blob[124:136]) != size
-                or _octal(blob[148:156]) != sum(header[:148]) + 256 + sum(header[156:])):
-            raise spec.DatasetFormatError(
-                f"{self._where(shard, offset)}: tar header is not sample {i} ({size} bytes) "
-                f"but {blob[:100].rstrip(bytes(1))!r}: the shard is damaged or does not match its index")
-        return blob[BLOCK:]
-
-    def _where(self, shard: int, offset: int) -> str:
-        return f"{self.shard_path(shard)} at byte {offset - BLOCK}"
-
-    @staticmethod
-    def _keys_prefix(i: int) -> bytes:
-        return (spec.wds_key(i) + ".").encode()
+        return wds_io.LocalShards(self).pread(fd, shard, i)
 
     def read(self, i: int) -> bytes:
-        """Stored bytes of sample ``i`` (random access; opens and closes its shard)."""
+        """Stored bytes of sample ``i`` (random access; opens and closes its shard, or one range request)."""
         shard = self.shard_of(i)
+        if self.remote is not None:
+            [(_, data)] = wds_io.StreamedShards(self).samples([i])  # runs to the end: its threads stop
+            return data
         fd = os.open(self.shard_path(shard), os.O_RDONLY)
         try:
             return self.read_from(fd, shard, i)
@@ -209,22 +197,34 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             os.close(fd)
 
     def _samples(self, env: WorkerEnv) -> Iterator[int]:
+        """This worker's sample indices for the epoch, in the order they are yielded."""
+        return self._shuffled(self._ordered(env), env)
+
+    def _ordered(self, env: WorkerEnv) -> Iterator[int]:
+        """This worker's sample indices for the epoch in stream order (before the shuffle buffer)."""
         order, (start, stop) = epoch_plan(self.shard_sizes, self.seed, self.epoch, self.shuffle, env, self.pad)
-        indices = self._stream(order, int(start), int(stop))
-        if not self.shuffle:
-            yield from indices
-            return
-        rng = np.random.default_rng([self.seed, self.epoch, env.rank, env.worker_id])
-        buf: list[int] = []
-        for i in indices:
-            if len(buf) < self.buffer_size:
-                buf.append(i)
-                continue
-            j = int(rng.integers(len(buf)))
-            buf[j], i = i, buf[j]
-            yield i
-        rng.shuffle(buf)
-        yield from buf
+        return self._stream(order, int(start), int(stop))
+
+    def _shuffled(self, items: Iterator[Any], env: WorkerEnv) -> Iterator[Any]:
+        """``items`` through the bounded shuffle buffer (indices, or ``(index, bytes)`` pairs: same order)."""
+        try:
+            if not self.shuffle:
+                yield from items
+                return
+            rng = np.random.default_rng([self.seed, self.epoch, env.rank, env.worker_id])
+            buf: list[Any] = []
+            for item in items:
+                if len(buf) < self.buffer_size:
+                    buf.append(item)
+                    continue
+                j = int(rng.integers(len(buf)))
+                buf[j], item = item, buf[j]
+                yield item
+            rng.shuffle(buf)
+            yield from buf
+        finally:
+            if hasattr(items, "close"):
+                items.close()  # a reader's generator: stop its requests, close its files
 
     def _env(self) -> WorkerEnv:
         env = current_worker_env()
@@ -235,16 +235,13 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[tuple]:
         env = self._env()
-        fds: dict[int, int] = {}
+        io = wds_io.shard_io(self)
+        if io.sequential:  # streamed: read in stream order, shuffle what arrived
+            pairs = self._shuffled(io.samples(self._ordered(env)), env)
+        else:
+            pairs = io.samples(self._samples(env))
         try:
-            for i in self._samples(env):
-                shard = int(self._shard_of[i])
-                fd = fds.get(shard)
-                if fd is None:
-                    if len(fds) >= 4:  # the buffer spans a few shards at most
-                        os.close(fds.pop(next(iter(fds))))
-                    fd = fds[shard] = os.open(self.shard_path(shard), os.O_RDONLY)
-                yield self._item(i, self.read_from(fd, shard, i))
+            for i, data in pairs:
+                yield self._item(i, data)
         finally:
-            for fd in fds.values():
-                os.close(fd)
+            pairs.close()  # stops background requests and closes files now, not at garbage collection

@@ -29,6 +29,9 @@ __all__ = ["FsspecStore"]
 
 T = TypeVar("T")
 
+#: Clients inherited from a parent process through fork (see FsspecStore.fs).
+_INHERITED: list[Any] = []
+
 
 class FsspecStore(Store):
     """Objects under ``s3://bucket/prefix`` or ``http(s)://host/prefix``."""
@@ -67,6 +70,12 @@ class FsspecStore(Store):
         if self._fs is None or self._fs_pid != pid:
             if self._fs_pid != pid:
                 self._lock = threading.Lock()  # an inherited lock may be held by a thread that is gone
+                if self._fs is not None:
+                    # The parent's client, inherited through fork: never used or closed here. Dropping it
+                    # would run its session finalizer against the parent's event loop, which does not run
+                    # in this process (asyncio logs "attached to a different loop" errors); keep it.
+                    _INHERITED.append(self._fs)
+                    self._fs = None
             with self._lock:
                 if self._fs is None or self._fs_pid != pid:
                     self._fs, self._fs_pid = self._make_fs(), pid
