@@ -29,7 +29,9 @@ examples:
   pack-dataset imagenet/train --format lmdb -o out/train-lmdb --max-side 512
   pack-dataset imagenet/train --format mmap -o out/train-mmap --resize 256
   pack-dataset imagenet/      --format hdf5 -o out/imagenet-h5   (packs train/ and val/)
+  pack-dataset imagenet/train --format wds  -o s3://bucket/imagenet/train-wds   (uploads as it goes)
   pack-dataset verify out/train-wds
+  pack-dataset verify s3://bucket/imagenet/train-wds
 
 exit codes: 0 done, 1 failed (resumable with --resume), 2 usage error (nothing written),
             3 done but some images were rejected (see rejects.jsonl beside the output)
@@ -84,9 +86,33 @@ def build_parser() -> argparse.ArgumentParser:
             target = groups[flag.exclusive_group]
         _add_option(target, f, flag)
         if f.name == "format":  # listed right after --format, as --help always showed it
-            p.add_argument("-o", "--output", type=Path, help="output folder (default: SRC-FORMAT beside SRC)")
+            p.add_argument("-o", "--output", type=output_location,
+                           help="output folder, or s3://bucket/prefix (default: SRC-FORMAT beside SRC)")
+    p.add_argument("--stage-dir", type=Path, metavar="DIR",
+                   help="s3:// output: stage files here before upload (default: $DATASET_PACKER_STAGE or "
+                        "~/.cache/dataset-packer/stage/...)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def output_location(text: str) -> Path | str:
+    """``-o``: a local folder (Path), or a remote URL kept as text (``Path`` would fold ``s3://`` to ``s3:/``)."""
+    from readers.spec import is_remote
+
+    return text if is_remote(text) else Path(text)
+
+
+def _upload_bar_factory(quiet: bool):
+    def factory(split):
+        if quiet:
+            return None
+        from tqdm import tqdm
+
+        bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=f"upload {split}", dynamic_ncols=True,
+                   mininterval=0.5)
+        return bar.update
+
+    return factory
 
 
 def _progress_factory(quiet: bool):
@@ -123,8 +149,13 @@ def _pack_main(argv: Sequence[str]) -> int:
         options = PackOptions(**{f.name: getattr(args, f.name) for f, _ in cli_fields()})
     except ValueError as exc:
         parser.error(str(exc))
+    remote = {}
+    if isinstance(out, str):
+        remote = {"stage_dir": args.stage_dir, "upload_progress": _upload_bar_factory(args.quiet)}
+    elif args.stage_dir is not None:
+        parser.error("--stage-dir applies to an s3:// output only")
     try:
-        results = pack(args.src, out, options, progress=_progress_factory(args.quiet))
+        results = pack(args.src, out, options, progress=_progress_factory(args.quiet), **remote)
     except PackerError as exc:
         word = "error" if isinstance(exc, UsageError) else "failed"
         print(f"pack-dataset: {word}: {exc}", file=sys.stderr)

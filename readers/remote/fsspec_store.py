@@ -163,13 +163,17 @@ class FsspecStore(Store):
             raise ReadOnlyStoreError(f"{self.url_of(name)}: {self.remote.scheme}:// datasets are read-only "
                                      "(upload to s3:// instead)")
 
-    def _put(self, name: str, local_path: Path, part_size: int) -> None:
+    def _put(self, name: str, local_path: Path, part_size: int,
+             progress: Callable[[int], None] | None = None) -> None:
         self._writable(name)
         if not local_path.is_file():
             raise RemoteError(f"{local_path}: no such file to upload to {self.url_of(name)}")
-        # s3fs uploads in parts of `chunksize` above that size and completes the
+        kwargs: dict[str, Any] = {"chunksize": part_size}
+        if progress is not None:
+            kwargs["callback"] = _progress_callback(progress)
+        # s3fs uploads in parts of `chunksize` (from 2 parts up, several at once) and completes the
         # multipart upload last, so the object appears whole or not at all.
-        self._call(name, "PUT", lambda: self.fs.put_file(str(local_path), self._path(name), chunksize=part_size))
+        self._call(name, "PUT", lambda: self.fs.put_file(str(local_path), self._path(name), **kwargs))
 
     def _put_bytes(self, name: str, data: bytes) -> None:
         self._writable(name)
@@ -185,3 +189,15 @@ class FsspecStore(Store):
                 pass
 
         self._call(name, "DELETE", rm)
+
+
+def _progress_callback(progress: Callable[[int], None]) -> Any:
+    """An fsspec ``Callback`` that reports each increment to ``progress(nbytes)``."""
+    from fsspec.callbacks import Callback
+
+    class Increments(Callback):
+        def relative_update(self, inc: int = 1) -> None:
+            super().relative_update(inc)
+            progress(inc)
+
+    return Increments()
