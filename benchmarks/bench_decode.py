@@ -16,10 +16,16 @@ In one run it:
    to the plain Pillow baseline (full decode + resize shorter side to 224);
 3. measures a torch DataLoader (``--workers`` processes, all CPUs) over a
    map-style dataset of the file bytes with the train recipe, before (Pillow
-   full decode + torchvision-like crop/resize in Pillow) and after (fused);
+   full decode + torchvision-like crop/resize in Pillow) and after (fused),
+   each pass a fresh loader timed by ``bench.measure.measure_loader``;
 4. re-encodes the folder at pack-time ``--max-side`` values (None, 512, 384,
-   256; thumbnail, bicubic, quality 90 like ``pack-dataset --max-side``) and
-   reports total bytes and the single-core train-transform rate.
+   256) with the packer's own ``prepare_image`` (what ``pack-dataset
+   --max-side`` stores) and reports total bytes and the single-core
+   train-transform rate.
+
+The timing (``bench.onecore``), the machine description (``bench.machine``),
+the generator (``bench.synth``) and the resize geometry (``readers.geometry``)
+are the project's shared ones; this script only chooses what to compare.
 
 Usage::
 
@@ -33,8 +39,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -49,12 +53,13 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from packer.synth import SynthOptions, make_imagenet_like  # noqa: E402
-from readers.decode import (  # noqa: E402
-    decode_rgb,
-    decode_rgb_reduced,
-    decoder_report,
-)
+from bench.machine import load_average, machine_info  # noqa: E402
+from bench.measure import measure_loader  # noqa: E402
+from bench.onecore import per_image_rates, single_core  # noqa: E402
+from bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
+from packer.images import ImageOptions, prepare_image  # noqa: E402
+from readers.decode import decode_rgb, decode_rgb_reduced  # noqa: E402
+from readers.geometry import resize_center_crop, resize_short_side  # noqa: E402
 from readers.transforms import (  # noqa: E402
     imagenet_eval_transform,
     imagenet_train_transform,
@@ -68,38 +73,20 @@ OUT = 224
 
 
 def make_folder(root: Path, n: int, seed: int = 0, classes: int = 10) -> list[tuple[Path, int]]:
-    """An ImageFolder of ``n`` noisy ~480x400 JPEGs (quality 90, 2% grayscale), from packer.synth."""
+    """An ImageFolder of ``n`` noisy ~480x400 JPEGs (quality 90, 2% grayscale), from bench.synth."""
     make_imagenet_like(root, n, classes, SynthOptions(noise=15.0, gray_fraction=0.02, seed=seed))
     classes_found = sorted(p.name for p in root.iterdir() if p.is_dir())
     return [(p, label) for label, c in enumerate(classes_found) for p in sorted((root / c).iterdir())]
 
 
 def reencode(blobs: list[bytes], max_side: int | None) -> list[bytes]:
-    """Pack-time downscale: thumbnail to ``max_side`` (bicubic), JPEG quality 90. None keeps the bytes."""
+    """What ``pack-dataset --max-side`` stores for each file (the packer's own ``prepare_image``). None keeps the bytes."""
     if max_side is None:
         return list(blobs)
-    out = []
-    for data in blobs:
-        with Image.open(io.BytesIO(data)) as im:
-            if max(im.size) <= max_side:
-                out.append(data)
-                continue
-            im = im.convert("RGB") if im.mode not in ("RGB", "L") else im
-            im.thumbnail((max_side, max_side), Image.BICUBIC)
-            buf = io.BytesIO()
-            im.save(buf, "JPEG", quality=90)
-            out.append(buf.getvalue())
-    return out
+    return [prepare_image(data, ImageOptions(max_side=max_side)).data for data in blobs]
 
 
 # --------------------------------------------------------------------------- pipelines
-
-
-def _short_side(h: int, w: int, size: int) -> tuple[int, int]:
-    """torchvision Resize(size) output (h, w)."""
-    if w <= h:
-        return int(size * h / w), size
-    return size, int(size * w / h)
 
 
 def _pil_to_chw(im: Image.Image) -> torch.Tensor:
@@ -107,12 +94,12 @@ def _pil_to_chw(im: Image.Image) -> torch.Tensor:
 
 
 def _arr_resize_pillow(arr: np.ndarray) -> torch.Tensor:
-    h, w = _short_side(arr.shape[0], arr.shape[1], OUT)
+    h, w = resize_short_side(arr.shape[0], arr.shape[1], OUT)
     return _pil_to_chw(Image.fromarray(arr).resize((w, h), Image.BILINEAR))
 
 
 def _arr_resize_torch(arr: np.ndarray) -> torch.Tensor:
-    h, w = _short_side(arr.shape[0], arr.shape[1], OUT)
+    h, w = resize_short_side(arr.shape[0], arr.shape[1], OUT)
     if not arr.flags.writeable:
         arr = arr.copy()
     x = torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0)
@@ -123,7 +110,7 @@ def pillow_baseline(data: bytes) -> torch.Tensor:
     """Plain Pillow: full decode, resize shorter side to 224 (bilinear, antialiased)."""
     with Image.open(io.BytesIO(data)) as im:
         im = im.convert("RGB")
-        h, w = _short_side(im.height, im.width, OUT)
+        h, w = resize_short_side(im.height, im.width, OUT)
         return _pil_to_chw(im.resize((w, h), Image.BILINEAR))
 
 
@@ -148,10 +135,8 @@ def pillow_eval(data: bytes) -> torch.Tensor:
     """The "before" eval pipeline: Pillow full decode, Resize(256) + CenterCrop(224) in Pillow."""
     with Image.open(io.BytesIO(data)) as im:
         im = im.convert("RGB")
-        h, w = _short_side(im.height, im.width, 256)
-        im = im.resize((w, h), Image.BILINEAR)
-        top, left = int(round((h - OUT) / 2.0)), int(round((w - OUT) / 2.0))
-        return _pil_to_chw(im.crop((left, top, left + OUT, top + OUT)))
+        g = resize_center_crop(im.height, im.width, 256, OUT)
+        return _pil_to_chw(im.resize((g.width, g.height), Image.BILINEAR).crop(g.box))
 
 
 def methods() -> list[tuple[str, str, object]]:
@@ -180,39 +165,7 @@ def methods() -> list[tuple[str, str, object]]:
     ]
 
 
-# --------------------------------------------------------------------------- timing
-
-
-def _one_pass(fn_factory, blobs: list[bytes]) -> tuple[float, float]:
-    """(images per CPU-second, images per wall-second) of one pass over ``blobs``."""
-    fn = fn_factory()  # fresh callable each pass: same seed, same work
-    c0, t0 = time.process_time(), time.perf_counter()
-    for data in blobs:
-        fn(data)
-    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-    return len(blobs) / max(cpu, 1e-9), len(blobs) / wall
-
-
-def rates(cases: list[tuple[object, list[bytes]]], repeats: int) -> list[dict]:
-    """Median images/s (per CPU-second and per wall-second) of each (factory, blobs) case.
-
-    Passes are interleaved (repeat 1 of every case, then repeat 2, ...) so
-    that a burst of load from elsewhere on the machine hits all cases alike.
-    The process runs single-threaded on one core, so CPU time is the time the
-    work took whether or not other processes shared the core; on an idle
-    machine the two rates agree.
-    """
-    for factory, blobs in cases:  # warm caches and lazy imports
-        fn = factory()
-        for data in blobs[: max(1, len(blobs) // 20)]:
-            fn(data)
-    runs: list[list[tuple[float, float]]] = [[] for _ in cases]
-    for _ in range(repeats):
-        for i, (factory, blobs) in enumerate(cases):
-            runs[i].append(_one_pass(factory, blobs))
-    return [{"images_per_cpu_s": statistics.median(c for c, _ in r),
-             "images_per_s": statistics.median(w for _, w in r),
-             "runs_cpu": [c for c, _ in r], "runs_wall": [w for _, w in r]} for r in runs]
+# --------------------------------------------------------------------------- the three parts
 
 
 class BytesDataset(torch.utils.data.Dataset):
@@ -228,25 +181,39 @@ class BytesDataset(torch.utils.data.Dataset):
         return self.transform(self.blobs[i]), self.labels[i]
 
 
-def loader_rates(blobs, labels, transforms: list, workers: int, batch: int, repeats: int) -> list[tuple]:
-    """Median images/s of one epoch through a DataLoader per transform, epochs interleaved.
+def single_core_part(blobs: list[bytes], repeats: int, max_sides: tuple, cpu: int | None) -> tuple:
+    """Every method, then the train transform on each ``--max-side`` re-encode, on one pinned core."""
+    packed = [(ms, reencode(blobs, ms)) for ms in max_sides]  # not timed
+    with single_core(cpu) as pinned:
+        table = methods()
+        measured = per_image_rates([(factory, blobs) for _name, _group, factory in table], repeats)
+        by_side = per_image_rates([(lambda: imagenet_train_transform(OUT, seed=0), re) for _ms, re in packed], repeats)
+    base = measured[0]["images_per_cpu_s"]
+    group_base: dict[str, float] = {}
+    rows = []
+    for (name, group, _factory), m in zip(table, measured):
+        group_base.setdefault(group, m["images_per_cpu_s"])
+        rows.append({"method": name, "group": group, **m, "vs_baseline": m["images_per_cpu_s"] / base,
+                     "vs_group_first": m["images_per_cpu_s"] / group_base[group]})
+    ms_rows = [{"max_side": ms, "total_bytes": sum(len(b) for b in re),
+                "mean_bytes": int(statistics.fmean(len(b) for b in re)),
+                "train_images_per_cpu_s": m["images_per_cpu_s"], "train_images_per_s": m["images_per_s"],
+                "runs_cpu": m["runs_cpu"], "runs_wall": m["runs_wall"]} for (ms, re), m in zip(packed, by_side)]
+    return rows, ms_rows, pinned
 
-    Workers are persistent and warmed by one untimed epoch, so start-up is not measured.
-    """
-    kwargs = {"persistent_workers": True} if workers > 0 else {}
-    loaders = [torch.utils.data.DataLoader(BytesDataset(blobs, labels, t), batch_size=batch, shuffle=True,
-                                           num_workers=workers, **kwargs) for t in transforms]
-    for dl in loaders:
-        for _ in dl:
-            pass
-    runs: list[list[float]] = [[] for _ in loaders]
+
+def loader_part(blobs: list[bytes], labels: list[int], workers: int, batch: int, repeats: int) -> list[dict]:
+    """The train recipe through a DataLoader, before and after; passes interleaved (bench.measure.measure_loader)."""
+    recipes = [("before: pillow decode + pillow crop/resize", lambda: PillowTrain(0)),
+               ("after: fused train transform", lambda: imagenet_train_transform(OUT))]
+    runs: list[list[float]] = [[] for _ in recipes]
     for _ in range(repeats):
-        for i, dl in enumerate(loaders):
-            t0 = time.perf_counter()
-            n = sum(x.shape[0] for x, _y in dl)
-            runs[i].append(n / (time.perf_counter() - t0))
-    del loaders
-    return [(statistics.median(r), r) for r in runs]
+        for i, (_name, make) in enumerate(recipes):
+            stats = measure_loader(lambda: torch.utils.data.DataLoader(
+                BytesDataset(blobs, labels, make()), batch_size=batch, shuffle=True, num_workers=workers))
+            runs[i].append(stats.samples_per_s)
+    return [{"pipeline": name, "workers": workers, "images_per_s": statistics.median(r), "runs": r}
+            for (name, _make), r in zip(recipes, runs)]
 
 
 # --------------------------------------------------------------------------- report
@@ -259,6 +226,44 @@ def _table(headers: list[str], rows: list[list]) -> str:
                                         for i, c in enumerate(r)) + " |"
     sep = "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
     return "\n".join([line(headers), sep] + [line(r) for r in cells])
+
+
+def print_header(info: dict) -> None:
+    m, dec = info["machine"], info["machine"]["decoders"]
+    print(f"# {m['arch']} {m['os']}, {m['cpu_model']}, {m['usable_cpus']} usable CPUs, cuda={'yes' if m['cuda'] else 'no'}; "
+          f"python {m['python']}, torch {m['torch']} ({m['torch_cpu_capability']}), Pillow {dec['pil']} "
+          f"(libjpeg-turbo {dec['pil_libjpeg_turbo']}), simplejpeg {dec['simplejpeg']}")
+    print(f"# auto decoder: {dec['auto_jpeg']} for JPEG (bit-exact vs Pillow: "
+          f"{dec['simplejpeg_matches_pillow']}), {dec['auto_other']} otherwise")
+    print(f"# {info['images']} JPEGs, mean {info['mean_bytes'] / 1000:.0f} KB, mean {info['mean_size_wh'][0]}x"
+          f"{info['mean_size_wh'][1]} (WxH), quality 90; {info['repeats']} interleaved repeats, median shown")
+
+
+def print_tables(rows: list[dict], loader_rows: list[dict], ms_rows: list[dict], cpu: int | None, workers: int,
+                 batch: int) -> None:
+    print(f"\n## One core (pinned to CPU {cpu}, torch threads 1): images per CPU-second (and per wall-second)\n")
+    print(_table(["method", "img/s (CPU)", "img/s (wall)", "vs baseline", "vs recipe 'before'"],
+                 [[r["method"], f"{r['images_per_cpu_s']:.0f}", f"{r['images_per_s']:.0f}",
+                   f"{r['vs_baseline']:.2f}x", f"{r['vs_group_first']:.2f}x" if r["group"] != "resize" else ""]
+                  for r in rows]))
+    print(f"\n## DataLoader, train recipe, {workers} workers, batch {batch}: images/s\n")
+    print(_table(["pipeline", "images/s", "speed-up"],
+                 [[r["pipeline"], f"{r['images_per_s']:.0f}",
+                   f"{r['images_per_s'] / loader_rows[0]['images_per_s']:.2f}x"] for r in loader_rows]))
+    print("\n## Pack-time --max-side (pack-dataset's own re-encode): size vs train-transform rate (one core)\n")
+    print(_table(["max-side", "total MB", "KB/image", "train img/s (CPU)", "train img/s (wall)"],
+                 [["none (as generated)" if r["max_side"] is None else str(r["max_side"]),
+                   f"{r['total_bytes'] / 1e6:.1f}", f"{r['mean_bytes'] / 1000:.0f}",
+                   f"{r['train_images_per_cpu_s']:.0f}", f"{r['train_images_per_s']:.0f}"] for r in ms_rows]))
+
+
+def load_images(n: int, keep: Path | None) -> tuple[list[bytes], list[int]]:
+    """Generate the folder (in ``keep``, else a temporary one) and read every file into memory."""
+    with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp:
+        root = keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        items = make_folder(root / "train", n)
+        return [p.read_bytes() for p, _ in items], [lab for _, lab in items]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,106 +282,24 @@ def main(argv: list[str] | None = None) -> int:
     batch = args.batch or (8 if args.quick else 64)
     max_sides = (None, 256) if args.quick else (None, 512, 384, 256)
     started = time.perf_counter()
-
-    tmp = None
-    if args.keep:
-        root = args.keep
-        root.mkdir(parents=True, exist_ok=True)
-    else:
-        tmp = tempfile.TemporaryDirectory(prefix="bench-decode-")
-        root = Path(tmp.name)
-    try:
-        items = make_folder(root / "train", n)
-        blobs = [p.read_bytes() for p, _ in items]
-        labels = [lab for _, lab in items]
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+    blobs, labels = load_images(n, args.keep)
     sizes = [Image.open(io.BytesIO(b)).size for b in blobs]
-    report = decoder_report()
-    info = {
-        "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, "
-                   f"cuda={'yes' if torch.cuda.is_available() else 'no'}",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "decoders": report,
-        "images": n,
-        "mean_bytes": int(statistics.fmean(len(b) for b in blobs)),
-        "mean_size_wh": [int(statistics.fmean(s[0] for s in sizes)), int(statistics.fmean(s[1] for s in sizes))],
-        "repeats": repeats,
-        "loadavg_start": os.getloadavg(),
-        "command": "python benchmarks/bench_decode.py " + " ".join(sys.argv[1:] if argv is None else argv),
-    }
-    print(f"# {info['machine']}; python {info['python']}, torch {info['torch']} "
-          f"({info['torch_cpu_capability']}), Pillow {report['pil']} (libjpeg-turbo "
-          f"{report['pil_libjpeg_turbo']}), simplejpeg {report['simplejpeg']}")
-    print(f"# auto decoder: {report['auto_jpeg']} for JPEG (bit-exact vs Pillow: "
-          f"{report['simplejpeg_matches_pillow']}), {report['auto_other']} otherwise")
-    print(f"# {n} JPEGs, mean {info['mean_bytes'] / 1000:.0f} KB, mean {info['mean_size_wh'][0]}x"
-          f"{info['mean_size_wh'][1]} (WxH), quality 90; {repeats} interleaved repeats, median shown")
-
-    # ---- single core
-    all_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    threads = torch.get_num_threads()
-    cpu = args.cpu if args.cpu is not None else (min(all_cpus) if all_cpus else None)
-    if cpu is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {cpu})
-    torch.set_num_threads(1)
-    rows, ms_rows = [], []
-    try:
-        table = methods()
-        measured = rates([(factory, blobs) for _name, _group, factory in table], repeats)
-        base = measured[0]["images_per_cpu_s"]
-        group_base: dict[str, float] = {}
-        for (name, group, _factory), m in zip(table, measured):
-            cpu_rate = m["images_per_cpu_s"]
-            group_base.setdefault(group, cpu_rate)
-            rows.append({"method": name, "group": group, **m,
-                         "vs_baseline": cpu_rate / base, "vs_group_first": cpu_rate / group_base[group]})
-        packed = [(ms, reencode(blobs, ms)) for ms in max_sides]
-        measured = rates([(lambda: imagenet_train_transform(OUT, seed=0), re) for _ms, re in packed], repeats)
-        for (ms, re), m in zip(packed, measured):
-            ms_rows.append({"max_side": ms, "total_bytes": sum(len(b) for b in re),
-                            "mean_bytes": int(statistics.fmean(len(b) for b in re)),
-                            "train_images_per_cpu_s": m["images_per_cpu_s"], "train_images_per_s": m["images_per_s"],
-                            "runs_cpu": m["runs_cpu"], "runs_wall": m["runs_wall"]})
-    finally:
-        if all_cpus is not None:
-            os.sched_setaffinity(0, all_cpus)
-        torch.set_num_threads(threads)
-
-    print(f"\n## One core (pinned to CPU {cpu}, torch threads 1): images per CPU-second (and per wall-second)\n")
-    print(_table(["method", "img/s (CPU)", "img/s (wall)", "vs baseline", "vs recipe 'before'"],
-                 [[r["method"], f"{r['images_per_cpu_s']:.0f}", f"{r['images_per_s']:.0f}",
-                   f"{r['vs_baseline']:.2f}x", f"{r['vs_group_first']:.2f}x" if r["group"] != "resize" else ""]
-                  for r in rows]))
-
-    # ---- loader
-    names = ("before: pillow decode + pillow crop/resize", "after: fused train transform")
-    measured = loader_rates(blobs, labels, [PillowTrain(0), imagenet_train_transform(OUT)], args.workers, batch,
-                            repeats)
-    loader_rows = [{"pipeline": name, "workers": args.workers, "images_per_s": med, "runs": runs}
-                   for name, (med, runs) in zip(names, measured)]
-    print(f"\n## DataLoader, train recipe, {args.workers} workers, batch {batch}: images/s\n")
-    print(_table(["pipeline", "images/s", "speed-up"],
-                 [[r["pipeline"], f"{r['images_per_s']:.0f}",
-                   f"{r['images_per_s'] / loader_rows[0]['images_per_s']:.2f}x"] for r in loader_rows]))
-
-    print("\n## Pack-time --max-side (thumbnail, bicubic, quality 90): size vs train-transform rate (one core)\n")
-    print(_table(["max-side", "total MB", "KB/image", "train img/s (CPU)", "train img/s (wall)"],
-                 [["none (as generated)" if r["max_side"] is None else str(r["max_side"]),
-                   f"{r['total_bytes'] / 1e6:.1f}", f"{r['mean_bytes'] / 1000:.0f}",
-                   f"{r['train_images_per_cpu_s']:.0f}", f"{r['train_images_per_s']:.0f}"] for r in ms_rows]))
+    info = {"machine": machine_info(), "images": n, "mean_bytes": int(statistics.fmean(len(b) for b in blobs)),
+            "mean_size_wh": [int(statistics.fmean(s[0] for s in sizes)), int(statistics.fmean(s[1] for s in sizes))],
+            "repeats": repeats, "loadavg_start": load_average(),
+            "command": "python benchmarks/bench_decode.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    print_header(info)
+    rows, ms_rows, cpu = single_core_part(blobs, repeats, max_sides, args.cpu)
+    loader_rows = loader_part(blobs, labels, args.workers, batch, repeats)
+    print_tables(rows, loader_rows, ms_rows, cpu, args.workers, batch)
     elapsed = time.perf_counter() - started
-    info["loadavg_end"] = os.getloadavg()
-    print(f"\n# total {elapsed:.0f} s; load average at start {info['loadavg_start'][0]:.2f}, "
-          f"at end {info['loadavg_end'][0]:.2f} (1 min; above ~0.3 other work shared the CPUs)")
-    result = {"info": info, "single_core": rows, "loader": loader_rows, "max_side": ms_rows,
-              "elapsed_s": elapsed}
+    info["loadavg_end"] = load_average()
+    print(f"\n# total {elapsed:.0f} s; load average at start {info['loadavg_start']:.2f}, "
+          f"at end {info['loadavg_end']:.2f} (1 min; above ~0.3 other work shared the CPUs)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps({"info": info, "single_core": rows, "loader": loader_rows,
+                                         "max_side": ms_rows, "elapsed_s": elapsed}, indent=2))
     return 0
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -38,12 +37,14 @@ import tempfile
 import time
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run from a checkout without installing
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
+from bench.cache import CacheControl  # noqa: E402
+from bench.machine import load_average, machine_info, machine_label  # noqa: E402
+from bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from packer import PackOptions, pack  # noqa: E402
-from packer.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from readers.env import available_cpus  # noqa: E402
 from readers.spec import FORMATS  # noqa: E402
 
@@ -55,7 +56,7 @@ MMAP_RESIZE = 256
 
 def make_source(root: Path, images: int, classes: int, size: tuple[int, int], quality: int, noise: float,
                 seed: int, processes: int) -> tuple[int, int]:
-    """Write ``root/n000000xx/img_xxxxxxx.JPEG`` (packer.synth); return (files, bytes)."""
+    """Write ``root/n000000xx/img_xxxxxxx.JPEG`` (bench.synth); return (files, bytes)."""
     make_imagenet_like(root, images, classes, SynthOptions(size=size, quality=quality, noise=noise, seed=seed),
                        processes=processes)
     files = source_files(root)
@@ -66,16 +67,9 @@ def source_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
-def warm_cache(files: list[Path]) -> int:
-    total = 0
-    for p in files:
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 20):
-                total += len(chunk)
-    return total
-
-
 # ---------------------------------------------------------------- measurements
+
+
 def raw_copy(files: list[Path], dest: Path) -> float:
     """Read every file, write them concatenated to ``dest``, fsync: seconds."""
     t0 = time.perf_counter()
@@ -104,7 +98,50 @@ def out_bytes(out: Path) -> int:
     return sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
 
 
+def measure_rounds(src: Path, outs: Path, configs: list[tuple], repeats: int) -> tuple[list[float], dict, dict]:
+    """Every configuration once per round, rounds repeated: a burst of load from elsewhere on the machine
+    then spreads over all configurations instead of spoiling one of them. (raw runs, runs, output sizes)."""
+    files = source_files(src)
+    raw_runs: list[float] = []
+    runs: dict[tuple, list[float]] = {c: [] for c in configs}
+    sizes: dict[tuple, int] = {}
+    for rnd in range(repeats):
+        raw_runs.append(raw_copy(files, outs / "raw.bin"))
+        for fmt, wk, validate in configs:
+            opts = PackOptions(format=fmt, workers=wk, validate=validate,
+                               resize=MMAP_RESIZE if fmt == "mmap" else None)
+            out = outs / f"{fmt}-w{wk}-{'v' if validate else 'nv'}"
+            runs[(fmt, wk, validate)].append(time_pack(src, out, opts))
+            sizes[(fmt, wk, validate)] = out_bytes(out)
+            shutil.rmtree(out)
+        print(f"  round {rnd + 1}/{repeats}: raw {raw_runs[-1]:.3f} s, "
+              + ", ".join(f"{c[0]}/w{c[1]}/{'v' if c[2] else 'nv'} {runs[c][-1]:.2f} s" for c in configs), flush=True)
+    return raw_runs, runs, sizes
+
+
+def summarize(n: int, mb: float, raw_runs: list[float], runs: dict, sizes: dict) -> tuple[dict, list[dict]]:
+    """Medians, rates and ratios: (raw copy, one row per configuration)."""
+    raw_s = statistics.median(raw_runs)
+    raw = {"runs_s": raw_runs, "median_s": raw_s, "images_per_s": n / raw_s, "mb_per_s": mb / raw_s, "mb": mb}
+    rows = []
+    for (fmt, wk, validate), times in runs.items():
+        med = statistics.median(times)
+        rows.append({"format": fmt, "workers": wk, "validate": validate, "runs_s": times,
+                     "median_s": med, "images_per_s": n / med, "mb_per_s": mb / med,
+                     "out_mb": sizes[(fmt, wk, validate)] / 1e6, "vs_raw": (mb / med) / raw["mb_per_s"],
+                     "resize": MMAP_RESIZE if fmt == "mmap" else None})
+    for r in rows:  # 1 -> N worker scaling, same format and validation
+        base = next((b for b in rows if b["format"] == r["format"] and b["validate"] == r["validate"]
+                     and b["workers"] == 1), None)
+        if base and r["workers"] != 1:
+            r["scaling_1_to_2" if r["workers"] == 2 else f"scaling_1_to_{r['workers']}"] = (
+                base["median_s"] / r["median_s"])
+    return raw, rows
+
+
 # ---------------------------------------------------------------- report
+
+
 def table(rows: list[dict], raw: dict) -> str:
     header = (f"{'format':<6} {'workers':>7} {'validate':>8} {'median s':>9} {'img/s':>8} {'MB/s in':>8} "
               f"{'MB out':>8} {'vs raw':>7} {'1->2 w':>7}")
@@ -119,7 +156,7 @@ def table(rows: list[dict], raw: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--images", type=int, default=1000, help="source JPEGs (default 1000)")
@@ -138,13 +175,21 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.images, args.classes, args.size, args.repeats = 32, 4, "160x128", 1
-    w, h = (int(v) for v in args.size.lower().split("x"))
-    workers = [int(v) for v in args.workers.split(",")]
-    formats = [f for f in args.formats.split(",") if f]
-    unknown = set(formats) - set(FORMATS)
+    try:
+        args.wh = tuple(int(v) for v in args.size.lower().split("x"))
+        args.worker_counts = [int(v) for v in args.workers.split(",")]
+    except ValueError:
+        p.error(f"--size WxH and --workers N,N,... take whole numbers, got {args.size!r} and {args.workers!r}")
+    args.format_list = [f for f in args.formats.split(",") if f]
+    unknown = set(args.format_list) - set(FORMATS)
     if unknown:
         p.error(f"unknown formats {sorted(unknown)}")
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    (w, h), workers, formats = args.wh, args.worker_counts, args.format_list
     work = Path(tempfile.mkdtemp(prefix="bench-pack-", dir=args.tmp))
     try:
         src, outs = work / "src", work / "out"
@@ -152,71 +197,31 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         n, nbytes = make_source(src, args.images, args.classes, (w, h), args.quality, args.noise, args.seed,
                                 processes=1 if args.quick else max(1, available_cpus()))
-        gen_s = time.perf_counter() - t0
-        files = source_files(src)
-        assert len(files) == n
-        mb = nbytes / 1e6
+        gen_s, mb, machine = time.perf_counter() - t0, nbytes / 1e6, machine_info()
         print(f"source: {n} JPEGs in {args.classes} classes, ~{w}x{h}, q{args.quality}, "
               f"{mb:.1f} MB ({nbytes / n / 1e3:.0f} KB/image), generated in {gen_s:.1f} s under {work}")
-        print(f"machine: {available_cpus()} usable CPUs ({os.cpu_count()} online), Python {platform.python_version()}, "
-              f"{platform.platform()}")
-        warm_cache(files)
-        warm_cache(files)  # page cache warm for every measurement
-
-        # Every configuration once per round, rounds repeated: a burst of load from elsewhere on the
-        # machine then spreads over all configurations instead of spoiling one of them.
+        print(f"machine: {machine_label(machine)}")
+        CacheControl.warm(source_files(src))  # page cache warm for every measurement
         configs = [(fmt, wk, validate) for fmt in formats for validate in (True, False) for wk in workers]
-        raw_runs: list[float] = []
-        runs: dict[tuple, list[float]] = {c: [] for c in configs}
-        sizes: dict[tuple, int] = {}
-        load_before = os.getloadavg()
-        for rnd in range(args.repeats):
-            raw_runs.append(raw_copy(files, outs / "raw.bin"))
-            for fmt, wk, validate in configs:
-                opts = PackOptions(format=fmt, workers=wk, validate=validate,
-                                   resize=MMAP_RESIZE if fmt == "mmap" else None)
-                out = outs / f"{fmt}-w{wk}-{'v' if validate else 'nv'}"
-                runs[(fmt, wk, validate)].append(time_pack(src, out, opts))
-                sizes[(fmt, wk, validate)] = out_bytes(out)
-                shutil.rmtree(out)
-            print(f"  round {rnd + 1}/{args.repeats}: raw {raw_runs[-1]:.3f} s, "
-                  + ", ".join(f"{c[0]}/w{c[1]}/{'v' if c[2] else 'nv'} {runs[c][-1]:.2f} s" for c in configs),
-                  flush=True)
-        load_after = os.getloadavg()
-        raw_s = statistics.median(raw_runs)
-        raw = {"runs_s": raw_runs, "median_s": raw_s, "images_per_s": n / raw_s, "mb_per_s": mb / raw_s, "mb": mb}
-        rows = []
-        for fmt, wk, validate in configs:
-            med = statistics.median(runs[(fmt, wk, validate)])
-            rows.append({"format": fmt, "workers": wk, "validate": validate, "runs_s": runs[(fmt, wk, validate)],
-                         "median_s": med, "images_per_s": n / med, "mb_per_s": mb / med,
-                         "out_mb": sizes[(fmt, wk, validate)] / 1e6, "vs_raw": (mb / med) / raw["mb_per_s"],
-                         "resize": MMAP_RESIZE if fmt == "mmap" else None})
-        for r in rows:  # 1 -> 2 worker scaling, same format and validation
-            base = next((b for b in rows if b["format"] == r["format"] and b["validate"] == r["validate"]
-                         and b["workers"] == 1), None)
-            if base and r["workers"] != 1:
-                r["scaling_1_to_2" if r["workers"] == 2 else f"scaling_1_to_{r['workers']}"] = (
-                    base["median_s"] / r["median_s"])
-
+        load_before = load_average()
+        raw_runs, runs, sizes = measure_rounds(src, outs, configs, args.repeats)
+        load_after = load_average()
+        raw, rows = summarize(n, mb, raw_runs, runs, sizes)
         print()
         print(f"Packing {n} images ({mb:.1f} MB), median of {args.repeats}; page cache warm; "
               f"mmap with resize={MMAP_RESIZE} (decodes pixels), others store the JPEG bytes;")
         print("'vs raw' = packing MB/s / raw-copy MB/s (read all + write one file + fsync); "
               "'1->2 w' = speed-up of 2 workers over 1; Python API (no CLI start-up).")
         print(table(rows, raw))
-        print(f"load average (1 min) before/after: {load_before[0]:.1f} / {load_after[0]:.1f} "
-              f"on {os.cpu_count()} CPUs (other work on the machine skews the figures)")
+        print(f"load average (1 min) before/after: {load_before or 0:.1f} / {load_after or 0:.1f} "
+              f"on {machine['usable_cpus']} usable CPUs (other work on the machine skews the figures)")
         if args.json:
             args.json.write_text(json.dumps({
                 "settings": {"images": n, "classes": args.classes, "size": [w, h], "quality": args.quality,
                              "noise": args.noise, "repeats": args.repeats, "workers": workers, "formats": formats,
                              "mmap_resize": MMAP_RESIZE, "quick": args.quick, "seed": args.seed},
-                "machine": {"usable_cpus": available_cpus(), "cpu_count": os.cpu_count(),
-                            "python": platform.python_version(), "platform": platform.platform()},
-                "source": {"files": n, "bytes": nbytes, "generate_s": gen_s},
-                "load_average_before_after": [load_before, load_after],
-                "raw_copy": raw, "results": rows,
+                "machine": machine, "source": {"files": n, "bytes": nbytes, "generate_s": gen_s},
+                "load_average_before_after": [load_before, load_after], "raw_copy": raw, "results": rows,
             }, indent=1))
             print(f"results written to {args.json}")
     finally:

@@ -1,18 +1,23 @@
-"""Reader throughput: every reader through make_loader vs a naive folder pass and webdataset.
+"""Reader throughput: every reader through make_loader vs the naive folder and the official webdataset reader.
 
 One run on one machine measures, with the page cache warm:
 
 * each of our readers through ``make_loader`` with 0 and 2 workers, in two
   modes: ``decode=False`` (stored bytes, as ByteBatch tensors) and decoded
-  with the ImageNet eval transform (resize 256, center crop 224);
-* the naive baseline: the original folder, PIL per file (open, RGB, resize,
-  crop), a plain ``DataLoader`` with default settings;
+  with the ImageNet eval transform (resize 256, center crop 224, uint8);
+* the naive baseline (``bench.naive``): the original folder, PIL per file
+  (open, RGB, resize, crop, float tensor), a plain ``DataLoader`` with its
+  defaults;
 * the official ``webdataset`` reader over the same shards, raw bytes out
   (its usual ``to_tuple`` pipeline) and decoded with the same transform.
 
-Each figure is the median of ``--repeats`` full epochs. Usage::
+Each figure is the median over ``--repeats`` passes, each a fresh loader
+timed by ``bench.measure.measure_loader`` (the steady rate, from the batch
+by which every worker has delivered one to the last), passes interleaved
+across readers. ``dataset-bench`` measures the same readers warm and cold,
+with memory; this script adds the webdataset comparison. Usage::
 
-    python benchmarks/bench_readers.py --images 2000            # ~3-4 min on 2 cores
+    python benchmarks/bench_readers.py --images 2000            # a few minutes on 2 cores
     python benchmarks/bench_readers.py --quick                  # seconds, for CI
 """
 
@@ -20,51 +25,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
+from typing import Any, Callable
 
-import numpy as np
-import torch
-from PIL import Image
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from packer import PackOptions, pack
-from packer.synth import make_imagenet_like
-from readers import make_loader, open_dataset
-from readers.transforms import imagenet_eval_transform
+import torch  # noqa: E402
 
+from bench.cache import CacheControl  # noqa: E402
+from bench.machine import machine_info, machine_label  # noqa: E402
+from bench.measure import eval_transform, measure_format, measure_loader, measure_naive  # noqa: E402
+from bench.synth import generate_image_folder  # noqa: E402
+from bench.targets import dataset_target, folder_target, pack_formats  # noqa: E402
+from readers.spec import FORMATS  # noqa: E402
 
-class NaiveFolder(torch.utils.data.Dataset):
-    """What a first training script does: one PIL open per file, per sample."""
-
-    def __init__(self, root: Path) -> None:
-        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-        self.items = [(p, c) for c, name in enumerate(classes) for p in sorted((root / name).iterdir())]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int):
-        path, label = self.items[i]
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-            w, h = im.size
-            s = 256 / min(w, h)
-            im = im.resize((max(256, round(w * s)), max(256, round(h * s))), Image.BILINEAR)
-            left, top = (im.width - 224) // 2, (im.height - 224) // 2
-            im = im.crop((left, top, left + 224, top + 224))
-            return torch.from_numpy(np.asarray(im).transpose(2, 0, 1).copy()), label
+READERS = ("naive-folder", "webdataset") + FORMATS
+MODES = ("bytes", "decoded")
 
 
-def _wds_eval(sample):
+def _wds_eval(sample: tuple[bytes, Any]) -> tuple[Any, int]:
     data, label = sample
-    return imagenet_eval_transform()(data), int(label)
+    return eval_transform()(data), int(label)
 
 
-def webdataset_loader(shards: list[str], batch_size: int, workers: int, decode: bool):
+def webdataset_loader(shards: list[str], batch_size: int, workers: int, decode: bool) -> Any:
+    """The official reader over our shards, the way its README feeds a DataLoader."""
     import webdataset as wds
 
     ds = wds.WebDataset(shards, shardshuffle=False, empty_check=False).shuffle(1000).to_tuple("jpg;png", "cls")
@@ -75,72 +65,52 @@ def webdataset_loader(shards: list[str], batch_size: int, workers: int, decode: 
                                        num_workers=workers, **kw)
 
 
-def epoch(loader) -> int:
-    n = 0
-    for batch in loader:
-        n += len(batch[1])
-    return n
-
-
-def measure(make, repeats: int) -> float:
-    """Median samples/s over ``repeats`` epochs (one warm-up epoch first, not counted)."""
-    loader = make()
-    epoch(loader)
-    rates = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        n = epoch(loader)
-        rates.append(n / (time.perf_counter() - t0))
-    del loader
-    return statistics.median(rates)
-
-
-def run(images: int, repeats: int, batch_size: int, workers_list: list[int], workdir: Path) -> dict:
-    src = make_imagenet_like(workdir / "src", n=images, classes=10)
-    packed = {}
-    for fmt in ("wds", "lmdb", "hdf5", "mmap"):
-        opts = PackOptions(format=fmt, workers=2, shard_size=16 << 20,
-                           resize=256 if fmt == "mmap" else None)
-        pack(src, workdir / fmt, opts)
-        packed[fmt] = workdir / fmt
+def cases(src: Path, packed: dict[str, Path], batch_size: int, workers_list: list[int]) -> dict[str, Callable]:
+    """name -> a function that measures one pass (``reader/mode/wN``)."""
     shards = sorted(str(p) for p in packed["wds"].glob("*.tar"))
-    results: dict[str, float] = {}
-
-    def add(name: str, make) -> None:
-        rate = measure(make, repeats)
-        results[name] = rate
-        print(f"  {name:34s} {rate:9.0f} samples/s", file=sys.stderr, flush=True)
-
+    out: dict[str, Callable] = {}
     for w in workers_list:
-        add(f"naive-folder/decoded/w{w}", lambda: torch.utils.data.DataLoader(
-            NaiveFolder(src), batch_size=batch_size, shuffle=True, num_workers=w))
-        add(f"webdataset/bytes/w{w}", lambda: webdataset_loader(shards, batch_size, w, False))
-        add(f"webdataset/decoded/w{w}", lambda: webdataset_loader(shards, batch_size, w, True))
-        for fmt, root in packed.items():
-            add(f"{fmt}/bytes/w{w}", lambda: make_loader(open_dataset(root, decode=False), batch_size, num_workers=w))
-            transform = None if fmt == "mmap" else imagenet_eval_transform()
-            add(f"{fmt}/decoded/w{w}", lambda: make_loader(open_dataset(root, transform=transform), batch_size,
-                                                            num_workers=w))
-    return results
+        out[f"naive-folder/decoded/w{w}"] = lambda w=w: measure_naive(src, num_workers=w, batch_size=batch_size)
+        for mode in MODES:
+            out[f"webdataset/{mode}/w{w}"] = lambda w=w, mode=mode: measure_loader(
+                lambda: webdataset_loader(shards, batch_size, w, mode == "decoded"))
+            for fmt, root in packed.items():
+                out[f"{fmt}/{mode}/w{w}"] = lambda w=w, mode=mode, root=root: measure_format(
+                    root, mode="raw" if mode == "bytes" else "decoded", num_workers=w, batch_size=batch_size)
+    return out
+
+
+def run(images: int, repeats: int, batch_size: int, workers_list: list[int], workdir: Path) -> dict[str, float]:
+    """Generate, pack, warm the page cache, then the median samples/s of every case."""
+    src = generate_image_folder(workdir / "src", images, classes=10)
+    packed = pack_formats(src, workdir / "packed", FORMATS, workers=2, shard_size=16 << 20)
+    CacheControl.warm(folder_target(src).files + [f for p in packed.values() for f in dataset_target(p).files])
+    todo = cases(src, packed, batch_size, workers_list)
+    rates: dict[str, list[float]] = {name: [] for name in todo}
+    for rep in range(repeats):  # interleaved: load from elsewhere on the machine hits every case alike
+        for name, measure in todo.items():
+            rates[name].append(measure().samples_per_s)
+            print(f"  [{rep + 1}/{repeats}] {name:28s} {rates[name][-1]:9.0f} samples/s", file=sys.stderr, flush=True)
+    return {name: statistics.median(r) for name, r in rates.items()}
 
 
 def report(results: dict[str, float], workers_list: list[int]) -> str:
-    lines = [f"{'reader':10s} {'mode':8s} " + " ".join(f"{'w=' + str(w):>9s}" for w in workers_list)
+    lines = [f"{'reader':12s} {'mode':8s} " + " ".join(f"{'w=' + str(w):>9s}" for w in workers_list)
              + "   vs naive (w=max)  vs webdataset (w=max)"]
     wmax = max(workers_list)
-    for reader in ("naive-folder", "webdataset", "wds", "lmdb", "hdf5", "mmap"):
-        for mode in ("bytes", "decoded"):
+    naive = results[f"naive-folder/decoded/w{wmax}"]
+    for reader in READERS:
+        for mode in MODES:
             if f"{reader}/{mode}/w{wmax}" not in results:
                 continue
             rates = [results[f"{reader}/{mode}/w{w}"] for w in workers_list]
-            naive = results[f"naive-folder/decoded/w{wmax}"]
             ref = results[f"webdataset/{mode}/w{wmax}"]
-            lines.append(f"{reader:10s} {mode:8s} " + " ".join(f"{r:9.0f}" for r in rates)
+            lines.append(f"{reader:12s} {mode:8s} " + " ".join(f"{r:9.0f}" for r in rates)
                          + f"   {rates[-1] / naive:15.2f}x  {rates[-1] / ref:20.2f}x")
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=3)
@@ -149,19 +119,22 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="tiny run (CI: proves the script works)")
     p.add_argument("--json", type=Path)
     p.add_argument("--workdir", type=Path)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.quick:
         args.images, args.repeats, args.batch_size = 60, 1, 16
-    workers_list = [int(w) for w in args.workers.split(",")]
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = args.workdir or Path(tmp)
-        results = run(args.images, args.repeats, args.batch_size, workers_list, workdir)
-    machine = f"{platform.node()} {platform.machine()} {platform.processor() or ''}".strip()
-    print(f"reader throughput, samples/s (median of {args.repeats} warm epochs), {args.images} images "
-          f"~480x400 JPEG, batch {args.batch_size}; machine: {machine}, torch {torch.__version__}")
+    try:
+        workers_list = [int(w) for w in args.workers.split(",")]
+    except ValueError:
+        p.error(f"--workers: expected comma-separated whole numbers, got {args.workers!r}")
+    with tempfile.TemporaryDirectory(prefix="bench-readers-") as tmp:
+        results = run(args.images, args.repeats, args.batch_size, workers_list, args.workdir or Path(tmp))
+    machine = machine_info()
+    print(f"reader throughput, samples/s (median of {args.repeats}, warm page cache), {args.images} images "
+          f"~480x400 JPEG, batch {args.batch_size}; machine: {machine_label(machine)}")
     print(report(results, workers_list))
     if args.json:
-        args.json.write_text(json.dumps({"results": results, "images": args.images, "machine": machine}, indent=1))
+        args.json.write_text(json.dumps({"results": results, "images": args.images, "repeats": args.repeats,
+                                         "batch_size": args.batch_size, "machine": machine}, indent=1))
     return 0
 
 

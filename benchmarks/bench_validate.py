@@ -11,8 +11,8 @@ core, three ways of handling each file:
   that still reads all of its compressed data);
 * naive full decode: ``Image.open(...).load()``, what a simple packer does to validate.
 
-Each is run 3 times (interleaved); the median is printed, with ratios. File
-reading is not timed. Run from the repository root::
+Each is run 3 times (interleaved, ``bench.onecore``); the median is printed,
+with ratios. File reading is not timed. Run from the repository root::
 
     python benchmarks/bench_validate.py            # 400 images
     python benchmarks/bench_validate.py --quick    # a few images, seconds
@@ -22,29 +22,29 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import PIL  # noqa: E402
 import simplejpeg  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from bench.machine import machine_info, machine_label  # noqa: E402
+from bench.onecore import per_image_rates, single_core  # noqa: E402
+from bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from packer.images import ImageOptions, prepare_image  # noqa: E402
-from packer.synth import SynthOptions, make_imagenet_like  # noqa: E402
 
 SIZE = (480, 400)  # width, height
 
 
 def make_folder(dst: Path, n: int, seed: int = 0) -> list[Path]:
-    """Write ``n`` ImageNet-like JPEGs under ``dst/<class>/`` (packer.synth) and return their paths."""
+    """Write ``n`` ImageNet-like JPEGs under ``dst/<class>/`` (bench.synth) and return their paths."""
     make_imagenet_like(dst, n, 10, SynthOptions(quality=95, noise=4.0, seed=seed))
     return sorted(dst.rglob("*.JPEG"))
 
@@ -61,8 +61,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     n = 12 if args.quick else args.n
-    if hasattr(os, "sched_setaffinity"):  # one core, like one packing worker
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
     with tempfile.TemporaryDirectory(prefix="bench-validate-") as tmp:
         datas = [p.read_bytes() for p in make_folder(Path(tmp), n)]
@@ -70,23 +68,18 @@ def main(argv: list[str] | None = None) -> None:
     for data in datas:  # all must be accepted and stored untouched, or the comparison is moot
         prep = prepare_image(data, validate_on)
         assert not prep.changed and prep.data is data, prep.note
-    cases: dict[str, Callable[[bytes], object]] = {
+    cases: dict[str, Callable[[bytes], Any]] = {
         "validate=False (header only)": lambda d: prepare_image(d, validate_off),
         "validate=True (1/8-scale DCT decode)": lambda d: prepare_image(d, validate_on),
         "naive full decode (PIL open+load)": naive_full_decode,
     }
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(args.repeats):
-        for name, fn in cases.items():
-            t0 = time.perf_counter()
-            for data in datas:
-                fn(data)
-            times[name].append(time.perf_counter() - t0)
-
-    rate = {name: n / statistics.median(t) for name, t in times.items()}
+    with single_core():  # one core, like one packing worker
+        measured = per_image_rates([((lambda fn=fn: fn), datas) for fn in cases.values()], args.repeats)
+    rate = {name: m["images_per_s"] for name, m in zip(cases, measured)}
     naive = rate["naive full decode (PIL open+load)"]
     print(f"bench_validate: {n} JPEGs {SIZE[0]}x{SIZE[1]}, mean {sum(map(len, datas)) / n / 1024:.0f} KB, "
           f"one core, median of {args.repeats}; Pillow {PIL.__version__}, simplejpeg {simplejpeg.__version__}")
+    print(f"machine: {machine_label(machine_info())}")
     print(f"{'case':40s} {'images/s':>10s} {'ms/image':>9s} {'vs naive':>9s}")
     for name, r in rate.items():
         print(f"{name:40s} {r:10.0f} {1000 / r:9.3f} {r / naive:8.2f}x")

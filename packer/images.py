@@ -38,6 +38,8 @@ import numpy as np
 import simplejpeg
 from PIL import Image, ImageFile, JpegImagePlugin
 
+from readers.geometry import resize_center_crop
+
 __all__ = ["ImageOptions", "Prepared", "RejectedImage", "prepare_image", "DEFAULT_QUALITY", "DEFAULT_MAX_PIXELS"]
 
 #: JPEG quality of re-encoded images (``PackOptions.quality`` and ``--quality`` default to it).
@@ -252,13 +254,13 @@ def _downscaled(w: int, h: int, opts: ImageOptions) -> tuple[int, int] | None:
 
 
 def _resize_short_center_crop(im: Image.Image, size: int, full: tuple[int, int]) -> Image.Image:
-    """Shorter side to ``size``, center crop; geometry from ``full`` (the size before any DCT reduction)."""
-    w, h = full
-    scale = size / min(w, h)
-    nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
-    im = im.resize((nw, nh), Image.BICUBIC, reducing_gap=3.0)
-    left, top = (nw - size) // 2, (nh - size) // 2
-    return im.crop((left, top, left + size, top + size))
+    """Shorter side to ``size``, center crop; geometry from ``full`` (the size before any DCT reduction).
+
+    The geometry is torchvision's ``Resize(size)`` + ``CenterCrop(size)``, shared
+    with the readers' eval transform (``readers.geometry``).
+    """
+    g = resize_center_crop(full[1], full[0], size, size)
+    return im.resize((g.width, g.height), Image.BICUBIC, reducing_gap=3.0).crop(g.box)
 
 
 def prepare_image(data: bytes, opts: ImageOptions) -> Prepared:

@@ -74,6 +74,7 @@ from readers.decode import (
     read_header,
     reduction_for,
 )
+from readers.geometry import resize_center_crop
 from readers.perprocess import PerProcess
 
 __all__ = [
@@ -215,17 +216,9 @@ def sample_crop_box(height: int, width: int, scale: tuple[float, float], ratio: 
 
 def resize_center_crop_box(height: int, width: int, resize: int, size: tuple[int, int]) -> Box:
     """Source region that torchvision's ``Resize(resize)`` + ``CenterCrop(size)`` keeps (float box)."""
-    if height < 1 or width < 1:
-        raise ValueError(f"image size must be positive, got {height}x{width}")
-    if width <= height:
-        rw, rh = resize, int(resize * height / width)
-    else:
-        rh, rw = resize, int(resize * width / height)
-    ch, cw = size
-    top = int(round((rh - ch) / 2.0))
-    left = int(round((rw - cw) / 2.0))
-    sy, sx = height / rh, width / rw
-    return Box(top * sy, left * sx, ch * sy, cw * sx)
+    g = resize_center_crop(height, width, resize, size)  # the geometry shared with packer and bench
+    sy, sx = height / g.height, width / g.width
+    return Box(g.top * sy, g.left * sx, g.crop_height * sy, g.crop_width * sx)
 
 
 # --------------------------------------------------------------------------- pixels

@@ -1,7 +1,9 @@
-"""packer.bench (``dataset-bench``): generator, cache control, measurements, report, CLI."""
+"""bench (``dataset-bench``): generator, cache control, measurements, report, CLI, the layer rule."""
 
 from __future__ import annotations
 
+import ast
+import io
 import json
 import os
 import time
@@ -12,22 +14,21 @@ import pytest
 import torch
 from PIL import Image
 
-from packer import bench
-from packer.bench import (
-    BenchConfig,
-    BenchResult,
-    CacheControl,
-    NaiveImageFolder,
-    draw_chart,
-    format_limits,
-    format_table,
-    generate_image_folder,
-    headline,
-    main,
-    measure_format,
-    measure_loader,
-    run_benchmark,
-)
+from bench import machine
+from bench.cache import CacheControl
+from bench.cli import main
+from bench.isolate import run_isolated
+from bench.limits import decode_rates
+from bench.measure import eval_transform, measure_format, measure_loader
+from bench.naive import NaiveImageFolder, naive_load
+from bench.plan import BenchConfig, plan_cases
+from bench.report import draw_chart, format_limits, format_table, headline, report_text
+from bench.results import BenchResult, add_ratios
+from bench.run import Progress, run_benchmark
+from bench.synth import generate_image_folder
+from bench.targets import dataset_target
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _fs_type(path: Path) -> str:
@@ -88,18 +89,18 @@ def test_cache_control_evicts_and_verifies(tmp_path):
 
 
 def test_pss():
-    assert bench.pss_bytes(os.getpid()) > 1_000_000
-    main_pss, workers = bench.process_tree_pss()
+    assert machine.pss_bytes(os.getpid()) > 1_000_000
+    main_pss, workers = machine.process_tree_pss()
     assert main_pss > 0 and workers >= 0
-    assert bench.pss_bytes(2**22 + 12345) is None  # no such process
+    assert machine.pss_bytes(2**22 + 12345) is None  # no such process
 
 
 def test_machine_info():
-    info = bench.machine_info()
-    for key in ("hostname", "cpu_model", "usable_cpus", "ram_gb", "python", "torch"):
+    info = machine.machine_info()
+    for key in ("hostname", "cpu_model", "usable_cpus", "ram_gb", "python", "torch", "decoders"):
         assert info[key], key
     assert info["usable_cpus"] >= 1
-    assert info["cpu_model"] in bench.machine_label(info)
+    assert info["cpu_model"] in machine.machine_label(info)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -112,6 +113,23 @@ def test_naive_image_folder(generated):
     assert x.dtype == torch.float32 and x.shape == (3, 224, 224)
     assert 0.0 <= float(x.min()) and float(x.max()) <= 1.0
     assert label == ds.labels[5]
+
+
+def test_naive_baseline_sees_what_the_eval_transform_sees():
+    """Same geometry (readers.geometry): the naive crop and the readers' eval crop are the same picture."""
+    from readers.transforms import imagenet_eval_transform
+
+    rng = np.random.default_rng(0)
+    for w, h in ((500, 375), (333, 500), (257, 256)):
+        yy, xx = np.mgrid[0:h, 0:w]
+        img = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy) % 256], axis=-1).astype(np.uint8)
+        img = np.clip(img.astype(int) + rng.integers(-3, 4, img.shape), 0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, "PNG")
+        naive = (naive_load(io.BytesIO(buf.getvalue())) * 255).round().to(torch.uint8)
+        ours = imagenet_eval_transform(backend="pillow")(img)
+        assert naive.shape == ours.shape == (3, 224, 224)
+        assert (naive.int() - ours.int()).abs().float().mean() < 2.0, (w, h)
 
 
 def test_measure_loader_counts_and_pss():
@@ -130,42 +148,43 @@ def test_measure_loader_counts_and_pss():
 def test_measure_format(packed_generated, fmt):
     from readers import make_loader, open_dataset
 
-    target = bench.dataset_target(packed_generated[fmt])
+    target = dataset_target(packed_generated[fmt])
     assert target.name == fmt and target.samples == 28 and target.files
     for mode in ("raw", "decoded"):
         stats = measure_format(target.path, mode=mode, num_workers=0, batch_size=8,
                                bytes_per_sample=target.bytes_per_sample)
         assert stats.samples == 28 and stats.batches == 4 and stats.mb_per_s > 0
     shapes = []
-    ds = open_dataset(target.path, transform=bench.eval_transform())
+    ds = open_dataset(target.path, transform=eval_transform())
     measure_loader(lambda: make_loader(ds, batch_size=8, num_workers=0), on_batch=lambda b: shapes.append(b[0].shape))
     assert all(s[1:] == (3, 224, 224) for s in shapes)
     with pytest.raises(ValueError):
         measure_format(target.path, mode="jpeg", num_workers=0, batch_size=8)
 
 
+@pytest.mark.slow  # subprocess
 def test_run_isolated(packed_generated):
     path = packed_generated["wds"]
-    stats = bench.run_isolated(measure_format, {"path": path, "mode": "raw", "num_workers": 1, "batch_size": 8},
+    stats = run_isolated(measure_format, {"path": path, "mode": "raw", "num_workers": 1, "batch_size": 8},
                                torch_threads=1)
     assert stats.samples == 28 and stats.pss_main_mb > 0 and stats.pss_workers_mb > 0
     with pytest.raises(RuntimeError, match="ValueError"):
-        bench.run_isolated(measure_format, {"path": path, "mode": "jpeg", "num_workers": 0, "batch_size": 8})
+        run_isolated(measure_format, {"path": path, "mode": "jpeg", "num_workers": 0, "batch_size": 8})
 
 
 def test_decode_rates(generated):
     files = NaiveImageFolder(generated).files
-    rates = bench.decode_rates(files, limit=5)
+    before = torch.get_num_threads()
+    probe = 3 if before != 3 else 2  # a count decode_rates' own setting (1) cannot be mistaken for
+    torch.set_num_threads(probe)
+    try:
+        rates = decode_rates(files, limit=5)
+        assert torch.get_num_threads() == probe  # restored to what it was, not left at 1
+    finally:
+        torch.set_num_threads(before)
     assert {"pil_decode", "decode_rgb", "eval_transform", "naive_item"} <= set(rates)
     for v in rates.values():
         assert v["images"] == 5 and v["images_per_s"] > 0
-    assert torch.get_num_threads() >= 1
-
-
-def test_simple_eval_transform():
-    t = bench.SimpleEvalTransform(224, 256)
-    out = t(torch.full((3, 300, 400), 7, dtype=torch.uint8))
-    assert out.shape == (3, 224, 224) and out.dtype == torch.uint8 and int(out.max()) == 7
 
 
 # --------------------------------------------------------------------------- config, report
@@ -184,6 +203,15 @@ def test_config_validation():
     assert BenchConfig.quick_defaults(src="x").generate is None
 
 
+def test_plan_cases():
+    cfg = BenchConfig(generate=4, workers=(0, 2), caches=("warm", "cold"))
+    cases = plan_cases(cfg, ["naive", "wds", "mmap"])
+    assert len(cases) == len(set(cases)) == 2 * 2 * (1 + 2 * 2)  # caches x workers x (naive + 2 formats x 2 modes)
+    assert {c.mode for c in cases if c.target == "naive"} == {"decoded"}
+    assert [c.cache for c in cases] == sorted((c.cache for c in cases), key=("warm", "cold").index)
+    assert all(cases[i].target == "naive" for i in range(0, len(cases), 5))  # the baseline leads each group
+
+
 def _fake_result() -> BenchResult:
     rows = []
     for cache in ("warm", "cold"):
@@ -197,8 +225,8 @@ def _fake_result() -> BenchResult:
                                  "samples_per_s": speed * 100.0 * (w + 1) * (3 if mode == "raw" else 1),
                                  "mb_per_s": 30.0, "first_batch_s": 0.1, "pss_total_mb": None,
                                  "pss_workers_mb": None})
-    bench._add_ratios(rows)
-    return BenchResult(machine=bench.machine_info(), config={"workers": [0, 2], "batch_size": 64, "repeats": 3},
+    add_ratios(rows)
+    return BenchResult(machine=machine.machine_info(), config={"workers": [0, 2], "batch_size": 64, "repeats": 3},
                        targets=[{"name": "naive", "samples": 10, "data_mb": 1.0, "files": 10}], rows=rows,
                        limits={"sequential_read": {"wds": {"files": 1, "cold": {"mb": 1.0, "mb_per_s": 100.0},
                                                            "warm": {"mb": 1.0, "mb_per_s": 1000.0}}},
@@ -223,7 +251,7 @@ def test_ratios_table_headline_chart(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = result.save_json(tmp_path / "r.json")
     assert BenchResult.load_json(saved).rows == json.loads(json.dumps(result.rows))
-    assert "a note" in bench.report_text(result)
+    assert "a note" in report_text(result)
 
 
 def test_cli_usage_errors(capsys):
@@ -250,10 +278,14 @@ def test_cli_reports_failures(tmp_path, capsys):
 @pytest.mark.slow
 def test_run_benchmark_on_given_datasets(packed_generated):
     """--datasets without --src: the baseline reads the source recorded in the index."""
+    seen: list[Progress] = []
     result = run_benchmark(datasets=tuple(str(p) for p in packed_generated.values()), workers=(0,),
-                           caches=("warm",), repeats=1, batch_size=8, limits=False)
+                           caches=("warm",), repeats=1, batch_size=8, limits=False, progress=seen.append)
     assert {r["target"] for r in result.rows} == {"naive", "wds", "lmdb", "hdf5", "mmap"}
     assert len(result.rows) == 1 + 4 * 2
+    # one report as each of the 9 cases starts, then the end; counts only go up
+    assert [p.done for p in seen] == list(range(10)) and {p.total for p in seen} == {9}
+    assert seen[-1].step == "done" and "mmap decoded w=0 warm" in seen[-2].step
     assert all(r["samples"] == 28 for r in result.rows)
     assert any("source recorded" in n for n in result.notes)
     assert result.limits == {}
@@ -286,3 +318,25 @@ def test_quick_cli_end_to_end(tmp_path, capsys):
     assert set(data["limits"]["sequential_read"]) == {"naive", "wds", "lmdb", "hdf5", "mmap"}
     assert data["limits"]["decode_single_core"]["pil_decode"]["images_per_s"] > 0
     assert out_png.stat().st_size > 10_000
+
+
+# --------------------------------------------------------------------------- the layers
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level package names a module imports (``import x.y``, ``from x.y import z``), lazy imports included."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_measurement_is_the_top_layer():
+    """bench -> packer -> readers: nothing in packer or readers imports bench; readers never imports packer."""
+    for pkg, forbidden in (("packer", {"bench"}), ("readers", {"bench", "packer"})):
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            bad = _imports(path) & forbidden
+            assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"

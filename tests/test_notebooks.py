@@ -1,8 +1,13 @@
-"""The notebooks run headless, top to bottom, without an error (executed into a temporary copy)."""
+"""The notebooks: each is a paired jupytext script (the source) and a committed, executed .ipynb.
+
+The scripts run headless, top to bottom, without an error (executed into a
+temporary folder); the committed notebooks carry the scripts' cells and the
+outputs of a run.
+"""
 
 from __future__ import annotations
 
-import shutil
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +16,21 @@ import pytest
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("jupytext")
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-NAMES = ["01_format_throughput.ipynb", "02_loader_tuning.ipynb"]
+SCRIPTS = ["01_format_throughput.py", "02_loader_tuning.py"]
+
+
+def _load_build_script():
+    """notebooks/build.py as a module (by path: the name ``build`` belongs to a PyPI package)."""
+    spec = importlib.util.spec_from_file_location("notebooks_build", NOTEBOOKS / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build = _load_build_script()
 
 
 def _python3_kernel() -> str:
@@ -33,11 +50,9 @@ def _python3_kernel() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_notebook_runs(name, tmp_path):
-    copy = tmp_path / name
-    shutil.copy(NOTEBOOKS / name, copy)
-    nb = nbformat.read(copy, as_version=4)
+    nb = build.from_script(NOTEBOOKS / name)
     client = nbclient.NotebookClient(nb, timeout=900, kernel_name=_python3_kernel(),
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError on the first failing cell
@@ -49,21 +64,35 @@ def test_notebook_runs(name, tmp_path):
     assert images, "the notebook drew no chart"
 
 
-def test_committed_notebooks_match_build_script():
-    """notebooks/_build.py is the source: the committed notebooks carry the same cell sources."""
-    sys.path.insert(0, str(NOTEBOOKS))
-    try:
-        import _build
-    finally:
-        sys.path.pop(0)
-    for name, cells in _build.NOTEBOOKS.items():
-        nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-        assert [c.source for c in nb.cells] == [src for _kind, src in cells], name
+def test_discovers_every_script():
+    assert build.NOTEBOOKS == SCRIPTS
 
 
-def test_committed_notebooks_have_outputs():
-    for name in NAMES:
-        nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-        code = [c for c in nb.cells if c.cell_type == "code"]
-        assert all(c.get("execution_count") for c in code), f"{name}: not executed"
-        assert not any(o.get("output_type") == "error" for c in code for o in c.get("outputs", []))
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_is_python(name):
+    """The script itself compiles (magics are comments in percent format), so linters can read it."""
+    compile((NOTEBOOKS / name).read_text(), name, "exec")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_committed_notebook_matches_script(name):
+    """notebooks/<name>.py is the source: the committed .ipynb carries the same cells (build.py --check)."""
+    py = NOTEBOOKS / name
+    assert build.differences(py, py.with_suffix(".ipynb")) == []
+
+
+def test_sync_check_sees_a_changed_cell(tmp_path):
+    py = tmp_path / SCRIPTS[0]
+    py.write_text((NOTEBOOKS / SCRIPTS[0]).read_text())
+    ipynb = build.build(py)  # sources only, no outputs: no kernel needed
+    assert build.differences(py, ipynb) == []
+    py.write_text(py.read_text().replace("N_IMAGES = 192", "N_IMAGES = 193"))
+    assert build.differences(py, ipynb) == ["cell 1: 01_format_throughput.ipynb differs from 01_format_throughput.py"]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_committed_notebook_has_outputs(name):
+    nb = nbformat.read((NOTEBOOKS / name).with_suffix(".ipynb"), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code), f"{name}: not executed"
+    assert not any(o.get("output_type") == "error" for c in code for o in c.get("outputs", []))

@@ -6,6 +6,9 @@ random crop of one of the bundled real photos (``examples/real-images``),
 resized, sometimes mirrored, with Gaussian noise added so that the files are
 neither identical nor unrealistically compressible. Layout:
 ``root/n0000000<c>/img_<i>.JPEG``. The same arguments give the same bytes.
+
+:func:`make_imagenet_like` is the generator; :func:`generate_image_folder`
+is the form ``dataset-bench`` and the notebooks call (all usable CPUs).
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ import multiprocessing
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["BUNDLED_PHOTOS", "SynthOptions", "make_imagenet_like"]
+from readers.env import available_cpus
+
+__all__ = ["BUNDLED_PHOTOS", "SynthOptions", "make_imagenet_like", "generate_image_folder"]
 
 BUNDLED_PHOTOS = Path(__file__).resolve().parent.parent / "examples" / "real-images"
 _PHOTOS: dict[Path, list[Image.Image]] = {}  # per source folder, loaded once per process
@@ -104,3 +110,21 @@ def make_imagenet_like(root: str | os.PathLike, n: int = 1000, classes: int = 10
         for job in jobs:
             _make_one(job)
     return root
+
+
+def generate_image_folder(root: str | os.PathLike, n: int, *, classes: int = 10, seed: int = 0,
+                          processes: int | None = None, progress: Callable[[int], None] | None = None) -> Path:
+    """Write an ImageNet-like ImageFolder tree of ``n`` JPEGs under ``root``; return ``root``.
+
+    :func:`make_imagenet_like` at its defaults (about 480 x 400 pixels, noise,
+    quality 90: ~95 KB each, like ImageNet's training images) with at most
+    ``n`` classes, run on ``processes`` CPUs (default: all usable).
+    Deterministic for a given ``seed``. ``progress(n)`` is called once at the end.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    out = make_imagenet_like(root, n, classes=max(1, min(classes, n)), options=SynthOptions(seed=seed),
+                             processes=processes or available_cpus())
+    if progress is not None:
+        progress(n)
+    return out

@@ -1,0 +1,150 @@
+"""``dataset-bench``: measure the packed formats against a naive PIL ImageFolder, side by side.
+
+The command line over :func:`bench.run.run_benchmark`: it parses the
+arguments, draws the progress bar, prints the report and writes the JSON and
+the chart. The only place in ``bench`` with argparse and tqdm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any, Callable, Sequence
+
+from bench.measure import MODES
+from bench.plan import CACHES, BenchConfig
+from bench.report import draw_chart, report_text
+from bench.run import Progress, run_benchmark
+from packer import PackError, SourceError
+from readers.spec import FORMATS
+
+__all__ = ["build_parser", "config_from_args", "main"]
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected counts >= 0, got {text!r}")
+    return values
+
+
+def _choices(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(v.strip() for v in text.split(",") if v.strip())
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"choose from {','.join(allowed)}; got {text!r}")
+        return values
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dataset-bench",
+        description="Measure packed datasets (wds, lmdb, hdf5, mmap) against a naive PIL ImageFolder "
+        "on this machine: samples/s, MB/s, time to first batch, PSS, warm and cold page cache, plus the "
+        "machine's raw read and decode rates.",
+        epilog="examples:\n"
+        "  dataset-bench --generate 2000 --json bench.json --chart bench.png\n"
+        "  dataset-bench --src imagenet/val --workers 0,4,8 --repeats 3\n"
+        "  dataset-bench --src imagenet/val --datasets out/val-wds out/val-mmap --cache warm\n"
+        "  dataset-bench --quick",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--src", help="image folder (root/<class>/<image>): the naive baseline; packed into every "
+                   "format when --datasets is not given")
+    p.add_argument("--datasets", nargs="+", default=(), metavar="PATH", help="packed dataset folders to measure")
+    p.add_argument("--generate", type=int, metavar="N", help="generate N ImageNet-like JPEGs and pack them "
+                   "into all formats (mmap with resize=256)")
+    p.add_argument("--work", metavar="DIR", help="keep generated and packed data here (default: a temporary "
+                   "folder, removed afterwards)")
+    p.add_argument("--formats", type=_choices(FORMATS), default=FORMATS, help="formats to pack/measure "
+                   "(default: all)")
+    p.add_argument("--workers", type=_int_list, default=None, help="num_workers values (default 0,2)")
+    p.add_argument("--modes", type=_choices(MODES), default=MODES, help="raw (decode=False) and/or decoded")
+    p.add_argument("--cache", type=_choices(CACHES), default=CACHES, help="warm and/or cold page cache")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size (default 64; --quick 16)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per figure; the median is reported "
+                   "(default 3; --quick 1)")
+    p.add_argument("--max-samples", type=int, help="stop each pass after this many samples")
+    p.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip the naive baseline")
+    p.add_argument("--no-limits", dest="limits", action="store_false", help="skip raw read/decode limits")
+    p.add_argument("--shard-count", type=int, help="wds: samples per shard when packing")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-isolate", dest="isolate", action="store_false", default=None,
+                   help="measure in this process instead of a fresh process per measurement (faster start, "
+                   "but PSS then includes whatever earlier cases left behind; --quick does this)")
+    p.add_argument("--torch-threads", type=int, help="torch.set_num_threads for the run (default: torch's); "
+                   "matters at --workers 0, where the transform runs in the main process")
+    p.add_argument("--json", metavar="FILE", help="write all results as JSON")
+    p.add_argument("--chart", metavar="FILE", help="draw a PNG bar chart")
+    p.add_argument("--quick", action="store_true", help="tiny run for smoke tests (48 images, one repeat)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    fields = {
+        "src": args.src, "datasets": tuple(args.datasets), "generate": args.generate, "work_dir": args.work,
+        "formats": tuple(args.formats), "workers": args.workers, "modes": tuple(args.modes),
+        "caches": tuple(args.cache), "batch_size": args.batch_size, "repeats": args.repeats,
+        "max_samples": args.max_samples, "baseline": args.baseline, "limits": args.limits,
+        "shard_count": args.shard_count, "seed": args.seed, "torch_threads": args.torch_threads,
+        "isolate": args.isolate,
+    }
+    if args.quick:
+        return BenchConfig.quick_defaults(**fields)
+    return BenchConfig(**{k: v for k, v in fields.items() if v is not None})
+
+
+class _Bar:
+    """A tqdm bar on stderr driven by :class:`bench.run.Progress` reports."""
+
+    def __init__(self) -> None:
+        from tqdm import tqdm
+
+        tqdm.monitor_interval = 0  # no monitor thread in a process that forks loader workers
+        self.bar = tqdm(total=0, file=sys.stderr, unit="step", dynamic_ncols=True)
+
+    def __call__(self, p: Progress) -> None:
+        if p.total and self.bar.total != p.total:
+            self.bar.reset(total=p.total)
+        self.bar.n = p.done
+        self.bar.set_description(p.step, refresh=True)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    bar: Any = _Bar() if args.progress else None
+    try:
+        result = run_benchmark(config, progress=bar)
+    except (ValueError, OSError, RuntimeError, PackError, SourceError) as exc:
+        print(f"dataset-bench: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if bar is not None:
+            bar.close()
+    print(report_text(result))
+    if args.json:
+        print(f"wrote {result.save_json(args.json)}")
+    if args.chart:
+        print(f"wrote {draw_chart(result, args.chart)}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

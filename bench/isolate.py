@@ -1,0 +1,66 @@
+"""Run one measurement in a fresh Python interpreter, so that what it weighs is its own.
+
+The parent pickles ``(fn, kwargs, torch_threads)`` to the child's stdin; the
+child imports every reader module before it calls ``fn(**kwargs)`` (so no
+import lands inside a timing), and pickles ``(ok, result or error text)``
+into a file the parent names.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from typing import Any, Callable
+
+__all__ = ["run_isolated"]
+
+
+def child_main() -> None:
+    """Entry point of the fresh interpreter :func:`run_isolated` starts (job on stdin, result to argv[1])."""
+    fn, kwargs, torch_threads = pickle.load(sys.stdin.buffer)
+    try:
+        import torch
+
+        import readers.registry  # noqa: F401 - every reader module imported before the clock starts
+
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        result = (True, fn(**kwargs))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+        import traceback
+
+        result = (False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    with open(sys.argv[1], "wb") as f:
+        pickle.dump(result, f)
+
+
+def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], *, torch_threads: int | None = None) -> Any:
+    """``fn(**kwargs)`` in a fresh Python interpreter (a subprocess); returns its result.
+
+    Each measurement then starts from a clean process: its PSS is the
+    loader's alone, and nothing an earlier case left behind (memory the
+    generator, the packer or another reader kept, torch settings) shows in it.
+    ``fn`` must be importable (a module-level function); ``kwargs`` and the
+    result must pickle. The child's own output is discarded unless it fails,
+    which raises RuntimeError with the child's error.
+    """
+    fd, out = tempfile.mkstemp(prefix="dataset-bench-", suffix=".pkl")
+    os.close(fd)
+    try:
+        proc = subprocess.run([sys.executable, "-c", "from bench.isolate import child_main; child_main()", out],
+                              input=pickle.dumps((fn, kwargs, torch_threads)), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, check=False)
+        try:
+            with open(out, "rb") as f:
+                ok, payload = pickle.load(f)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            ok, payload = False, proc.stderr.decode(errors="replace")[-2000:] or "no result"
+    finally:
+        os.unlink(out)
+    if not ok:
+        raise RuntimeError(f"measurement {getattr(fn, '__name__', fn)} failed in its process "
+                           f"(exit code {proc.returncode}): {payload}")
+    return payload
