@@ -127,9 +127,9 @@ def test_verify_single_file_formats_over_http(http_server, packed_generated, tmp
     meta = json.loads((root / spec.INDEX_NAME).read_text())
     sizes = open_dataset(root).index.arrays["sizes"]
     if fmt == "lmdb":  # find sample 3's bytes in the file
-        from conftest import _stored_samples
+        from reference import stored_samples
 
-        at = bytes(raw).index(_stored_samples(root)[3]) + 5
+        at = bytes(raw).index(stored_samples(root)[3]) + 5
     else:
         offsets = open_dataset(root).index.arrays["offsets"]
         at = int(offsets[3]) + (spec.MMAP_HEADER_BYTES if fmt == "mmap" else 0) + int(sizes[3]) // 2

@@ -35,6 +35,7 @@ from readers.remote.cache import CacheFullError, NodeCache
 from readers.remote.config import is_url, parse_url, s3_settings
 from readers.remote.download import download_ranged, partial_paths
 from readers.remote.retry import classify
+from bench.servers import close_client
 from readers.remote.spans import plan_requests, prefetch_cached, read_spans
 
 pytest_plugins = ["servers"]
@@ -84,7 +85,10 @@ def store_with_writer(request, tmp_path):
         def write(name: str, data: bytes) -> None:
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_bytes(data)
-    return store, write
+    yield store, write
+    store.close()  # its connections, now: the test's fixture values outlive the descriptor check
+    if request.param == "s3":
+        close_client(fs)
 
 
 # --------------------------------------------------------------------------- URLs and settings

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -46,6 +46,7 @@ STREAM_MAX_GAP = 64 << 10
 CACHE_DEPTH = 2
 #: At most this many shard files open at once (local reads in a shuffled order).
 MAX_OPEN = 4
+_crc32: Callable[[bytes], int] | None = None  # set on first use (see _fast_crc32)
 
 
 class ShardLayout(Protocol):
@@ -66,22 +67,22 @@ def _octal(field: bytes) -> int:
         return -1
 
 
-def check_sample(blob: bytes | memoryview, i: int, size: int, where: str) -> bytes:
+def check_sample(blob: bytes | memoryview, i: int, size: int, where: Callable[[], str]) -> bytes:
     """The data of sample ``i`` from ``blob`` = its 512-byte tar header + data, after checking the header.
 
     The member name must be this sample's key, the size field must match and
     the header checksum (byte sum, checksum field read as spaces) must hold.
-    ``where`` names the shard and byte for the error.
+    ``where()`` names the shard and byte for the error (called only then).
     """
     if len(blob) != BLOCK + size:
-        raise spec.DatasetFormatError(f"{where}: shard ends early (sample {i}): truncated or damaged")
+        raise spec.DatasetFormatError(f"{where()}: shard ends early (sample {i}): truncated or damaged")
     view = memoryview(blob)
     header = view[:BLOCK]
     key = (spec.wds_key(i) + ".").encode()
     if (bytes(header[:len(key)]) != key or _octal(bytes(header[124:136])) != size
             or _octal(bytes(header[148:156])) != sum(header[:148]) + 256 + sum(header[156:])):
         raise spec.DatasetFormatError(
-            f"{where}: tar header is not sample {i} ({size} bytes) "
+            f"{where()}: tar header is not sample {i} ({size} bytes) "
             f"but {bytes(header[:100]).rstrip(bytes(1))!r}: the shard is damaged or does not match its index")
     return bytes(view[BLOCK:])
 
@@ -96,8 +97,9 @@ class _Arrays:
         self.checksums = arrays["checksums"]
         self.names: list[str] = ds.shard_names
 
-    def where(self, shard: int, offset: int) -> str:
-        return f"{self.ds.location_of(self.names[shard])} at byte {offset - BLOCK}"
+    def where(self, shard: int, offset: int) -> Callable[[], str]:
+        """For messages: the shard and the byte of sample data at ``offset`` (built only when needed)."""
+        return lambda: f"{self.ds.location_of(self.names[shard])} at byte {offset - BLOCK}"
 
     def pread(self, fd: int, shard: int, i: int) -> bytes:
         offset, size = int(self.offsets[i]), int(self.sizes[i])
@@ -200,6 +202,16 @@ def _diagnose(arrays: _Arrays, shard: int, exc: Exception) -> Exception:
                                 "image data (tar headers or padding)")
 
 
+def _fast_crc32() -> Callable[[bytes], int]:
+    """zlib's CRC-32 from ISA-L when ``isal`` is installed (the ``remote`` extra: ~10x faster with
+    SIMD, the same values), else zlib's. Streaming checks every sample as it arrives."""
+    try:
+        from isal.isal_zlib import crc32
+    except ImportError:
+        return spec.checksum
+    return crc32
+
+
 class StreamedShards(_Arrays):
     """Remote shards streamed with large range requests, no local copy; samples' CRC-32 checked."""
 
@@ -210,6 +222,9 @@ class StreamedShards(_Arrays):
         super().__init__(ds)
         self.store = ds.remote.store
         self.chunk_size, self.readahead, self.max_gap = chunk_size, max(0, readahead), max_gap
+        global _crc32
+        if _crc32 is None:
+            _crc32 = _fast_crc32()
 
     def plan(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Group the positions of ``seq`` into range requests.
@@ -280,7 +295,7 @@ class StreamedShards(_Arrays):
         offset, size = int(self.offsets[i]), int(self.sizes[i])
         rel = offset - BLOCK - req_start
         sample = check_sample(data[rel:rel + BLOCK + size], i, size, self.where(shard, offset))
-        want, got = int(self.checksums[i]), spec.checksum(sample)
+        want, got = int(self.checksums[i]), _crc32(sample)
         if got != want:
             from readers.remote.errors import RemoteIntegrityError
 

@@ -110,5 +110,6 @@ class RemoteFiles:
         return self.store.read_range(name, start, length)
 
     def close(self) -> None:
-        """Unpin this process's local copies (they stay in the cache)."""
+        """Unpin this process's local copies (they stay in the cache) and close its connections."""
         self._pins.close()
+        self.store.close()

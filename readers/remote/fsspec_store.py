@@ -15,6 +15,7 @@ uploads are s3fs's and botocore's.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -29,8 +30,34 @@ __all__ = ["FsspecStore"]
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 #: Clients inherited from a parent process through fork (see FsspecStore.fs).
 _INHERITED: list[Any] = []
+#: botocore sessions by the settings they were made with (see _share_session).
+_SESSIONS: dict[str, Any] = {}
+
+
+def _share_session(fs: Any) -> None:
+    """Give ``fs`` the botocore session earlier clients with the same settings used.
+
+    A new session parses botocore's S3 service model and endpoint rules again
+    (0.1-0.3 s here); a session holds no connection and no event loop, so one
+    per process serves every client, and DataLoader workers forked after the
+    parent read the index start their clients from the parent's session
+    (measured: a worker's first request 0.20 s -> 0.11 s).
+    """
+    if not hasattr(fs, "_session_is_owned") or getattr(fs, "session", None) is not None:
+        return  # another s3fs version: let it make its own
+    import json
+
+    import aiobotocore.session
+
+    key = json.dumps(fs.kwargs, sort_keys=True, default=str)
+    session = _SESSIONS.get(key)
+    if session is None:
+        session = _SESSIONS[key] = aiobotocore.session.AioSession(**fs.kwargs)
+    fs.session, fs._session_is_owned = session, False
 
 
 class FsspecStore(Store):
@@ -81,6 +108,20 @@ class FsspecStore(Store):
                     self._fs, self._fs_pid = self._make_fs(), pid
         return self._fs
 
+    def close(self) -> None:
+        """Close this process's client and its connections now (not at garbage collection)."""
+        fs = self._fs if self._fs_pid == os.getpid() else None
+        self._fs = None
+        if fs is None:
+            return
+        # s3fs and fsspec's HTTP filesystem register these same calls as finalizers; running one twice is harmless.
+        session = getattr(fs, "_s3creator", None) or getattr(fs, "_session", None)
+        if session is not None:
+            try:
+                type(fs).close_session(fs.loop, session)
+            except Exception as exc:  # noqa: BLE001 - closing must not fail a caller that is done
+                log.debug("%s: closing the client: %s", self.url, exc)
+
     def _make_fs(self) -> Any:
         if self.remote.scheme == "s3":
             try:
@@ -90,6 +131,7 @@ class FsspecStore(Store):
                     from None
             fs = s3fs.S3FileSystem(**self._settings.kwargs)
             fs.retries = 1  # s3fs's own retry loop: off, Retrier decides
+            _share_session(fs)
             return fs
         try:
             import aiohttp

@@ -172,6 +172,9 @@ class Store:
         """Remove ``name``; a missing object is not an error."""
         self._delete(name)
 
+    def close(self) -> None:
+        """Release this process's connections (the store stays usable: they reopen on the next call)."""
+
     # ------------------------------------------------------------ primitives
     def _read(self, name: str) -> bytes:
         raise NotImplementedError
