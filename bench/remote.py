@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 from bench.isolate import run_isolated
 from bench.machine import load_average, machine_info, machine_label
-from bench.measure import LoaderStats, measure_loader
+from bench.measure import measure_loader
 
 __all__ = ["RemoteConfig", "RemoteResult", "run_remote", "remote_report", "TARGETS"]
 
