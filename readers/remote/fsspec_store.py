@@ -53,7 +53,9 @@ def _share_session(fs: Any) -> None:
 
     import aiobotocore.session
 
-    key = json.dumps(fs.kwargs, sort_keys=True, default=str)
+    # A session caches the credentials it resolved: one made under other AWS_* variables is not this one's.
+    env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    key = json.dumps([fs.kwargs, env], sort_keys=True, default=str)
     session = _SESSIONS.get(key)
     if session is None:
         session = _SESSIONS[key] = aiobotocore.session.AioSession(**fs.kwargs)
