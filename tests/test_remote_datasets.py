@@ -382,11 +382,12 @@ def test_cache_limit_smaller_than_the_dataset(s3_server, s3_bigger, tmp_path, ca
     s3_server.start()
     meta = open_dataset(s3_bigger["wds"], storage_options=s3_server.storage_options()).meta
     total = sum(s["bytes"] for s in meta["shards"])
-    # Pinned at once: the shards the shuffle buffer spans (2 here) + 2 fetched ahead.
+    # Pinned at once: the shards read together and spanned by the shuffle buffer (2 here) + 2 fetched ahead.
     limit = 4 * max(s["bytes"] for s in meta["shards"])
     assert limit < total / 2
     ds = open_dataset(s3_bigger["wds"], storage_options=s3_server.storage_options(), decode=False,
-                      return_index=True, cache_dir=tmp_path / "c", cache_limit=limit, buffer_size=2)
+                      return_index=True, cache_dir=tmp_path / "c", cache_limit=limit, buffer_size=2,
+                      open_shards=1)
     usage = NodeCache(tmp_path / "c")
     peak, seen = 0, []
     for _, _, i in ds:

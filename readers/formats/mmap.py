@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from readers import spec
-from readers.base import LazyHandle, MapReader, to_chw
+from readers.base import LazyHandle, MapReader
 
 __all__ = ["MemmapDataset"]
 
@@ -76,8 +76,7 @@ class MemmapDataset(MapReader):
     def _convert(self, data: np.ndarray) -> Any:
         if not self.decode:
             return data.tobytes()
-        image = to_chw(data)
-        return self.transform(image) if self.transform is not None else image
+        return self._transformed(data)  # stored pixels: even a fused transform gets the decoded image
 
     def close(self) -> None:
         self._map.close()

@@ -1,22 +1,24 @@
 """Where ``ShardDataset`` gets its bytes: local shard files, a remote store, or a node cache.
 
-``ShardDataset`` decides the ORDER (which samples each rank and worker
-reads, shuffled how); the classes here only fetch the bytes of the samples
-they are given, in the order given, as ``(index, stored bytes)`` pairs:
+``ShardDataset`` decides the ORDER (``readers.order``: which samples each
+rank and worker reads, interleaved and shuffled how, resumed where); the
+classes here only fetch the bytes of the samples they are given, in the
+order given, as ``(index, stored bytes)`` pairs:
 
 * :class:`LocalShards` -- ``pread`` per sample from the shard files; any order.
 * :class:`CachedShards` -- remote shards fetched whole into a
   :class:`~readers.remote.cache.NodeCache` ahead of their first use (a
   background thread, ``depth`` shards ahead), pinned from their first to
   their last use, then ``pread`` as locally; any order.
-* :class:`StreamedShards` -- remote shards read without a local copy. Each
-  sample's span (tar header + data) is grouped with its neighbours in the
-  same shard into range requests of about ``chunk_size`` bytes; requests
-  are issued in the order their first sample is needed, ``readahead`` ahead
-  in background threads, so a worker never waits on a round trip between
-  shards. It needs the samples in stream order (runs of consecutive samples
-  of a shard, possibly several shards interleaved): ``sequential`` is True
-  and ``ShardDataset`` shuffles after reading, holding ``(index, bytes)``.
+* :class:`StreamedShards` -- remote shards read without a local copy. The
+  samples each shard must give are taken in file order and grouped into range
+  requests of about ``chunk_size`` bytes (tar header + data of each, the gaps
+  between neighbours read along); requests are issued in the order their
+  first sample is needed, ``readahead`` ahead in background threads, so a
+  worker never waits on a round trip between shards. When a request arrives
+  its samples are cut out (and checked) at once and kept until their turn:
+  with the order's interleaving and shuffle buffer that is about
+  ``buffer_size`` samples plus the requests in flight.
 
 Every sample's tar header is checked (name, size, header checksum); streamed
 samples also have their CRC-32 checked as they arrive. A shard whose cached
@@ -107,20 +109,23 @@ class _Arrays:
 
 
 class LocalShards(_Arrays):
-    """Shard files on a local disk: one ``pread`` per sample, any order."""
+    """Shard files on a local disk: one ``pread`` per sample, any order, ``keep`` files open at most."""
 
-    sequential = False
+    def __init__(self, ds: Any, keep: int = MAX_OPEN) -> None:
+        super().__init__(ds)
+        self.keep = max(1, keep)
 
     def samples(self, indices: Iterable[int]) -> Iterator[tuple[int, bytes]]:
-        fds: dict[int, int] = {}
+        fds: dict[int, int] = {}  # shard -> open descriptor, least recently used first
         try:
             for i in indices:
                 shard = int(self.shard_of[i])
-                fd = fds.get(shard)
+                fd = fds.pop(shard, None)
                 if fd is None:
-                    if len(fds) >= MAX_OPEN:  # the buffer spans a few shards at most
+                    if len(fds) >= self.keep:
                         os.close(fds.pop(next(iter(fds))))
-                    fd = fds[shard] = os.open(self.ds.shard_path(shard), os.O_RDONLY)
+                    fd = os.open(self.ds.shard_path(shard), os.O_RDONLY)
+                fds[shard] = fd
                 yield i, self.pread(fd, shard, i)
         finally:
             for fd in fds.values():
@@ -129,8 +134,6 @@ class LocalShards(_Arrays):
 
 class CachedShards(_Arrays):
     """Remote shards through the node cache: fetched ahead, pinned while used, read with ``pread``."""
-
-    sequential = False
 
     def __init__(self, ds: Any, depth: int = CACHE_DEPTH) -> None:
         super().__init__(ds)
@@ -215,8 +218,6 @@ def _fast_crc32() -> Callable[[bytes], int]:
 class StreamedShards(_Arrays):
     """Remote shards streamed with large range requests, no local copy; samples' CRC-32 checked."""
 
-    sequential = True
-
     def __init__(self, ds: Any, chunk_size: int = STREAM_CHUNK, readahead: int = STREAM_READAHEAD,
                  max_gap: int = STREAM_MAX_GAP) -> None:
         super().__init__(ds)
@@ -230,14 +231,15 @@ class StreamedShards(_Arrays):
         """Group the positions of ``seq`` into range requests.
 
         Returns ``(req_of_pos, req_shard, req_start, req_end)``, requests
-        numbered in the order their first sample is needed. Positions of one
-        shard, in order, join the current request while they continue it
-        (start within ``max_gap`` after its end) and it stays under ``chunk_size``.
+        numbered in the order their first sample is needed. Each shard's
+        positions are taken in file order; a request continues while the next
+        span starts at most ``max_gap`` after the previous one ends and the
+        request stays under about ``chunk_size`` bytes.
         """
         shard = self.shard_of[seq].astype(np.int64)
         start = self.offsets[seq] - BLOCK
         end = self.offsets[seq] + self.sizes[seq]
-        by = np.argsort(shard, kind="stable")  # grouped by shard, sequence order kept inside each
+        by = np.lexsort((np.arange(len(seq)), start, shard))  # by shard, then file position, then need
         sh, st, en = shard[by], start[by], end[by]
         new_run = np.ones(len(by), dtype=bool)
         # A run continues while the same shard's next span starts at most max_gap after the previous ends.
@@ -268,7 +270,9 @@ class StreamedShards(_Arrays):
         if len(seq) == 0:
             return
         req_of_pos, req_shard, req_start, req_end = self.plan(seq)
-        left = np.bincount(req_of_pos, minlength=len(req_shard))
+        members = np.argsort(req_of_pos, kind="stable")  # positions of each request, in need order
+        bounds = np.searchsorted(req_of_pos[members], np.arange(len(req_shard) + 1))
+        ready: dict[int, bytes] = {}  # position -> sample bytes, cut from a request that arrived
         pending: dict[int, cf.Future] = {}
         submitted = 0
         pool = cf.ThreadPoolExecutor(max_workers=self.readahead + 1, thread_name_prefix="shard-stream")
@@ -279,15 +283,16 @@ class StreamedShards(_Arrays):
 
         try:
             for p, i in enumerate(seq.tolist()):
-                r = int(req_of_pos[p])
-                while submitted < len(req_shard) and submitted <= r + self.readahead:
-                    pending[submitted] = pool.submit(fetch, submitted)
-                    submitted += 1
-                data = pending[r].result()
-                yield i, self._cut(data, int(req_shard[r]), int(req_start[r]), i)
-                left[r] -= 1
-                if left[r] == 0:
-                    del pending[r]  # the request's buffer is freed once its samples are out
+                if p not in ready:
+                    r = int(req_of_pos[p])
+                    while submitted < len(req_shard) and submitted <= r + self.readahead:
+                        pending[submitted] = pool.submit(fetch, submitted)
+                        submitted += 1
+                    data = pending.pop(r).result()
+                    for q in members[bounds[r]:bounds[r + 1]].tolist():
+                        ready[q] = self._cut(data, int(req_shard[r]), int(req_start[r]), int(seq[q]))
+                    del data  # the request's buffer goes; its samples stay until their turn
+                yield i, ready.pop(p)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -305,10 +310,11 @@ class StreamedShards(_Arrays):
         return sample
 
 
-def shard_io(ds: Any) -> LocalShards | CachedShards | StreamedShards:
-    """The reader for ``ds``'s shards: local files, the node cache (``cache_dir`` given), or streaming."""
+def shard_io(ds: Any, keep: int = MAX_OPEN) -> LocalShards | CachedShards | StreamedShards:
+    """The reader for ``ds``'s shards: local files (``keep`` open at most), the node cache
+    (``cache_dir`` given), or streaming."""
     if ds.remote is None:
-        return LocalShards(ds)
+        return LocalShards(ds, keep)
     if ds.remote.cached:
         return CachedShards(ds)
     return StreamedShards(ds)
