@@ -125,6 +125,16 @@ class _Bar:
         self.bar.close()
 
 
+def _missing_for(args: argparse.Namespace) -> str | None:
+    """What optional package the asked-for outputs need and is not installed (None: nothing)."""
+    import importlib.util
+
+    if args.chart and importlib.util.find_spec("matplotlib") is None:
+        return ("--chart needs matplotlib, which is not installed: pip install 'dataset-packer[bench]' "
+                "(or pip install matplotlib), or leave out --chart")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -141,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    missing = _missing_for(args)
+    if missing:  # before measuring: minutes of work would end in an ImportError
+        print(f"dataset-bench: error: {missing}", file=sys.stderr)
+        return 2
     bar: Any = _Bar() if args.progress else None
     try:
         result = run_benchmark(config, progress=bar)

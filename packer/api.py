@@ -14,6 +14,7 @@ from packer.formats.hdf5 import HDF5Writer
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.mmap import MemmapWriter
 from packer.formats.wds import WdsWriter
+from packer.importers import scan_import
 from packer.options import PackOptions
 from packer.output import prepare_output
 from packer.pipeline import Progress, SplitResult, pack_split
@@ -42,10 +43,12 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -
     src, out = Path(src), Path(out)
     if not src.exists():
         raise SourceError(f"{src}: no such folder")
-    if not src.is_dir():
+    imported = scan_import(src)  # WebDataset shards or a Hugging Face dataset (None: an image folder)
+    if imported is not None:
+        jobs = [(split, source, out if len(imported) == 1 else out / split) for split, source in imported]
+    elif not src.is_dir():
         raise SourceError(f"{src}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
-    splits = find_split_dirs(src)
-    if splits:
+    elif splits := find_split_dirs(src):
         names = [_split_name(d) for d in splits]
         clash = sorted({n for n in names if names.count(n) > 1})
         if clash:
@@ -93,5 +96,6 @@ def pack(
     for split, source, dest in jobs:
         callback = progress(split, source) if progress else None
         log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
-        results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback))
+        stage = {"prepare": source.prepare} if source.prepare is not None else {}  # imported sources read bytes
+        results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback, **stage))
     return results

@@ -40,10 +40,16 @@ def _looks_like_ours(path: Path) -> bool:
 
 
 def prepare_output(out: Path, options: PackOptions) -> None:
-    """Check (before anything is written) that ``out`` may be written; clear it on overwrite."""
+    """Check (before anything is written) that ``out`` may be written; clear it on overwrite.
+
+    Missing parent folders of ``out`` are created (the last step, once every check passed).
+    """
     if not out.exists():
-        if not out.parent.exists():
-            raise OutputError(f"{out.parent}: the output's parent folder does not exist")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"{out.parent}: cannot create the output's parent folder "
+                              f"({exc.strerror or exc})") from None
         return
     if not out.is_dir():
         raise OutputError(f"{out} exists and is a file; choose another output path")

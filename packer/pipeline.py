@@ -59,6 +59,8 @@ class SplitResult:
     seconds: float
     resumed_from: int = 0
     rejects_file: Path | None = None
+    repaired: int = 0
+    repairs_file: Path | None = None
     meta: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def summary(self) -> str:
@@ -69,6 +71,8 @@ class SplitResult:
             f"{self.seconds:.1f} s ({rate:.0f} img/s), "
             f"{self.rejected} rejected, {self.changed} re-encoded, {self.ignored} non-image files ignored"
         )
+        if self.repaired:
+            text += f", {self.repaired} repaired (listed in {self.repairs_file})"
         if self.skipped_links:
             text += f", {self.skipped_links} symlinks outside the source skipped"
         if self.resumed_from:
@@ -190,7 +194,10 @@ class _WriteStage:
         }
         record.update(zip(self.writer.location_fields, locations, strict=True))
         self.files.add_sample(tuple(record.get(name, 0) for name in spec.RECORD_DTYPE.names), self.source.paths[pos])
-        journal.changed += bool(prep.changed) and not self.writer.pixels
+        if prep.repair:
+            journal.repaired += 1
+            self.files.add_repair(self.source.paths[pos], journal.done, prep.repair)
+        journal.changed += bool(prep.changed) and not prep.repair and not self.writer.pixels
         journal.encodings[prep.ext] = journal.encodings.get(prep.ext, 0) + 1
         journal.done += 1
         if self.writer.at_checkpoint_boundary():
@@ -207,8 +214,9 @@ class _WriteStage:
         meta[spec.FILES_CRC_KEY] = file_crcs(self.out, meta)
         spec.write_index(self.out, meta, arrays)
         Journal.discard(self.out)
-        if self.journal.rejected == 0:
-            (self.out / spec.REJECTS_NAME).unlink(missing_ok=True)
+        for count, name in ((self.journal.rejected, spec.REJECTS_NAME), (self.journal.repaired, spec.REPAIRS_NAME)):
+            if count == 0:
+                (self.out / name).unlink(missing_ok=True)
         spec.fsync_dir(self.out)
         return meta
 
@@ -228,7 +236,7 @@ class _WriteStage:
             "options": self.options.recorded(),
             "order": source.order,
             "source": {
-                "root": str(source.root.resolve()),
+                **source.describe(),
                 "images_found": len(source.paths),
                 "rejected": journal.rejected,
                 "ignored_files": len(source.ignored),
@@ -236,7 +244,7 @@ class _WriteStage:
                 "fingerprint": source.fingerprint(),
             },
             "stats": {"bytes_in": journal.bytes_in, "bytes_out": int(recs["sizes"].sum()),
-                      "reencoded": journal.changed},
+                      "reencoded": journal.changed, "repaired": journal.repaired},
             "created_by": f"dataset-packer {VERSION}",
         }
 
@@ -250,11 +258,12 @@ def file_crcs(out: Path, meta: dict[str, Any]) -> dict[str, int]:
 
 def _result(split: str, out: Path, meta: dict[str, Any], seconds: float, resumed_from: int) -> SplitResult:
     src = meta["source"]
-    rejects = out / spec.REJECTS_NAME
+    rejects, repairs = out / spec.REJECTS_NAME, out / spec.REPAIRS_NAME
     return SplitResult(
         split=split, out=out, images=meta["num_samples"], classes=len(meta["classes"]),
         rejected=src["rejected"], changed=meta["stats"]["reencoded"], ignored=src["ignored_files"],
         skipped_links=src["skipped_symlinks"], bytes_in=meta["stats"]["bytes_in"],
         bytes_out=sum(meta.get("files", {}).values()) or meta["stats"]["bytes_out"], seconds=seconds,
-        resumed_from=resumed_from, rejects_file=rejects if rejects.exists() else None, meta=meta,
+        resumed_from=resumed_from, rejects_file=rejects if rejects.exists() else None,
+        repaired=meta["stats"].get("repaired", 0), repairs_file=repairs if repairs.exists() else None, meta=meta,
     )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from packer.errors import SourceError
 from readers import spec
@@ -15,7 +16,10 @@ __all__ = ["IMAGE_EXTENSIONS", "Source", "SourceError", "scan", "find_split_dirs
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+#: torchvision's ImageFolder extensions (``torchvision.datasets.folder.IMG_EXTENSIONS``), plus ``.mpo``
+#: (multi-picture JPEGs from cameras), matched in any letter case. What a file is, its content decides.
+TORCHVISION_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGE_EXTENSIONS = TORCHVISION_EXTENSIONS + (".mpo",)
 
 
 @dataclass
@@ -29,13 +33,27 @@ class Source:
     sizes: list[int]
     ignored: list[str] = field(default_factory=list)  # files that are not images by name
     skipped_links: list[str] = field(default_factory=list)  # symlinks leaving root
+    #: what the source is: "folder" (ImageFolder tree), "wds" (tar shards), "hf" (Hugging Face
+    #: datasets), "dataset" (a packed dataset, for convert)
+    kind: str = "folder"
+    #: more about the source for index.json's "source" record (JSON-able)
+    details: dict[str, Any] = field(default_factory=dict)
+    #: the prepare stage that reads this source (``packer.workers.PrepareStage``); None: files under root
+    prepare: Any = field(default=None, repr=False, compare=False)
     _fingerprint: str | None = field(default=None, repr=False, compare=False)
     #: the order of ``paths`` as index.json records it (``scan`` gives the source order)
     order: dict = field(default_factory=lambda: {"kind": "source"})
+    #: scan position of each entry of ``paths`` (None: the scan order itself); sources read by position
+    #: (``prepare`` stages of imports) follow it
+    origin: list[int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def total_bytes(self) -> int:
         return sum(self.sizes)
+
+    def describe(self) -> dict[str, Any]:
+        """Where the samples come from (index.json's ``source`` record and the journal)."""
+        return {"root": str(self.root.resolve()), "kind": self.kind, **self.details}
 
     def fingerprint(self) -> str:
         """Hash of the file list and sizes: resume refuses a source that changed.
@@ -63,9 +81,13 @@ class Source:
         if kind == "source":
             return self
         perm = spec.order_permutation(len(self.paths), seed).tolist()
-        return Source(self.root, self.classes, [self.paths[i] for i in perm], [self.labels[i] for i in perm],
-                      [self.sizes[i] for i in perm], self.ignored, self.skipped_links, self.fingerprint(),
-                      {"kind": kind, "seed": int(seed)})
+        return replace(self, paths=[self.paths[i] for i in perm], labels=[self.labels[i] for i in perm],
+                       sizes=[self.sizes[i] for i in perm], _fingerprint=self.fingerprint(),
+                       order={"kind": kind, "seed": int(seed)}, origin=perm)
+
+    def positions(self, start: int) -> list[int]:
+        """Scan positions of the samples from ``start`` on, in the order they are written."""
+        return list(range(start, len(self.paths))) if self.origin is None else self.origin[start:]
 
     def _hash(self) -> str:
         h = hashlib.sha256()
@@ -184,7 +206,7 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
         hint = ""
         if any(_is_image_name(n) for n in loose):
             hint = " (the images lie directly in it: put them in one sub-folder per class)"
-        raise SourceError(f"{root}: no images found (.jpg/.jpeg/.png in root/<class>/){hint}")
+        raise SourceError(f"{root}: no images found ({'/'.join(IMAGE_EXTENSIONS)} in root/<class>/){hint}")
     used = set(labels)
     empty = [c for i, c in enumerate(classes) if i not in used]
     if empty:

@@ -18,9 +18,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from readers import spec
-from readers.registry import open_dataset
 
-__all__ = ["Problem", "VerifyReport", "verify", "main"]
+__all__ = ["Problem", "VerifyReport", "verify", "main", "add_arguments", "run"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +108,8 @@ def verify(path: str | os.PathLike | spec.Index,
         report = VerifyReport(path.root)
         verify_remote(path, report, progress or (lambda n: None), download_progress, Problem)
         return report
+    from readers.registry import open_dataset  # imports torch: not needed for `pack-dataset --help`
+
     ds = open_dataset(path, decode=False)
     root = ds.root
     report = VerifyReport(root)
@@ -173,13 +174,22 @@ def _download_bar(quiet: bool) -> Callable[[int, int], None] | None:
     return update
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``pack-dataset verify``."""
+    p.add_argument("path", type=_location, help="dataset folder or s3:// / http(s):// URL "
+                                                "(or a folder of split datasets)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pack-dataset verify",
                                 description="Recompute the checksums of a packed dataset and name damaged samples.")
-    p.add_argument("path", type=_location, help="dataset folder or s3:// / http(s):// URL "
-                                                   "(or a folder of split datasets)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """``pack-dataset verify`` with parsed arguments; returns the exit code."""
     try:
         roots = _roots(args.path)
     except OSError as exc:  # remote: unreachable, refused credentials

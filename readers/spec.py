@@ -66,6 +66,8 @@ __all__ = [
     "MMAP_HEADER_BYTES",
     "TAR_BLOCK",
     "REJECTS_NAME",
+    "REPAIRS_NAME",
+    "WIDS_INDEX_NAME",
     "RECORD_DTYPE",
     "STATE_NAME",
     "shard_name",
@@ -127,6 +129,10 @@ MMAP_HEADER_BYTES = 128
 TAR_BLOCK = 512
 #: Images that could not be packed, one JSON object per line (only when there are any).
 REJECTS_NAME = "rejects.jsonl"
+#: Images stored after a lossless repair (JPEG header junk removed), one JSON object per line.
+REPAIRS_NAME = "repairs.jsonl"
+#: wds: the shard list in the ``wids`` library's JSON format (``wids.ShardListDataset(path)``).
+WIDS_INDEX_NAME = "wids-index.json"
 
 #: Sample order of a pack (index.json ``"order": {"kind": ..., "seed": ...}``): ``"source"`` =
 #: sorted by class then path, exactly torchvision's ImageFolder order; ``"shuffled"`` = the
