@@ -6,7 +6,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from packer.errors import OutputError, SourceError
 from packer.formats.base import FormatWriter
@@ -19,6 +19,7 @@ from packer.options import PackOptions
 from packer.output import prepare_output
 from packer.pipeline import Progress, SplitResult, pack_split
 from packer.source import Source, find_split_dirs, scan
+from readers import spec
 from readers.env import available_cpus
 
 __all__ = ["pack", "WRITERS", "plan"]
@@ -70,13 +71,25 @@ def pack(
     options: PackOptions | None = None,
     *,
     progress: Callable[[str, Source], Progress | None] | None = None,
+    **remote: Any,
 ) -> list[SplitResult]:
     """Pack the ImageFolder tree ``src`` into ``out`` (one dataset folder per split).
 
     ``progress(split, source)`` may return a callback ``(images, bytes)`` that
     is called as work completes; the CLI uses it for its progress bar.
+
+    ``out`` may be an ``s3://bucket/prefix`` URL: the pack is staged locally
+    and uploaded as it goes, ``index.json`` last (``packer.remote_output``;
+    keyword arguments ``storage_options``, ``stage_dir``, ``retry`` and
+    ``upload_progress(split) -> callback(bytes)`` apply there only).
     """
     options = options or PackOptions()
+    if spec.is_remote(out):
+        from packer.remote_output import pack_remote
+
+        return pack_remote(src, os.fspath(out), options, progress=progress, **remote)
+    if remote:
+        raise TypeError(f"{', '.join(sorted(remote))}: only for an s3:// output")
     jobs = plan(src, out, options)
     workers = options.workers or available_cpus()
     results = []

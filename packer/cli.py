@@ -43,7 +43,9 @@ examples:
   pack-dataset imagenet/      -f hdf5 -o out/imagenet-h5      (packs train/ and val/)
   pack-dataset shards/        -f lmdb -o out/from-shards      (WebDataset shards written by other tools)
   pack-dataset convert out/train-wds -f lmdb -o out/train-lmdb
+  pack-dataset imagenet/train --format wds  -o s3://bucket/imagenet/train-wds   (uploads as it goes)
   pack-dataset verify out/train-wds
+  pack-dataset verify s3://bucket/imagenet/train-wds
   pack-dataset info out/train-wds
 
 """ + EXIT_CODES
@@ -101,7 +103,13 @@ def _add_options(p: argparse.ArgumentParser, command: str, output_help: str) -> 
             target = groups[flag.exclusive_group]
         _add_option(target, f, flag)
         if f.name == "format":  # listed right after --format, as --help always showed it
-            p.add_argument("-o", "--output", type=Path, help=output_help)
+            p.add_argument("-o", "--output", type=output_location if command == "pack" else Path,
+                           help=output_help.replace("output folder", "output folder, or s3://bucket/prefix")
+                           if command == "pack" else output_help)
+    if command == "pack":
+        p.add_argument("--stage-dir", type=Path, metavar="DIR",
+                       help="s3:// output: stage files here before upload (default: $DATASET_PACKER_STAGE or "
+                            "~/.cache/dataset-packer/stage/...)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
@@ -212,7 +220,33 @@ def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from packer.api import pack
 
     options = _options(parser, args, "pack")
-    return _run(args, lambda out: pack(args.src, out, options, progress=_progress_factory(args.quiet)))
+    out = args.output
+    remote: dict[str, Any] = {}
+    if isinstance(out, str):  # s3:// (packer.remote_output)
+        remote = {"stage_dir": args.stage_dir, "upload_progress": _upload_bar_factory(args.quiet)}
+    elif args.stage_dir is not None:
+        parser.error("--stage-dir applies to an s3:// output only")
+    return _run(args, lambda out: pack(args.src, out, options, progress=_progress_factory(args.quiet), **remote))
+
+
+def output_location(text: str) -> Path | str:
+    """``-o``: a local folder (Path), or a remote URL kept as text (``Path`` would fold ``s3://`` to ``s3:/``)."""
+    from readers.spec import is_remote
+
+    return text if is_remote(text) else Path(text)
+
+
+def _upload_bar_factory(quiet: bool):
+    def factory(split):
+        if quiet:
+            return None
+        from tqdm import tqdm
+
+        bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=f"upload {split}", dynamic_ncols=True,
+                   mininterval=0.5)
+        return bar.update
+
+    return factory
 
 
 def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -93,11 +93,14 @@ def pack_split(
     progress: Progress | None = None,
     *,
     prepare: PrepareStage = prepare_locally,
+    after_checkpoint: Callable[[Journal], None] | None = None,
 ) -> SplitResult:
     """Pack one split of ``source`` into the dataset folder ``out``.
 
     ``prepare`` is the prepare stage (default: a local process pool of
     ``workers``); it must yield one outcome per source file, in source order.
+    ``after_checkpoint(journal)`` runs after each checkpoint is durable (the
+    remote output uploads the shards it lists as closed).
     """
     t0 = time.perf_counter()
     if (out / spec.INDEX_NAME).exists() and options.resume:
@@ -112,7 +115,7 @@ def pack_split(
     resumed_from = journal.next_source
     writer = writer_cls(out, split, options, source.total_bytes)
     writer.open(journal.done, journal.writer)
-    stage = _WriteStage(source, out, options, writer, journal, progress)
+    stage = _WriteStage(source, out, options, writer, journal, progress, after_checkpoint)
     if resumed is None:
         stage.checkpoint(0)  # the journal exists from the first moment: the folder reads as unfinished
     outcomes = None
@@ -138,9 +141,11 @@ class _WriteStage:
     """Consumes prepared outcomes in source order: appends, rejects, checkpoints, finishes."""
 
     def __init__(self, source: Source, out: Path, options: PackOptions, writer: FormatWriter,
-                 journal: Journal, progress: Progress | None) -> None:
+                 journal: Journal, progress: Progress | None,
+                 after_checkpoint: Callable[[Journal], None] | None = None) -> None:
         self.source, self.out, self.options = source, out, options
         self.writer, self.journal, self.progress = writer, journal, progress
+        self.after_checkpoint = after_checkpoint
         self.files = SideFiles(out, journal)
 
     def run(self, outcomes: Iterator[Outcome]) -> dict[str, Any]:
@@ -160,6 +165,8 @@ class _WriteStage:
         self.journal.next_source = next_source
         self.files.sync(self.journal)
         self.journal.save(self.out)
+        if self.after_checkpoint is not None:
+            self.after_checkpoint(self.journal)
 
     def _take(self, pos: int, outcome: Outcome) -> None:
         rel, size = self.source.paths[pos], self.source.sizes[pos]
@@ -204,6 +211,7 @@ class _WriteStage:
         arrays = {name: recs[name] for name in spec.REQUIRED_ARRAYS[self.options.format]}
         meta = self._meta(recs)
         meta = merged(meta, self.writer.finalize(meta, arrays))
+        meta[spec.FILES_CRC_KEY] = file_crcs(self.out, meta)
         spec.write_index(self.out, meta, arrays)
         Journal.discard(self.out)
         for count, name in ((self.journal.rejected, spec.REJECTS_NAME), (self.journal.repaired, spec.REPAIRS_NAME)):
@@ -239,6 +247,13 @@ class _WriteStage:
                       "reencoded": journal.changed, "repaired": journal.repaired},
             "created_by": f"dataset-packer {VERSION}",
         }
+
+
+def file_crcs(out: Path, meta: dict[str, Any]) -> dict[str, int]:
+    """CRC-32 of each data file in ``meta["files"]`` (so downloads can be verified): wds shards'
+    from the writer, which computed them while writing; other files read once."""
+    known = {s["name"]: int(s["crc32"]) for s in meta.get("shards", [])}
+    return {name: known[name] if name in known else spec.file_checksum(out / name) for name in meta.get("files", {})}
 
 
 def _result(split: str, out: Path, meta: dict[str, Any], seconds: float, resumed_from: int) -> SplitResult:

@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -92,9 +92,22 @@ def _check_sample(report: VerifyReport, where: str, read: Callable[[], object], 
 
 
 def verify(path: str | os.PathLike | spec.Index,
-           progress: Callable[[int], None] | None = None) -> VerifyReport:
-    """Check one dataset folder (or its index, already read); returns a report listing every
-    damaged sample or file."""
+           progress: Callable[[int], None] | None = None, *,
+           storage_options: dict[str, Any] | None = None,
+           download_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """Check one dataset folder or URL (or its index, already read); returns a report listing every
+    damaged sample or file. Remote datasets: see :mod:`packer.verify_remote` (``storage_options``,
+    and ``download_progress(done, total)`` for the data file download of lmdb/hdf5/mmap)."""
+    if not isinstance(path, spec.Index) and spec.is_remote(path):
+        from readers.remote import read_index
+
+        path = read_index(path, storage_options)
+    if isinstance(path, spec.Index) and path.store is not None:
+        from packer.verify_remote import verify_remote
+
+        report = VerifyReport(path.root)
+        verify_remote(path, report, progress or (lambda n: None), download_progress, Problem)
+        return report
     from readers.registry import open_dataset  # imports torch: not needed for `pack-dataset --help`
 
     ds = open_dataset(path, decode=False)
@@ -120,9 +133,51 @@ def verify(path: str | os.PathLike | spec.Index,
     return report
 
 
+def _location(text: str) -> Path | str:
+    return text if spec.is_remote(text) else Path(text)
+
+
+def _roots(path: Path | str) -> list[Path | str]:
+    if isinstance(path, str):
+        from packer.verify_remote import remote_roots
+
+        return list(remote_roots(path))
+    if not (path / spec.INDEX_NAME).exists() and spec.find_splits(path):
+        return [path / s for s in spec.find_splits(path)]
+    return [path]
+
+
+def _read_index(root: Path | str) -> spec.Index:
+    if isinstance(root, str):
+        from readers.remote import read_index
+
+        return read_index(root)
+    return spec.read_index(root)
+
+
+def _download_bar(quiet: bool) -> Callable[[int, int], None] | None:
+    """A byte progress bar for the data file download of a remote lmdb/hdf5/mmap dataset."""
+    if quiet:
+        return None
+    state: dict[str, Any] = {}
+
+    def update(done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        bar = state.get("bar")
+        if bar is None:
+            bar = state["bar"] = tqdm(total=total, unit="B", unit_scale=True, desc="download", mininterval=0.5)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return update
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``pack-dataset verify``."""
-    p.add_argument("path", type=Path, help="dataset folder (or a folder of split datasets)")
+    p.add_argument("path", type=_location, help="dataset folder or s3:// / http(s):// URL "
+                                                "(or a folder of split datasets)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
@@ -135,24 +190,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """``pack-dataset verify`` with parsed arguments; returns the exit code."""
-    roots = [args.path]
-    if not (args.path / spec.INDEX_NAME).exists() and spec.find_splits(args.path):
-        roots = [args.path / s for s in spec.find_splits(args.path)]
+    try:
+        roots = _roots(args.path)
+    except OSError as exc:  # remote: unreachable, refused credentials
+        print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
+        return 1
     status = 0
     for root in roots:
         try:
-            index = spec.read_index(root)
-        except (spec.DatasetFormatError, FileNotFoundError) as exc:
+            index = _read_index(root)
+        except (spec.DatasetFormatError, OSError) as exc:
             print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
             return 1
         bar = None
         if not args.quiet:
             from tqdm import tqdm
 
-            bar = tqdm(total=index.num_samples, unit="img", desc=f"verify {root.name}", mininterval=0.5)
-        report = verify(index, bar.update if bar else None)
-        if bar:
-            bar.close()
+            label = str(root).rstrip("/").rsplit("/", 1)[-1]
+            bar = tqdm(total=index.num_samples, unit="img", desc=f"verify {label}", mininterval=0.5)
+        try:
+            report = verify(index, bar.update if bar else None, download_progress=_download_bar(args.quiet))
+        except OSError as exc:  # remote: the store went away past the retry budget
+            print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            if bar:
+                bar.close()
         for prob in report.problems:
             print(f"DAMAGED {prob.where}: {prob.what}")
         verdict = "OK" if report.ok else f"{len(report.problems)} problem(s)"
