@@ -6,7 +6,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from packer.errors import OutputError, SourceError
 from packer.formats.base import FormatWriter
@@ -14,10 +14,12 @@ from packer.formats.hdf5 import HDF5Writer
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.mmap import MemmapWriter
 from packer.formats.wds import WdsWriter
+from packer.importers import scan_import
 from packer.options import PackOptions
 from packer.output import OutputLock, prepare_output
 from packer.pipeline import Progress, SplitResult, pack_split
 from packer.source import Source, find_split_dirs, scan
+from readers import spec
 from readers.env import available_cpus
 
 __all__ = ["pack", "WRITERS", "plan"]
@@ -44,10 +46,12 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *
     src, out = Path(src), Path(out)
     if not src.exists():
         raise SourceError(f"{src}: no such folder")
-    if not src.is_dir():
+    imported = scan_import(src)  # WebDataset shards or a Hugging Face dataset (None: an image folder)
+    if imported is not None:
+        jobs = [(split, source, out if len(imported) == 1 else out / split) for split, source in imported]
+    elif not src.is_dir():
         raise SourceError(f"{src}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
-    splits = find_split_dirs(src, options.splits)
-    if splits:
+    elif splits := find_split_dirs(src, options.splits):
         names = [_split_name(d) for d in splits]
         clash = sorted({n for n in names if names.count(n) > 1})
         if clash:
@@ -71,13 +75,25 @@ def pack(
     options: PackOptions | None = None,
     *,
     progress: Callable[[str, Source], Progress | None] | None = None,
+    **remote: Any,
 ) -> list[SplitResult]:
     """Pack the ImageFolder tree ``src`` into ``out`` (one dataset folder per split).
 
     ``progress(split, source)`` may return a callback ``(images, bytes)`` that
     is called as work completes; the CLI uses it for its progress bar.
+
+    ``out`` may be an ``s3://bucket/prefix`` URL: the pack is staged locally
+    and uploaded as it goes, ``index.json`` last (``packer.remote_output``;
+    keyword arguments ``storage_options``, ``stage_dir``, ``retry`` and
+    ``upload_progress(split) -> callback(bytes)`` apply there only).
     """
     options = options or PackOptions()
+    if spec.is_remote(out):
+        from packer.remote_output import pack_remote
+
+        return pack_remote(src, os.fspath(out), options, progress=progress, **remote)
+    if remote:
+        raise TypeError(f"{', '.join(sorted(remote))}: only for an s3:// output")
     with OutputLock() as lock:  # no other pack writes these folders until this one ends
         jobs = plan(src, out, options, lock=lock)
         workers = options.workers or available_cpus()
@@ -85,7 +101,9 @@ def pack(
         for split, source, dest in jobs:
             callback = progress(split, source) if progress else None
             log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
-            results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback))
+            stage = {"prepare": source.prepare} if source.prepare is not None else {}  # imported sources read bytes
+            results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback,
+                                      **stage))
             results[-1].note = _layout_note(jobs, split, Path(out))
     return results
 

@@ -6,8 +6,9 @@ While a split is packed its folder holds, besides the format's data files:
   sample (turned into the index arrays at the end);
 * ``names.jsonl`` -- each written sample's source path (kept as is);
 * ``rejects.jsonl`` -- the files that could not be packed;
+* ``repairs.jsonl`` -- the files stored after a lossless repair;
 * ``pack-state.json`` -- the :class:`Journal`: counters, the lengths of the
-  three files above and the writer's state, as of the last checkpoint.
+  four files above and the writer's state, as of the last checkpoint.
 
 At a checkpoint the writer's data is made durable first, then the side
 files are fsynced, then the journal is replaced atomically. Resume cuts the
@@ -70,17 +71,22 @@ class Journal:
     bytes_in: int = 0  # source bytes consumed
     changed: int = 0  # samples stored re-encoded
     rejected: int = 0
+    repaired: int = 0  # samples stored after a lossless repair (repairs.jsonl)
     encodings: dict[str, int] = field(default_factory=dict)  # stored extension -> samples
     records_len: int = 0  # byte lengths of the side files at the checkpoint
     names_len: int = 0
     rejects_len: int = 0
+    repairs_len: int = 0
     writer: dict[str, Any] | None = None  # the writer's checkpoint state
     source_prefix: str = ""  # hash of the source list before next_source (Source.prefix_fingerprint)
 
     @staticmethod
     def identity_of(split: str, source: Source, options: PackOptions) -> dict[str, Any]:
+        """What must match to resume (format, split, options, fingerprint), plus where the source
+        is (``source``: for ``pack-dataset info`` to say how to resume; not compared)."""
         return {"format": options.format, "split": split, "options": options.recorded(),
-                "fingerprint": source.fingerprint(), "files": len(source.paths)}
+                "fingerprint": source.fingerprint(),
+                "source": {**source.describe(), "images": len(source.paths)}}
 
     @classmethod
     def load(cls, out: Path, identity: dict[str, Any], source: Source | None = None) -> Journal | None:
@@ -137,7 +143,7 @@ class Journal:
             log.warning("%s: the source changed after the %d files already packed; resuming with the source "
                         "as it is now", out, n)
             return
-        then = state.get("files")
+        then = (state.get("source") or {}).get("images") if isinstance(state.get("source"), dict) else None
         if source is not None and source.order.get("kind", "source") != "source" and then != len(source.paths):
             raise PackError(f"{out}: the source folder holds {len(source.paths)} images, {then} when the pack "
                             "started, and a shuffled order (--order shuffled) changes with the count; restore the "
@@ -164,11 +170,13 @@ def _truncate(path: Path, length: int) -> None:
 
 
 class SideFiles:
-    """``records.bin``, ``names.jsonl`` and ``rejects.jsonl``: appended per sample, cut back on resume."""
+    """``records.bin``, ``names.jsonl``, ``rejects.jsonl`` and ``repairs.jsonl``: appended per sample,
+    cut back on resume."""
 
     def __init__(self, out: Path, journal: Journal) -> None:
-        self.paths = (out / RECORDS_NAME, out / spec.NAMES_FILE, out / spec.REJECTS_NAME)
-        for path, length in zip(self.paths, (journal.records_len, journal.names_len, journal.rejects_len)):
+        self.paths = (out / RECORDS_NAME, out / spec.NAMES_FILE, out / spec.REJECTS_NAME, out / spec.REPAIRS_NAME)
+        lengths = (journal.records_len, journal.names_len, journal.rejects_len, journal.repairs_len)
+        for path, length in zip(self.paths, lengths):
             _truncate(path, length)
         files: list[BinaryIO] = []
         try:
@@ -179,8 +187,9 @@ class SideFiles:
                 f.close()
             raise
         self._files = tuple(files)
-        self.records, self.names, self.rejects = self._files
+        self.records, self.names, self.rejects, self.repairs = self._files
         self._pending: list[tuple] = []
+        self._synced = False  # the first sync makes every file durable (resume may have truncated them)
 
     def add_sample(self, record: tuple, rel: str) -> None:
         """One written sample: its index record (fields of RECORD_DTYPE, in order) and source path."""
@@ -190,15 +199,22 @@ class SideFiles:
     def add_reject(self, rel: str, reason: str) -> None:
         self.rejects.write((json.dumps({"path": rel, "reason": reason}) + "\n").encode())
 
+    def add_repair(self, rel: str, sample: int, what: str) -> None:
+        self.repairs.write((json.dumps({"path": rel, "sample": sample, "repair": what}) + "\n").encode())
+
     def sync(self, journal: Journal) -> None:
         """Make everything added so far durable and record the files' lengths in ``journal``."""
         if self._pending:
             self.records.write(np.array(self._pending, dtype=spec.RECORD_DTYPE).tobytes())
             self._pending.clear()
-        for f in self._files:
+        lengths = (journal.records_len, journal.names_len, journal.rejects_len, journal.repairs_len)
+        for f, synced in zip(self._files, lengths):
             f.flush()
-            os.fsync(f.fileno())
-        journal.records_len, journal.names_len, journal.rejects_len = (f.tell() for f in self._files)
+            if f.tell() != synced or not self._synced:  # unchanged since the last sync: durable already
+                os.fsync(f.fileno())
+        self._synced = True
+        journal.records_len, journal.names_len, journal.rejects_len, journal.repairs_len = (
+            f.tell() for f in self._files)
 
     def close(self) -> None:
         for f in self._files:

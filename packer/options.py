@@ -100,6 +100,7 @@ class Flag:
     required: bool = False
     exclusive_group: str | None = None  # flags sharing a group name cannot be given together
     show: Callable[[Any], str] = str
+    commands: tuple[str, ...] = ("pack",)  # the pack-dataset subcommands that take this flag
 
     def help_for(self, default: Any) -> str:
         return self.help.format(default=self.show(default))
@@ -109,20 +110,24 @@ def _flag(*flags: str, **kwargs: Any) -> dict[str, Flag]:
     return {"cli": Flag(flags, **kwargs)}
 
 
+_BOTH = ("pack", "convert")  # flags that ``pack-dataset convert`` takes too
+
+
 @dataclass(frozen=True)
 class PackOptions:
     """Everything that decides what ``pack`` writes. Recorded in each index."""
 
     format: str = field(default="wds", metadata=_flag(
-        "-f", "--format", help="output format", choices=FORMATS, required=True))
+        "-f", "--format", help="output format", choices=FORMATS, required=True, commands=_BOTH))
     # None: the CPUs this process may use (cgroup-aware)
     workers: int | None = field(default=None, metadata=_flag(
-        "-w", "--workers", parse=parse_positive, help="worker processes (default: usable CPUs, cgroup-aware)"))
+        "-w", "--workers", parse=parse_positive, help="worker processes (default: usable CPUs, cgroup-aware)",
+        commands=_BOTH))
     shard_size: int = field(default=DEFAULT_SHARD_SIZE, metadata=_flag(
         "--shard-size", parse=parse_positive_size, show=format_size,
-        help="wds: start a new shard once a shard reaches this size (default {default})"))
+        help="wds: start a new shard once a shard reaches this size (default {default})", commands=_BOTH))
     shard_count: int | None = field(default=None, metadata=_flag(
-        "--shard-count", parse=parse_positive, help="wds: ...or once it holds this many samples"))
+        "--shard-count", parse=parse_positive, help="wds: ...or once it holds this many samples", commands=_BOTH))
     # downscale so the longer side <= this, re-encode at quality
     max_side: int | None = field(default=None, metadata=_flag(
         "--max-side", parse=parse_positive, help="downscale so the longer side is at most N pixels"))
@@ -130,7 +135,7 @@ class PackOptions:
         "--quality", parse=int, help="JPEG quality for re-encoded images (default {default})"))
     resize: int | None = field(default=None, metadata=_flag(
         "--resize", parse=parse_positive,
-        help="mmap: shorter side to N, then center crop NxN (one N x N x 3 array)"))
+        help="mmap: shorter side to N, then center crop NxN (one N x N x 3 array)", commands=_BOTH))
     validate: bool = field(default=True, metadata=_flag(
         "--no-validate", action="store_false",
         help="do not decode images at pack time (for data you already trust)"))
@@ -141,14 +146,16 @@ class PackOptions:
     follow_symlinks: bool = field(default=False, metadata=_flag(
         "--follow-symlinks", action="store_true", help="follow symlinks that point outside SRC"))
     overwrite: bool = field(default=False, metadata=_flag(
-        "--overwrite", action="store_true", exclusive_group="existing", help="replace an existing output"))
+        "--overwrite", action="store_true", exclusive_group="existing", help="replace an existing output",
+        commands=_BOTH))
     resume: bool = field(default=False, metadata=_flag(
         "--resume", action="store_true", exclusive_group="existing",
-        help="finish an interrupted pack with the same options"))
+        help="finish an interrupted pack with the same options", commands=_BOTH))
     # lmdb/hdf5/mmap: durable commit every this many bytes
     checkpoint_bytes: int = field(default=64 * 1024 * 1024, metadata=_flag(
         "--checkpoint-bytes", parse=parse_positive_size, show=format_size,
-        help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default {default})"))
+        help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default {default})",
+        commands=_BOTH))
     # which sub-folders of the source are splits; decides the output layout, not a dataset's content
     splits: str = field(default="auto", metadata=_flag(
         "--splits", parse=_parse_splits,
@@ -207,8 +214,8 @@ class PackOptions:
                             resize=self.resize, want_pixels=want_pixels, max_pixels=self.max_pixels)
 
 
-def cli_fields() -> Iterator[tuple[dataclasses.Field, Flag]]:
-    """The :class:`PackOptions` fields the command line exposes, in declaration order."""
+def cli_fields(command: str = "pack") -> Iterator[tuple[dataclasses.Field, Flag]]:
+    """The :class:`PackOptions` fields that ``pack-dataset COMMAND`` exposes, in declaration order."""
     for f in dataclasses.fields(PackOptions):
-        if "cli" in f.metadata:
+        if "cli" in f.metadata and command in f.metadata["cli"].commands:
             yield f, f.metadata["cli"]

@@ -248,7 +248,8 @@ def prepare_output(out: Path, options: PackOptions, dests: Iterable[Path] = (), 
                    split_hint: str | None = None) -> None:
     """Check that ``out`` may be written, lock it (and the split folders ``dests``), clear it on overwrite.
 
-    Nothing is written before every check has passed. ``lock`` keeps the
+    Nothing is written before every check has passed (then missing parent
+    folders of ``out`` are created). ``lock`` keeps the
     locks for the caller's whole pack; without one they are released on
     return (a check only). ``split_hint``: the split name the new pack
     writes, whose shards ``--overwrite`` may also delete when the old
@@ -260,12 +261,16 @@ def prepare_output(out: Path, options: PackOptions, dests: Iterable[Path] = (), 
             raise OutputError(f"{out} is a symlink to nothing; choose another output path")
         if out.exists() and not out.is_dir():
             raise OutputError(f"{out} exists and is a file; choose another output path")
-        if not out.exists() and not out.parent.is_dir():
-            raise OutputError(f"{out.parent}: the output's parent folder does not exist")
         folders: list[Path] = []
         if out.exists():
             own.probe(out)
             folders = _check_existing(out, options, split_hint)
+        else:  # every check passed: missing parent folders are created
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise OutputError(f"{out.parent}: cannot create the output's parent folder "
+                                  f"({exc.strerror or exc})") from None
         own.acquire(out)
         if folders:
             _clear(folders, out, own)

@@ -71,6 +71,8 @@ class SplitResult:
     seconds: float
     resumed_from: int = 0
     rejects_file: Path | None = None
+    repaired: int = 0
+    repairs_file: Path | None = None
     meta: dict[str, Any] = field(default_factory=dict, repr=False)
     already_complete: bool = False  # --resume found the pack finished: nothing was packed now
     note: str = ""  # about the layout chosen (which split of which), said in the summary
@@ -87,6 +89,8 @@ class SplitResult:
             f"{self.seconds:.1f} s ({rate:.0f} img/s), "
             f"{self.rejected} rejected, {self.changed} re-encoded, {self.ignored} non-image files ignored"
         )
+        if self.repaired:
+            text += f", {self.repaired} repaired (listed in {self.repairs_file})"
         if self.skipped_links:
             text += f", {self.skipped_links} symlinks outside the source skipped"
         if self.resumed_from:
@@ -109,11 +113,14 @@ def pack_split(
     progress: Progress | None = None,
     *,
     prepare: PrepareStage = prepare_locally,
+    after_checkpoint: Callable[[Journal], None] | None = None,
 ) -> SplitResult:
     """Pack one split of ``source`` into the dataset folder ``out``.
 
     ``prepare`` is the prepare stage (default: a local process pool of
     ``workers``); it must yield one outcome per source file, in source order.
+    ``after_checkpoint(journal)`` runs after each checkpoint is durable (the
+    remote output uploads the shards it lists as closed).
     """
     t0 = time.perf_counter()
     if os.path.lexists(out / spec.INDEX_NAME) and options.resume:
@@ -129,7 +136,7 @@ def pack_split(
             journal.save(out)
         writer = writer_cls(out, split, options, source.total_bytes)
         writer.open(journal.done, journal.writer)
-        stage = _WriteStage(source, out, options, writer, journal, progress)
+        stage = _WriteStage(source, out, options, writer, journal, progress, after_checkpoint)
         outcomes = prepare(source, resumed_from, options.image_options(want_pixels=writer.pixels), workers)
         meta = stage.run(outcomes)
     except BaseException as exc:
@@ -187,15 +194,17 @@ def _already_complete(source: Source, out: Path, split: str, options: PackOption
         raise OutputExistsError(f"{out} holds a finished pack made with other settings ({diff}); nothing to "
                                 "resume: pass --overwrite to replace it, or choose another output")
     Journal.discard(out)  # interrupted right after the commit
-    _cleanup(out, src.get("rejected", 0))
+    stats = meta.get("stats") if isinstance(meta.get("stats"), dict) else {}
+    _cleanup(out, src.get("rejected", 0), stats.get("repaired", 0))
     log.info("%s is already complete; nothing to resume", out)
     return dataclasses.replace(_result(split, out, meta, seconds, 0), already_complete=True)
 
 
-def _cleanup(out: Path, rejected: int) -> None:
-    """After the commit: no empty rejects file, and the folder's entries durable."""
-    if not rejected:
-        (out / spec.REJECTS_NAME).unlink(missing_ok=True)
+def _cleanup(out: Path, rejected: int, repaired: int) -> None:
+    """After the commit: no empty rejects or repairs file, and the folder's entries durable."""
+    for count, name in ((rejected, spec.REJECTS_NAME), (repaired, spec.REPAIRS_NAME)):
+        if not count:
+            (out / name).unlink(missing_ok=True)
     spec.fsync_dir(out)
 
 
@@ -203,9 +212,11 @@ class _WriteStage:
     """Consumes prepared outcomes in source order: appends, rejects, checkpoints, finishes."""
 
     def __init__(self, source: Source, out: Path, options: PackOptions, writer: FormatWriter,
-                 journal: Journal, progress: Progress | None) -> None:
+                 journal: Journal, progress: Progress | None,
+                 after_checkpoint: Callable[[Journal], None] | None = None) -> None:
         self.source, self.out, self.options = source, out, options
         self.writer, self.journal, self.progress = writer, journal, progress
+        self.after_checkpoint = after_checkpoint
         self.files = SideFiles(out, journal)
 
     def run(self, outcomes: Iterator[Outcome]) -> dict[str, Any]:
@@ -226,6 +237,8 @@ class _WriteStage:
         self.journal.source_prefix = self.source.prefix_fingerprint(next_source)
         self.files.sync(self.journal)
         self.journal.save(self.out)
+        if self.after_checkpoint is not None:
+            self.after_checkpoint(self.journal)
 
     def _take(self, pos: int, outcome: Outcome) -> None:
         rel, size = self.source.paths[pos], self.source.sizes[pos]
@@ -256,7 +269,10 @@ class _WriteStage:
         }
         record.update(zip(self.writer.location_fields, locations, strict=True))
         self.files.add_sample(tuple(record.get(name, 0) for name in spec.RECORD_DTYPE.names), self.source.paths[pos])
-        journal.changed += bool(prep.changed) and not self.writer.pixels
+        if prep.repair:
+            journal.repaired += 1
+            self.files.add_repair(self.source.paths[pos], journal.done, prep.repair)
+        journal.changed += bool(prep.changed) and not prep.repair and not self.writer.pixels
         journal.encodings[prep.ext] = journal.encodings.get(prep.ext, 0) + 1
         journal.done += 1
         if self.writer.at_checkpoint_boundary():
@@ -270,9 +286,10 @@ class _WriteStage:
         arrays = {name: recs[name] for name in spec.REQUIRED_ARRAYS[self.options.format]}
         meta = self._meta(recs)
         meta = merged(meta, self.writer.finalize(meta, arrays))
+        meta[spec.FILES_CRC_KEY] = file_crcs(self.out, meta)
         spec.write_index(self.out, meta, arrays)
         Journal.discard(self.out)
-        _cleanup(self.out, self.journal.rejected)
+        _cleanup(self.out, self.journal.rejected, self.journal.repaired)
         return meta
 
     def _nothing_packed(self) -> None:
@@ -308,7 +325,7 @@ class _WriteStage:
             "options": self.options.recorded(),
             "order": source.order,
             "source": {
-                "root": str(source.root.resolve()),
+                **source.describe(),
                 "images_found": len(source.paths),
                 "rejected": journal.rejected,
                 "ignored_files": len(source.ignored),
@@ -316,18 +333,26 @@ class _WriteStage:
                 "fingerprint": source.fingerprint(),
             },
             "stats": {"bytes_in": journal.bytes_in, "bytes_out": int(recs["sizes"].sum()),
-                      "reencoded": journal.changed},
+                      "reencoded": journal.changed, "repaired": journal.repaired},
             "created_by": f"dataset-packer {VERSION}",
         }
 
 
+def file_crcs(out: Path, meta: dict[str, Any]) -> dict[str, int]:
+    """CRC-32 of each data file in ``meta["files"]`` (so downloads can be verified): wds shards'
+    from the writer, which computed them while writing; other files read once."""
+    known = {s["name"]: int(s["crc32"]) for s in meta.get("shards", [])}
+    return {name: known[name] if name in known else spec.file_checksum(out / name) for name in meta.get("files", {})}
+
+
 def _result(split: str, out: Path, meta: dict[str, Any], seconds: float, resumed_from: int) -> SplitResult:
     src = meta["source"]
-    rejects = out / spec.REJECTS_NAME
+    rejects, repairs = out / spec.REJECTS_NAME, out / spec.REPAIRS_NAME
     return SplitResult(
         split=split, out=out, images=meta["num_samples"], classes=len(meta["classes"]),
         rejected=src["rejected"], changed=meta["stats"]["reencoded"], ignored=src["ignored_files"],
         skipped_links=src["skipped_symlinks"], bytes_in=meta["stats"]["bytes_in"],
         bytes_out=sum(meta.get("files", {}).values()) or meta["stats"]["bytes_out"], seconds=seconds,
-        resumed_from=resumed_from, rejects_file=rejects if rejects.exists() else None, meta=meta,
+        resumed_from=resumed_from, rejects_file=rejects if rejects.exists() else None,
+        repaired=meta["stats"].get("repaired", 0), repairs_file=repairs if repairs.exists() else None, meta=meta,
     )

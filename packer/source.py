@@ -20,8 +20,9 @@ import logging
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from packer.errors import SourceError
 from readers import spec
@@ -30,7 +31,10 @@ __all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "Source", "SourceError", "scan", "
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+#: torchvision's ImageFolder extensions (``torchvision.datasets.folder.IMG_EXTENSIONS``), plus ``.mpo``
+#: (multi-picture JPEGs from cameras), matched in any letter case. What a file is, its content decides.
+TORCHVISION_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGE_EXTENSIONS = TORCHVISION_EXTENSIONS + (".mpo",)
 
 #: Sub-folder names taken for splits, in any letter case, optionally followed by digits or one of
 #: :data:`SPLIT_SUFFIXES` (``val2017``, ``train_set``, ``test-images``).
@@ -52,9 +56,19 @@ class Source:
     sizes: list[int]
     ignored: list[str] = field(default_factory=list)  # files that are not images by name
     skipped_links: list[str] = field(default_factory=list)  # symlinks leaving root
+    #: what the source is: "folder" (ImageFolder tree), "wds" (tar shards), "hf" (Hugging Face
+    #: datasets), "dataset" (a packed dataset, for convert)
+    kind: str = "folder"
+    #: more about the source for index.json's "source" record (JSON-able)
+    details: dict[str, Any] = field(default_factory=dict)
+    #: the prepare stage that reads this source (``packer.workers.PrepareStage``); None: files under root
+    prepare: Any = field(default=None, repr=False, compare=False)
     _fingerprint: str | None = field(default=None, repr=False, compare=False)
     #: the order of ``paths`` as index.json records it (``scan`` gives the source order)
     order: dict = field(default_factory=lambda: {"kind": "source"})
+    #: scan position of each entry of ``paths`` (None: the scan order itself); sources read by position
+    #: (``prepare`` stages of imports) follow it
+    origin: list[int] | None = field(default=None, repr=False, compare=False)
     _prefix: list | None = field(default=None, repr=False, compare=False)  # [entries hashed, sha256 state]
 
     def __getstate__(self) -> dict:
@@ -65,6 +79,10 @@ class Source:
     @property
     def total_bytes(self) -> int:
         return sum(self.sizes)
+
+    def describe(self) -> dict[str, Any]:
+        """Where the samples come from (index.json's ``source`` record and the journal)."""
+        return {"root": str(self.root.resolve()), "kind": self.kind, **self.details}
 
     def fingerprint(self) -> str:
         """Hash of the file list and sizes: resume refuses a source that changed.
@@ -92,9 +110,13 @@ class Source:
         if kind == "source":
             return self
         perm = spec.order_permutation(len(self.paths), seed).tolist()
-        return Source(self.root, self.classes, [self.paths[i] for i in perm], [self.labels[i] for i in perm],
-                      [self.sizes[i] for i in perm], self.ignored, self.skipped_links, self.fingerprint(),
-                      {"kind": kind, "seed": int(seed)})
+        return replace(self, paths=[self.paths[i] for i in perm], labels=[self.labels[i] for i in perm],
+                       sizes=[self.sizes[i] for i in perm], _fingerprint=self.fingerprint(),
+                       order={"kind": kind, "seed": int(seed)}, origin=perm, _prefix=None)
+
+    def positions(self, start: int) -> list[int]:
+        """Scan positions of the samples from ``start`` on, in the order they are written."""
+        return list(range(start, len(self.paths))) if self.origin is None else self.origin[start:]
 
     def _hash(self) -> str:
         h = hashlib.sha256()
@@ -275,7 +297,7 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
         hint = ""
         if any(_is_image_name(n) for n in loose):
             hint = " (the images lie directly in it: put them in one sub-folder per class)"
-        raise SourceError(f"{root}: no images found (.jpg/.jpeg/.png in root/<class>/){hint}")
+        raise SourceError(f"{root}: no images found ({'/'.join(IMAGE_EXTENSIONS)} in root/<class>/){hint}")
     used = set(labels)
     empty = [c for i, c in enumerate(classes) if i not in used]
     if empty:

@@ -13,7 +13,8 @@ index; for ``wds`` each whole shard's CRC-32 and size too, and every tar
 header in front of a sample.
 
 Exit code 0 when everything matches, 1 when anything is damaged, missing
-or unreadable (one line each; never a traceback).
+or unreadable (one line each; never a traceback). Remote datasets
+(``s3://``, ``http(s)://``): :mod:`packer.verify_remote`.
 """
 
 from __future__ import annotations
@@ -25,15 +26,14 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from readers import spec
 from readers.checks import data_files
-from readers.registry import open_dataset
 
-__all__ = ["Problem", "VerifyReport", "verify", "main"]
+__all__ = ["Problem", "VerifyReport", "verify", "main", "add_arguments", "run"]
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def _check_data_files(ds, report: VerifyReport) -> bool:
             if ds.format == "lmdb" and name == spec.DATA_FILE["lmdb"]:
                 from readers.formats.lmdb import check_data_file
 
-                check_data_file(str(root), None)
+                check_data_file(str(path), None)
         except spec.DatasetFormatError as exc:
             report.problems.append(Problem(str(path), _reason(exc, path)))
             ok = False
@@ -184,9 +184,27 @@ def _hdf5_structure(ds) -> str | None:
 
 
 def verify(path: str | os.PathLike | spec.Index,
-           progress: Callable[[int], None] | None = None) -> VerifyReport:
-    """Check one dataset folder (or its index, already read); returns a report listing every
-    damaged sample or file. Raises DatasetFormatError when the index itself is unusable."""
+           progress: Callable[[int], None] | None = None, *,
+           storage_options: dict[str, Any] | None = None,
+           download_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """Check one dataset folder or URL (or its index, already read); returns a report listing every
+    damaged sample or file. Raises DatasetFormatError when the index itself is unusable.
+    Remote datasets: see :mod:`packer.verify_remote` (``storage_options``, and
+    ``download_progress(done, total)`` for the data file download of lmdb/hdf5/mmap)."""
+    if not isinstance(path, spec.Index) and spec.is_remote(path):
+        from readers.remote import read_index
+
+        path = read_index(path, storage_options)
+    if isinstance(path, spec.Index) and path.store is not None:
+        from packer.verify_remote import verify_remote
+        from readers.checks import check_index
+
+        check_index(path)  # the same range checks as a local dataset, before any data is read
+        report = VerifyReport(path.root)
+        verify_remote(path, report, progress or (lambda n: None), download_progress, Problem)
+        return report
+    from readers.registry import open_dataset  # imports torch: not needed for `pack-dataset --help`
+
     ds = open_dataset(path, decode=False)
     root = ds.root
     report = VerifyReport(root)
@@ -209,26 +227,62 @@ def verify(path: str | os.PathLike | spec.Index,
     return report
 
 
-def _roots(path: Path) -> list[Path]:
+def _location(text: str) -> Path | str:
+    return text if spec.is_remote(text) else Path(text)
+
+
+def _roots(path: Path | str) -> list[Path | str]:
+    if isinstance(path, str):
+        from packer.verify_remote import remote_roots
+
+        return list(remote_roots(path))
     if not os.path.lexists(path / spec.INDEX_NAME) and spec.find_splits(path):
         return [path / s for s in spec.find_splits(path)]
     return [path]
 
 
-def _verify_one(root: Path, quiet: bool) -> int:
+def _read_index(root: Path | str) -> spec.Index:
+    if isinstance(root, str):
+        from readers.remote import read_index
+
+        return read_index(root)
+    return spec.read_index(root)
+
+
+def _download_bar(quiet: bool) -> Callable[[int, int], None] | None:
+    """A byte progress bar for the data file download of a remote lmdb/hdf5/mmap dataset."""
+    if quiet:
+        return None
+    state: dict[str, Any] = {}
+
+    def update(done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        bar = state.get("bar")
+        if bar is None:
+            bar = state["bar"] = tqdm(total=total, unit="B", unit_scale=True, desc="download", mininterval=0.5)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return update
+
+
+def _verify_one(root: Path | str, quiet: bool) -> int:
     try:
-        index = spec.read_index(root)
-    except (spec.DatasetFormatError, FileNotFoundError) as exc:
+        index = _read_index(root)
+    except (spec.DatasetFormatError, OSError) as exc:
         print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
         return 1
     bar = None
     if not quiet:
         from tqdm import tqdm
 
-        bar = tqdm(total=index.num_samples, unit="img", desc=f"verify {root.name}", mininterval=0.5)
+        label = str(root).rstrip("/").rsplit("/", 1)[-1]
+        bar = tqdm(total=index.num_samples, unit="img", desc=f"verify {label}", mininterval=0.5)
     try:
-        report = verify(index, bar.update if bar else None)
-    except spec.DatasetFormatError as exc:
+        report = verify(index, bar.update if bar else None, download_progress=_download_bar(quiet))
+    except (spec.DatasetFormatError, OSError) as exc:  # an unusable index; remote: the store went away
         print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -243,15 +297,25 @@ def _verify_one(root: Path, quiet: bool) -> int:
     return 0 if report.ok else 1
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``pack-dataset verify``."""
+    p.add_argument("path", type=_location, help="dataset folder or s3:// / http(s):// URL "
+                                                "(or a folder of split datasets)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pack-dataset verify",
                                 description="Recompute the checksums of a packed dataset and name damaged samples.")
-    p.add_argument("path", type=Path, help="dataset folder (or a folder of split datasets)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """``pack-dataset verify`` with parsed arguments; returns the exit code."""
     try:
         roots = _roots(args.path)
-    except OSError as exc:
+    except OSError as exc:  # unreadable folder; remote: unreachable, refused credentials
         print(f"pack-dataset verify: error: {args.path}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     status = 0

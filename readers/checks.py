@@ -33,8 +33,15 @@ __all__ = ["check_index", "data_files"]
 _SLICE = 1 << 18  # samples per vectorized step (bounded temporaries for 1.28M-sample indexes)
 
 
-def _fail(path: Path, why: str) -> spec.DatasetFormatError:
+def _fail(path: Path | str, why: str) -> spec.DatasetFormatError:
     return spec.DatasetFormatError(f"{path}: {why}")
+
+
+def _where(index: spec.Index, name: str) -> Path | str:
+    """The dataset's file ``name`` as messages show it (a path, or a URL for a remote dataset)."""
+    if index.store is not None:
+        return index.store.url_of(name)
+    return Path(index.root) / name
 
 
 def _whole(value: Any) -> bool:
@@ -66,7 +73,7 @@ def data_files(index: spec.Index) -> dict[str, int | None]:
 
 def check_index(index: spec.Index) -> None:
     """Raise DatasetFormatError (naming the file) unless every value a reader uses is in range."""
-    meta, path = index.meta, index.root / spec.INDEX_NAME
+    meta, path = index.meta, _where(index, spec.INDEX_NAME)
     classes = _field(meta, "classes", list, path)
     if not all(isinstance(c, str) for c in classes):
         raise _fail(path, "field 'classes' must list class names (strings)")
@@ -76,6 +83,11 @@ def check_index(index: spec.Index) -> None:
         spec.check_member_name(name, f"{path}: file")
         if not _whole(size) or size < 0:
             raise _fail(path, f"files[{name!r}] must be a byte count, got {size!r}")
+    crcs = _field(meta, spec.FILES_CRC_KEY, dict, path, {})
+    for name, crc in crcs.items():
+        spec.check_member_name(name, f"{path}: file")
+        if not _whole(crc):
+            raise _fail(path, f"{spec.FILES_CRC_KEY}[{name!r}] must be a CRC-32, got {crc!r}")
     fmt = index.format
     if fmt == "wds":
         _check_shard_list(index, path)
@@ -99,7 +111,7 @@ def _check_class_counts(index: spec.Index, num_classes: int, path: Path) -> None
     if actual.tolist() != counts:
         cls = int(np.flatnonzero(actual != np.array(counts))[0])
         raise spec.DatasetFormatError(
-            f"{index.root / spec.array_file('labels')}: holds {actual[cls]} samples of class {cls}, "
+            f"{_where(index, spec.array_file('labels'))}: holds {actual[cls]} samples of class {cls}, "
             f"{spec.INDEX_NAME} counts {counts[cls]}: the labels were changed")
 
 
@@ -145,18 +157,19 @@ def _check_mmap_storage(storage: dict, path: Path) -> None:
         raise _fail(path, f"storage.fixed_shape must be [height, width, 3] or null, got {shape!r}")
 
 
-def _first_bad(name: str, root: Path, bad: Callable[[slice], np.ndarray], n: int, why: Callable[[int], str]) -> None:
+def _first_bad(name: str, index: spec.Index, bad: Callable[[slice], np.ndarray], n: int,
+               why: Callable[[int], str]) -> None:
     """Scan samples in slices; raise naming array ``name`` and the first sample where ``bad`` holds."""
     for lo in range(0, n, _SLICE):
         sl = slice(lo, min(n, lo + _SLICE))
         hits = np.flatnonzero(bad(sl))
         if len(hits):
             i = lo + int(hits[0])
-            raise spec.DatasetFormatError(f"{root / spec.array_file(name)}: sample {i}: {why(i)}")
+            raise spec.DatasetFormatError(f"{_where(index, spec.array_file(name))}: sample {i}: {why(i)}")
 
 
 def _check_arrays(index: spec.Index, num_classes: int) -> None:
-    a, root, n, fmt = index.arrays, index.root, index.num_samples, index.format
+    a, root, n, fmt = index.arrays, index, index.num_samples, index.format
     labels = a["labels"]
     _first_bad("labels", root, lambda s: (labels[s] < 0) | (labels[s] >= num_classes), n,
                lambda i: f"label {labels[i]} is outside the {num_classes} classes {spec.INDEX_NAME} lists")
@@ -182,7 +195,7 @@ def _check_arrays(index: spec.Index, num_classes: int) -> None:
 
 
 def _check_wds_arrays(index: spec.Index) -> None:
-    a, root, n = index.arrays, index.root, index.num_samples
+    a, root, n = index.arrays, index, index.num_samples
     shards, offsets, sizes = a["shards"], a["offsets"], a["sizes"]
     count = len(index.meta["shards"])
     _first_bad("shards", root, lambda s: (shards[s] < 0) | (shards[s] >= count), n,
@@ -199,7 +212,7 @@ def _check_wds_arrays(index: spec.Index) -> None:
 def _check_extents(index: spec.Index, blame: str, lengths: Callable[[slice], np.ndarray]) -> None:
     """offsets[i] + lengths(i) within the data (mmap: the pixels after the header; hdf5: the file);
     ``blame``: the array the message names."""
-    offsets, root, n = index.arrays["offsets"], index.root, index.num_samples
+    offsets, root, n = index.arrays["offsets"], index, index.num_samples
     size = data_files(index).get(spec.DATA_FILE[index.format])
     if size is None:
         return  # nothing recorded: the reader checks against the file itself

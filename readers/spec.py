@@ -11,6 +11,16 @@ Every packed dataset is one folder. Whatever the format, it holds:
   relative to the class folder's parent (``<class>/<file>``). Readers never
   load it unless asked (it is the only per-sample text).
 * the format's data files (see each format's module for its byte layout).
+  ``index.json`` lists them under ``files`` (name -> bytes) and, since
+  packs that can be uploaded, under ``files_crc32`` (name -> CRC-32 of the
+  whole file) so that a download can be verified; older indexes lack
+  ``files_crc32`` and stay readable.
+
+The same folder may live in an object store or behind a web server
+(``s3://bucket/prefix``, ``https://host/path``): :func:`read_index` then
+reads it through a :class:`readers.remote.Store` it is given (duck-typed:
+this module imports nothing else of ``readers``) and the :class:`Index`
+keeps that store in ``index.store``.
 
 A folder packed from a source that holds split folders (``train/``,
 ``val/``) has one such dataset folder per split and no ``index.json`` of
@@ -22,6 +32,7 @@ Nothing in this module imports torch: the packer and command-line tools use it.
 from __future__ import annotations
 
 import ast
+import concurrent.futures as cf
 import io
 import json
 import os
@@ -57,6 +68,8 @@ __all__ = [
     "MMAP_HEADER_BYTES",
     "TAR_BLOCK",
     "REJECTS_NAME",
+    "REPAIRS_NAME",
+    "WIDS_INDEX_NAME",
     "RECORD_DTYPE",
     "STATE_NAME",
     "shard_name",
@@ -70,6 +83,9 @@ __all__ = [
     "open_member",
     "read_regular",
     "parse_npy",
+    "FILES_CRC_KEY",
+    "file_checksum",
+    "is_remote",
 ]
 
 INDEX_NAME = "index.json"
@@ -79,6 +95,10 @@ STATE_NAME = "pack-state.json"
 SPEC_VERSION = 1
 FORMATS = ("wds", "lmdb", "hdf5", "mmap")
 CHECKSUM_ALGO = "crc32"
+#: index.json key: data file name -> CRC-32 of the whole file (beside ``files``: name -> bytes).
+FILES_CRC_KEY = "files_crc32"
+#: URL schemes read through ``readers.remote`` (kept here so a local path never imports it).
+REMOTE_SCHEMES = ("s3", "http", "https")
 
 # Explicit little-endian dtypes so an index written on one machine reads the
 # same on any other. int64 for byte positions (ImageNet is ~140 GB, far past
@@ -125,6 +145,10 @@ ARRAYS_KEY = "index_arrays"
 MAX_SAMPLES = 2**31 - 1
 #: index.json is metadata (classes, shard list): never near this size.
 MAX_INDEX_JSON_BYTES = 1 << 28
+#: Images stored after a lossless repair (JPEG header junk removed), one JSON object per line.
+REPAIRS_NAME = "repairs.jsonl"
+#: wds: the shard list in the ``wids`` library's JSON format (``wids.ShardListDataset(path)``).
+WIDS_INDEX_NAME = "wids-index.json"
 
 #: Sample order of a pack (index.json ``"order": {"kind": ..., "seed": ...}``): ``"source"`` =
 #: sorted by class then path, exactly torchvision's ImageFolder order; ``"shuffled"`` = the
@@ -169,6 +193,26 @@ def checksum(data: bytes | memoryview | np.ndarray, value: int = 0) -> int:
     return zlib.crc32(data, value) & 0xFFFFFFFF
 
 
+def file_checksum(path: str | os.PathLike, block: int = 8 << 20) -> int:
+    """CRC-32 of a whole file (what ``index.json`` records under ``files_crc32``)."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            crc = zlib.crc32(chunk, crc)
+    return crc & 0xFFFFFFFF
+
+
+def is_remote(path: Any) -> bool:
+    """True for an ``s3://``, ``http://`` or ``https://`` location, or a remote ``Store``.
+
+    Plain string parsing: deciding that a path is local imports nothing.
+    """
+    if hasattr(path, "read_range") and not isinstance(path, (str, os.PathLike)):
+        return True
+    text = os.fspath(path) if isinstance(path, os.PathLike) else path
+    return isinstance(text, str) and "://" in text and text.split("://", 1)[0].lower() in REMOTE_SCHEMES
+
+
 def wds_key(index: int) -> str:
     """WebDataset key of sample ``index``: digits only, so never a dot."""
     return f"{index:010d}"
@@ -183,9 +227,15 @@ def lmdb_key(index: int) -> bytes:
 class Index:
     """A dataset's metadata plus its per-sample arrays (loaded eagerly, small)."""
 
-    root: Path
+    root: Path | str  # a local folder, or the URL of a remote one (then ``store`` is set)
     meta: dict[str, Any]
     arrays: dict[str, np.ndarray]
+    store: Any = None  # readers.remote.Store for a remote dataset, None for a local folder
+
+    @property
+    def location(self) -> str:
+        """The dataset's folder or URL, as shown in messages."""
+        return str(self.root)
 
     @property
     def format(self) -> str:
@@ -205,6 +255,10 @@ class Index:
 
     def names(self) -> Iterator[str]:
         """Source path of each sample, in sample order (read lazily)."""
+        if self.store is not None:
+            for line in self.store.read(NAMES_FILE).decode("utf-8").splitlines():
+                yield json.loads(line)
+            return
         path = member_path(self.root, NAMES_FILE, "names file")
         with os.fdopen(open_regular(path, "names file"), encoding="utf-8") as f:
             for line in f:
@@ -217,11 +271,16 @@ def _load_array(root: Path, name: str, expected_len: int, recorded: Any) -> np.n
     path = member_path(root, array_file(name), "index array")
     want = ARRAY_DTYPES[name]
     buf = read_regular(path, "index array", limit=_NPY_HEADER_LIMIT + 16 + expected_len * want.itemsize)
+    return _array_from_bytes(path, name, buf, expected_len, recorded)
+
+
+def _array_from_bytes(where: Path | str, name: str, buf: bytearray, expected_len: int, recorded: Any) -> np.ndarray:
+    """An index array from its file's bytes: checksum (when recorded), then the strict parse."""
     if recorded is not None:
         if not isinstance(recorded, dict) or recorded.get("crc32") != checksum(buf):
             raise DatasetFormatError(
-                f"{path}: checksum differs from the one {INDEX_NAME} records: the array is damaged or was edited")
-    return parse_npy(path, buf, want, expected_len, what="index array")
+                f"{where}: checksum differs from the one {INDEX_NAME} records: the array is damaged or was edited")
+    return parse_npy(where, buf, ARRAY_DTYPES[name], expected_len, what="index array")
 
 
 def find_splits(root: str | os.PathLike) -> list[str]:
@@ -232,8 +291,12 @@ def find_splits(root: str | os.PathLike) -> list[str]:
     return sorted(p.name for p in root.iterdir() if (p / INDEX_NAME).is_file())
 
 
-def read_index(root: str | os.PathLike) -> Index:
+def read_index(root: str | os.PathLike | Any) -> Index:
     """Read and check ``root/index.json`` and its arrays; clear errors otherwise.
+
+    ``root`` is a local folder or a :class:`readers.remote.Store` (this module
+    imports nothing of ``readers``: for a URL, ``readers.remote.read_index(url,
+    storage_options=...)`` opens the store and calls this).
 
     Only regular files inside ``root`` are read, never blocking (a FIFO or a
     device in their place is an error), and each array's checksum is compared
@@ -241,6 +304,11 @@ def read_index(root: str | os.PathLike) -> Index:
     existed have none and still open). What the values mean is checked by
     :func:`readers.checks.check_index`, which every reader runs.
     """
+    if is_remote(root):
+        if isinstance(root, (str, os.PathLike)):
+            raise ValueError(f"{root} is a URL: open it with readers.open_dataset(url, storage_options=...) "
+                             "or readers.remote.read_index(url, storage_options=...)")
+        return _read_index_store(root)
     root = Path(root)
     path = root / INDEX_NAME
     if not root.exists():
@@ -262,22 +330,27 @@ def read_index(root: str | os.PathLike) -> Index:
                 f"{root}: not a packed dataset: no image could be packed (every one was rejected; "
                 f"see {root / REJECTS_NAME})")
         raise DatasetFormatError(f"{root}: not a packed dataset (no {INDEX_NAME})")
-    meta = _read_meta(path)
-    n, fmt = meta["num_samples"], meta["format"]
-    recorded = meta.get(ARRAYS_KEY)
-    if recorded is not None and not (isinstance(recorded, dict)
-                                     and all(a in recorded for a in REQUIRED_ARRAYS[fmt])):
-        raise DatasetFormatError(f"{path}: {ARRAYS_KEY!r} must list a checksum for each of "
-                                 f"{', '.join(REQUIRED_ARRAYS[fmt])}")
-    arrays = {name: _load_array(root, name, n, recorded and recorded[name]) for name in REQUIRED_ARRAYS[fmt]}
+    buf = read_regular(member_path(root, INDEX_NAME, "index"), "index", limit=MAX_INDEX_JSON_BYTES)
+    meta = _parse_meta(buf, path)
+    n, recorded = meta["num_samples"], _recorded(meta, path)
+    arrays = {name: _load_array(root, name, n, recorded and recorded[name]) for name in REQUIRED_ARRAYS[meta["format"]]}
     return Index(root=root, meta=meta, arrays=arrays)
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
-    """index.json parsed, with the fields every reader needs before anything else checked."""
-    buf = read_regular(member_path(path.parent, path.name, "index"), "index", limit=MAX_INDEX_JSON_BYTES)
+def _recorded(meta: dict[str, Any], path: Path | str) -> dict[str, Any] | None:
+    """index.json's array checksums (None for a dataset packed before they were recorded)."""
+    recorded = meta.get(ARRAYS_KEY)
+    if recorded is not None and not (isinstance(recorded, dict)
+                                     and all(a in recorded for a in REQUIRED_ARRAYS[meta["format"]])):
+        raise DatasetFormatError(f"{path}: {ARRAYS_KEY!r} must list a checksum for each of "
+                                 f"{', '.join(REQUIRED_ARRAYS[meta['format']])}")
+    return recorded
+
+
+def _parse_meta(raw: bytes | bytearray, path: Path | str) -> dict[str, Any]:
+    """index.json's bytes -> metadata, with the fields every reader needs before anything else checked."""
     try:
-        meta = json.loads(bytes(buf).decode("utf-8"))
+        meta = json.loads(bytes(raw).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise DatasetFormatError(f"{path}: unreadable index ({exc})") from exc
     if not isinstance(meta, dict):
@@ -425,6 +498,51 @@ def parse_npy(path: str | os.PathLike, buf: bytearray, dtype: np.dtype, length: 
     if len(buf) - data != shape[0] * dtype.itemsize:
         raise bad(f"{len(buf) - data} data bytes for {shape[0]} entries of {dtype.itemsize}")
     return np.frombuffer(buf, dtype=dtype, count=shape[0], offset=data)
+
+
+def _read_index_store(store: Any) -> Index:
+    """``read_index`` for a dataset in an object store or behind a web server (a ``Store``).
+
+    index.json first, then the arrays in parallel (one GET each): a
+    1.28M-sample wds index is ~34 MB in six objects.
+    """
+    try:
+        raw = store.read(INDEX_NAME)
+    except FileNotFoundError:
+        raise _missing_remote_index(store) from None
+    path = store.url_of(INDEX_NAME)
+    meta = _parse_meta(raw, path)
+    n, recorded = meta["num_samples"], _recorded(meta, path)
+    names = REQUIRED_ARRAYS[meta["format"]]
+
+    def load(name: str) -> np.ndarray:
+        try:
+            data = store.read(array_file(name))
+        except FileNotFoundError:
+            raise DatasetFormatError(f"{store.url}: index array {array_file(name)} is missing") from None
+        return _array_from_bytes(store.url_of(array_file(name)), name, bytearray(data), n,
+                                 recorded and recorded[name])
+
+    with cf.ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="index-read") as pool:
+        arrays = dict(zip(names, pool.map(load, names)))
+    return Index(root=store.url, meta=meta, arrays=arrays, store=store)
+
+
+def _missing_remote_index(store: Any) -> Exception:
+    """The error for a remote location without index.json: splits, an unfinished upload, or nothing."""
+    try:
+        names = store.list()
+    except OSError:  # a web server without directory listings: say what is known
+        names = []
+    splits = sorted({n.split("/")[0] for n in names if n.count("/") == 1 and n.endswith("/" + INDEX_NAME)})
+    if splits:
+        return DatasetFormatError(f"{store.url} holds several splits ({', '.join(splits)}); open one of them, "
+                                  f"e.g. {store.url_of(splits[0])}")
+    if names:
+        return IncompleteDatasetError(
+            f"{store.url}: this upload never finished (no {INDEX_NAME}; {INDEX_NAME} is uploaded last). "
+            "If the pack was interrupted, re-run the same pack-dataset command with --resume.")
+    return FileNotFoundError(f"{store.url_of(INDEX_NAME)}: no such dataset (no {INDEX_NAME} there)")
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

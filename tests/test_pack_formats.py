@@ -515,7 +515,7 @@ def test_wds_writer_round_trips_through_tarfile(samples, shard_count, shard_size
                 writer.checkpoint()
         shards = writer.finalize({}, {})["shards"]
         assert [s["name"] for s in shards] == [f"prop-{k:06d}.tar" for k in range(len(shards))]
-        assert sorted(p.name for p in root.iterdir()) == [s["name"] for s in shards]
+        assert sorted(p.name for p in root.iterdir()) == sorted([s["name"] for s in shards] + [spec.WIDS_INDEX_NAME])
         got = []
         for k, s in enumerate(shards):
             blob = (root / s["name"]).read_bytes()

@@ -8,10 +8,16 @@ data never changes after packing). Readahead stays on: the usual advice
 9,000 with it).
 A batch is read in one read transaction.
 
+Remote (``s3://``, ``http(s)://``): py-lmdb opens only local files, so
+``data.mdb`` is downloaded when the dataset is opened (parallel ranged
+GETs, resumable, verified) into ``cache_dir``, or without one into a
+temporary folder removed when the dataset is dropped; it is then opened
+from there as a single file (see docs/remote.md).
+
 LMDB maps ``data.mdb`` into memory, and a page past the end of a truncated
 file kills the process with SIGBUS. So before the environment opens (once
-per process and file), the file must be a regular file inside the dataset
-folder, at least the size index.json records, and pass
+per process and file), the file must be a regular file (inside the dataset
+folder when local), at least the size index.json records, and pass
 :mod:`readers.formats.lmdbcheck` (meta pages, file length, B-tree pages):
 then nothing liblmdb reads lies past its end. Each value must be as long as
 ``sizes.npy`` says before it is copied out of the map.
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from typing import Any, Callable
 
 import lmdb
 
@@ -44,33 +50,46 @@ def _close_inherited(envs: dict[str, list]) -> None:
 _ENVS: PerProcess[dict[str, list]] = PerProcess(dict, inherited=_close_inherited)
 
 
-def check_data_file(root: str, size: int | None) -> None:
-    """Raise DatasetFormatError unless liblmdb may map ``root/data.mdb`` (readers.formats.lmdbcheck)."""
-    name = spec.DATA_FILE["lmdb"]
-    fd = spec.open_member(root, name, "data file", size)
+def check_data_file(path: str, size: int | None) -> None:
+    """Raise DatasetFormatError unless liblmdb may map ``path`` (readers.formats.lmdbcheck): a regular
+    file of at least ``size`` bytes whose meta pages and B-tree stay inside it."""
+    fd = spec.open_regular(path, "data file")
     try:
-        check_file(fd, os.path.join(root, name))
+        actual = os.fstat(fd).st_size
+        if size is not None and actual < size:
+            raise spec.DatasetFormatError(f"{path}: data file is {actual} bytes, {spec.INDEX_NAME} says {size}: "
+                                          "it is truncated or damaged")
+        check_file(fd, path)
     finally:
         os.close(fd)
 
 
-def _acquire(root: str, size: int | None = None) -> lmdb.Environment:
+def _acquire(root: str, subdir: bool = True, size: int | None = None) -> lmdb.Environment:
     envs = _ENVS.get()  # forked: the parent's environments are closed here, not reused
     entry = envs.get(root)
     if entry is None:
-        check_data_file(root, size)
+        path = str(spec.member_path(root, spec.DATA_FILE["lmdb"], "data file")) if subdir else root
+        check_data_file(path, size)
         try:
-            env = lmdb.open(root, readonly=True, lock=False, readahead=True, meminit=False, subdir=True)
+            env = lmdb.open(root, readonly=True, lock=False, readahead=True, meminit=False, subdir=subdir)
         except lmdb.Error as exc:
-            raise spec.DatasetFormatError(f"{os.path.join(root, spec.DATA_FILE['lmdb'])}: cannot open the "
-                                          f"LMDB environment ({exc})") from None
+            raise spec.DatasetFormatError(f"{path}: cannot open the LMDB environment ({exc})") from None
         entry = envs[root] = [env, 0]
     entry[1] += 1
     return entry[0]
 
 
+def _acquire_file(file: Callable[[], str], size: int | None = None) -> lmdb.Environment:
+    """A remote dataset's cached ``data.mdb``, opened as a single file (the cache folder holds others)."""
+    return _acquire(os.path.realpath(file()), subdir=False, size=size)
+
+
 def _release_env(root: str, _env: lmdb.Environment) -> None:
     _release(root)
+
+
+def _release_by_env(env: lmdb.Environment) -> None:
+    _release(env.path())  # the registry key it was opened under
 
 
 def _release(root: str) -> None:
@@ -89,19 +108,25 @@ class LMDBDataset(MapReader):
     def __init__(self, source: str | os.PathLike | spec.Index, **kw: Any) -> None:
         super().__init__(source, **kw)
         self._sizes = self.index.arrays["sizes"]
+        size = (self.meta.get("files") or {}).get(self.data_name)
+        if self.remote is not None:
+            self._fetch_data()
+            file = self.file_ref(self.data_name)
+            self._env = LazyHandle(functools.partial(_acquire_file, file, size), _release_by_env)
+            return
         root = os.path.realpath(self.root)
-        size = (self.meta.get("files") or {}).get(spec.DATA_FILE["lmdb"])
-        self._env = LazyHandle(functools.partial(_acquire, root, size), functools.partial(_release_env, root))
+        self._env = LazyHandle(functools.partial(_acquire, root, True, size), functools.partial(_release_env, root))
 
     def _get(self, txn: Any, i: int) -> bytes:
         try:
             value = txn.get(spec.lmdb_key(i))  # a buffer into the map: nothing copied yet
         except lmdb.Error as exc:
-            raise spec.DatasetFormatError(f"{self.data_file} sample {i}: unreadable ({exc})") from None
+            raise spec.DatasetFormatError(f"{self.data_location} sample {i}: unreadable ({exc})") from None
         if value is None:
-            raise spec.DatasetFormatError(f"{self.data_file}: sample {i} (key {spec.lmdb_key(i).decode()}) is missing")
+            raise spec.DatasetFormatError(f"{self.data_location}: sample {i} (key {spec.lmdb_key(i).decode()}) "
+                                          "is missing")
         if len(value) != self._sizes[i]:
-            raise spec.DatasetFormatError(f"{self.data_file} sample {i}: stored value is {len(value)} bytes, "
+            raise spec.DatasetFormatError(f"{self.data_location} sample {i}: stored value is {len(value)} bytes, "
                                           f"{spec.array_file('sizes')} says {self._sizes[i]}: damaged")
         return bytes(value)
 
@@ -109,7 +134,7 @@ class LMDBDataset(MapReader):
         try:
             txn = self._env.get().begin(buffers=True)
         except lmdb.Error as exc:
-            raise spec.DatasetFormatError(f"{self.data_file}: cannot read ({exc})") from None
+            raise spec.DatasetFormatError(f"{self.data_location}: cannot read ({exc})") from None
         with txn:
             return [self._get(txn, i) for i in indices]
 
@@ -121,3 +146,4 @@ class LMDBDataset(MapReader):
 
     def close(self) -> None:
         self._env.close()
+        super().close()
