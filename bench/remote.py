@@ -249,12 +249,17 @@ def synthetic_wds_index(root: Path, n: int, shards: int = 512) -> None:
     shard_of = np.minimum(np.arange(n) // per, shards - 1)
     counts = np.bincount(shard_of, minlength=shards)
     first = np.searchsorted(shard_of, np.arange(shards))
+    # tar layout: per sample a header, the padded image, a .cls member; readers range-check offsets
+    record = spec.TAR_BLOCK + -(-sizes // spec.TAR_BLOCK) * spec.TAR_BLOCK + 2 * spec.TAR_BLOCK
+    starts = np.cumsum(record) - record
+    offsets = starts - starts[first[shard_of]] + spec.TAR_BLOCK
+    shard_bytes = np.bincount(shard_of, weights=record, minlength=shards).astype(np.int64) + 2 * spec.TAR_BLOCK
     arrays = {"labels": np.repeat(np.arange(1000), n // 1000 + 1)[:n], "checksums": rng.integers(0, 2**32, n),
-              "sizes": sizes, "shards": shard_of, "offsets": rng.integers(0, 2**28, n)}
+              "sizes": sizes, "shards": shard_of, "offsets": offsets}
     meta = {"format": "wds", "num_samples": n, "classes": [f"n{c:08d}" for c in range(1000)],
             "storage": {"kind": "encoded"},
             "shards": [{"name": spec.shard_name("train", s), "samples": int(counts[s]), "first": int(first[s]),
-                        "bytes": 1, "crc32": 0} for s in range(shards)]}
+                        "bytes": int(shard_bytes[s]), "crc32": 0} for s in range(shards)]}
     root.mkdir(parents=True, exist_ok=True)
     spec.write_index(root, meta, arrays)
 

@@ -16,7 +16,7 @@ from packer.formats.mmap import MemmapWriter
 from packer.formats.wds import WdsWriter
 from packer.importers import scan_import
 from packer.options import PackOptions
-from packer.output import prepare_output
+from packer.output import OutputLock, prepare_output
 from packer.pipeline import Progress, SplitResult, pack_split
 from packer.source import Source, find_split_dirs, scan
 from readers import spec
@@ -35,10 +35,13 @@ def _split_name(path: Path) -> str:
     return name or "data"
 
 
-def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -> list[tuple[str, Source, Path]]:
+def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
+         lock: OutputLock | None = None) -> list[tuple[str, Source, Path]]:
     """Scan the source and decide (split name, source, output folder) for each split.
 
     Raises SourceError / OutputError (both UsageError) before anything is written.
+    With ``lock``, the output folders stay locked by it (``pack`` holds it for the
+    whole run); without, they are locked only while the output is checked.
     """
     src, out = Path(src), Path(out)
     if not src.exists():
@@ -48,7 +51,7 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -
         jobs = [(split, source, out if len(imported) == 1 else out / split) for split, source in imported]
     elif not src.is_dir():
         raise SourceError(f"{src}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
-    elif splits := find_split_dirs(src):
+    elif splits := find_split_dirs(src, options.splits):
         names = [_split_name(d) for d in splits]
         clash = sorted({n for n in names if names.count(n) > 1})
         if clash:
@@ -61,7 +64,8 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -
         raise OutputError(f"{out} lies inside the source folder {src}; choose an output outside it")
     if src.resolve().is_relative_to(out.resolve()):
         raise OutputError(f"the source {src} lies inside the output folder {out}; choose another output")
-    prepare_output(out, options)
+    single = jobs[0][0] if len(jobs) == 1 and jobs[0][2] == out else None
+    prepare_output(out, options, [dest for _, _, dest in jobs], lock, split_hint=single)
     return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
 
 
@@ -90,12 +94,24 @@ def pack(
         return pack_remote(src, os.fspath(out), options, progress=progress, **remote)
     if remote:
         raise TypeError(f"{', '.join(sorted(remote))}: only for an s3:// output")
-    jobs = plan(src, out, options)
-    workers = options.workers or available_cpus()
-    results = []
-    for split, source, dest in jobs:
-        callback = progress(split, source) if progress else None
-        log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
-        stage = {"prepare": source.prepare} if source.prepare is not None else {}  # imported sources read bytes
-        results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback, **stage))
+    with OutputLock() as lock:  # no other pack writes these folders until this one ends
+        jobs = plan(src, out, options, lock=lock)
+        workers = options.workers or available_cpus()
+        results = []
+        for split, source, dest in jobs:
+            callback = progress(split, source) if progress else None
+            log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
+            stage = {"prepare": source.prepare} if source.prepare is not None else {}  # imported sources read bytes
+            results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback,
+                                      **stage))
+            results[-1].note = _layout_note(jobs, split, Path(out))
     return results
+
+
+def _layout_note(jobs: list[tuple[str, Source, Path]], split: str, out: Path) -> str:
+    """What the summary says about the layout chosen: which splits, or that nested folders are not."""
+    if any(dest != out for _, _, dest in jobs):
+        return f"split {split} of {', '.join(s for s, _, _ in jobs)}"
+    if any(p.count("/") > 1 for p in jobs[0][1].paths):
+        return "one dataset: sub-folders inside class folders are part of their class (--splits to choose splits)"
+    return ""

@@ -8,7 +8,8 @@ The option flags of ``pack`` and ``convert`` come from the
 Exit codes: 0 done; 1 the work failed (I/O error, disk full, --strict
 reject, damaged dataset found by ``verify``); 2 usage error or bad input,
 nothing written; 3 done, but some images were rejected (listed in
-``rejects.jsonl`` beside the output).
+``rejects.jsonl`` beside the output); 130 interrupted by Ctrl-C (SIGINT),
+143 stopped by SIGTERM (both resumable with ``--resume``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from packer.errors import PackerError, PackError, UsageError
 from packer.options import Flag, PackOptions, cli_fields
+from readers.spec import DatasetFormatError
 
 __all__ = ["main", "build_parser", "build_main_parser", "COMMANDS",
            "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_REJECTS"]
@@ -32,7 +35,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, PackError.exit_code, UsageEr
 
 EXIT_CODES = """\
 exit codes: 0 done, 1 failed (resumable with --resume), 2 usage error (nothing written),
-            3 done but some images were rejected (see rejects.jsonl beside the output)
+            3 done but some images were rejected (see rejects.jsonl beside the output),
+            130 interrupted (Ctrl-C), 143 stopped by SIGTERM (both resumable with --resume)
 """
 
 EPILOG = """\
@@ -207,10 +211,16 @@ def _run(args: argparse.Namespace, work: Callable[[Path], list]) -> int:
         word = "error" if isinstance(exc, UsageError) else "failed"
         print(f"pack-dataset: {word}: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"pack-dataset: interrupted; {out} is incomplete, re-run with --resume to finish it",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        if isinstance(out, str) or os.path.lexists(out):
+            print(f"pack-dataset: {_stopped(exc)}; {out} is incomplete, re-run the same command with --resume "
+                  "to finish it", file=sys.stderr)
+        else:
+            print(f"pack-dataset: {_stopped(exc)} before anything was written", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
+    except (OSError, DatasetFormatError) as exc:  # outside the pack's own handling: still one line
+        print(f"pack-dataset: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     for r in results:
         print(r.summary())
     return EXIT_REJECTS if any(r.rejected for r in results) else EXIT_OK
@@ -263,12 +273,32 @@ def _pack_main(argv: Sequence[str]) -> int:
     return _pack(parser, parser.parse_args(argv))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C (everything closed, resumable), with exit code 128 + 15."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def _stopped(exc: BaseException) -> str:
+    return "stopped by SIGTERM" if isinstance(exc, Terminated) else "interrupted"
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)  # SIGTERM is Ctrl-C with its own exit code
     try:
         return _main(argv)
     except BrokenPipeError:  # `pack-dataset info PATH | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt as exc:  # verify, info: nothing to resume
+        print(f"pack-dataset: {_stopped(exc)}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: Sequence[str] | None) -> int:

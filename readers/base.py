@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from readers import spec
+from readers.checks import check_index
 from readers.compose import accepts_bytes, warn_if_fused_lost
-from readers.decode import decode_rgb
+from readers.decode import DecodeError, decode_rgb
 from readers.perprocess import PerProcess
 
 __all__ = ["PackedDataset", "MapReader", "LazyHandle", "to_chw", "IMAGE_KINDS"]
@@ -34,8 +35,17 @@ IMAGE_KINDS = ("tensor", "pil")
 
 
 def to_chw(arr: np.ndarray) -> torch.Tensor:
-    """(H, W, 3) uint8 array -> (3, H, W) uint8 tensor (a copy, contiguous)."""
-    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+    """(H, W, 3) uint8 array -> (3, H, W) uint8 tensor, contiguous, never sharing read-only memory.
+
+    A transpose is usually copied by ``ascontiguousarray``; for shapes where
+    it is already contiguous (1x1 images) it would be a view of ``arr``, which
+    may be a read-only memory map: writing into such a tensor kills the
+    interpreter, so those are copied too.
+    """
+    chw = np.ascontiguousarray(arr.transpose(2, 0, 1))
+    if not chw.flags.writeable or np.shares_memory(chw, arr):
+        chw = chw.copy()
+    return torch.from_numpy(chw)
 
 
 #: A reader's lazily opened, per-process file handle (the one per-process idiom, readers.perprocess).
@@ -87,6 +97,7 @@ class PackedDataset:
             index = read_index(source, storage_options, retry)
         else:
             index = spec.read_index(source)
+        check_index(index)  # every value a read is computed from is bounded before any data file opens
         if index.format != self.format:
             raise spec.DatasetFormatError(
                 f"{index.root} holds a {index.format!r} dataset; {type(self).__name__} reads {self.format!r} "
@@ -119,8 +130,15 @@ class PackedDataset:
 
     def _item(self, i: int, data: Any) -> tuple:
         """Build the item from the stored bytes (or pixels) of sample ``i``."""
-        image = self._convert(data)
+        try:
+            image = self._convert(data)
+        except DecodeError as exc:  # stored bytes that no decoder reads: name the file and sample
+            raise spec.DatasetFormatError(f"{self.where(i)} sample {i}: {exc}") from exc
         return (image, self._label(i), i) if self.return_index else (image, self._label(i))
+
+    def where(self, i: int) -> str:
+        """The file that holds sample ``i``, as shown in messages (never downloads)."""
+        raise NotImplementedError
 
     def _convert(self, data: Any) -> Any:
         if not self.decode:
@@ -198,6 +216,9 @@ class MapReader(PackedDataset, torch.utils.data.Dataset):
         """Remote: download the data file into the cache now, in this (the parent) process."""
         if self.remote is not None:
             self.remote.fetch(self.data_name, self._progress)
+
+    def where(self, i: int) -> str:
+        return self.data_location
 
     def _check(self, i: int) -> int:
         n = len(self.labels)

@@ -122,6 +122,15 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         """Path or URL of shard ``shard``, as shown in messages."""
         return self.location_of(self.shard_names[shard])
 
+    def open_shard(self, shard: int) -> int:
+        """A descriptor of shard ``shard``: a regular file inside the dataset folder
+        (DatasetFormatError naming it otherwise; never blocks). Its size is not
+        required to match: reads are ``pread``s, and a short one names the sample and byte."""
+        return spec.open_member(self.root, self.shard_names[shard], "shard file")
+
+    def where(self, i: int) -> str:
+        return self.location_of(self.shard_names[self.shard_of(i)])
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         from multiprocessing import context
@@ -224,7 +233,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         if self.remote is not None:
             [(_, data)] = wds_io.StreamedShards(self).samples([i])  # runs to the end: its threads stop
             return data
-        fd = os.open(self.shard_path(shard), os.O_RDONLY)
+        fd = self.open_shard(shard)
         try:
             return self.read_from(fd, shard, i)
         finally:

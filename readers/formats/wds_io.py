@@ -124,7 +124,7 @@ class LocalShards(_Arrays):
                 if fd is None:
                     if len(fds) >= self.keep:
                         os.close(fds.pop(next(iter(fds))))
-                    fd = os.open(self.ds.shard_path(shard), os.O_RDONLY)
+                    fd = self.ds.open_shard(shard)  # regular, inside the folder, never blocking
                 fds[shard] = fd
                 yield i, self.ds.read_from(fd, shard, i)  # the dataset's own read (tests count it)
         finally:
@@ -182,7 +182,7 @@ class CachedShards(_Arrays):
         except RemoteIntegrityError as exc:
             raise _diagnose(self, shard, exc) from exc
         try:
-            return pin, os.open(pin.path, os.O_RDONLY)
+            return pin, spec.open_regular(pin.path, "shard file")
         except BaseException:
             pin.release()
             raise
