@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  dataset-bench --generate 2000 --json bench.json --chart bench.png\n"
         "  dataset-bench --src imagenet/val --workers 0,4,8 --repeats 3\n"
         "  dataset-bench --src imagenet/val --datasets out/val-wds out/val-mmap --cache warm\n"
-        "  dataset-bench --quick",
+        "  dataset-bench --quick\n"
+        "  dataset-bench --remote --generate 2000 --json remote.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--src", help="image folder (root/<class>/<image>): the naive baseline; packed into every "
@@ -84,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write all results as JSON")
     p.add_argument("--chart", metavar="FILE", help="draw a PNG bar chart")
     p.add_argument("--quick", action="store_true", help="tiny run for smoke tests (48 images, one repeat)")
+    p.add_argument("--remote", action="store_true", help="measure reading wds from a loopback S3 server "
+                   "(SeaweedFS, started for the run): streaming, node cache epochs 1 and 2, the official "
+                   "webdataset reader over the same server, the local disk (bench.remote)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     return p
 
@@ -135,6 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.remote:
+        from bench.remote import main_remote
+
+        try:
+            return main_remote(args)
+        except (ValueError, OSError, RuntimeError, PackError, SourceError) as exc:
+            print(f"dataset-bench: error: {exc}", file=sys.stderr)
+            return 1
     try:
         config = config_from_args(args)
     except ValueError as exc:

@@ -6,10 +6,10 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from packer.engines import open_engine
-from packer.errors import OutputError, SourceError
+from packer.errors import OutputError, SourceError, UsageError
 from packer.formats.base import FormatWriter
 from packer.formats.hdf5 import HDF5Writer
 from packer.formats.lmdb import LmdbWriter
@@ -17,9 +17,10 @@ from packer.formats.mmap import MemmapWriter
 from packer.formats.wds import WdsWriter
 from packer.importers import scan_import
 from packer.options import PackOptions
-from packer.output import prepare_output
+from packer.output import OutputLock, prepare_output
 from packer.pipeline import Progress, SplitResult
 from packer.source import Source, find_split_dirs, scan
+from readers import spec
 
 __all__ = ["pack", "WRITERS", "plan"]
 
@@ -34,10 +35,13 @@ def _split_name(path: Path) -> str:
     return name or "data"
 
 
-def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -> list[tuple[str, Source, Path]]:
+def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
+         lock: OutputLock | None = None) -> list[tuple[str, Source, Path]]:
     """Scan the source and decide (split name, source, output folder) for each split.
 
     Raises SourceError / OutputError (both UsageError) before anything is written.
+    With ``lock``, the output folders stay locked by it (``pack`` holds it for the
+    whole run); without, they are locked only while the output is checked.
     """
     src, out = Path(src), Path(out)
     if not src.exists():
@@ -47,7 +51,7 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -
         jobs = [(split, source, out if len(imported) == 1 else out / split) for split, source in imported]
     elif not src.is_dir():
         raise SourceError(f"{src}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
-    elif splits := find_split_dirs(src):
+    elif splits := find_split_dirs(src, options.splits):
         names = [_split_name(d) for d in splits]
         clash = sorted({n for n in names if names.count(n) > 1})
         if clash:
@@ -60,7 +64,8 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -
         raise OutputError(f"{out} lies inside the source folder {src}; choose an output outside it")
     if src.resolve().is_relative_to(out.resolve()):
         raise OutputError(f"the source {src} lies inside the output folder {out}; choose another output")
-    prepare_output(out, options)
+    single = jobs[0][0] if len(jobs) == 1 and jobs[0][2] == out else None
+    prepare_output(out, options, [dest for _, _, dest in jobs], lock, split_hint=single)
     return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
 
 
@@ -70,18 +75,45 @@ def pack(
     options: PackOptions | None = None,
     *,
     progress: Callable[[str, Source], Progress | None] | None = None,
+    **remote: Any,
 ) -> list[SplitResult]:
     """Pack the ImageFolder tree ``src`` into ``out`` (one dataset folder per split).
 
     ``progress(split, source)`` may return a callback ``(images, bytes)`` that
     is called as work completes; the CLI uses it for its progress bar.
+
+    ``out`` may be an ``s3://bucket/prefix`` URL: the pack is staged locally
+    and uploaded as it goes, ``index.json`` last (``packer.remote_output``;
+    keyword arguments ``storage_options``, ``stage_dir``, ``retry`` and
+    ``upload_progress(split) -> callback(bytes)`` apply there only).
     """
     options = options or PackOptions()
-    with open_engine(options) as pack_split:  # connected first: a cluster that cannot be reached changes nothing
-        jobs = plan(src, out, options)
+    if spec.is_remote(out):
+        if options.engine != "local":
+            raise UsageError(f"{out}: --engine {options.engine} cannot write to object storage yet; pack to a "
+                             "folder every node shares and upload it, or use --engine local")
+        from packer.remote_output import pack_remote
+
+        return pack_remote(src, os.fspath(out), options, progress=progress, **remote)
+    if remote:
+        raise TypeError(f"{', '.join(sorted(remote))}: only for an s3:// output")
+    # The engine connects first (a cluster that cannot be reached changes nothing); then the output
+    # folders are locked for the whole run, whichever engine writes them.
+    with open_engine(options) as pack_split, OutputLock() as lock:
+        jobs = plan(src, out, options, lock=lock)
         results = []
         for split, source, dest in jobs:
             callback = progress(split, source) if progress else None
             log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
             results.append(pack_split(source, dest, split, WRITERS[options.format], callback))
+            results[-1].note = _layout_note(jobs, split, Path(out))
     return results
+
+
+def _layout_note(jobs: list[tuple[str, Source, Path]], split: str, out: Path) -> str:
+    """What the summary says about the layout chosen: which splits, or that nested folders are not."""
+    if any(dest != out for _, _, dest in jobs):
+        return f"split {split} of {', '.join(s for s, _, _ in jobs)}"
+    if any(p.count("/") > 1 for p in jobs[0][1].paths):
+        return "one dataset: sub-folders inside class folders are part of their class (--splits to choose splits)"
+    return ""

@@ -8,7 +8,8 @@ The option flags of ``pack`` and ``convert`` come from the
 Exit codes: 0 done; 1 the work failed (I/O error, disk full, --strict
 reject, damaged dataset found by ``verify``); 2 usage error or bad input,
 nothing written; 3 done, but some images were rejected (listed in
-``rejects.jsonl`` beside the output).
+``rejects.jsonl`` beside the output); 130 interrupted by Ctrl-C (SIGINT),
+143 stopped by SIGTERM (both resumable with ``--resume``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from packer.errors import PackerError, PackError, UsageError
 from packer.options import Flag, PackOptions, cli_fields
+from readers.spec import DatasetFormatError
 
 __all__ = ["main", "build_parser", "build_main_parser", "COMMANDS",
            "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_REJECTS"]
@@ -32,7 +35,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, PackError.exit_code, UsageEr
 
 EXIT_CODES = """\
 exit codes: 0 done, 1 failed (resumable with --resume), 2 usage error (nothing written),
-            3 done but some images were rejected (see rejects.jsonl beside the output)
+            3 done but some images were rejected (see rejects.jsonl beside the output),
+            130 interrupted (Ctrl-C), 143 stopped by SIGTERM (both resumable with --resume)
 """
 
 EPILOG = """\
@@ -43,7 +47,9 @@ examples:
   pack-dataset imagenet/      -f hdf5 -o out/imagenet-h5      (packs train/ and val/)
   pack-dataset shards/        -f lmdb -o out/from-shards      (WebDataset shards written by other tools)
   pack-dataset convert out/train-wds -f lmdb -o out/train-lmdb
+  pack-dataset imagenet/train --format wds  -o s3://bucket/imagenet/train-wds   (uploads as it goes)
   pack-dataset verify out/train-wds
+  pack-dataset verify s3://bucket/imagenet/train-wds
   pack-dataset info out/train-wds
 
 """ + EXIT_CODES
@@ -101,7 +107,13 @@ def _add_options(p: argparse.ArgumentParser, command: str, output_help: str) -> 
             target = groups[flag.exclusive_group]
         _add_option(target, f, flag)
         if f.name == "format":  # listed right after --format, as --help always showed it
-            p.add_argument("-o", "--output", type=Path, help=output_help)
+            p.add_argument("-o", "--output", type=output_location if command == "pack" else Path,
+                           help=output_help.replace("output folder", "output folder, or s3://bucket/prefix")
+                           if command == "pack" else output_help)
+    if command == "pack":
+        p.add_argument("--stage-dir", type=Path, metavar="DIR",
+                       help="s3:// output: stage files here before upload (default: $DATASET_PACKER_STAGE or "
+                            "~/.cache/dataset-packer/stage/...)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
@@ -199,10 +211,16 @@ def _run(args: argparse.Namespace, work: Callable[[Path], list]) -> int:
         word = "error" if isinstance(exc, UsageError) else "failed"
         print(f"pack-dataset: {word}: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"pack-dataset: interrupted; {out} is incomplete, re-run with --resume to finish it",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        if isinstance(out, str) or os.path.lexists(out):
+            print(f"pack-dataset: {_stopped(exc)}; {out} is incomplete, re-run the same command with --resume "
+                  "to finish it", file=sys.stderr)
+        else:
+            print(f"pack-dataset: {_stopped(exc)} before anything was written", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
+    except (OSError, DatasetFormatError) as exc:  # outside the pack's own handling: still one line
+        print(f"pack-dataset: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     for r in results:
         print(r.summary())
     return EXIT_REJECTS if any(r.rejected for r in results) else EXIT_OK
@@ -212,7 +230,33 @@ def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from packer.api import pack
 
     options = _options(parser, args, "pack")
-    return _run(args, lambda out: pack(args.src, out, options, progress=_progress_factory(args.quiet)))
+    out = args.output
+    remote: dict[str, Any] = {}
+    if isinstance(out, str):  # s3:// (packer.remote_output)
+        remote = {"stage_dir": args.stage_dir, "upload_progress": _upload_bar_factory(args.quiet)}
+    elif args.stage_dir is not None:
+        parser.error("--stage-dir applies to an s3:// output only")
+    return _run(args, lambda out: pack(args.src, out, options, progress=_progress_factory(args.quiet), **remote))
+
+
+def output_location(text: str) -> Path | str:
+    """``-o``: a local folder (Path), or a remote URL kept as text (``Path`` would fold ``s3://`` to ``s3:/``)."""
+    from readers.spec import is_remote
+
+    return text if is_remote(text) else Path(text)
+
+
+def _upload_bar_factory(quiet: bool):
+    def factory(split):
+        if quiet:
+            return None
+        from tqdm import tqdm
+
+        bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=f"upload {split}", dynamic_ncols=True,
+                   mininterval=0.5)
+        return bar.update
+
+    return factory
 
 
 def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -229,12 +273,32 @@ def _pack_main(argv: Sequence[str]) -> int:
     return _pack(parser, parser.parse_args(argv))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C (everything closed, resumable), with exit code 128 + 15."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def _stopped(exc: BaseException) -> str:
+    return "stopped by SIGTERM" if isinstance(exc, Terminated) else "interrupted"
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)  # SIGTERM is Ctrl-C with its own exit code
     try:
         return _main(argv)
     except BrokenPipeError:  # `pack-dataset info PATH | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt as exc:  # verify, info: nothing to resume
+        print(f"pack-dataset: {_stopped(exc)}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -39,7 +39,7 @@ from packer.errors import OutputError, PackError, SourceError
 from packer.images import ImageOptions, Prepared, RejectedImage, prepare_image
 from packer.importers.stage import ordered_outcomes
 from packer.options import PackOptions, cli_fields
-from packer.output import prepare_output
+from packer.output import OutputLock, prepare_output
 from packer.pipeline import Progress, SplitResult, pack_split
 from packer.source import Source
 from packer.workers import Outcome
@@ -290,13 +290,14 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions
             opts = replace(opts, resize=index.meta.get("options", {}).get("resize"))
         dest = out if root == src else out / root.name
         jobs.append((index.meta.get("split") or root.name, dataset_source(index), dest, opts, index))
-    prepare_output(out, options)
     workers = options.workers or available_cpus()
     results = []
-    for split, source, dest, opts, index in jobs:
-        callback = progress(split, source) if progress else None
-        log.info("converting %s (%s, %d samples) -> %s (%s)", index.root, index.format,
-                 index.num_samples, dest, opts.format)
-        results.append(pack_split(source, dest, split, opts, WRITERS[opts.format], workers, callback,
-                                  prepare=_prepare_stage(index)))
+    with OutputLock() as lock:  # one writer per output folder, as for pack (packer.output)
+        prepare_output(out, options, [dest for _, _, dest, _, _ in jobs], lock)
+        for split, source, dest, opts, index in jobs:
+            callback = progress(split, source) if progress else None
+            log.info("converting %s (%s, %d samples) -> %s (%s)", index.root, index.format,
+                     index.num_samples, dest, opts.format)
+            results.append(pack_split(source, dest, split, opts, WRITERS[opts.format], workers, callback,
+                                      prepare=_prepare_stage(index)))
     return results

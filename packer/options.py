@@ -9,6 +9,7 @@ the field definitions (image-rule defaults come from ``packer.images``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -38,7 +39,17 @@ def parse_size(text: str | int) -> int:
         value = float(num)
     except ValueError:
         raise ValueError(f"not a size: {text!r} (use e.g. 256MB, 1GB, 500k)") from None
+    if not math.isfinite(value) or value * _UNITS[unit] >= 2**63:
+        raise ValueError(f"not a size: {text!r} (a finite number of bytes below 8 EiB, e.g. 256MB)")
     return int(value * _UNITS[unit])
+
+
+def parse_positive_size(text: str | int) -> int:
+    """:func:`parse_size`, at least 1 byte."""
+    value = parse_size(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1 byte, got {text!r}")
+    return value
 
 
 def format_size(n: int) -> str:
@@ -58,6 +69,22 @@ def parse_positive(text: str) -> int:
     if value < 1:
         raise ValueError(f"must be >= 1, got {value}")
     return value
+
+
+#: --workers may ask for at most this many processes per usable CPU (more only thrash and take memory).
+WORKERS_PER_CPU = 4
+
+
+def _max_workers() -> int:
+    from readers.env import available_cpus
+
+    return max(8, WORKERS_PER_CPU * available_cpus())
+
+
+def _parse_splits(text: str) -> str:
+    from packer.source import parse_splits
+
+    return parse_splits(text)
 
 
 @dataclass(frozen=True)
@@ -100,7 +127,7 @@ class PackOptions:
         "-w", "--workers", parse=parse_positive, help="worker processes (default: usable CPUs, cgroup-aware)",
         commands=_BOTH))
     shard_size: int = field(default=DEFAULT_SHARD_SIZE, metadata=_flag(
-        "--shard-size", parse=parse_size, show=format_size,
+        "--shard-size", parse=parse_positive_size, show=format_size,
         help="wds: start a new shard once a shard reaches this size (default {default})", commands=_BOTH))
     shard_count: int | None = field(default=None, metadata=_flag(
         "--shard-count", parse=parse_positive, help="wds: ...or once it holds this many samples", commands=_BOTH))
@@ -129,9 +156,14 @@ class PackOptions:
         help="finish an interrupted pack with the same options", commands=_BOTH))
     # lmdb/hdf5/mmap: durable commit every this many bytes
     checkpoint_bytes: int = field(default=64 * 1024 * 1024, metadata=_flag(
-        "--checkpoint-bytes", parse=parse_size, show=format_size,
+        "--checkpoint-bytes", parse=parse_positive_size, show=format_size,
         help="lmdb/hdf5/mmap, and wds with --engine ray: make progress durable (resumable) every this many "
              "bytes (default {default})", commands=_BOTH))
+    # which sub-folders of the source are splits; decides the output layout, not a dataset's content
+    splits: str = field(default="auto", metadata=_flag(
+        "--splits", parse=_parse_splits,
+        help="auto: sub-folders named train, val, test, ... (each a class tree) are packed as splits "
+             "(default); none: one dataset; or sub-folder names separated by commas"))
 
     # None: the format's default (spec.DEFAULT_ORDER); resolved by order_kind()
     order: str | None = field(default=None, metadata=_flag(
@@ -158,8 +190,12 @@ class PackOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.shard_size < 1:
-            raise ValueError(f"shard_size must be >= 1 byte, got {self.shard_size}")
+        if self.workers is not None and self.workers > _max_workers():
+            raise ValueError(f"workers {self.workers} is more than this machine can use: at most {_max_workers()} "
+                             f"({WORKERS_PER_CPU} per usable CPU, 8 at least)")
+        for name in ("shard_size", "checkpoint_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 byte, got {getattr(self, name)}")
         if not 1 <= self.quality <= 100:
             raise ValueError(f"quality must be in 1..100, got {self.quality}")
         if self.resize is not None and self.format != "mmap":
@@ -176,11 +212,13 @@ class PackOptions:
             raise ValueError(f"ray_chunk must be >= 1, got {self.ray_chunk}")
         if self.overwrite and self.resume:
             raise ValueError("choose either overwrite (start again) or resume (continue), not both")
+        if _parse_splits(self.splits) != self.splits:
+            raise ValueError(f"splits must be auto, none or comma-separated names without spaces, got {self.splits!r}")
 
     def recorded(self) -> dict[str, Any]:
         """The options that shape the output (stored in the index, compared on resume)."""
         d = asdict(self)
-        for volatile in ("workers", "overwrite", "resume", "strict", "engine", "ray_address", "ray_chunk"):
+        for volatile in ("workers", "overwrite", "resume", "strict", "splits", "engine", "ray_address", "ray_chunk"):
             d.pop(volatile)
         d["order"] = self.order_kind()
         return d

@@ -18,6 +18,7 @@ import os
 import uuid
 from pathlib import Path
 
+from packer.workers import read_source  # the local pool's reader: the same checks, the same errors
 from readers import spec
 
 __all__ = ["LocalFiles", "LocalOutput"]
@@ -30,9 +31,8 @@ class LocalFiles:
         self.root = Path(root)
 
     def read(self, rel: str) -> bytes:
-        """The bytes of source file ``rel``; OSError if it cannot be read."""
-        with open(self.root / rel, "rb") as f:
-            return f.read()
+        """The bytes of source file ``rel``; OSError if it cannot be read (or is no longer a regular file)."""
+        return read_source(self.root / rel)
 
     def where(self, rel: str) -> str:
         """How messages name source file ``rel``."""
