@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -143,11 +144,43 @@ def test_unreadable_source_file_is_named_and_resumable(tmp_path, cluster):
                            str(victim)], env=cluster.env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     error, counts = done.stdout.strip().splitlines()
-    assert error == f"{victim}: read error: No such file or directory; fix it and re-run with --resume"
+    assert error == (f"{victim}: read error: No such file or directory; restore it and re-run with --resume, or "
+                     "start again with --overwrite (a shuffled order changes when a file is missing)")
     images, resumed_from = map(int, counts.split())
     assert images == 40 and resumed_from > 0
     _pack(src, tmp_path / "ref", "-f", "wds", "--shard-count", "6", "--checkpoint-bytes", "1")
     assert _files(out) == _files(tmp_path / "ref")
+
+
+# ---------------------------------------------------------------- the output folder's rules
+def test_same_lock_and_existing_output_rules_as_the_local_engine(src, cluster, tmp_path):
+    """The Ray driver holds the output lock for its run and keeps the local engine's resume and
+    overwrite rules (one line, exit 2, nothing deleted)."""
+    from packer.output import OutputLock
+
+    out = tmp_path / "out"
+    args = CASES["wds"]
+
+    def run(*more: str) -> subprocess.CompletedProcess:
+        return subprocess.run(_cli(src, out, cluster, *args, *more), env=cluster.env, capture_output=True,
+                              text=True, timeout=300)
+
+    with OutputLock() as lock:  # another pack holds the folder
+        lock.acquire(out)
+        busy = run()
+    assert busy.returncode == 2, busy.stderr
+    assert busy.stderr.strip() == (f"pack-dataset: error: {out}: another pack-dataset (pid {os.getpid()}) is "
+                                   "writing this folder; wait for it to end (or stop it), then run again")
+    assert list(out.iterdir()) == []
+    assert run().returncode == 3  # packed (one reject)
+    packed = _files(out)
+    finished = run("--resume")
+    assert finished.returncode == 3 and "already complete, nothing to resume" in finished.stdout
+    assert run().returncode == 2  # exists: neither --resume nor --overwrite
+    (out / "notes.txt").write_text("mine")
+    refused = run("--overwrite")
+    assert refused.returncode == 2 and f"{out / 'notes.txt'}, which pack-dataset did not write" in refused.stderr
+    assert _files(out) == {**packed, "notes.txt": _files(out)["notes.txt"]}  # nothing was deleted
 
 
 # ---------------------------------------------------------------- crashes
@@ -206,9 +239,16 @@ def test_worker_killed_mid_task_is_retried_and_output_unchanged(big_src, cluster
 
 
 def _same_content(a: Path, b: Path) -> bool:
-    """LMDB's page layout depends on its transaction history (see test_resume); everything else is equal."""
+    """LMDB's page layout depends on its transaction history (see test_resume): data.mdb's bytes, and so
+    its size and CRC in index.json, may differ; everything else is equal."""
     fa, fb = _files(a), _files(b)
-    assert {k: v for k, v in fa.items() if k != "data.mdb"} == {k: v for k, v in fb.items() if k != "data.mdb"}
+    other = ("data.mdb", spec.INDEX_NAME)
+    assert {k: v for k, v in fa.items() if k not in other} == {k: v for k, v in fb.items() if k not in other}
+    ia, ib = (json.loads((root / spec.INDEX_NAME).read_text()) for root in (a, b))
+    for index in (ia, ib):
+        for key in ("files", spec.FILES_CRC_KEY):
+            index.get(key, {}).pop("data.mdb", None)
+    assert ia == ib
     da, db = open_dataset(a, decode=False), open_dataset(b, decode=False)
     try:
         assert all(bytes(da.read(i)) == bytes(db.read(i)) for i in range(len(da)))

@@ -22,6 +22,7 @@ from packer.engines.io import LocalFiles, LocalOutput
 from packer.engines.ray_wds import DeferredBytes, RayWdsWriter
 from packer.formats.wds import WdsWriter
 from packer.images import ImageOptions, Prepared
+from readers import spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -163,6 +164,39 @@ def test_engine_options():
         PackOptions(engine="ray", ray_chunk=0)
     # where the work runs never changes the output: not recorded in the index, not compared on resume
     assert PackOptions(engine="ray", ray_address="auto", ray_chunk=5).recorded() == PackOptions().recorded()
+
+
+def test_ray_engine_with_an_object_store_output_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    """-o s3:// with --engine ray: exit 2, one line naming the output, before any connection or staging."""
+    from packer.cli import main
+
+    monkeypatch.setenv("DATASET_PACKER_STAGE", str(tmp_path / "stage"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: a connection would fail
+    src = make_image_folder(tmp_path / "src", classes=2, per_class=2)
+    rc = main([str(src), "-f", "wds", "-o", "s3://bucket/train-wds", "--engine", "ray", "-q"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err.splitlines() == [err]
+    assert err.startswith("pack-dataset: error: s3://bucket/train-wds: --engine ray cannot write to object storage")
+    assert not (tmp_path / "stage").exists()
+
+
+def test_overwrite_clears_temp_files_of_killed_shard_tasks(tmp_path):
+    """A driver killed while shard tasks ran leaves <shard>.<hex>.tmp files: --overwrite knows them as ours."""
+    from packer import pack
+    from packer.output import prepare_output
+
+    src = make_image_folder(tmp_path / "src" / "train", classes=2, per_class=3)
+    out = tmp_path / "out"
+    pack(src, out, PackOptions(format="wds", workers=1, shard_count=2))
+    leftover = LocalOutput(out).temp_path("train-000007.tar")
+    leftover.write_bytes(b"part of a shard")
+    prepare_output(out, PackOptions(format="wds", overwrite=True))
+    assert list(out.iterdir()) == []
+    (out / "train-000001.tar.notours").write_bytes(b"x")  # a name the Ray engine never writes
+    (out / spec.INDEX_NAME).write_text("{}")
+    with pytest.raises(ValueError, match="train-000001.tar.notours, which pack-dataset did not write"):
+        prepare_output(out, PackOptions(format="wds", overwrite=True))
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
