@@ -8,7 +8,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from packer.errors import OutputError, SourceError
+from packer.engines import open_engine
+from packer.errors import OutputError, SourceError, UsageError
 from packer.formats.base import FormatWriter
 from packer.formats.hdf5 import HDF5Writer
 from packer.formats.lmdb import LmdbWriter
@@ -17,10 +18,9 @@ from packer.formats.wds import WdsWriter
 from packer.importers import scan_import
 from packer.options import PackOptions
 from packer.output import OutputLock, prepare_output
-from packer.pipeline import Progress, SplitResult, pack_split
+from packer.pipeline import Progress, SplitResult
 from packer.source import Source, find_split_dirs, scan
 from readers import spec
-from readers.env import available_cpus
 
 __all__ = ["pack", "WRITERS", "plan"]
 
@@ -89,21 +89,23 @@ def pack(
     """
     options = options or PackOptions()
     if spec.is_remote(out):
+        if options.engine != "local":
+            raise UsageError(f"{out}: --engine {options.engine} cannot write to object storage yet; pack to a "
+                             "folder every node shares and upload it, or use --engine local")
         from packer.remote_output import pack_remote
 
         return pack_remote(src, os.fspath(out), options, progress=progress, **remote)
     if remote:
         raise TypeError(f"{', '.join(sorted(remote))}: only for an s3:// output")
-    with OutputLock() as lock:  # no other pack writes these folders until this one ends
+    # The engine connects first (a cluster that cannot be reached changes nothing); then the output
+    # folders are locked for the whole run, whichever engine writes them.
+    with open_engine(options) as pack_split, OutputLock() as lock:
         jobs = plan(src, out, options, lock=lock)
-        workers = options.workers or available_cpus()
         results = []
         for split, source, dest in jobs:
             callback = progress(split, source) if progress else None
             log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
-            stage = {"prepare": source.prepare} if source.prepare is not None else {}  # imported sources read bytes
-            results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback,
-                                      **stage))
+            results.append(pack_split(source, dest, split, WRITERS[options.format], callback))
             results[-1].note = _layout_note(jobs, split, Path(out))
     return results
 

@@ -16,8 +16,11 @@ from typing import Any, Callable, Iterator
 from packer.images import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, ImageOptions
 from readers.spec import DEFAULT_ORDER, FORMATS, ORDER_KINDS
 
-__all__ = ["PackOptions", "Flag", "cli_fields", "DEFAULT_SHARD_SIZE", "parse_size", "format_size", "parse_positive"]
+__all__ = ["PackOptions", "ENGINES", "Flag", "cli_fields", "DEFAULT_SHARD_SIZE", "parse_size", "format_size",
+           "parse_positive"]
 
+#: who prepares the images: this machine's process pool, or a Ray cluster (``packer.engines``)
+ENGINES = ("local", "ray")
 DEFAULT_SHARD_SIZE = 256 * 1024 * 1024  # 256 MiB: large sequential reads, ~2.5k ImageNet images
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -154,8 +157,8 @@ class PackOptions:
     # lmdb/hdf5/mmap: durable commit every this many bytes
     checkpoint_bytes: int = field(default=64 * 1024 * 1024, metadata=_flag(
         "--checkpoint-bytes", parse=parse_positive_size, show=format_size,
-        help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default {default})",
-        commands=_BOTH))
+        help="lmdb/hdf5/mmap, and wds with --engine ray: make progress durable (resumable) every this many "
+             "bytes (default {default})", commands=_BOTH))
     # which sub-folders of the source are splits; decides the output layout, not a dataset's content
     splits: str = field(default="auto", metadata=_flag(
         "--splits", parse=_parse_splits,
@@ -169,6 +172,16 @@ class PackOptions:
         "shard) or source (sorted by class then path, as ImageFolder; default for lmdb/hdf5/mmap)"))
     shuffle_seed: int = field(default=0, metadata=_flag(
         "--shuffle-seed", parse=int, help="seed of --order shuffled (default {default})"))
+    # Where the work runs. Never changes the output, so not recorded (see recorded()).
+    engine: str = field(default="local", metadata=_flag(
+        "--engine", choices=ENGINES, help="where images are prepared: local (a process pool on this machine, "
+        "the default) or ray (tasks on a Ray cluster; pip install 'dataset-packer[ray]', see docs/distributed.md)"))
+    ray_address: str | None = field(default=None, metadata=_flag(
+        "--ray-address", help="ray: the cluster's address, 'auto' or HOST:PORT (default: $RAY_ADDRESS, else the "
+        "cluster 'ray start' runs on this machine, else a private one-machine Ray with --workers CPUs)"))
+    ray_chunk: int = field(default=64, metadata=_flag(
+        "--ray-chunk", parse=parse_positive, help="ray: images per task (at most 64 MB of source each; "
+                                                  "default {default})"))
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -191,6 +204,12 @@ class PackOptions:
             raise ValueError(f"unknown order {self.order!r}; choose one of {', '.join(ORDER_KINDS)}")
         if self.shuffle_seed < 0:
             raise ValueError(f"shuffle_seed must be >= 0, got {self.shuffle_seed}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
+        if self.ray_address is not None and self.engine != "ray":
+            raise ValueError("ray_address applies to the ray engine only (--engine ray)")
+        if self.ray_chunk < 1:
+            raise ValueError(f"ray_chunk must be >= 1, got {self.ray_chunk}")
         if self.overwrite and self.resume:
             raise ValueError("choose either overwrite (start again) or resume (continue), not both")
         if _parse_splits(self.splits) != self.splits:
@@ -199,7 +218,7 @@ class PackOptions:
     def recorded(self) -> dict[str, Any]:
         """The options that shape the output (stored in the index, compared on resume)."""
         d = asdict(self)
-        for volatile in ("workers", "overwrite", "resume", "strict", "splits"):
+        for volatile in ("workers", "overwrite", "resume", "strict", "splits", "engine", "ray_address", "ray_chunk"):
             d.pop(volatile)
         d["order"] = self.order_kind()
         return d

@@ -182,7 +182,8 @@ def _shard_names(folder: Path, splits: set[str]) -> tuple[set[str], list[re.Patt
         for shard in list(doc.get("shards") or []) + list(writer.get("shards") or []):
             if isinstance(shard, dict) and isinstance(shard.get("name"), str):
                 names.add(shard["name"])
-    patterns = [re.compile(re.escape(s) + r"-\d{6}\.tar(\.tmp)?") for s in splits if s]
+    # the open shard's temp file; the Ray engine's shard tasks write <shard>.<12 hex digits>.tmp
+    patterns = [re.compile(re.escape(s) + r"-\d{6}\.tar(\.[0-9a-f]{12}\.tmp|\.tmp)?") for s in splits if s]
     return names, patterns
 
 

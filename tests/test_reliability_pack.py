@@ -82,8 +82,8 @@ def test_a_second_pack_into_a_busy_folder_exits_2_naming_the_holder(src, tmp_pat
     _verified(out)
     index = spec.read_index(out)
     assert len(list(index.names())) == index.num_samples == 30
-    assert sorted(p.name for p in out.iterdir() if not p.name.endswith((".tar", ".npy"))) == [
-        "index.json", "names.jsonl"]  # no leftover journal, no lock file
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith((".tar", ".npy"))) == sorted([
+        spec.INDEX_NAME, spec.NAMES_FILE, spec.WIDS_INDEX_NAME])  # no leftover journal, no lock file
 
 
 @pytest.mark.slow

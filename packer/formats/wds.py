@@ -153,3 +153,16 @@ class WdsWriter(FormatWriter):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+#: closes every shard: two zero blocks
+END_OF_ARCHIVE = b"\0" * (2 * spec.TAR_BLOCK)
+
+
+def sample_tar(sample_no: int, ext: str, size: int, label: int) -> tuple[bytes, bytes]:
+    """The tar bytes around a sample's ``size`` stored bytes, as ``WdsWriter.append`` lays them out:
+    (the image member's header, the padding plus the ``.cls`` member). For writers of shards outside
+    this class (the Ray engine's tasks); tests check both give the same bytes."""
+    key = spec.wds_key(sample_no)
+    cls = str(label).encode()
+    return _header(f"{key}.{ext}", size), _pad(size) + _header(f"{key}.cls", len(cls)) + cls + _pad(len(cls))

@@ -23,21 +23,35 @@ from packer.source import Source
 __all__ = ["scan_import", "source_kind"]
 
 
+def _holds_shards(folder: Path) -> bool:
+    """Recognition only: a folder that cannot be listed holds no shards here (the folder scan names it)."""
+    try:
+        return is_wds_source(folder)
+    except OSError:
+        return False
+
+
 def _wds_splits(src: Path) -> list[Path]:
     """Sub-folders of ``src`` holding .tar shards, when those are all it holds (``train/``, ``val/``)."""
-    if not src.is_dir() or shard_files(src):
+    if not src.is_dir() or _holds_shards(src):
         return []
-    subdirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
-    with_shards = [d for d in subdirs if shard_files(d)]
+    try:
+        subdirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+    with_shards = [d for d in subdirs if _holds_shards(d)]
     return with_shards if with_shards and len(with_shards) == len(subdirs) else []
 
 
 def source_kind(src: Path) -> str:
     """"wds", "hf" or "folder" (an ImageFolder tree, or anything else: the folder scan judges it)."""
-    if is_wds_source(src) or _wds_splits(src):
+    if _holds_shards(src) or _wds_splits(src):
         return "wds"
-    if is_hf_source(src):
-        return "hf"
+    try:
+        if is_hf_source(src):
+            return "hf"
+    except OSError:  # cannot be read: the folder scan names what
+        pass
     return "folder"
 
 

@@ -1,0 +1,50 @@
+"""Engines: who runs the prepare stage of a pack (``PackOptions.engine``).
+
+* ``local`` -- a process pool on this machine (``packer.workers``);
+* ``ray`` -- tasks on a Ray cluster (``packer.engines.ray``; needs the
+  optional ``ray`` extra, imported only when this engine is asked for).
+
+Both feed the same write stage (``packer.pipeline``), so they write the
+same dataset. :func:`open_engine` gives a function that packs one split.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from packer.errors import UsageError
+from packer.formats.base import FormatWriter
+from packer.options import PackOptions
+from packer.pipeline import Progress, SplitResult, pack_split
+from packer.source import Source
+from readers.env import available_cpus
+
+__all__ = ["SplitPacker", "open_engine"]
+
+#: (source, output folder, split name, writer class, progress callback) -> result
+SplitPacker = Callable[[Source, Path, str, type[FormatWriter], Progress | None], SplitResult]
+
+
+@contextmanager
+def open_engine(options: PackOptions) -> Iterator[SplitPacker]:
+    """The engine ``options`` ask for, ready to pack splits; released on exit."""
+    if options.engine == "ray":
+        try:
+            from packer.engines import ray as ray_engine
+        except ModuleNotFoundError as exc:
+            if exc.name != "ray":
+                raise
+            raise UsageError("--engine ray needs Ray: pip install 'dataset-packer[ray]'") from None
+        with ray_engine.RaySession.connect(options) as session:
+            yield session.pack_split
+        return
+    workers = options.workers or available_cpus()
+
+    def pack_locally(source: Source, out: Path, split: str, writer_cls: type[FormatWriter],
+                     progress: Progress | None) -> SplitResult:
+        stage = {"prepare": source.prepare} if source.prepare is not None else {}  # imported sources read bytes
+        return pack_split(source, out, split, options, writer_cls, workers, progress, **stage)
+
+    yield pack_locally
