@@ -208,6 +208,12 @@ def use_file_system_sharing(space: ShmSpace, stacklevel: int = 1) -> None:
     )
 
 
+def _generator(seed: int) -> torch.Generator:
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return generator
+
+
 def make_loader(
     dataset: Any,
     batch_size: int = 256,
@@ -222,8 +228,9 @@ def make_loader(
     collate_fn: Callable | None = None,
     distributed: bool | None = None,
     multiprocessing_context: Any = None,
+    workers: str = "processes",
     **kwargs: Any,
-) -> PackedLoader:
+) -> Any:
     """Build a :class:`PackedLoader` over a reader from ``readers``; every setting overridable.
 
     ``shuffle`` (default True): map-style readers shuffle globally through the
@@ -232,8 +239,14 @@ def make_loader(
     (``ShardDataset.with_order``) with ``seed``/``shuffle`` applied: the
     dataset passed in is never changed. ``distributed`` defaults to "a process group
     is initialised or WORLD_SIZE > 1".
+
+    ``workers="threads"`` runs the ``num_workers`` workers as threads of this
+    process instead (:class:`readers.threads.ThreadLoader`: same sampler,
+    order, epochs and seeding; no pickling or shared memory between them).
     """
-    workers = available_cpus() if num_workers is None else num_workers
+    if workers not in ("processes", "threads"):
+        raise ValueError(f"workers must be 'processes' or 'threads', got {workers!r}")
+    workers_kind, workers = workers, available_cpus() if num_workers is None else num_workers
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     env = current_worker_env()
     ddp = env.world_size > 1 if distributed is None else distributed
@@ -247,14 +260,19 @@ def make_loader(
                                      shuffle=shuffle is not False, seed=seed, drop_last=drop_last)
     else:
         sampler = EpochSampler(len(dataset), shuffle=shuffle is not False, seed=seed)
+    if workers_kind == "threads":
+        from readers.threads import ThreadLoader
+
+        return ThreadLoader(dataset, batch_size, num_workers=workers, sampler=sampler, drop_last=drop_last,
+                            collate_fn=collate_fn or collate, prefetch_factor=prefetch_factor,
+                            generator=_generator(seed), pin_memory=pin)
     if workers > 0:
         space = shm_check(workers * prefetch_factor * batch_size * _item_bytes(dataset) * 2)
         if not space:
             use_file_system_sharing(space, stacklevel=2)
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                       multiprocessing_context=multiprocessing_context)
-    generator = torch.Generator()
-    generator.manual_seed(seed)
+    generator = _generator(seed)
     return PackedLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin,
         drop_last=drop_last, collate_fn=collate_fn or Collate(slots=prefetch_factor + 2), worker_init_fn=_seed_worker,

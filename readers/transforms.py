@@ -75,6 +75,7 @@ from readers.decode import (
     reduction_for,
 )
 from readers.geometry import resize_center_crop
+from readers.env import thread_worker, worker_seed
 from readers.perprocess import PerProcess
 
 __all__ = [
@@ -390,14 +391,20 @@ class _Seeded:
         self._rng: PerProcess[np.random.Generator] = PerProcess(self._new_rng)
 
     def _new_rng(self) -> np.random.Generator:
-        in_worker = torch.utils.data.get_worker_info() is not None
+        worker = worker_seed()  # a loader worker's (process or thread) seed; None in the main process
         entropy = [] if self.seed is None else [self.seed]
-        if self.seed is None or in_worker:
-            entropy.append(int(torch.initial_seed()))
+        if self.seed is None or worker is not None:
+            entropy.append(int(torch.initial_seed()) if worker is None else worker)
         return np.random.default_rng(np.random.SeedSequence(entropy))
 
     @property
     def rng(self) -> np.random.Generator:
+        tw = thread_worker()
+        if tw is not None:  # loader threads share this transform: one generator per thread
+            rng = tw.state.get(id(self))
+            if rng is None:
+                rng = tw.state[id(self)] = self._new_rng()
+            return rng
         return self._rng.get()
 
 

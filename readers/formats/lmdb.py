@@ -19,6 +19,7 @@ import lmdb
 
 from readers import spec
 from readers.base import LazyHandle, MapReader
+from readers.batch import Allocator, byte_batch, finish_batch, index_array
 from readers.perprocess import PerProcess
 
 __all__ = ["LMDBDataset"]
@@ -80,6 +81,23 @@ class LMDBDataset(MapReader):
     def read_many(self, indices: list[int]) -> list[bytes]:
         with self._env.get().begin(buffers=False) as txn:
             return [self._get(txn, i) for i in indices]
+
+    def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
+        """``decode=False``: the batch's values copied straight out of the map into one ByteBatch
+        (one transaction, no per-sample ``bytes``); see ``readers.batch``. None when decoding."""
+        if self.decode:
+            return None
+        idx = index_array(indices, len(self.labels))
+        sizes = self.index.arrays["sizes"][idx]
+        with self._env.get().begin(buffers=True) as txn:
+            views = [self._get(txn, int(i)) for i in idx]
+            for k, view in enumerate(views):
+                if len(view) != sizes[k]:
+                    raise spec.DatasetFormatError(
+                        f"{self.root}: sample {int(idx[k])} holds {len(view)} bytes, the index says "
+                        f"{int(sizes[k])}: the dataset is damaged or does not match its index")
+            batch = byte_batch(views, sizes, *(() if alloc is None else (alloc,)))
+        return finish_batch(self, batch, idx)
 
     def close(self) -> None:
         self._env.close()

@@ -13,9 +13,12 @@ import os
 from typing import Any
 
 import numpy as np
+import torch
 
 from readers import spec
 from readers.base import LazyHandle, MapReader, to_chw
+from readers.batch import Allocator, finish_batch, index_array
+from readers.shmring import ByteBatch
 
 __all__ = ["MemmapDataset"]
 
@@ -29,6 +32,7 @@ class MemmapDataset(MapReader):
         self._heights = self.index.arrays["heights"]
         self._widths = self.index.arrays["widths"]
         self.fixed_shape = self.meta["storage"].get("fixed_shape")
+        self._back_to_back: bool | None = None  # samples at offsets 0, S*S*3, 2*S*S*3, ... (see rows())
         self._map = LazyHandle(functools.partial(MemmapDataset._open, self.data_file))
 
     @staticmethod
@@ -50,6 +54,50 @@ class MemmapDataset(MapReader):
                 f"data ({flat.shape[0]} bytes): the file is truncated or damaged"
             )
         return flat[start:end].reshape(h, w, 3)
+
+    def rows(self) -> np.ndarray | None:
+        """All samples as one ``(N, S, S, 3)`` array over the mapping (fixed-shape packs whose
+        samples lie back to back, as ``--resize`` writes them); None otherwise."""
+        shape = self.fixed_shape
+        if not shape:
+            return None
+        stride = int(np.prod(shape))
+        n = len(self.labels)
+        if self._back_to_back is None:  # checked once: O(N)
+            self._back_to_back = not n or bool(self._offsets[0] == 0 and np.all(np.diff(self._offsets) == stride))
+        if not self._back_to_back:
+            return None
+        flat = self._map.get()
+        if flat.shape[0] < n * stride:
+            raise spec.DatasetFormatError(
+                f"{self.data_file}: holds {flat.shape[0]} bytes of pixels, {n} samples of {shape} need "
+                f"{n * stride}: the file is truncated or damaged")
+        return flat[: n * stride].reshape(n, *shape)
+
+    def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
+        """The whole batch in one gather (``numpy.take``) into one buffer; see ``readers.batch``.
+
+        Decoded: a uint8 ``[B, 3, S, S]`` tensor in ``channels_last`` layout (the stored HWC
+        rows, not transposed). ``decode=False``: a ByteBatch of each sample's HWC bytes.
+        None (use ``__getitems__``) with a transform or without a fixed shape.
+        """
+        if self.transform is not None:
+            return None
+        rows = self.rows()
+        if rows is None:
+            return None
+        idx = index_array(indices, len(self.labels))
+        shape = rows.shape[1:]
+        nbytes = int(np.prod(shape))
+        buf = (alloc(len(idx) * nbytes) if alloc is not None else np.empty(len(idx) * nbytes, np.uint8))
+        out = buf[: len(idx) * nbytes].reshape(len(idx), *shape)
+        np.take(rows, idx, axis=0, out=out)
+        if self.decode:
+            images: Any = torch.from_numpy(out).permute(0, 3, 1, 2)
+        else:
+            images = ByteBatch(torch.from_numpy(out.reshape(-1)),
+                               torch.arange(len(idx) + 1, dtype=torch.int64) * nbytes)
+        return finish_batch(self, images, idx)
 
     def _convert(self, data: np.ndarray) -> Any:
         if not self.decode:
