@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler, get_worker_info
 
 from readers import shmring
+from readers.batch import GatheredItems
 from readers.env import available_cpus, current_worker_env
 from readers.shmring import ByteBatch
 
@@ -72,6 +73,8 @@ def _collate_images(images: Sequence[Any]) -> Any:
 
 def collate(batch: Sequence[tuple]) -> tuple:
     """Collate (image, label[, index]) items: stack equal-shape images, pack bytes flat."""
+    if isinstance(batch, GatheredItems):  # a whole-batch read (readers.batch)
+        return batch.gather()
     columns = list(zip(*batch))
     out = [_collate_images(columns[0])]
     out += [torch.as_tensor(c, dtype=torch.int64) for c in columns[1:]]
@@ -90,6 +93,8 @@ class Collate:
         self.ring = shmring.ShmSlots(slots) if shmring.available() else None
 
     def __call__(self, batch: Sequence[tuple]) -> Any:
+        if isinstance(batch, GatheredItems):  # the reader read the whole batch: nothing per sample
+            return batch.gather()
         if (self.ring is not None and batch and isinstance(batch[0][0], (bytes, bytearray))
                 and get_worker_info() is not None):
             columns = list(zip(*batch))

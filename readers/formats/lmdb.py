@@ -82,6 +82,9 @@ class LMDBDataset(MapReader):
         with self._env.get().begin(buffers=False) as txn:
             return [self._get(txn, i) for i in indices]
 
+    def batchable(self) -> bool:
+        return not self.decode
+
     def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
         """``decode=False``: the batch's values copied straight out of the map into one ByteBatch
         (one transaction, no per-sample ``bytes``); see ``readers.batch``. None when decoding."""
@@ -96,7 +99,7 @@ class LMDBDataset(MapReader):
                     raise spec.DatasetFormatError(
                         f"{self.root}: sample {int(idx[k])} holds {len(view)} bytes, the index says "
                         f"{int(sizes[k])}: the dataset is damaged or does not match its index")
-            batch = byte_batch(views, sizes, *(() if alloc is None else (alloc,)))
+            batch = byte_batch(views, sizes, alloc)
         return finish_batch(self, batch, idx)
 
     def close(self) -> None:

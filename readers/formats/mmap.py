@@ -17,7 +17,7 @@ import torch
 
 from readers import spec
 from readers.base import LazyHandle, MapReader, to_chw
-from readers.batch import Allocator, finish_batch, index_array
+from readers.batch import Allocator, batch_buffer, finish_batch, index_array
 from readers.shmring import ByteBatch
 
 __all__ = ["MemmapDataset"]
@@ -74,6 +74,9 @@ class MemmapDataset(MapReader):
                 f"{n * stride}: the file is truncated or damaged")
         return flat[: n * stride].reshape(n, *shape)
 
+    def batchable(self) -> bool:
+        return self.transform is None and self.rows() is not None
+
     def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
         """The whole batch in one gather (``numpy.take``) into one buffer; see ``readers.batch``.
 
@@ -89,9 +92,10 @@ class MemmapDataset(MapReader):
         idx = index_array(indices, len(self.labels))
         shape = rows.shape[1:]
         nbytes = int(np.prod(shape))
-        buf = (alloc(len(idx) * nbytes) if alloc is not None else np.empty(len(idx) * nbytes, np.uint8))
-        out = buf[: len(idx) * nbytes].reshape(len(idx), *shape)
-        np.take(rows, idx, axis=0, out=out)
+        out = batch_buffer(len(idx) * nbytes, alloc).reshape(len(idx), *shape)
+        # mode="clip": the indices are checked already, and with the default "raise" numpy writes
+        # through a temporary buffer when given `out` (measured: 2.5x slower)
+        np.take(rows, idx, axis=0, out=out, mode="clip")
         if self.decode:
             images: Any = torch.from_numpy(out).permute(0, 3, 1, 2)
         else:
