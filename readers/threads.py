@@ -144,8 +144,11 @@ class ThreadLoader:
     def __len__(self) -> int:
         if self.batch_sampler is not None:
             return len(self.batch_sampler)
-        n = len(self.dataset)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        # an iterable dataset split evenly over the threads (as ShardDataset splits a rank's
+        # samples), each thread batching its own part
+        n, w = len(self.dataset), max(1, self.num_workers)
+        parts = [n // w + (1 if k < n % w else 0) for k in range(w)]
+        return sum(p // self.batch_size if self.drop_last else -(-p // self.batch_size) for p in parts)
 
     def _begin_epoch(self) -> int:
         if not self._explicit and self._started:
