@@ -29,12 +29,33 @@ from readers import spec
 __all__ = ["WdsWriter"]
 
 
-def _header(name: str, size: int) -> bytes:
+def _tarfile_header(name: str, size: int) -> bytes:
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = size, 0o444, 0
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+
+
+_TEMPLATE = bytearray(_tarfile_header("x", 0))
+_TEMPLATE[0:100] = bytes(100)  # name: filled per member
+_TEMPLATE[124:136] = bytes(12)  # size: filled per member
+_TEMPLATE[148:156] = b"        "  # checksum: summed as spaces
+_TEMPLATE_SUM = sum(_TEMPLATE)
+
+
+def _header(name: str, size: int) -> bytes:
+    """The ustar header ``tarfile`` writes for this member (the same bytes, tested), built by
+    patching the name, size and checksum fields of a template: ~20x cheaper per sample."""
+    raw = name.encode("utf-8")
+    if len(raw) > 99 or size >= 8**11:  # needs tarfile's prefix / size handling
+        return _tarfile_header(name, size)
+    size_field = b"%011o\0" % size
+    buf = bytearray(_TEMPLATE)
+    buf[0:len(raw)] = raw
+    buf[124:136] = size_field
+    buf[148:155] = b"%06o\0" % (_TEMPLATE_SUM + sum(raw) + sum(size_field))
+    return bytes(buf)
 
 
 def _pad(size: int) -> bytes:
