@@ -22,6 +22,7 @@ import logging
 import random
 import shutil
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -151,6 +152,12 @@ class PackedLoader(DataLoader):
                 obj.set_epoch(self._epoch)
         shmring.release_dead()  # slots of earlier loaders' workers that have exited
         return super().__iter__()
+
+    def _get_iterator(self):
+        it = super()._get_iterator()
+        if self.num_workers > 0:  # once the iterator is gone its workers have exited: unmap their slots
+            weakref.finalize(it, shmring.release_dead).atexit = False
+        return it
 
 
 def _seed_worker(worker_id: int) -> None:

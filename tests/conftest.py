@@ -1,9 +1,22 @@
-"""Shared fixtures: the bundled real photos, a generated ImageNet-like folder, packed datasets."""
+"""Shared fixtures (the bundled real photos, a generated ImageNet-like folder, packed datasets)
+and the police that fail a test which leaves threads or file descriptors behind.
+
+The tests' oracles live in ``tests/reference.py``.
+
+Which tests are ``@pytest.mark.slow`` (one rule, also in pyproject.toml's marker line): a test
+that starts a subprocess, uses the spawn or forkserver start method or a DataLoader with
+worker processes (``num_workers > 0``), or takes more than about 2 s on the 2-core dev
+machine (``python -m pytest --durations=0``). ``pytest -m "not slow"`` is the quick loop.
+"""
 
 from __future__ import annotations
 
-import io
+import asyncio
+import gc
+import multiprocessing.resource_tracker
+import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +25,7 @@ from PIL import Image
 
 from packer import PackOptions, pack
 from readers.spec import FORMATS
+from reference import stored_samples
 
 REPO = Path(__file__).resolve().parent.parent
 REAL_IMAGES = REPO / "examples" / "real-images"
@@ -70,12 +84,6 @@ def packed_real(tmp_path_factory, real_images):
     return _pack_all(real_images, tmp_path_factory.mktemp("packed-real"), shard_count=7, workers=2)
 
 
-def pil_rgb(path_or_bytes) -> np.ndarray:
-    src = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, (bytes, bytearray)) else path_or_bytes
-    with Image.open(src) as im:
-        return np.asarray(im.convert("RGB"))
-
-
 @pytest.fixture(autouse=True)
 def thread_police():
     """Fail a test that leaves non-daemon threads running."""
@@ -85,110 +93,90 @@ def thread_police():
     assert not leaked, f"test left threads running: {leaked}"
 
 
-# ---------------------------------------------------------------- reference rules (appended)
-# Independent re-implementations used by test_pack_formats.py / test_source.py:
-# they must not import anything from packer.*.
+def _open_fds() -> dict[int, str]:
+    """fd -> what it points to (``os.readlink`` of /proc/self/fd/N), for this process."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile (e.g. the directory listdir itself opened)
+            pass
+    return out
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+_FIXTURE_FDS: set[tuple[int, str]] = set()  # (fd, target) opened by module/session fixtures
 
 
-def imagefolder_reference(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
-    """torchvision.datasets.ImageFolder's (classes, samples), re-implemented (torchvision is not installed).
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Remember the descriptors a longer-lived fixture opens, even one first requested inside a test."""
+    if fixturedef.scope == "function":
+        return (yield)
+    before = set(_open_fds().items())
+    try:
+        return (yield)
+    finally:
+        opened = set(_open_fds().items()) - before
+        _FIXTURE_FDS.update(opened)
+        fixturedef.addfinalizer(lambda: _FIXTURE_FDS.difference_update(opened))
 
-    torchvision: ``classes = sorted(d.name for d in os.scandir(root) if d.is_dir())``; per class,
-    ``for dirpath, _, fnames in sorted(os.walk(cls_dir, followlinks=True)): for f in sorted(fnames)``,
-    kept when ``f.lower().endswith(extensions)``. The packer's documented deviations are applied
-    here too: only .jpg/.jpeg/.png, and hidden (dot) class folders and files are skipped.
-    Samples are ``(path relative to root as posix, label)``.
+
+# Descriptors that libraries open once and keep for the life of the process (caches, not leaks):
+# by what they point to ...
+_PROCESS_LIFETIME = {
+    "/dev/shm/pym-": "multiprocessing's shared heap arena (RawValue/Value), reused by later allocations",
+    "/matplotlib/mpl-data/fonts/": "matplotlib's cache of loaded fonts",
+}
+
+
+def _process_lifetime_fds() -> set[int]:
+    """... and by owner, for pipes and sockets: multiprocessing's resource tracker (started by the
+    first spawn, one per process), and the asyncio event loop that jupyter_core (under nbclient)
+    keeps set for the thread and reuses (its epoll descriptor and self-pipe socket pair)."""
+    fds = set()
+    tracker = getattr(multiprocessing.resource_tracker, "_resource_tracker", None)
+    if getattr(tracker, "_fd", None) is not None:
+        fds.add(tracker._fd)
+    loop = getattr(getattr(asyncio.get_event_loop_policy(), "_local", None), "_loop", None)
+    if loop is not None and not loop.is_closed():
+        for owner in (getattr(loop, "_selector", None), getattr(loop, "_ssock", None), getattr(loop, "_csock", None)):
+            if owner is not None:
+                fds.add(owner.fileno())
+    return fds
+
+
+def _leaked_fds(before: set[tuple[int, str]], grace_s: float = 2.0) -> list[tuple[int, str]]:
+    """Descriptors open now that were not in ``before``, nor opened by a longer-lived fixture,
+    nor one of the libraries' process-lifetime descriptors (above).
+
+    Collects garbage (objects the test dropped are finalized) and waits up to ``grace_s`` for
+    descriptors being closed asynchronously: a multiprocessing queue's daemon feeder thread
+    (DataLoader workers' index queues) closes its pipe when it has flushed, a moment after the
+    queue is closed. Neither costs anything when nothing is left open.
     """
-    import os
-
-    root = Path(root)
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    samples: list[tuple[str, int]] = []
-    for label, cls in enumerate(classes):
-        for dirpath, _dirs, fnames in sorted(os.walk(root / cls, followlinks=True)):
-            for f in sorted(fnames):
-                if f.lower().endswith(IMAGE_SUFFIXES) and not f.startswith("."):
-                    samples.append(((Path(dirpath) / f).relative_to(root).as_posix(), label))
-    return classes, samples
+    deadline = time.monotonic() + grace_s
+    while True:
+        lifetime = _process_lifetime_fds()
+        leaked = sorted((fd, target) for fd, target in set(_open_fds().items()) - before - _FIXTURE_FDS
+                        if fd not in lifetime and not any(part in target for part in _PROCESS_LIFETIME))
+        if not leaked or time.monotonic() > deadline:
+            return leaked
+        gc.collect()
+        time.sleep(0.02)
 
 
-def expected_rgb(path_or_bytes) -> np.ndarray:
-    """The RGB pixels packer/images.py documents for a source image, computed with PIL + numpy:
-    EXIF orientation applied, alpha composited onto white, everything else ``convert("RGB")``."""
-    from PIL import ImageOps
+@pytest.fixture(autouse=True)
+def fd_police():
+    """Fail a test that leaves file descriptors open (files, pipes, sockets, memory-mapped files).
 
-    src = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, (bytes, bytearray)) else path_or_bytes
-    with Image.open(src) as im:
-        im = ImageOps.exif_transpose(im)
-        if "A" in im.mode or "transparency" in im.info:
-            rgba = np.asarray(im.convert("RGBA")).astype(np.float64)
-            alpha = rgba[..., 3:] / 255.0
-            return np.rint(rgba[..., :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
-        return np.asarray(im.convert("RGB"))
-
-
-def needs_change(path: Path) -> bool:
-    """True when a JPEG/PNG source cannot be stored byte for byte (not plain 8-bit RGB/L, alpha, EXIF rotation)."""
-    with Image.open(path) as im:
-        orientation = im.getexif().get(0x0112, 1) if im.format == "JPEG" else 1
-        return im.mode not in ("RGB", "L") or "transparency" in im.info or orientation not in (1, None)
-
-
-# --------------------------------------------------------------------------- readers tests
-# Appended for tests/test_readers.py, test_loader.py, test_memory.py, test_ddp.py.
-
-
-def _stored_samples(root: Path) -> list[bytes]:
-    """Every sample's stored bytes, read straight from the data files (never through ``readers``).
-
-    wds: parsed with the standard ``tarfile`` module (ignores offsets.npy); hdf5: sliced with
-    the ``/offsets`` dataset inside data.h5; lmdb: read in a subprocess (py-lmdb refuses to open
-    an environment twice in one process, and a reader may hold it open); mmap: the raw pixel
-    bytes of ``images.npy`` at offsets.npy (HWC uint8).
+    Compares /proc/self/fd before and after the test, after a garbage collection (so objects the
+    test dropped are finalized) and a short grace for asynchronous closes; descriptors opened by
+    module- or session-scoped fixtures are theirs to keep.
     """
-    import json
-    import subprocess
-    import sys
-    import tarfile
-
-    meta = json.loads((root / "index.json").read_text())
-    n, fmt = int(meta["num_samples"]), meta["format"]
-    if fmt == "wds":
-        out: dict[int, bytes] = {}
-        for shard in meta["shards"]:
-            with tarfile.open(root / shard["name"]) as tar:
-                for m in tar.getmembers():
-                    key, ext = m.name.split(".", 1)
-                    if ext != "cls":
-                        out[int(key)] = tar.extractfile(m).read()
-        return [out[i] for i in range(n)]
-    if fmt == "hdf5":
-        import h5py
-
-        with h5py.File(root / "data.h5", "r") as f:
-            images, offsets = f["images"][:], f["offsets"][:]
-        return [images[offsets[i]:offsets[i + 1]].tobytes() for i in range(n)]
-    if fmt == "lmdb":
-        code = (
-            "import lmdb, pickle, sys\n"
-            "env = lmdb.open(sys.argv[1], readonly=True, lock=False, subdir=True)\n"
-            "with env.begin() as txn:\n"
-            "    vals = [txn.get(b'%010d' % i) for i in range(int(sys.argv[2]))]\n"
-            "sys.stdout.buffer.write(pickle.dumps(vals))\n"
-        )
-        res = subprocess.run([sys.executable, "-c", code, str(root), str(n)], capture_output=True, check=True)
-        import pickle
-
-        return pickle.loads(res.stdout)
-    if fmt == "mmap":
-        flat = np.load(root / "images.npy", mmap_mode="r").reshape(-1)
-        offsets, heights, widths = (np.load(root / f"{k}.npy") for k in ("offsets", "heights", "widths"))
-        out_list = [flat[o:o + h * w * 3].tobytes() for o, h, w in zip(offsets, heights, widths)]
-        del flat
-        return out_list
-    raise ValueError(fmt)
+    before = set(_open_fds().items())
+    yield
+    leaked = _leaked_fds(before)
+    assert not leaked, "test left file descriptors open: " + ", ".join(f"fd {fd} -> {t}" for fd, t in leaked)
 
 
 @pytest.fixture(scope="session")
@@ -201,7 +189,7 @@ def stored_bytes():
         if root not in cache:
             if len(cache) >= 2:  # real-photo mmap packs are ~150 MB: keep few
                 cache.pop(next(iter(cache)))
-            cache[root] = _stored_samples(root)
+            cache[root] = stored_samples(root)
         return cache[root][i]
 
     return get

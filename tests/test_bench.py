@@ -162,6 +162,7 @@ def test_measure_format(packed_generated, fmt):
         measure_format(target.path, mode="jpeg", num_workers=0, batch_size=8)
 
 
+@pytest.mark.slow  # subprocess
 def test_run_isolated(packed_generated):
     path = packed_generated["wds"]
     stats = run_isolated(measure_format, {"path": path, "mode": "raw", "num_workers": 1, "batch_size": 8},

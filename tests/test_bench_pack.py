@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from readers.spec import FORMATS
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_pack.py"
 
 
+@pytest.mark.slow  # subprocess
 def test_bench_pack_quick(tmp_path):
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, "-W", "error", str(SCRIPT), "--quick", "--json", str(out), "--tmp",

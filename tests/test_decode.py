@@ -28,17 +28,13 @@ from readers.decode import (
     reduction_for,
     simplejpeg_matches_pillow,
 )
+from reference import pil_rgb
 
 REPO = Path(__file__).resolve().parent.parent
 REAL = sorted(p for p in (REPO / "examples" / "real-images").rglob("*") if p.suffix.lower() in (".jpg", ".png"))
 REAL_JPEGS = [p for p in REAL if p.suffix.lower() == ".jpg"]
 HAVE_SJ = "simplejpeg" in available_decoders()
 ALL = ["auto", "pillow"] + (["simplejpeg"] if HAVE_SJ else [])
-
-
-def pil_rgb(data: bytes) -> np.ndarray:
-    with Image.open(io.BytesIO(data)) as im:
-        return np.asarray(im.convert("RGB"))
 
 
 def pil_draft(data: bytes, scale: int) -> np.ndarray:
@@ -264,6 +260,7 @@ def test_scaled_rejects_bad_scale():
 # --------------------------------------------------------------------------- the benchmark
 
 
+@pytest.mark.slow  # subprocess
 def test_benchmark_quick_runs(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(

@@ -482,6 +482,7 @@ def test_real_photos_cover_the_modes_we_claim():
 # ----------------------------------------------------------------------------- benchmark
 
 
+@pytest.mark.slow  # subprocess
 def test_benchmark_script_runs_quick():
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_validate.py"), "--quick"],
                          cwd=REPO, capture_output=True, text=True, timeout=300, check=True).stdout

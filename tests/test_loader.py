@@ -51,6 +51,7 @@ def loader_for(root, workers: int, seed: int = 7, **kw):
 # --------------------------------------------------------------------------- epochs and order
 
 
+@pytest.mark.slow  # DataLoader worker processes
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
 def test_exactly_once_new_order_each_epoch_same_for_same_seed(packed_generated, fmt):
     root = packed_generated[fmt]
@@ -99,6 +100,7 @@ def _round_robin(per_worker: list[list[list[int]]]) -> list[int]:
     return order
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_shard_dataset_worker_interleaving_is_deterministic(packed_generated, monkeypatch):
     root = packed_generated["wds"]
     loader = loader_for(root, 2)
@@ -110,6 +112,7 @@ def test_shard_dataset_worker_interleaving_is_deterministic(packed_generated, mo
         assert got[ep] == expected, f"epoch {ep}: interleaving of workers differs from round-robin"
 
 
+@pytest.mark.slow  # DataLoader worker processes
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 def test_set_epoch_reaches_persistent_workers(packed_generated, fmt):
     root = packed_generated[fmt]
@@ -128,6 +131,7 @@ def test_set_epoch_reaches_persistent_workers(packed_generated, fmt):
     del loader, fresh
 
 
+@pytest.mark.slow  # DataLoader worker processes, spawn
 @pytest.mark.filterwarnings("ignore:Got pickle error:UserWarning")  # torch's hint before it re-raises
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
@@ -145,6 +149,7 @@ def test_start_methods(packed_generated, fmt, context):
     del loader
 
 
+@pytest.mark.slow  # DataLoader worker processes, spawn
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_shard_dataset_rank_reaches_workers_without_env_vars(packed_generated, monkeypatch, context):
     """A process group initialised with explicit rank/world (no RANK/WORLD_SIZE in the environment):
@@ -285,7 +290,7 @@ def test_make_loader_leaves_the_callers_dataset_alone(packed_generated):
 # --------------------------------------------------------------------------- batches
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])  # 2: worker processes
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
 def test_undecoded_batches_are_byte_batches_of_the_stored_bytes(packed_generated, fmt, workers, stored_bytes):
     root = packed_generated[fmt]
@@ -357,6 +362,7 @@ def test_shard_split_over_simulated_ranks_and_workers(request, packed_33, monkey
                     assert n - len(counts) <= R - 1
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_shard_split_through_real_loaders(packed_33, monkeypatch):
     """3 simulated ranks, each a real DataLoader with 2 forked workers: same batch count, union = all."""
     from torch.utils.data import get_worker_info

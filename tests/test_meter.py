@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from readers import meter as meter_module
 from readers.meter import StarvationMeter, verdict
 
 
@@ -39,39 +40,122 @@ SUMMARY_KEYS = {
 }
 
 
-def test_loader_bound_share():
-    meter = StarvationMeter(SleepyLoader(10, delay=0.04))
-    run(meter, step=0.01)
+class Clock:
+    """A stand-in for ``time.perf_counter`` that only moves when told to."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class TimedLoader:
+    """Yields one batch of ``batch`` samples per entry of ``waits``, each after ``waits[i]`` seconds of ``clock``."""
+
+    def __init__(self, clock: Clock, waits: list[float], batch: int = 8) -> None:
+        self.clock, self.waits, self.batch = clock, waits, batch
+
+    def __len__(self) -> int:
+        return len(self.waits)
+
+    def __iter__(self):
+        for wait in self.waits:
+            self.clock.advance(wait)
+            yield torch.zeros(self.batch, 3, 4, 4, dtype=torch.uint8), torch.arange(self.batch)
+
+
+class _TimeWith:
+    """The ``time`` module, except for ``perf_counter``."""
+
+    def __init__(self, perf_counter: Clock) -> None:
+        self.perf_counter = perf_counter
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    """The meter's clock, driven by the test: every wait and step takes exactly the time it says."""
+    clock = Clock()
+    monkeypatch.setattr(meter_module, "time", _TimeWith(clock))
+    return clock
+
+
+def measure(clock: Clock, waits: list[float], steps: list[float], **kw) -> StarvationMeter:
+    meter = StarvationMeter(TimedLoader(clock, waits), cuda_sync=False, **kw)
+    for k, _batch in enumerate(meter):
+        clock.advance(steps[k])
+    return meter
+
+
+# Times are multiples of 1/128 s, so the sums below are exact in binary floating point.
+def test_loader_bound_verdict(clock):
+    # wait 1/4 s, step 1/16 s: 80% of the time waiting for data
+    meter = measure(clock, [0.25] * 10, [0.0625] * 10)
     s = meter.summary()
     assert SUMMARY_KEYS <= set(s)
     assert s["steps"] == 10 and s["samples"] == 80
-    # expected 0.04 / 0.05 = 80%; sleeps overshoot on a busy machine, so be generous
-    assert 0.55 <= s["wait_share"] <= 0.95, s
-    assert s["verdict"].startswith("loader-bound"), s["verdict"]
-    assert f"{s['wait_share']:.0%}" in s["verdict"]
-    assert 30 <= s["wait_p50_ms"] <= 120
-    assert s["wait_p50_ms"] <= s["wait_p95_ms"] <= s["wait_max_ms"]
-    assert s["total_wait_s"] >= 0.35 and s["total_step_s"] >= 0.09
-    assert s["samples_per_s"] == pytest.approx(80 / s["wall_s"])
+    assert s["wait_share"] == pytest.approx(0.8) and s["wait_share_pct"] == pytest.approx(80.0)
+    assert s["verdict"] == "loader-bound: 80% of time waiting for data"
+    assert meter.report().splitlines()[-1] == s["verdict"]
+    assert s["wait_p50_ms"] == s["wait_p95_ms"] == s["wait_max_ms"] == pytest.approx(250.0)
+    assert s["step_p50_ms"] == pytest.approx(62.5)
+    assert s["total_wait_s"] == pytest.approx(2.5) and s["total_step_s"] == pytest.approx(0.625)
+    assert s["wall_s"] == pytest.approx(3.125)
+    assert s["samples_per_s"] == pytest.approx(80 / 3.125) and s["steps_per_s"] == pytest.approx(10 / 3.125)
     assert s["to_device_s"] is None and s["to_device_source"] is None
 
 
-def test_compute_bound_share():
-    meter = StarvationMeter(SleepyLoader(8, delay=0.005))
-    run(meter, step=0.06)
-    s = meter.summary()
-    # expected 0.005 / 0.065 = 8%
-    assert 0.0 <= s["wait_share"] <= 0.3, s
-    assert not s["verdict"].startswith("loader-bound") or s["wait_share"] >= 0.2
+def test_compute_bound_verdict(clock):
+    # wait 1/128 s, step 1/4 s: 3% of the time waiting for data
+    s = measure(clock, [0.0078125] * 8, [0.25] * 8).summary()
+    assert s["wait_share"] == pytest.approx(0.0078125 / 0.2578125)
+    assert s["verdict"] == "compute-bound: the loader keeps up (3% of time waiting for data)"
 
 
-def test_first_wait_is_startup_not_steady_state():
-    meter = StarvationMeter(SleepyLoader(6, delay=0.005, first_delay=0.3))
-    run(meter, step=0.03)
+def test_mostly_compute_bound_verdict(clock):
+    # wait 1/32 s, step 1/4 s: 11% of the time waiting for data
+    s = measure(clock, [0.03125] * 6, [0.25] * 6).summary()
+    assert s["verdict"] == "mostly compute-bound: 11% of time waiting for data"
+
+
+def test_threshold_moves_the_loader_bound_line(clock):
+    waits, steps = [0.0625] * 5, [0.1875] * 5  # 25% waiting
+    assert measure(clock, waits, steps).summary()["verdict"] == "loader-bound: 25% of time waiting for data"
+    s = measure(clock, waits, steps, threshold=0.5).summary()
+    assert s["verdict"] == "mostly compute-bound: 25% of time waiting for data"
+
+
+def test_first_wait_is_startup_not_steady_state(clock):
+    # a 2 s start-up (workers, opening files), then 1/128 s waits under 1/8 s steps
+    meter = measure(clock, [2.0] + [0.0078125] * 5, [0.125] * 6)
     s = meter.summary()
-    assert s["first_wait_s"] >= 0.3
-    assert s["wait_share"] < 0.4  # steady state: 5 / 35 ms
-    assert s["wait_share_incl_first_pct"] > s["wait_share_pct"]
+    assert s["first_wait_s"] == pytest.approx(2.0)
+    assert s["wait_share"] == pytest.approx(0.0078125 / 0.1328125)  # steps 2..6 only
+    assert s["verdict"] == "mostly compute-bound: 6% of time waiting for data"
+    assert s["wait_share_incl_first_pct"] == pytest.approx(100 * (2.0 + 5 * 0.0078125) / (2.0 + 5 * 0.0078125 + 0.75))
+    assert s["wait_max_ms"] == pytest.approx(7.8125)  # the start-up is not a steady-state wait
+    assert "first batch 2.00 s" in meter.report()
+
+
+def test_one_step_uses_that_step(clock):
+    s = measure(clock, [0.5], [0.5]).summary()
+    assert s["steps"] == 1 and s["verdict"] == "loader-bound: 50% of time waiting for data"
+
+
+def test_real_clock_counts_at_least_the_time_slept():
+    meter = StarvationMeter(SleepyLoader(5, delay=0.02))
+    run(meter, step=0.01)
+    s = meter.summary()
+    assert s["steps"] == 5 and s["samples"] == 40
+    assert s["total_wait_s"] >= 5 * 0.02 and s["total_step_s"] >= 5 * 0.01  # sleep never returns early
+    assert s["wall_s"] >= s["total_wait_s"] + s["total_step_s"]
+    assert s["wait_p50_ms"] <= s["wait_p95_ms"] <= s["wait_max_ms"]
 
 
 def test_break_early_and_reset():
@@ -175,10 +259,15 @@ def test_profiler_with_fewer_steps_than_the_schedule(tmp_path):
     assert meter.summary()["steps"] == 1  # no error; a trace may or may not exist
 
 
-@pytest.mark.parametrize("share, start", [(None, "no steps"), (0.62, "loader-bound: 62%"),
-                                          (0.1, "mostly compute-bound"), (0.01, "compute-bound: the loader")])
-def test_verdict(share, start):
-    assert verdict(share).startswith(start)
+@pytest.mark.parametrize("share, expected", [
+    (None, "no steps measured"),
+    (0.62, "loader-bound: 62% of time waiting for data"),
+    (0.2, "loader-bound: 20% of time waiting for data"),  # the default threshold is loader-bound
+    (0.1, "mostly compute-bound: 10% of time waiting for data"),
+    (0.01, "compute-bound: the loader keeps up (1% of time waiting for data)"),
+])
+def test_verdict(share, expected):
+    assert verdict(share) == expected
 
 
 def test_bad_profile_steps():

@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from conftest import make_image_folder
 from readers.spec import FORMATS
 
+pytestmark = pytest.mark.slow  # every test runs the CLI in a subprocess
+
 SUMMARY = re.compile(
     r"^(?P<split>\S+): (?P<images>\d+) images, (?P<classes>\d+) classes, "
     r"(?P<mb_in>[\d.]+) MB in -> (?P<mb_out>[\d.]+) MB out, (?P<seconds>[\d.]+) s \((?P<rate>\d+) img/s\), "

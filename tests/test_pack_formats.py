@@ -19,10 +19,8 @@ import gc
 import io
 import json
 import os
-import pickle
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import warnings
@@ -39,12 +37,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
-from conftest import expected_rgb, imagefolder_reference, make_image_folder, needs_change
+from conftest import make_image_folder
 from packer import PackOptions, pack
 from packer.formats.wds import WdsWriter, _header
 from packer.images import Prepared
 from readers import spec
 from readers.geometry import resize_center_crop
+from reference import expected_rgb, imagefolder_reference, lmdb_items, needs_change
 
 FORMATS = spec.FORMATS
 IMAGE_FORMATS = {"jpg": "JPEG", "png": "PNG"}
@@ -135,26 +134,6 @@ def read_wds(ds: Path, meta: dict, arrays: dict) -> list[tuple[bytes, str, int]]
         off, size = int(arrays["offsets"][i]), int(arrays["sizes"][i])
         assert blobs[int(arrays["shards"][i])][off:off + size] == data
     return from_tar
-
-
-_LMDB_DUMP = """
-import lmdb, pickle, sys
-env = lmdb.open(sys.argv[1], readonly=True, lock=False, subdir=True)
-with env.begin() as txn:
-    items = [(bytes(k), bytes(v)) for k, v in txn.cursor()]
-env.close()
-sys.stdout.buffer.write(pickle.dumps(items))
-"""
-
-
-def lmdb_items(path: Path) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of the environment, in key order, read with the lmdb binding.
-
-    In a subprocess: py-lmdb refuses to open an environment that is already open in this
-    process, and another test's reader may hold the shared fixture's environment open.
-    """
-    res = subprocess.run([sys.executable, "-c", _LMDB_DUMP, str(path)], capture_output=True, check=True)
-    return pickle.loads(res.stdout)
 
 
 def read_lmdb(ds: Path, meta: dict, arrays: dict) -> list[tuple[bytes, str, int]]:
@@ -294,6 +273,7 @@ def test_every_sample_comes_back_exactly(fmt, case):
         assert reencoded == (0 if fmt == "mmap" else 2)  # graphics/horse.png, graphics/logo.png (RGBA)
 
 
+@pytest.mark.slow  # subprocess
 def test_lmdb_readable_by_mdb_stat(packed_real):
     tool = shutil.which("mdb_stat")
     if tool is None:
@@ -304,6 +284,7 @@ def test_lmdb_readable_by_mdb_stat(packed_real):
     assert "Page size:" in out
 
 
+@pytest.mark.slow  # subprocess
 def test_hdf5_readable_by_h5dump(packed_real):
     tool = shutil.which("h5dump")
     if tool is None:
@@ -321,7 +302,9 @@ def test_hdf5_readable_by_h5dump(packed_real):
 
 
 # ---------------------------------------------------------------- determinism
-@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
+# lmdb: runs mdb_dump in a subprocess where it is installed; mmap: over 2 s
+@pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.slow) if f in ("lmdb", "mmap") else f
+                                 for f in FORMATS], ids=FORMATS)
 def test_workers_do_not_change_the_output(fmt, real_images, tmp_path):
     kw = {"wds": {"shard_count": 7}, "mmap": {}}.get(fmt, {"checkpoint_bytes": 2 << 20})  # several txns/flushes
     for w in (1, 2):
@@ -375,6 +358,7 @@ def _downscaled_reference(path: Path, w: int, h: int) -> np.ndarray:
     return np.asarray(Image.fromarray(expected_rgb(path)).resize((w, h), Image.BICUBIC)).astype(int)
 
 
+@pytest.mark.slow  # over 2 s: the first item computes the shared reference downscales
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
 def test_max_side(fmt, real_images, tmp_path):
     side = 256

@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageOps
 
-from conftest import make_image_folder, pil_rgb
+from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers import spec
 from readers.base import LazyHandle
 from readers.formats.wds import ShardDataset
 from readers.registry import READERS, open_dataset
 from readers.spec import FORMATS, DatasetFormatError, IncompleteDatasetError
+from reference import expected_rgb, pil_rgb
 
 MAP_FORMATS = [f for f in FORMATS if f != "wds"]
 def fds() -> int:
@@ -49,17 +49,6 @@ def raw(data) -> bytes:
 def hwc(image: torch.Tensor) -> np.ndarray:
     assert image.dtype == torch.uint8 and image.dim() == 3 and image.shape[0] == 3, (image.dtype, image.shape)
     return image.permute(1, 2, 0).numpy()
-
-
-def normalized_rgb(path: Path) -> np.ndarray:
-    """The source as the packer's documented normalization makes it (packer/images.py docstring):
-    EXIF orientation applied, alpha composited onto white, then RGB."""
-    with Image.open(path) as im:
-        im = ImageOps.exif_transpose(im)
-        if "A" in im.mode or "transparency" in im.info:
-            white = Image.new("RGBA", im.size, (255, 255, 255, 255))
-            return np.asarray(Image.alpha_composite(white, im.convert("RGBA")).convert("RGB"))
-        return np.asarray(im.convert("RGB"))
 
 
 def assert_close(got: np.ndarray, ref: np.ndarray, what: str) -> None:
@@ -113,7 +102,7 @@ def test_round_trip_decoded_equals_pil(request, which, fmt, stored_bytes, plain_
             assert np.array_equal(got.reshape(-1), stored), what
             if not np.array_equal(got, plain):  # normalized at pack time (alpha, EXIF, ...)
                 changed += 1
-                assert_close(got, normalized_rgb(src), what)
+                assert_close(got, expected_rgb(src), what)
             continue
         data = stored_bytes(root, i)
         if data == src.read_bytes():
@@ -121,7 +110,7 @@ def test_round_trip_decoded_equals_pil(request, which, fmt, stored_bytes, plain_
         else:
             changed += 1
             assert np.array_equal(got, pil_rgb(data)), f"{what}: decode differs from PIL's decode of the stored bytes"
-            assert_close(got, normalized_rgb(src), what)
+            assert_close(got, expected_rgb(src), what)
     if fmt != "mmap":
         assert changed == index.meta["stats"]["reencoded"]
     if which == "generated":

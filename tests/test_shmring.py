@@ -21,6 +21,7 @@ def _ours() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("dataset-packer-")}
 
 
+@pytest.mark.slow  # DataLoader worker processes
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 @pytest.mark.parametrize("slots", [1, 3])
 def test_batches_through_slots_equal_the_stored_bytes(packed_generated, fmt, slots):
@@ -40,7 +41,16 @@ def test_batches_through_slots_equal_the_stored_bytes(packed_generated, fmt, slo
     assert _ours() == before, "shared-memory segments left in /dev/shm"
 
 
-def test_slot_is_copied_out_and_freed_on_unpickle():
+@pytest.fixture
+def unmap_own_segments():
+    """Unpickling here attaches this process's own segments, as a main process attaches a
+    worker's; unmap them afterwards (a worker's are unmapped when it exits)."""
+    yield
+    for name in [n for n in shmring._ATTACHED if shmring._pid_of(n) == os.getpid()]:
+        shmring._ATTACHED.pop(name).close()
+
+
+def test_slot_is_copied_out_and_freed_on_unpickle(unmap_own_segments):
     ring = shmring.ShmSlots(slots=1, wait_s=0.05)
     items = [b"abc", b"", b"\x00" * 1000]
     sent = ring.pack(items, ())
@@ -54,7 +64,7 @@ def test_slot_is_copied_out_and_freed_on_unpickle():
     assert [batch.get(k) for k in range(len(batch))] == items  # the first copy is independent of the slot
 
 
-def test_a_batch_bigger_than_a_slot_gets_a_bigger_segment():
+def test_a_batch_bigger_than_a_slot_gets_a_bigger_segment(unmap_own_segments):
     ring = shmring.ShmSlots(slots=2)
     small = ring.pack([b"a" * 10], ())
     pickle.loads(pickle.dumps(small))
@@ -105,6 +115,7 @@ def test_slots_must_fit_the_header():
         shmring.ShmSlots(slots=0)
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_finished_loaders_leave_no_mappings(packed_generated):
     """The main process unmaps the slots of workers that have exited."""
     ds = open_dataset(packed_generated["lmdb"], decode=False)
@@ -116,6 +127,6 @@ def test_finished_loaders_leave_no_mappings(packed_generated):
         del loader, _batch
         gc.collect()
     shmring.release_dead()
-    # (segments made in this process by the tests above that call ShmSlots directly stay)
+    # (segments of this process itself are not a worker's)
     worker_segments = {n for n in shmring._ATTACHED if shmring._pid_of(n) != os.getpid()}
     assert not worker_segments, f"mappings of exited workers kept: {worker_segments} (last workers {pids})"

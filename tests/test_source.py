@@ -1,6 +1,6 @@
 """Scanning an ImageFolder tree (packer.source): which files are samples, their labels and order,
 symlinks, odd file names, and split detection. Expectations come from torchvision's ImageFolder
-rules, re-implemented in conftest.imagefolder_reference (torchvision is not installed)."""
+rules, re-implemented in reference.imagefolder_reference (torchvision is not installed)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import imagefolder_reference, make_image_folder
+from conftest import make_image_folder
 from packer import PackOptions, pack
 from packer.source import SourceError, find_split_dirs, scan
+from reference import imagefolder_reference
 
 
 def img(path: Path, color=(10, 20, 30), size=(12, 10)) -> Path:

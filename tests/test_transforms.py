@@ -29,6 +29,7 @@ from readers.transforms import (
     resized_crop,
     sample_crop_box,
 )
+from reference import pil_crop_resize, pil_resize_center_crop, torchvision_crop_params
 
 REPO = Path(__file__).resolve().parent.parent
 REAL = sorted(p for p in (REPO / "examples" / "real-images").rglob("*") if p.suffix.lower() in (".jpg", ".png"))
@@ -53,37 +54,42 @@ def hwc(t: torch.Tensor) -> np.ndarray:
     return t.permute(1, 2, 0).numpy()
 
 
-def pil_crop_resize(full: np.ndarray, box, size=(224, 224), resample=Image.BILINEAR) -> np.ndarray:
-    """torchvision's PIL path: img.crop(box).resize(size)."""
-    top, left, h, w = (int(v) for v in box)
-    im = Image.fromarray(full).crop((left, top, left + w, top + h))
-    return np.asarray(im.resize((size[1], size[0]), resample))
-
-
-def pil_resize_center_crop(full: np.ndarray, resize=256, crop=224) -> np.ndarray:
-    """torchvision's PIL path: Resize(resize) then CenterCrop(crop)."""
-    h, w = full.shape[:2]
-    rh, rw = (int(resize * h / w), resize) if w <= h else (resize, int(resize * w / h))
-    im = Image.fromarray(full).resize((rw, rh), Image.BILINEAR)
-    top, left = int(round((rh - crop) / 2.0)), int(round((rw - crop) / 2.0))
-    return np.asarray(im.crop((left, top, left + crop, top + crop)))
-
-
 # --------------------------------------------------------------------------- crop sampler
 
 
-def _fallback(height, width, ratio):
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w = width
-        h = int(round(w / min(ratio)))
-    elif in_ratio > max(ratio):
-        h = height
-        w = int(round(h * max(ratio)))
-    else:
-        w, h = width, height
-    h, w = max(h, 1), max(w, 1)  # the one deviation from torchvision (which can return 0)
-    return Box((height - h) // 2, (width - w) // 2, h, w)
+def fallback_problems(box, height: int, width: int, ratio) -> list[str]:
+    """Why ``box`` is not the central fallback box (empty: it is): centred, inside the image, at
+    least 1 px, one side equal to the image's, aspect ratio clamped to ``ratio`` (to within the
+    rounding of the other side to whole pixels)."""
+    top, left, h, w = box
+    lo, hi = min(ratio), max(ratio)
+    problems = []
+    if not (h >= 1 and w >= 1 and top >= 0 and left >= 0 and top + h <= height and left + w <= width):
+        problems.append("not a box of at least 1 px inside the image")
+    if abs((height - h) - 2 * top) > 1 or abs((width - w) - 2 * left) > 1:
+        problems.append("not centred")
+    if h != height and w != width:
+        problems.append("no side equals the image's")
+    if width / height < lo:  # too tall for the ratio: full width, height from the lowest ratio
+        if w != width or not (abs(h - width / lo) <= 0.5 + 1e-9 or h == 1):
+            problems.append(f"ratio not clamped to {lo}")
+    elif width / height > hi:  # too wide: full height, width from the highest ratio
+        if h != height or not (abs(w - height * hi) <= 0.5 + 1e-9 or w == 1):
+            problems.append(f"ratio not clamped to {hi}")
+    elif (h, w) != (height, width):
+        problems.append("image ratio is allowed, yet the box is not the whole image")
+    return problems
+
+
+def is_sampled_box(box, height: int, width: int, scale, ratio) -> bool:
+    """``box`` could come from a successful try: w = round(sqrt(A * r)), h = round(sqrt(A / r))
+    for some area A in ``scale`` x image area and aspect r in ``ratio``."""
+    _top, _left, h, w = box
+    area = height * width
+    return ((w - 0.5) * (h - 0.5) <= scale[1] * area + 1e-6
+            and (w + 0.5) * (h + 0.5) >= scale[0] * area - 1e-6
+            and (w - 0.5) / (h + 0.5) <= ratio[1] + 1e-9
+            and (w + 0.5) / max(h - 0.5, 1e-9) >= ratio[0] - 1e-9)
 
 
 @given(height=st.integers(1, 3000), width=st.integers(1, 3000),
@@ -96,29 +102,47 @@ def test_crop_box_inside_and_within_bounds_or_fallback(height, width, lo, span, 
     top, left, h, w = box
     assert all(isinstance(v, int) for v in box)
     assert 0 <= top and 0 <= left and 0 < h and 0 < w and top + h <= height and left + w <= width
-    if box == _fallback(height, width, ratio):
-        return
-    # Not the fallback: w = round(sqrt(A * r)), h = round(sqrt(A / r)) for some A in scale*area, r in ratio.
-    area = height * width
-    assert (w - 0.5) * (h - 0.5) <= scale[1] * area + 1e-6
-    assert (w + 0.5) * (h + 0.5) >= scale[0] * area - 1e-6
-    assert (w - 0.5) / (h + 0.5) <= ratio[1] + 1e-9
-    assert (w + 0.5) / max(h - 0.5, 1e-9) >= ratio[0] - 1e-9
+    assert is_sampled_box(box, height, width, scale, ratio) or not fallback_problems(box, height, width, ratio)
 
 
-@given(height=st.integers(1, 2000), width=st.integers(1, 2000), seed=st.integers(0, 2**32 - 1))
-@settings(max_examples=200, deadline=None)
-def test_crop_box_fallback_when_no_try_fits(height, width, seed):
-    ratio = (3 / 4, 4 / 3)
+@given(height=st.integers(1, 2000), width=st.integers(1, 2000), rlo=st.floats(0.2, 2.0),
+       rspan=st.floats(0.0, 3.0), seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=300, deadline=None)
+def test_crop_box_fallback_when_no_try_fits(height, width, rlo, rspan, seed):
+    ratio = (rlo, rlo + rspan)
     box = sample_crop_box(height, width, (1.5, 2.0), ratio, np.random.default_rng(seed))
-    assert box == _fallback(height, width, ratio)
+    assert not fallback_problems(box, height, width, ratio), (box, fallback_problems(box, height, width, ratio))
 
 
-def test_crop_box_consumes_like_torchvision():
-    # 10 tries max, each drawing 2 uniforms; success draws 2 integers. Same rng state -> same box.
-    a = sample_crop_box(480, 640, (0.08, 1.0), (3 / 4, 4 / 3), np.random.default_rng(7))
-    b = sample_crop_box(480, 640, (0.08, 1.0), (3 / 4, 4 / 3), np.random.default_rng(7))
-    assert a == b
+def test_crop_box_fallback_examples():
+    never = (5.0, 6.0)  # every try is larger than the image
+    rng = np.random.default_rng(0)
+    assert sample_crop_box(100, 1000, never, (3 / 4, 4 / 3), rng) == (0, 433, 100, 133)  # wide: 133 = 100 * 4/3
+    assert sample_crop_box(1000, 100, never, (3 / 4, 4 / 3), rng) == (433, 0, 133, 100)  # tall: 133 = 100 / (3/4)
+    assert sample_crop_box(300, 400, never, (3 / 4, 4 / 3), rng) == (0, 0, 300, 400)  # 4:3 is allowed: all of it
+    # The documented deviation: torchvision's box would be 0 px wide (round(1 * 0.25) = 0).
+    assert sample_crop_box(1, 1, never, (0.25, 0.25), rng) == (0, 0, 1, 1)
+    assert sample_crop_box(1, 7, never, (0.25, 0.25), rng) == (0, 3, 1, 1)
+
+
+@given(height=st.integers(1, 3000), width=st.integers(1, 3000),
+       lo=st.floats(0.01, 2.0), span=st.floats(0.0, 1.0),
+       rlo=st.floats(0.2, 1.0), rspan=st.floats(0.0, 4.0), seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=400, deadline=None)
+def test_crop_box_consumes_like_torchvision(height, width, lo, span, rlo, rspan, seed):
+    """Driven by the same random draws, the sampler returns torchvision's box (``get_params``,
+    re-implemented in tests/reference.py) and consumes exactly as many draws: two uniforms per
+    try (area, then log-ratio), two integers (top, then left) on success, none in the fallback."""
+    scale, ratio = (lo, lo + span), (rlo, rlo + rspan)  # scale above 1: every try fails, the fallback
+    rng, twin = np.random.default_rng(seed), np.random.default_rng(seed)
+    box = sample_crop_box(height, width, scale, ratio, rng)
+    ref = torchvision_crop_params(height, width, scale, ratio, twin.uniform, lambda a, b: int(twin.integers(a, b)))
+    assert rng.bit_generator.state == twin.bit_generator.state, "a different number of draws than torchvision"
+    if min(ref[2:]) >= 1:
+        assert tuple(box) == ref
+    else:  # torchvision's fallback rounded a side to 0; ours keeps 1 px and is otherwise the same box
+        assert not fallback_problems(box, height, width, ratio)
+        assert [v for v, r in zip(box[2:], ref[2:]) if r >= 1] == [r for r in ref[2:] if r >= 1]
 
 
 def test_resize_center_crop_box_is_torchvision_geometry():
@@ -382,6 +406,7 @@ def _worker_boxes(seed, context):
     return [b for b in dl]  # batch 0 from worker 0, batch 1 from worker 1
 
 
+@pytest.mark.slow  # DataLoader worker processes
 @pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="needs fork")
 def test_workers_get_distinct_reproducible_streams():
     for seed in (None, 5):
@@ -391,7 +416,7 @@ def test_workers_get_distinct_reproducible_streams():
         assert not torch.equal(run1[0], run1[1])  # the two workers draw different crops
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # spawn
 def test_workers_under_spawn():
     run = _worker_boxes(3, "spawn")
     assert len(run) == 2 and not torch.equal(run[0], run[1])

@@ -13,6 +13,8 @@ from readers import spec
 
 CLI = [sys.executable, "-m", "packer.cli", "verify"]
 
+pytestmark = pytest.mark.slow  # every test runs the CLI in a subprocess
+
 
 def _data_position(root, fmt: str, i: int) -> tuple[str, int]:
     """(file, byte position) of the middle of sample i's stored bytes."""
