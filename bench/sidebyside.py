@@ -163,8 +163,8 @@ def _data_folder(case: ReadCase, paths: dict[str, Any]) -> str | None:
 
 def measure_read(case: tuple, paths: dict[str, Any], batch_size: int, warmup: int,
                  min_seconds: float) -> dict[str, Any]:
-    """Build the case's loader, draw ``warmup`` batches, then time batches over passes until
-    ``min_seconds`` have passed (at least to the end of the first pass). Runs in its own process."""
+    """Build the case's loader, draw ``warmup`` batches, then time batches (over as many passes as
+    it takes) until ``min_seconds`` have passed. Runs in its own process."""
     from bench.memory import PrivatePeak
 
     case = ReadCase(*case)
@@ -172,9 +172,9 @@ def measure_read(case: tuple, paths: dict[str, Any], batch_size: int, warmup: in
     loader = _make_loader(case, paths, batch_size)()
     mem = PrivatePeak(_data_folder(case, paths))
     drawn, samples, start, first = 0, 0, None, None
-    passes = 0
+    passes, done = 0, False
     try:
-        while passes < 1000:
+        while passes < 1000 and not done:
             passes += 1
             for batch in loader:
                 now = time.perf_counter()
@@ -186,8 +186,9 @@ def measure_read(case: tuple, paths: dict[str, Any], batch_size: int, warmup: in
                     continue
                 samples += _batch_len(batch)
                 mem.sample(now)
-            if start is not None and time.perf_counter() - start >= min_seconds and samples:
-                break
+                if now - start >= min_seconds:
+                    done = True
+                    break
         end = time.perf_counter()
         mem.sample(end, force=True)
     finally:
