@@ -47,6 +47,7 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset
 
 from readers.env import ThreadWorker, as_thread_worker
+from readers.loader import collate
 
 __all__ = ["ThreadLoader", "fetch_batch"]
 
@@ -132,6 +133,7 @@ class ThreadLoader:
         self.iterable = isinstance(dataset, IterableDataset)
         self.batch_sampler = None if self.iterable else BatchSampler(sampler, batch_size, drop_last)
         self._epoch, self._explicit, self._started = 0, False, False
+        self._shard_maps: dict[int, dict] = {}  # thread -> its shards' mappings (readers.shardbatch)
 
     # ------------------------------------------------------------ epochs (as PackedLoader)
     @property
@@ -182,9 +184,16 @@ class ThreadLoader:
             except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
                 yield _Failed(exc, f"the batch of samples {indices[:8]}{'...' if len(indices) > 8 else ''}")
 
-    def _stream_jobs(self, _w: int, _n: int) -> Iterator[Any]:
+    def _stream_jobs(self, w: int, _n: int) -> Iterator[Any]:
+        from readers import shardbatch
+
         batch: list = []
         try:
+            if shardbatch.supported(self.dataset) and self.collate_fn is collate:  # whole batches, no items
+                maps = self._shard_maps.setdefault(w, {})  # kept from epoch to epoch
+                for whole in shardbatch.iter_batches(self.dataset, self.batch_size, self.drop_last, maps):
+                    yield self._pinned(whole)
+                return
             for item in self.dataset:
                 batch.append(item)
                 if len(batch) == self.batch_size:

@@ -174,3 +174,38 @@ def test_threads_feed_byte_batches_of_the_stored_bytes(packed_generated):
                 expected = ds.read(i)
                 expected = expected.tobytes() if isinstance(expected, np.ndarray) else expected
                 assert data.get(k) == expected
+
+
+def _copy_dataset(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_whole_batch_shard_reads_check_every_header(packed_generated, tmp_path):
+    """A damaged tar header fails the batch with the shard and byte named; a header spelled
+    differently but valid (what other tar writers write) is accepted."""
+    from readers.shardbatch import iter_batches, supported
+
+    root = _copy_dataset(packed_generated["wds"], tmp_path / "wds")
+    ds = open_dataset(root, decode=False, return_index=True)
+    assert supported(ds) and not supported(open_dataset(root))
+    index = spec.read_index(root)
+    shard, offset = int(index.arrays["shards"][3]), int(index.arrays["offsets"][3])
+    path = root / index.meta["shards"][shard]["name"]
+    raw = bytearray(path.read_bytes())
+    header = raw[offset - 512:offset]
+    size = int(header[124:135], 8)
+    # another valid spelling of the same size field (space-terminated), checksum recomputed
+    header[124:136] = b"%011o " % size
+    header[148:156] = b"        "
+    header[148:156] = b"%06o\0 " % sum(header)
+    raw[offset - 512:offset] = header
+    path.write_bytes(bytes(raw))
+    seen = sum((b[-1].tolist() for b in iter_batches(ds.with_order(shuffle=False), 4)), [])
+    assert sorted(seen) == list(range(len(index.labels)))
+    raw[offset - 512 + 3] ^= 0x01  # the key no longer names sample 3
+    path.write_bytes(bytes(raw))
+    with pytest.raises(spec.DatasetFormatError, match=rf"{path.name} at byte {offset - 512}: tar header is not sample 3"):
+        list(iter_batches(ds.with_order(shuffle=False), 4))
