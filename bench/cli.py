@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  dataset-bench --generate 2000 --json bench.json --chart bench.png\n"
         "  dataset-bench --src imagenet/val --workers 0,4,8 --repeats 3\n"
         "  dataset-bench --src imagenet/val --datasets out/val-wds out/val-mmap --cache warm\n"
-        "  dataset-bench --quick",
+        "  dataset-bench --quick\n"
+        "  dataset-bench --peers [--quick]   side by side with the peers, every target ratio (see --peers --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--src", help="image folder (root/<class>/<image>): the naive baseline; packed into every "
@@ -122,6 +123,11 @@ class _Bar:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["--peers"]:  # the side-by-side run with the peers (benchmarks/bench_peers.py)
+        from bench.sidecli import main as peers_main
+
+        return peers_main(args_list[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

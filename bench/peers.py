@@ -124,6 +124,11 @@ class _LmdbByHand:
         with self._open().begin() as txn:
             return txn.get(self.key(i)), int(self.labels[i])
 
+    def close(self) -> None:
+        if self._env is not None and self._pid == os.getpid():
+            self._env.close()
+        self._env = self._pid = None
+
 
 def lmdb_bytes(root: str | os.PathLike, labels: np.ndarray, batch_size: int, workers: int) -> Any:
     """LMDB by hand (the same ``data.mdb``): one read transaction and ``txn.get`` per sample."""
@@ -169,6 +174,11 @@ class _ThreadPoolLoader:
 
         with self._env.begin() as txn:
             return [txn.get(lmdb_key(int(i))) for i in idx], idx
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
 
     def __iter__(self) -> Iterator[tuple[list[bytes], np.ndarray]]:
         import lmdb

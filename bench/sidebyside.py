@@ -77,17 +77,17 @@ class ReadCase(NamedTuple):
     kind: str = "processes"  # processes | threads
 
     def label(self) -> str:
-        kind = f" {self.kind}" if self.workers and self.who == "ours" else ""
+        kind = f" {self.kind}" if self.who == "ours" or self.workers else ""
         return f"{self.who}:{self.name} {self.mode} w={self.workers}{kind}"
 
 
 def read_cases(cfg: SideConfig, have: dict[str, bool]) -> list[ReadCase]:
     """Every read case of one repeat, peers first in each group."""
-    w = cfg.workers
+    w, kinds = cfg.workers, ("processes", "threads")  # with 0 workers: DataLoader vs ThreadLoader in this thread
     cases = []
     for n in (0, w):
         cases += [ReadCase("peer", "memmap", "pixels", n)]
-        cases += [ReadCase("ours", "mmap", "pixels", n, k) for k in (("processes", "threads") if n else ("processes",))]
+        cases += [ReadCase("ours", "mmap", "pixels", n, k) for k in kinds]
         cases += [ReadCase("peer", "folder", "bytes", n), ReadCase("peer", "lmdb", "bytes", n),
                   ReadCase("peer", "webdataset", "bytes", n)]
         if n and have.get("ffcv"):
@@ -95,15 +95,14 @@ def read_cases(cfg: SideConfig, have: dict[str, bool]) -> list[ReadCase]:
         if n:
             cases.append(ReadCase("peer", "threadpool", "bytes", n, "threads"))
         for fmt in FORMATS:
-            cases += [ReadCase("ours", fmt, "bytes", n, k) for k in (("processes", "threads") if n else ("processes",))]
+            cases += [ReadCase("ours", fmt, "bytes", n, k) for k in kinds]
     if cfg.decoded:
         for n in (0, w):
             cases += [ReadCase("peer", "folder", "decoded", n), ReadCase("peer", "webdataset", "decoded", n)]
             if n and have.get("ffcv"):
                 cases.append(ReadCase("peer", "ffcv", "decoded", n, "threads"))
             for fmt in FORMATS:
-                kinds = ("processes", "threads") if n else ("processes",)
-                cases += [ReadCase("ours", fmt, "decoded", n, k) for k in kinds]
+                cases += [ReadCase("ours", fmt, "decoded", n, k) for k in (kinds if n else ("processes",))]
     return cases
 
 
@@ -204,9 +203,10 @@ def _close(loader: Any) -> None:
     stop = getattr(it, "_shutdown_workers", None)
     if stop is not None:
         stop()
-    close = getattr(getattr(loader, "dataset", None), "close", None)
-    if callable(close):
-        close()
+    for obj in (getattr(loader, "dataset", None), loader):
+        close = getattr(obj, "close", None)
+        if callable(close):
+            close()
 
 
 # --------------------------------------------------------------------------- one pack case
