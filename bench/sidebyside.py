@@ -279,8 +279,16 @@ def _call(cfg: SideConfig, fn: Callable[..., dict], kwargs: dict[str, Any]) -> d
     return fn(**kwargs)
 
 
+def _validator() -> Callable[[bytes], Any]:
+    from packer.images import ImageOptions, prepare_image
+
+    opts = ImageOptions()
+    return lambda data: prepare_image(data, opts)
+
+
 def _decode_ceiling(paths: dict[str, Any], n: int = 300) -> dict[str, float]:
-    """The eval transform on one core (images per CPU-second), over stored JPEGs in memory."""
+    """Per core (images per CPU-second, over stored JPEGs in memory): the eval transform, and the
+    packer's validation of a JPEG kept as it is (every coefficient entropy-decoded)."""
     from bench.measure import eval_transform
     from bench.onecore import per_image_rates, single_core
     from readers import open_dataset
@@ -288,8 +296,9 @@ def _decode_ceiling(paths: dict[str, Any], n: int = 300) -> dict[str, float]:
     ds = open_dataset(paths["packed"]["lmdb"], decode=False)
     blobs = [ds.read(i) for i in range(min(n, len(ds)))]
     with single_core():
-        rate = per_image_rates([(eval_transform, blobs)], repeats=3)[0]
-    return {"eval_transform_per_core": rate["images_per_cpu_s"], "wall_per_core": rate["images_per_s"]}
+        rate, check = per_image_rates([(eval_transform, blobs), (_validator, blobs)], repeats=3)
+    return {"eval_transform_per_core": rate["images_per_cpu_s"], "wall_per_core": rate["images_per_s"],
+            "validate_per_core": check["images_per_cpu_s"]}
 
 
 def run_side_by_side(cfg: SideConfig | None = None, *, progress: Callable[[str], None] | None = None,

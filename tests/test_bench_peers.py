@@ -32,7 +32,7 @@ def test_bench_peers_quick(tmp_path):
     assert all(row["images_per_s"] > 0 for row in data["packs"])
     names = [t["target"] for t in data["targets"]]
     assert any(n.startswith("mmap pixels, 2 workers") for n in names)
-    assert sum(n.startswith("packing") for n in names) == 6 and sum(n.startswith("memory") for n in names) == 8
+    assert sum(n.startswith("packing") for n in names) == 7 and sum(n.startswith("memory") for n in names) == 8
     for line in ("target", "mmap pixels, 0 workers", "packing lmdb, validation off"):
         assert line in r.stdout
     assert all(("met" in line.lower() or "n/a" in line or "info" in line) for line in r.stdout.splitlines()
