@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from bench.sidebyside import SideConfig, run_side_by_side
-from bench.sidereport import draw_side_chart, report, targets
+from bench.sidereport import draw_side_chart, markdown, report, targets
 
 __all__ = ["build_parser", "main"]
 
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny run, seconds (CI: proves the harness works)")
     p.add_argument("--json", type=Path, help="write the result here")
     p.add_argument("--chart", type=Path, help="write a PNG chart here")
+    p.add_argument("--markdown", type=Path, help="write the tables as Markdown here (for the docs)")
     p.add_argument("--work-dir", help="keep generated and packed data here (default: a temp dir, removed)")
     return p
 
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.json}")
     if args.chart:
         print(f"wrote {draw_side_chart(result, args.chart)}")
+    if args.markdown:
+        args.markdown.write_text(markdown(result) + "\n")
+        print(f"wrote {args.markdown}")
     return 0
 
 

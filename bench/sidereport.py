@@ -176,3 +176,40 @@ def draw_side_chart(result: dict[str, Any], path: str | os.PathLike) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The run as Markdown tables (targets, reading, packing), for the docs."""
+    w = result["config"]["workers"]
+    out = ["| target | ours | reference | ratio | goal | result |", "|---|---:|---:|---:|---:|---|"]
+    for t in targets(result):
+        ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}x"
+        goal = "" if t["goal"] is None else ("≥ " if t["higher_is_better"] else "≤ ") + f"{t['goal']:g}x"
+        verdict = "info" if t["goal"] is None else "n/a" if t["met"] is None else "met" if t["met"] else "**not met**"
+        out.append(f"| {t['target']} | {_fmt(t['ours'])} | {_fmt(t['reference'])} | {ratio} | {goal} | {verdict} |")
+    out += ["", f"| reader | mode | 0 workers | {w} worker processes | {w} threads | private MB ({w} w, worst) |",
+            "|---|---|---:|---:|---:|---:|"]
+    seen: list[tuple[str, str, str]] = []
+    for r in result["reads"]:
+        key = (r["who"], r["name"], r["mode"])
+        if key not in seen:
+            seen.append(key)
+    for who, name, mode in seen:
+        rows = [r for r in result["reads"] if (r["who"], r["name"], r["mode"]) == (who, name, mode)]
+
+        def rate(workers: int, kind: str | None) -> str:
+            vals = [r["samples_per_s"] for r in rows if r["workers"] == workers and (kind is None or r["kind"] == kind)]
+            return _fmt(max(vals)) if vals else ""
+
+        zero = rate(0, None)
+        procs = rate(w, "processes")
+        threads = rate(w, "threads")
+        mem = [r["private_mb"] for r in rows if r["workers"] == w and r["private_mb"] is not None]
+        label = f"{'**ours**' if who == 'ours' else 'peer'}: {name}"
+        out.append(f"| {label} | {mode} | {zero} | {procs} | {threads} | {_fmt(max(mem)) if mem else ''} |")
+    if result["packs"]:
+        out += ["", "| packer | validation | images/s |", "|---|---|---:|"]
+        for r in result["packs"]:
+            label = f"{'**ours**' if r['name'].startswith('ours') else 'peer'}: {r['name'].split(':')[1]}"
+            out.append(f"| {label} | {'on' if r['validate'] else 'off'} | {_fmt(r['images_per_s'])} |")
+    return "\n".join(out)
