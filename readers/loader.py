@@ -277,7 +277,7 @@ def make_loader(
 
         return ThreadLoader(dataset, batch_size, num_workers=workers, sampler=sampler, drop_last=drop_last,
                             collate_fn=collate_fn or collate, prefetch_factor=prefetch_factor,
-                            generator=_generator(seed), pin_memory=pin)
+                            generator=_generator(seed), pin_memory=pin, whole_batches=collate_fn is None)
     if workers > 0:
         space = shm_check(workers * prefetch_factor * batch_size * _item_bytes(dataset) * 2)
         if not space:

@@ -47,7 +47,6 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset
 
 from readers.env import ThreadWorker, as_thread_worker
-from readers.loader import collate
 
 __all__ = ["ThreadLoader", "fetch_batch"]
 
@@ -61,10 +60,12 @@ class _Failed:
         self.exc, self.what = exc, what
 
 
-def fetch_batch(dataset: Any, indices: list[int], collate_fn: Callable[[list], Any]) -> Any:
-    """One batch of a map-style dataset: its batch reader when it has one (``get_batch``,
-    no per-sample objects), else ``__getitems__`` (or one ``__getitem__`` per index) + collate."""
-    get_batch = getattr(dataset, "get_batch", None)
+def fetch_batch(dataset: Any, indices: list[int], collate_fn: Callable[[list], Any],
+                whole_batches: bool = True) -> Any:
+    """One batch of a map-style dataset: its batch reader when it has one and ``whole_batches``
+    (``get_batch``, no per-sample objects), else ``__getitems__`` (or one ``__getitem__`` per
+    index) + ``collate_fn``."""
+    get_batch = getattr(dataset, "get_batch", None) if whole_batches else None
     if get_batch is not None:
         batch = get_batch(indices)
         if batch is not None:
@@ -124,12 +125,16 @@ class ThreadLoader:
 
     def __init__(self, dataset: Any, batch_size: int, *, num_workers: int, sampler: Any = None,
                  drop_last: bool = False, collate_fn: Callable[[list], Any], prefetch_factor: int = 2,
-                 generator: torch.Generator | None = None, pin_memory: bool = False) -> None:
+                 generator: torch.Generator | None = None, pin_memory: bool = False,
+                 whole_batches: bool = True) -> None:
+        """``whole_batches``: ``collate_fn`` is the readers' own, so a reader's whole-batch read
+        (``get_batch``, ``readers.shardbatch``) may stand in for items + collate."""
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
         self.sampler, self.drop_last, self.collate_fn = sampler, drop_last, collate_fn
         self.prefetch_factor, self.generator, self.pin_memory = prefetch_factor, generator, pin_memory
+        self.whole_batches = whole_batches
         self.iterable = isinstance(dataset, IterableDataset)
         self.batch_sampler = None if self.iterable else BatchSampler(sampler, batch_size, drop_last)
         self._epoch, self._explicit, self._started = 0, False, False
@@ -180,7 +185,7 @@ class ThreadLoader:
     def _map_jobs(self, batches: list[list[int]]) -> Iterator[Any]:
         for indices in batches:
             try:
-                yield self._pinned(fetch_batch(self.dataset, indices, self.collate_fn))
+                yield self._pinned(fetch_batch(self.dataset, indices, self.collate_fn, self.whole_batches))
             except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
                 yield _Failed(exc, f"the batch of samples {indices[:8]}{'...' if len(indices) > 8 else ''}")
 
@@ -189,7 +194,7 @@ class ThreadLoader:
 
         batch: list = []
         try:
-            if shardbatch.supported(self.dataset) and self.collate_fn is collate:  # whole batches, no items
+            if self.whole_batches and shardbatch.supported(self.dataset):  # whole batches, no items
                 maps = self._shard_maps.setdefault(w, {})  # kept from epoch to epoch
                 for whole in shardbatch.iter_batches(self.dataset, self.batch_size, self.drop_last, maps):
                     yield self._pinned(whole)
