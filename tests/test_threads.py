@@ -209,3 +209,16 @@ def test_whole_batch_shard_reads_check_every_header(packed_generated, tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(spec.DatasetFormatError, match=rf"{path.name} at byte {offset - 512}: tar header is not sample 3"):
         list(iter_batches(ds.with_order(shuffle=False), 4))
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_ranks_split_the_epoch_in_threads_as_in_processes(packed_generated, monkeypatch, fmt):
+    """Under DDP (WORLD_SIZE=2) each rank's thread loader reads its own half; together, every sample."""
+    n = spec.read_index(packed_generated[fmt]).num_samples
+    seen = {}
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        seen[rank] = sum(order(loader_for(packed_generated[fmt], 2, "threads", distributed=True)), [])
+    assert set(seen[0]) | set(seen[1]) == set(range(n))
+    assert abs(len(seen[0]) - len(seen[1])) == 0 and len(set(seen[0]) & set(seen[1])) <= 1  # padded to equal
