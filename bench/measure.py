@@ -38,6 +38,8 @@ class LoaderStats:
     pss_main_mb: float | None  # peak PSS of the main process during the pass
     pss_workers_mb: float | None  # peak summed PSS of the worker processes
     pss_total_mb: float | None
+    shuffle_ratio: float | None = None  # distinct classes per batch / a uniform shuffle's (readers.quality)
+    displacement_ratio: float | None = None  # mean move from the packed position / a uniform shuffle's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -166,11 +168,30 @@ def measure_format(path: str | os.PathLike, *, mode: str, num_workers: int, batc
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
+    made: list[Any] = []
+    seen: list[tuple] = []
+
     def make() -> Any:
         if mode == "raw":
-            ds = open_dataset(path, decode=False)
+            ds = open_dataset(path, decode=False, return_index=True)
         else:
-            ds = open_dataset(path, transform=transform if transform is not None else eval_transform())
+            ds = open_dataset(path, transform=transform if transform is not None else eval_transform(),
+                              return_index=True)
+        made.append(ds)
         return make_loader(ds, batch_size=batch_size, num_workers=num_workers, seed=seed, **loader_kwargs)
 
-    return measure_loader(make, bytes_per_sample=bytes_per_sample, max_samples=max_samples)
+    stats = measure_loader(make, bytes_per_sample=bytes_per_sample, max_samples=max_samples,
+                           on_batch=lambda batch: seen.append((None, batch[1], batch[2])))
+    return _with_shuffle_quality(stats, made[0].index, seen)
+
+
+def _with_shuffle_quality(stats: LoaderStats, index: Any, batches: list[tuple]) -> LoaderStats:
+    """``stats`` with the shuffle quality of the batches it timed (labels and sample indices)."""
+    from readers.quality import measure
+
+    if not batches:
+        return stats
+    quality = measure(batches, index.meta["class_counts"], index.num_samples)
+    stats.shuffle_ratio = round(quality.distinct_ratio, 3)
+    stats.displacement_ratio = None if quality.displacement_ratio is None else round(quality.displacement_ratio, 3)
+    return stats

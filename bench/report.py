@@ -29,10 +29,17 @@ def _fmt(v: float | None, digits: int = 0) -> str:
     return f"{v:,.{digits}f}"
 
 
+def _shuffle(row: dict) -> str:
+    """Distinct classes per batch against a uniform shuffle's (readers.quality), e.g. ``0.99x``."""
+    value = row.get("shuffle_ratio")
+    return "-" if value is None else f"{value:.2f}x"
+
+
 def format_table(result: BenchResult) -> str:
     """The main table as GitHub markdown: decoded rows first, then raw; warm before cold; by workers."""
-    lines = ["| mode | cache | workers | reader | samples/s | MB/s | x naive | first batch s | PSS MB (workers) |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| mode | cache | workers | reader | samples/s | MB/s | x naive | first batch s | PSS MB (workers) "
+             "| shuffle x uniform |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     order = {n: i for i, n in enumerate((NAIVE,) + FORMATS)}
     rows = sorted(result.rows, key=lambda r: (r["mode"] != "decoded", r["cache"] != "warm", r["workers"],
                                               order[r["target"]]))
@@ -41,7 +48,8 @@ def format_table(result: BenchResult) -> str:
         ratio = "-" if r["x_naive"] is None else f"{r['x_naive']:.2f}x"
         label = "naive PIL folder" if r["target"] == NAIVE else r["target"]
         lines.append(f"| {r['mode']} | {r['cache']} | {r['workers']} | {label} | {_fmt(r['samples_per_s'])} | "
-                     f"{_fmt(r['mb_per_s'], 1)} | {ratio} | {_fmt(r['first_batch_s'], 2)} | {pss} |")
+                     f"{_fmt(r['mb_per_s'], 1)} | {ratio} | {_fmt(r['first_batch_s'], 2)} | {pss} | "
+                     f"{_shuffle(r)} |")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ __all__ = ["BenchResult", "median", "summarize", "add_ratios"]
 
 #: LoaderStats figures a row reports as the median over repeats
 FIGURES = ("samples_per_s", "epoch_samples_per_s", "mb_per_s", "first_batch_s", "seconds", "pss_main_mb",
-           "pss_workers_mb", "pss_total_mb")
+           "pss_workers_mb", "pss_total_mb", "shuffle_ratio", "displacement_ratio")
 
 
 @dataclass

@@ -58,7 +58,7 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -
     if src.resolve().is_relative_to(out.resolve()):
         raise OutputError(f"the source {src} lies inside the output folder {out}; choose another output")
     prepare_output(out, options)
-    return jobs
+    return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
 
 
 def pack(

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 from packer.images import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, ImageOptions
-from readers.spec import FORMATS
+from readers.spec import DEFAULT_ORDER, FORMATS, ORDER_KINDS
 
 __all__ = ["PackOptions", "Flag", "cli_fields", "DEFAULT_SHARD_SIZE", "parse_size", "format_size", "parse_positive"]
 
@@ -123,6 +123,14 @@ class PackOptions:
         "--checkpoint-bytes", parse=parse_size, show=format_size,
         help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default {default})"))
 
+    # None: the format's default (spec.DEFAULT_ORDER); resolved by order_kind()
+    order: str | None = field(default=None, metadata=_flag(
+        "--order", choices=ORDER_KINDS,
+        help="sample order written: shuffled (seeded permutation; default for wds, which is read shard by "
+        "shard) or source (sorted by class then path, as ImageFolder; default for lmdb/hdf5/mmap)"))
+    shuffle_seed: int = field(default=0, metadata=_flag(
+        "--shuffle-seed", parse=int, help="seed of --order shuffled (default {default})"))
+
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise ValueError(f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
@@ -136,6 +144,10 @@ class PackOptions:
             raise ValueError(f"quality must be in 1..100, got {self.quality}")
         if self.resize is not None and self.format != "mmap":
             raise ValueError("resize applies to the mmap format only; use max_side for the others")
+        if self.order is not None and self.order not in ORDER_KINDS:
+            raise ValueError(f"unknown order {self.order!r}; choose one of {', '.join(ORDER_KINDS)}")
+        if self.shuffle_seed < 0:
+            raise ValueError(f"shuffle_seed must be >= 0, got {self.shuffle_seed}")
         if self.overwrite and self.resume:
             raise ValueError("choose either overwrite (start again) or resume (continue), not both")
 
@@ -144,7 +156,12 @@ class PackOptions:
         d = asdict(self)
         for volatile in ("workers", "overwrite", "resume", "strict"):
             d.pop(volatile)
+        d["order"] = self.order_kind()
         return d
+
+    def order_kind(self) -> str:
+        """The sample order to write: ``order``, or the format's default (``spec.DEFAULT_ORDER``)."""
+        return self.order or DEFAULT_ORDER[self.format]
 
     def image_options(self, *, want_pixels: bool) -> ImageOptions:
         """The per-image rules these options ask for (``want_pixels``: the writer stores pixels)."""

@@ -218,6 +218,7 @@ class _WriteStage:
                 "pixel_layout": "HWC uint8 RGB" if pixels else None,
             },
             "options": self.options.recorded(),
+            "order": source.order,
             "source": {
                 "root": str(source.root.resolve()),
                 "images_found": len(source.paths),

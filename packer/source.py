@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packer.errors import SourceError
+from readers import spec
 
 __all__ = ["IMAGE_EXTENSIONS", "Source", "SourceError", "scan", "find_split_dirs"]
 
@@ -30,6 +31,8 @@ class Source:
     ignored: list[str] = field(default_factory=list)  # files that are not images by name
     skipped_links: list[str] = field(default_factory=list)  # symlinks leaving root
     _fingerprint: str | None = field(default=None, repr=False, compare=False)
+    #: the order of ``paths`` as index.json records it (``scan`` gives the source order)
+    order: dict = field(default_factory=lambda: {"kind": "source"})
 
     @property
     def total_bytes(self) -> int:
@@ -44,6 +47,26 @@ class Source:
         if self._fingerprint is None:
             self._fingerprint = self._hash()
         return self._fingerprint
+
+    def ordered(self, kind: str, seed: int = 0) -> Source:
+        """This source in the order to write: ``"source"`` (as scanned) or ``"shuffled"``.
+
+        The one place a pack's sample order is decided (``packer.api.plan``), so the writer,
+        the journal, ``--resume`` and any prepare engine see the same list. The fingerprint
+        stays the scanned order's: it identifies the files, the order is a packing option.
+        """
+        if kind not in spec.ORDER_KINDS:
+            raise ValueError(f"unknown order {kind!r}; choose one of {', '.join(spec.ORDER_KINDS)}")
+        if kind == self.order["kind"] and self.order.get("seed", seed) == seed:
+            return self
+        if self.order["kind"] != "source":
+            raise ValueError("ordered() applies to a source in scanned order")
+        if kind == "source":
+            return self
+        perm = spec.order_permutation(len(self.paths), seed).tolist()
+        return Source(self.root, self.classes, [self.paths[i] for i in perm], [self.labels[i] for i in perm],
+                      [self.sizes[i] for i in perm], self.ignored, self.skipped_links, self.fingerprint(),
+                      {"kind": kind, "seed": int(seed)})
 
     def _hash(self) -> str:
         h = hashlib.sha256()

@@ -22,10 +22,14 @@ import numpy as np
 import torch
 
 from readers import spec
+from readers.compose import accepts_bytes, warn_if_fused_lost
 from readers.decode import decode_rgb
 from readers.perprocess import PerProcess
 
-__all__ = ["PackedDataset", "MapReader", "LazyHandle", "to_chw"]
+__all__ = ["PackedDataset", "MapReader", "LazyHandle", "to_chw", "IMAGE_KINDS"]
+
+#: What a reader's decoded image is: a uint8 CHW tensor, or a PIL RGB image (torchvision pipelines).
+IMAGE_KINDS = ("tensor", "pil")
 
 
 def to_chw(arr: np.ndarray) -> torch.Tensor:
@@ -49,8 +53,16 @@ class PackedDataset:
         transform: Callable[[Any], Any] | None = None,
         decode: bool = True,
         return_index: bool = False,
+        image: str = "tensor",
     ) -> None:
-        """``source``: a dataset folder, or its index as :func:`readers.spec.read_index` returned it."""
+        """``source``: a dataset folder, or its index as :func:`readers.spec.read_index` returned it.
+
+        What ``transform`` receives: the stored bytes when it is fused (``accepts_bytes``, also a
+        Compose whose first step is), else the decoded RGB image as a uint8 CHW tensor
+        (``image="tensor"``, default) or a PIL RGB image (``image="pil"``, for torchvision
+        pipelines that start with e.g. ``Resize`` and end with ``ToTensor``)."""
+        if image not in IMAGE_KINDS:
+            raise ValueError(f"image must be one of {IMAGE_KINDS}, got {image!r}")
         index = source if isinstance(source, spec.Index) else spec.read_index(source)
         if index.format != self.format:
             raise spec.DatasetFormatError(
@@ -66,6 +78,9 @@ class PackedDataset:
         self.transform = transform
         self.decode = decode
         self.return_index = return_index
+        self.image = image
+        self._fused = accepts_bytes(transform)
+        warn_if_fused_lost(transform)
 
     # ------------------------------------------------------------ items
     def _label(self, i: int) -> int:
@@ -79,9 +94,18 @@ class PackedDataset:
     def _convert(self, data: Any) -> Any:
         if not self.decode:
             return data if isinstance(data, bytes) else bytes(data)
-        if self.transform is not None and getattr(self.transform, "accepts_bytes", False):
+        if self._fused:
             return self.transform(bytes(data))
-        image = to_chw(decode_rgb(data))
+        return self._transformed(decode_rgb(data))
+
+    def _transformed(self, hwc: np.ndarray) -> Any:
+        """The decoded (H, W, 3) pixels as ``image`` asks, through ``transform``."""
+        if self.image == "pil":
+            from PIL import Image
+
+            image = Image.fromarray(np.ascontiguousarray(hwc), "RGB")
+        else:
+            image = to_chw(hwc)
         return self.transform(image) if self.transform is not None else image
 
     # ------------------------------------------------------------ pickling

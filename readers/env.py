@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["available_cpus", "cgroup_cpu_limit", "WorkerEnv", "current_worker_env", "ThreadWorker", "thread_worker",
-           "as_thread_worker", "worker_seed"]
+__all__ = ["available_cpus", "cgroup_cpu_limit", "local_world_size", "default_workers", "die_with_parent",
+           "WorkerEnv", "current_worker_env", "ThreadWorker", "thread_worker", "as_thread_worker", "worker_seed"]
 
 
 def cgroup_cpu_limit(root: str | os.PathLike = "/sys/fs/cgroup") -> float | None:
@@ -47,6 +47,50 @@ def available_cpus() -> int:
     if limit is not None:
         n = min(n, max(1, math.ceil(limit)))
     return max(1, n)
+
+
+def local_world_size() -> int:
+    """Training processes on this machine: ``LOCAL_WORLD_SIZE`` (torchrun, accelerate), else
+    ``WORLD_SIZE`` when a launcher set ``LOCAL_RANK`` without it (Lightning's: one node assumed,
+    which can only underestimate the CPUs per process), else 1."""
+    for name in ("LOCAL_WORLD_SIZE",) + (("WORLD_SIZE",) if "LOCAL_RANK" in os.environ else ()):
+        try:
+            return max(1, int(os.environ[name]))
+        except (KeyError, ValueError):
+            continue
+    return 1
+
+
+def default_workers() -> int:
+    """Loader workers per training process: usable CPUs shared by the local processes, at least 1
+    (a worker overlaps loading with the training step even on one CPU)."""
+    return max(1, available_cpus() // local_world_size())
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int, sig: int = 9) -> bool:
+    """Ask the kernel to send ``sig`` (SIGKILL) to this process when its parent ``parent_pid`` dies
+    (Linux ``prctl(PR_SET_PDEATHSIG)``). True if set. Nothing is set when this process is not a
+    child of ``parent_pid`` (e.g. started by a forkserver); it exits at once if the parent died
+    while this was being set.
+
+    The signal fires when the parent *thread* that started this process ends, so call it only
+    in processes started from the parent's main thread."""
+    if os.getppid() != parent_pid:
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    return True
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """``make_loader``: a DataLoader with the settings the field learned the hard way.
 
 * ``num_workers`` from the CPUs this process may use (affinity + cgroup
-  quota), not ``os.cpu_count()`` (which reports the host's CPUs in a container);
+  quota), not ``os.cpu_count()`` (which reports the host's CPUs in a container),
+  shared by the training processes on the machine (``LOCAL_WORLD_SIZE``);
 * ``persistent_workers=True`` (no worker start-up cost per epoch),
   ``prefetch_factor=2``, ``pin_memory`` only when CUDA is available;
 * ``/dev/shm`` checked against what the prefetch queue needs; when too small
@@ -13,14 +14,22 @@
 * batches as tensors, which travel from workers through shared memory:
   ``decode=False`` samples (Python ``bytes``) are packed by the worker into
   a :class:`ByteBatch` (one flat uint8 tensor in shared memory plus
-  offsets), not sent as a list of ``bytes`` that must be pickled.
+  offsets), not sent as a list of ``bytes`` that must be pickled;
+* exact mid-epoch resume: ``state_dict()`` / ``load_state_dict()`` (the
+  protocol of torchdata's ``StatefulDataLoader``, which Lightning and
+  ``accelerator.save_state`` call), skipping by index arithmetic, never by
+  reading the skipped samples (see ``readers.order`` and ``readers.sampler``);
+* workers die with the main process (``PR_SET_PDEATHSIG``), so a killed
+  trainer leaves no worker behind holding shared memory or its output pipes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import shutil
+import threading
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -28,14 +37,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from readers import shmring
 from readers.batch import GatheredItems
-from readers.env import available_cpus, current_worker_env
+from readers.env import default_workers, die_with_parent
+from readers.sampler import EpochSampler
 from readers.shmring import ByteBatch
 
-__all__ = ["make_loader", "PackedLoader", "EpochSampler", "ByteBatch", "collate", "shm_check", "ShmSpace",
+__all__ = ["make_loader", "PackedLoader", "ThreadLoader", "EpochSampler", "ByteBatch", "collate", "shm_check", "ShmSpace",
            "use_file_system_sharing"]
 
 log = logging.getLogger(__name__)
@@ -62,6 +72,8 @@ def _collate_images(images: Sequence[Any]) -> Any:
     first = images[0]
     if isinstance(first, (bytes, bytearray, memoryview)):
         return _collate_bytes(images)
+    if type(first).__module__.startswith("PIL."):
+        return list(images)  # image="pil" without a transform that makes tensors
     if isinstance(first, torch.Tensor):
         same = all(t.shape == first.shape for t in images)
         if same and first.dtype != torch.bfloat16:
@@ -106,52 +118,162 @@ class Collate:
         return collate(batch)
 
 
-class EpochSampler(Sampler[int]):
-    """Shuffles ``range(n)`` with ``(seed, epoch)``: new order per epoch, same for the same seed."""
+STATE_VERSION = 1
 
-    def __init__(self, n: int, shuffle: bool = True, seed: int = 0) -> None:
-        self.n, self.shuffle, self.seed, self.epoch = n, shuffle, seed, 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+def _epoch_seed(seed: int, epoch: int) -> int:
+    return int(np.random.SeedSequence([int(seed), int(epoch), 0x10AD]).generate_state(1, np.uint64)[0] >> 1)
 
-    def __iter__(self):
-        if not self.shuffle:
-            return iter(range(self.n))
-        return iter(np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist())
 
-    def __len__(self) -> int:
-        return self.n
+class _WorkerInit:
+    """``worker_init_fn``: the worker dies with the main process, seeds numpy and ``random``, then
+    runs the caller's own ``worker_init_fn``. Picklable (spawn workers)."""
+
+    def __init__(self, user_fn: Callable[[int], None] | None = None) -> None:
+        self.user_fn = user_fn
+        self.parent_pid = os.getpid()
+        self.die_with_parent = True  # set per iteration: only when started from the main thread
+
+    def __call__(self, worker_id: int) -> None:
+        if self.die_with_parent:
+            die_with_parent(self.parent_pid)
+        seed = torch.initial_seed() % 2**32
+        np.random.seed(seed)
+        random.seed(seed)
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
 
 
 class PackedLoader(DataLoader):
-    """A DataLoader that passes an epoch number to its sampler and dataset.
+    """A DataLoader that passes an epoch number to its sampler and dataset, and can resume mid-epoch.
 
     Each ``iter(loader)`` starts the next epoch (0, 1, 2, ...) unless
-    ``set_epoch(n)`` was called first. The dataset's epoch lives in shared
-    memory, so persistent workers see it.
+    ``set_epoch(n)`` was called first (an epoch set on the sampler by a
+    framework, as Lightning does, counts as ``set_epoch``). The dataset's
+    epoch lives in shared memory, so persistent workers see it.
+
+    ``state_dict()`` is plain data (``torch.save``-able, JSON-able): the epoch,
+    the batches delivered in it, and the settings that decide the order.
+    ``load_state_dict(state)`` makes the next ``iter()`` deliver exactly the
+    rest of that epoch, in the uninterrupted order when ranks, workers, batch
+    size and seed are unchanged, and each remaining sample once otherwise.
     """
+
+    #: accelerate's save_state / load_state call state_dict() / load_state_dict() on loaders with this flag.
+    use_stateful_dataloader = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._epoch, self._explicit = 0, False
+        self._epoch, self._explicit, self._started = 0, False, False
+        self._delivered, self._finished = 0, False
+        self._resume: dict[str, Any] | None = None  # what the epoch in progress resumed from
+        self._pending: dict[str, Any] | None = None  # a loaded state, applied by the next iter()
+        self._sampler_epoch = 0  # the epoch this loader last gave its sampler
+        self._seed, self._distributed, self._marked = 0, None, False
 
     @property
     def epoch(self) -> int:
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch, self._explicit = int(epoch), True
+        self._epoch, self._explicit, self._pending = int(epoch), True, None
+
+    # ------------------------------------------------------------ frameworks
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """accelerate returns a loader with this flag from ``prepare`` unchanged. This loader splits
+        by rank itself unless made with ``distributed=False``: wrapping it would shard it twice."""
+        return self._marked or self._distributed is not False
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        self._marked = bool(value)
+
+    # ------------------------------------------------------------ state
+    def _run_settings(self) -> dict[str, Any]:
+        """What decides this loader's order, as a resume point records it."""
+        ds, iterable = self.dataset, isinstance(self.dataset, IterableDataset)
+        if iterable and hasattr(ds, "settings"):
+            env = ds._env()
+            world, extra = env.world_size, ds.settings.as_dict()
+        else:
+            sampler = self.sampler
+            world = sampler.num_replicas if isinstance(sampler, EpochSampler) else 1
+            extra = {"seed": getattr(sampler, "seed", self._seed), "shuffle": getattr(sampler, "shuffle", False),
+                     "sampler_drop_last": bool(getattr(sampler, "drop_last", False))}
+        return {"kind": "shards" if iterable else "map", "num_samples": len(getattr(ds, "labels", ())),
+                "batch_size": self.batch_size, "drop_last": self.drop_last, "world_size": world,
+                "num_workers": max(1, self.num_workers), **extra}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: epoch, batches delivered in it, and the settings of its order."""
+        if self._pending is not None:
+            return dict(self._pending)
+        state = {"version": STATE_VERSION, **self._run_settings(), "epoch": self._epoch, "delivered": 0,
+                 "finished": False, "after": None}
+        if self._started and not self._explicit:
+            state.update(delivered=self._delivered, finished=self._finished)
+            if self._resume is not None:  # this epoch resumed with other settings: its batches came after those
+                state["after"] = {k: v for k, v in self._resume.items() if k != "exact"}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from ``state_dict``) at the next ``iter()``."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"not a PackedLoader state (version {state.get('version')!r}, "
+                             f"this reader writes {STATE_VERSION})")
+        here = self._run_settings()
+        for key in ("kind", "num_samples"):
+            if state[key] != here[key]:
+                raise ValueError(f"the saved loader state is for {key} {state[key]!r}; this loader has "
+                                 f"{here[key]!r}: resume with the same dataset and reader")
+        if state["finished"]:
+            self.set_epoch(state["epoch"] + 1)
+        elif state["delivered"] == 0 and not state.get("after"):
+            self.set_epoch(state["epoch"])
+        else:
+            self.set_epoch(state["epoch"])
+            self._pending = dict(state)
+
+    # ------------------------------------------------------------ epochs
+    def _next_epoch(self) -> dict[str, Any] | None:
+        """Decide the epoch this iteration runs and the resume point it starts from (or None)."""
+        sampler_epoch = getattr(self.sampler, "epoch", None)
+        if not self._explicit and sampler_epoch is not None and sampler_epoch != self._sampler_epoch:
+            self._epoch, self._explicit = int(sampler_epoch), True  # a framework set the sampler's epoch
+        if not self._explicit and self._started:
+            self._epoch += 1
+        pending, self._pending = self._pending, None
+        self._explicit, self._started, self._finished = False, True, False
+        if pending is None:
+            self._delivered = 0
+            return None
+        here = self._run_settings()
+        same = all(pending.get(k) == v for k, v in here.items()) and not pending.get("after")
+        point = {k: pending[k] for k in pending if k not in ("version", "epoch", "finished")}
+        point["exact"] = same
+        self._delivered = pending["delivered"] if same else 0
+        return point
 
     def __iter__(self):
-        if not self._explicit and getattr(self, "_started", False):
-            self._epoch += 1
-        self._explicit, self._started = False, True
+        point = self._next_epoch()
+        self._resume = point if point is not None and not point["exact"] else None
         for obj in (self.sampler, self.batch_sampler, self.dataset):
             if hasattr(obj, "set_epoch"):
                 obj.set_epoch(self._epoch)
+        self._sampler_epoch = self._epoch
+        if isinstance(self.sampler, EpochSampler):
+            self.sampler.resume = point
+        elif hasattr(self.dataset, "resume_at"):
+            self.dataset.resume_at(point)
+        if self.generator is not None:  # workers' base seed: a function of (seed, epoch), so a resume repeats it
+            self.generator.manual_seed(_epoch_seed(self._seed, self._epoch))
+        init = self.worker_init_fn
+        if isinstance(init, _WorkerInit):
+            init.parent_pid = os.getpid()
+            init.die_with_parent = threading.current_thread() is threading.main_thread()
         shmring.release_dead()  # slots of earlier loaders' workers that have exited
-        return super().__iter__()
+        return _Counted(super().__iter__(), self)
 
     def _get_iterator(self):
         it = super()._get_iterator()
@@ -160,10 +282,55 @@ class PackedLoader(DataLoader):
         return it
 
 
-def _seed_worker(worker_id: int) -> None:
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
-    random.seed(seed)
+class _Counted:
+    """The DataLoader's iterator, counting the batches it hands out for ``PackedLoader.state_dict``.
+    Everything else (``_workers``, ``_shutdown_workers``, ``len``) is the wrapped iterator's."""
+
+    def __init__(self, inner: Any, loader: PackedLoader) -> None:
+        self._inner, self._loader = inner, loader
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._loader._finished = True
+            raise
+        self._loader._delivered += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class ThreadLoader(PackedLoader):
+    """A :class:`PackedLoader` whose ``num_workers`` workers are threads of this process
+    (``make_loader(..., workers="threads")``; see :mod:`readers.threads`).
+
+    Everything but the workers is PackedLoader's: sampler, epochs, the per-epoch
+    base seed, ``state_dict`` / ``load_state_dict`` and mid-epoch resume. Batch ``k``
+    of a map-style reader is made by thread ``k % num_workers``, a ``ShardDataset``
+    sees thread ``w`` as worker ``w``, and batches come out in the order worker
+    processes would deliver them.
+    """
+
+    def __init__(self, dataset: Any, *, num_workers: int, pin_memory: bool = False, whole_batches: bool = True,
+                 prefetch_factor: int = 2, **kwargs: Any) -> None:
+        super().__init__(dataset, num_workers=num_workers, pin_memory=False, persistent_workers=False,
+                         prefetch_factor=prefetch_factor if num_workers else None, **kwargs)
+        self.pin_batches = pin_memory  # pinned by the loader threads, not by DataLoader's pin thread
+        self.whole_batches = whole_batches
+        self._shard_maps: dict[int, dict] = {}  # thread -> its shards' mappings, kept between epochs
+
+    def _get_iterator(self):
+        from readers.threads import ThreadBatches
+
+        return ThreadBatches(self)
 
 
 def _item_bytes(dataset: Any) -> int:
@@ -220,12 +387,6 @@ def use_file_system_sharing(space: ShmSpace, stacklevel: int = 1) -> None:
     )
 
 
-def _generator(seed: int) -> torch.Generator:
-    generator = torch.Generator()
-    generator.manual_seed(seed)
-    return generator
-
-
 def make_loader(
     dataset: Any,
     batch_size: int = 256,
@@ -240,53 +401,63 @@ def make_loader(
     collate_fn: Callable | None = None,
     distributed: bool | None = None,
     multiprocessing_context: Any = None,
+    worker_init_fn: Callable[[int], None] | None = None,
     workers: str = "processes",
     **kwargs: Any,
-) -> Any:
+) -> PackedLoader:
     """Build a :class:`PackedLoader` over a reader from ``readers``; every setting overridable.
 
-    ``shuffle`` (default True): map-style readers shuffle globally through the
-    sampler (a ``DistributedSampler`` under DDP); ``ShardDataset`` shuffles
+    ``shuffle`` (default True): map-style readers shuffle globally through an
+    :class:`EpochSampler` (split over DDP ranks); ``ShardDataset`` shuffles
     shards and a buffer itself, and the loader gets a copy of it
     (``ShardDataset.with_order``) with ``seed``/``shuffle`` applied: the
-    dataset passed in is never changed. ``distributed`` defaults to "a process group
-    is initialised or WORLD_SIZE > 1".
+    dataset passed in is never changed.
 
-    ``workers="threads"`` runs the ``num_workers`` workers as threads of this
-    process instead (:class:`readers.threads.ThreadLoader`: same sampler,
-    order, epochs and seeding; no pickling or shared memory between them).
+    ``distributed``: None (default) splits over DDP ranks when a process group
+    is initialised or ``WORLD_SIZE > 1`` (decided when iterated); False reads
+    the whole dataset on every rank, for a framework that shards the loader
+    itself; True splits by the rank in force.
+
+    ``num_workers`` (default): the usable CPUs divided by the training
+    processes on this machine (``LOCAL_WORLD_SIZE``), at least 1.
+
+    ``workers="threads"`` runs the workers as threads of this process instead
+    (:class:`ThreadLoader`: the same sampler, order, epochs, seeds and resume;
+    a batch never crosses a process wall). Worth it where the per-sample work
+    releases the GIL, as the readers' own does; see ``readers/threads.py``.
     """
     if workers not in ("processes", "threads"):
         raise ValueError(f"workers must be 'processes' or 'threads', got {workers!r}")
-    workers_kind, workers = workers, available_cpus() if num_workers is None else num_workers
+    kind, workers = workers, default_workers() if num_workers is None else num_workers
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-    env = current_worker_env()
-    ddp = env.world_size > 1 if distributed is None else distributed
     sampler = None
     if isinstance(dataset, IterableDataset):
         if hasattr(dataset, "with_order"):
             # ShardDataset shuffles itself: the loader's seed decides, on the loader's own copy.
-            dataset = dataset.with_order(shuffle=shuffle, seed=seed)
-    elif ddp:
-        sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank,
-                                     shuffle=shuffle is not False, seed=seed, drop_last=drop_last)
+            dataset = dataset.with_order(shuffle=shuffle, seed=seed, distributed=distributed)
     else:
-        sampler = EpochSampler(len(dataset), shuffle=shuffle is not False, seed=seed)
-    if workers_kind == "threads":
-        from readers.threads import ThreadLoader
-
-        return ThreadLoader(dataset, batch_size, num_workers=workers, sampler=sampler, drop_last=drop_last,
-                            collate_fn=collate_fn or collate, prefetch_factor=prefetch_factor,
-                            generator=_generator(seed), pin_memory=pin, whole_batches=collate_fn is None)
+        sampler = EpochSampler(len(dataset), shuffle=shuffle is not False, seed=seed, distributed=distributed,
+                               drop_last=drop_last)
+    if kind == "threads":
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        loader = ThreadLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin,
+                              drop_last=drop_last, collate_fn=collate_fn or collate, generator=generator,
+                              prefetch_factor=prefetch_factor, whole_batches=collate_fn is None, **kwargs)
+        loader._seed, loader._distributed = seed, distributed
+        return loader
     if workers > 0:
         space = shm_check(workers * prefetch_factor * batch_size * _item_bytes(dataset) * 2)
         if not space:
             use_file_system_sharing(space, stacklevel=2)
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                       multiprocessing_context=multiprocessing_context)
-    generator = _generator(seed)
-    return PackedLoader(
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    loader = PackedLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin,
-        drop_last=drop_last, collate_fn=collate_fn or Collate(slots=prefetch_factor + 2), worker_init_fn=_seed_worker,
-        generator=generator, **kwargs,
+        drop_last=drop_last, collate_fn=collate_fn or Collate(slots=prefetch_factor + 2),
+        worker_init_fn=_WorkerInit(worker_init_fn), generator=generator, **kwargs,
     )
+    loader._seed, loader._distributed = seed, distributed
+    return loader

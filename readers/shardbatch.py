@@ -40,7 +40,7 @@ _POW8_6 = 8 ** np.arange(5, -1, -1, dtype=np.int64)
 def supported(dataset: Any) -> bool:
     """True for a ShardDataset this module reads: local shards, ``decode=False``."""
     return (getattr(dataset, "format", "") == "wds" and not dataset.decode
-            and getattr(dataset, "remote", None) is None and hasattr(dataset, "_samples"))
+            and getattr(dataset, "remote", None) is None and hasattr(dataset, "sample_order"))
 
 
 def _octal(field: bytes) -> int:
@@ -123,11 +123,7 @@ def iter_batches(ds: Any, batch_size: int, drop_last: bool = False,
     :data:`MAX_MAPPED` shards stay mapped, least recently used dropped first.
     """
     maps = {} if maps is None else maps
-    pending: list[int] = []
-    for i in ds._samples(ds._env()):
-        pending.append(i)
-        if len(pending) == batch_size:
-            yield _read_batch(ds, maps, np.asarray(pending, dtype=np.int64))
-            pending = []
-    if pending and not drop_last:
-        yield _read_batch(ds, maps, np.asarray(pending, dtype=np.int64))
+    order = np.asarray(ds.sample_order(), dtype=np.int64)  # this worker's epoch (and resume point), no I/O
+    stop = len(order) - len(order) % batch_size if drop_last else len(order)
+    for start in range(0, stop, batch_size):
+        yield _read_batch(ds, maps, order[start:start + batch_size])

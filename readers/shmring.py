@@ -19,11 +19,18 @@ The worker writes a batch into a free slot, marks it in flight and sends
 only (segment name, slot, offsets) through the loader's queue. When the
 main process unpickles that message it copies the slot into an ordinary
 array (heap memory that malloc reuses: no page faults), marks the slot free
-and hands out the copy, so no user-visible tensor ever aliases a slot. The
-main process unlinks the segment's name as soon as it has mapped it, so
-nothing is left in ``/dev/shm`` once both sides exit, and it unmaps the
-segments of workers that have exited (when it attaches a new segment, and
-at the start of every epoch), so finished loaders leave no memory behind.
+and hands out the copy, so no user-visible tensor ever aliases a slot.
+
+No name outlives its users. The segment is an anonymous ``memfd_create``
+file: it never appears in ``/dev/shm``; the main process maps it through
+``/proc/<worker pid>/fd/<n>`` while the worker is alive, and the kernel frees
+it once both have unmapped it or died, however they die (a training loop that
+raises, Ctrl-C, SIGKILL). Where ``memfd_create`` is missing, a named file in
+``/dev/shm`` is used instead and unlinked as soon as the main process has
+mapped it (a worker killed before that leaves it behind). The main process
+unmaps the segments of workers that have exited (when it attaches a new
+segment, and at the start of every epoch), so finished loaders leave no
+memory behind.
 """
 
 from __future__ import annotations
@@ -56,27 +63,35 @@ class ByteBatch(NamedTuple):
         return len(self.offsets) - 1
 
     def get(self, k: int) -> bytes:
-        return self.data[int(self.offsets[k]):int(self.offsets[k + 1])].numpy().tobytes()
+        return self.data[int(self.offsets[k]):int(self.offsets[k + 1])].cpu().numpy().tobytes()  # also after .to(device)
 
 
 def available() -> bool:
     return os.path.isdir(_SHM_DIR) and os.access(_SHM_DIR, os.W_OK)
 
 
-def _rebuild(name: str, slot: int, capacity: int, offsets: np.ndarray, rest: tuple) -> tuple:
+def _open_segment(name: str, fd: int) -> int:
+    """Open the worker's segment: its memfd through /proc, or the named /dev/shm file."""
+    if fd >= 0:
+        return os.open(f"/proc/{_pid_of(name)}/fd/{fd}", os.O_RDWR)
+    path = os.path.join(_SHM_DIR, name)
+    opened = os.open(path, os.O_RDWR)
+    os.unlink(path)  # both sides have it open; the name is no longer needed
+    return opened
+
+
+def _rebuild(name: str, fd: int, slot: int, capacity: int, offsets: np.ndarray, rest: tuple) -> tuple:
     """Runs in the receiving process: copy the slot out, free it, return a plain batch."""
     mm = _ATTACHED.get(name)
     if mm is None:
         for old in [n for n in _ATTACHED if n.rsplit("-", 1)[0] == name.rsplit("-", 1)[0]]:
             _ATTACHED.pop(old).close()  # the worker moved to a bigger segment
         release_dead()
-        path = os.path.join(_SHM_DIR, name)
-        fd = os.open(path, os.O_RDWR)
+        opened = _open_segment(name, fd)
         try:
-            mm = _ATTACHED[name] = mmap.mmap(fd, HEADER + capacity * _slots_of(fd, capacity))
+            mm = _ATTACHED[name] = mmap.mmap(opened, HEADER + capacity * _slots_of(opened, capacity))
         finally:
-            os.close(fd)
-        os.unlink(path)  # both sides have it mapped; the name is no longer needed
+            os.close(opened)
     total = int(offsets[-1])
     start = HEADER + slot * capacity
     data = np.empty(total, dtype=np.uint8)
@@ -115,11 +130,33 @@ def _slots_of(fd: int, capacity: int) -> int:
     return (os.fstat(fd).st_size - HEADER) // capacity
 
 
+def _create_memfd(name: str) -> int | None:
+    """An anonymous shared file (no name anywhere), if this system has memfd and /proc."""
+    if not hasattr(os, "memfd_create"):
+        return None
+    try:
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    except OSError:
+        return None
+    if not os.path.exists(f"/proc/{os.getpid()}/fd/{fd}"):  # no /proc: the main process could not open it
+        os.close(fd)
+        return None
+    return fd
+
+
+def _create_named(name: str) -> int:
+    path = os.path.join(_SHM_DIR, name)
+    # Normally the main process unlinks the name once it has opened it; if it never gets
+    # that far, this worker removes the file when it exits normally.
+    multiprocessing.util.Finalize(None, _unlink_quietly, args=(path,), exitpriority=10)
+    return os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+
+
 class _InSlot:
     """What crosses the queue: a reference to a filled slot (rebuilt by ``_rebuild``)."""
 
-    def __init__(self, name: str, slot: int, capacity: int, offsets: np.ndarray, rest: tuple) -> None:
-        self.args = (name, slot, capacity, offsets, rest)
+    def __init__(self, name: str, fd: int, slot: int, capacity: int, offsets: np.ndarray, rest: tuple) -> None:
+        self.args = (name, fd, slot, capacity, offsets, rest)
 
     def __reduce__(self) -> tuple:
         return _rebuild, self.args
@@ -131,6 +168,19 @@ class _Segment:
     def __init__(self) -> None:
         self.mm: mmap.mmap | None = None
         self.name, self.capacity, self.next, self.gen = "", 0, 0, 0
+        self.fd = -1  # the memfd (kept open: the main process opens it through /proc), or -1
+        self.retired: list = []  # (mapping, fd) of replaced segments that still had batches in flight
+
+    def __del__(self) -> None:
+        """Close this process's mapping and memfd (in a forked copy: the copy's descriptors only)."""
+        for mm, fd in self.retired + [(self.mm, self.fd)]:
+            if mm is not None:
+                mm.close()
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 class ShmSlots:
@@ -148,22 +198,39 @@ class ShmSlots:
         if seg.mm is not None and need <= seg.capacity:
             return seg
         if seg.mm is not None:
-            seg.mm.close()
+            self._retire(seg)
         seg.gen += 1
         seg.capacity = max(need * 2, 8 << 20)
         seg.name = f"dataset-packer-{os.getpid()}-{id(self):x}-{seg.gen}"
-        path = os.path.join(_SHM_DIR, seg.name)
-        # Normally the main process unlinks the name once it has mapped it; if
-        # it never gets that far, this worker removes the file when it exits.
-        multiprocessing.util.Finalize(None, _unlink_quietly, args=(path,), exitpriority=10)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        size = HEADER + seg.capacity * self.slots
+        fd, seg.fd = _create_memfd(seg.name), -1
+        if fd is None:
+            fd = _create_named(seg.name)
+        else:
+            seg.fd = fd
         try:
-            os.ftruncate(fd, HEADER + seg.capacity * self.slots)
-            seg.mm = mmap.mmap(fd, HEADER + seg.capacity * self.slots)
+            os.ftruncate(fd, size)
+            seg.mm = mmap.mmap(fd, size)
         finally:
-            os.close(fd)
+            if seg.fd != fd:
+                os.close(fd)
         seg.next = 0
         return seg
+
+    def _retire(self, seg: _Segment) -> None:
+        """Drop the segment a bigger one replaces, once the main process has copied out every
+        batch in it (a memfd must stay open until the main process has opened it)."""
+        mm, deadline = seg.mm, time.monotonic() + self.wait_s
+        assert mm is not None
+        while any(mm[k] for k in range(self.slots)) and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        if any(mm[k] for k in range(self.slots)):
+            seg.retired.append((mm, seg.fd))  # still in flight: kept until this worker exits
+        else:
+            mm.close()
+            if seg.fd >= 0:
+                os.close(seg.fd)
+        seg.mm, seg.fd = None, -1
 
     def pack(self, items: Sequence[bytes], rest: tuple) -> _InSlot | None:
         """Write ``items`` into a free slot; None when no slot freed up in time."""
@@ -181,4 +248,4 @@ class ShmSlots:
             mm[start + offsets[k]:start + offsets[k + 1]] = b
         mm[slot] = 1
         seg.next = (slot + 1) % self.slots
-        return _InSlot(seg.name, slot, seg.capacity, offsets, rest)
+        return _InSlot(seg.name, seg.fd, slot, seg.capacity, offsets, rest)

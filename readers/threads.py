@@ -8,27 +8,28 @@ a thread is already in the process that uses it, so nothing is copied into
 shared memory, pickled or copied out again. Measured in
 ``docs/throughput.md`` (``dataset-bench --peers``).
 
-:class:`ThreadLoader` keeps the DataLoader's contract where it matters:
+:class:`readers.loader.ThreadLoader` is a ``PackedLoader`` (sampler, epochs,
+the per-epoch base seed, ``state_dict`` and exact mid-epoch resume are all
+PackedLoader's); only its workers are threads, run by :class:`ThreadBatches`:
 
-* the same batches in the same order as ``make_loader`` with as many worker
-  processes: map-style readers take the same sampler (``EpochSampler``, or
-  ``DistributedSampler`` under DDP), batch ``k`` is made by thread
-  ``k % num_workers`` and batches come out in order; ``ShardDataset`` sees
-  thread ``w`` of ``W`` exactly as it sees worker process ``w`` of ``W``
-  (``readers.env.current_worker_env``), so each thread reads its slice of the
-  rank's stream, and batches come out round-robin over the threads as they
-  do from worker processes;
-* an epoch counter (``set_epoch``, or the next epoch per ``iter()``) that
-  reaches the sampler and the dataset;
-* seeding: each ``iter()`` draws a base seed from the loader's generator
-  (as a DataLoader does) and thread ``w`` gets ``base_seed + w``
+* the same batches in the same order as worker processes: batch ``k`` of a
+  map-style reader is made by thread ``k % num_workers`` and batches come out
+  in order; ``ShardDataset`` sees thread ``w`` of ``W`` exactly as it sees
+  worker process ``w`` of ``W`` (``readers.env.current_worker_env``), so each
+  thread reads its slice of the rank's stream, and batches come out
+  round-robin over the threads as they do from worker processes;
+* seeding: each epoch's base seed is drawn from the loader's generator (as a
+  DataLoader draws it) and thread ``w`` gets ``base_seed + w``
   (``readers.env.thread_worker().seed``); the transforms of ``readers.transforms``
   keep one random generator per thread, seeded from it, so a seeded run
   repeats. A transform that draws from torch's or numpy's global generator
   shares it between threads and does not repeat;
 * an exception in a thread is raised in the caller (the same exception,
   with a note naming the batch's samples), and stopping early (``break``)
-  stops the threads.
+  stops the threads;
+* whole batches where the reader can read them (``get_batch``, and
+  :mod:`readers.shardbatch` for ``ShardDataset`` bytes) unless a
+  ``collate_fn`` of the caller's own is given.
 
 Each thread runs torch ops single-threaded (``torch.set_num_threads(1)`` is
 per thread with the OpenMP backend): two loader threads on two cores each
@@ -39,16 +40,17 @@ asking for two intra-op threads would spin against each other.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
-from torch.utils.data import BatchSampler, IterableDataset
+from torch.utils.data import IterableDataset
 
 from readers.env import ThreadWorker, as_thread_worker
 
-__all__ = ["ThreadLoader", "fetch_batch"]
+__all__ = ["ThreadBatches", "fetch_batch"]
 
 _DONE = object()
 
@@ -117,125 +119,119 @@ class _Worker(threading.Thread):
                     raise RuntimeError(f"{self.name} ended without finishing its batches") from None
 
 
-class ThreadLoader:
-    """Iterates batches made by ``num_workers`` threads; see the module docstring.
+class ThreadBatches:
+    """One epoch of a :class:`readers.loader.ThreadLoader`: starts its threads, hands out their
+    batches in order, and stops them when done, closed, or dropped (the threads hold no
+    reference to this object, so dropping it is enough)."""
 
-    Build it with ``readers.make_loader(dataset, ..., workers="threads")``.
-    """
+    def __init__(self, loader: Any) -> None:
+        # the workers' base seed, drawn like a DataLoader draws it (PackedLoader seeds the
+        # generator per epoch, so an epoch -- and a resumed one -- repeats its seeds)
+        base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
+        if isinstance(loader.dataset, IterableDataset):
+            self._len = _stream_len(loader)
+            jobs: Callable[[int, int], Iterable[Any]] = functools.partial(_stream_jobs, loader)
+        else:
+            batches = list(loader._index_sampler)
+            self._len = len(batches)
+            jobs = functools.partial(_map_jobs, loader, batches)
+        self._gen = _run(loader, jobs, base_seed)
 
-    def __init__(self, dataset: Any, batch_size: int, *, num_workers: int, sampler: Any = None,
-                 drop_last: bool = False, collate_fn: Callable[[list], Any], prefetch_factor: int = 2,
-                 generator: torch.Generator | None = None, pin_memory: bool = False,
-                 whole_batches: bool = True) -> None:
-        """``whole_batches``: ``collate_fn`` is the readers' own, so a reader's whole-batch read
-        (``get_batch``, ``readers.shardbatch``) may stand in for items + collate."""
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
-        self.sampler, self.drop_last, self.collate_fn = sampler, drop_last, collate_fn
-        self.prefetch_factor, self.generator, self.pin_memory = prefetch_factor, generator, pin_memory
-        self.whole_batches = whole_batches
-        self.iterable = isinstance(dataset, IterableDataset)
-        self.batch_sampler = None if self.iterable else BatchSampler(sampler, batch_size, drop_last)
-        self._epoch, self._explicit, self._started = 0, False, False
-        self._shard_maps: dict[int, dict] = {}  # thread -> its shards' mappings (readers.shardbatch)
+    def __iter__(self) -> "ThreadBatches":
+        return self
 
-    # ------------------------------------------------------------ epochs (as PackedLoader)
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self._epoch, self._explicit = int(epoch), True
+    def __next__(self) -> Any:
+        return next(self._gen)
 
     def __len__(self) -> int:
-        if self.batch_sampler is not None:
-            return len(self.batch_sampler)
-        # an iterable dataset split evenly over the threads (as ShardDataset splits a rank's
-        # samples), each thread batching its own part
-        n, w = len(self.dataset), max(1, self.num_workers)
-        parts = [n // w + (1 if k < n % w else 0) for k in range(w)]
-        return sum(p // self.batch_size if self.drop_last else -(-p // self.batch_size) for p in parts)
+        return self._len
 
-    def _begin_epoch(self) -> int:
-        if not self._explicit and self._started:
-            self._epoch += 1
-        self._explicit, self._started = False, True
-        for obj in (self.sampler, self.dataset):
-            if hasattr(obj, "set_epoch"):
-                obj.set_epoch(self._epoch)
-        # A base seed per iter(), drawn like a DataLoader draws its workers' base seed.
-        return int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+    def close(self) -> None:
+        """Stop the threads now (also done when this iterator is dropped)."""
+        self._gen.close()
 
-    # ------------------------------------------------------------ iteration
-    def __iter__(self) -> Iterator[Any]:
-        base_seed = self._begin_epoch()
-        if self.iterable:
-            return self._run(self._stream_jobs, base_seed)
-        batches = list(self.batch_sampler)
-        return self._run(lambda w, n: self._map_jobs(batches[w::n]), base_seed)
+    _shutdown_workers = close  # the name DataLoader's iterators use
 
-    def _pinned(self, batch: Any) -> Any:
-        if not self.pin_memory:
-            return batch
-        from torch.utils.data._utils.pin_memory import pin_memory
-
-        return pin_memory(batch)
-
-    def _map_jobs(self, batches: list[list[int]]) -> Iterator[Any]:
-        for indices in batches:
-            try:
-                yield self._pinned(fetch_batch(self.dataset, indices, self.collate_fn, self.whole_batches))
-            except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
-                yield _Failed(exc, f"the batch of samples {indices[:8]}{'...' if len(indices) > 8 else ''}")
-
-    def _stream_jobs(self, w: int, _n: int) -> Iterator[Any]:
-        from readers import shardbatch
-
-        batch: list = []
+    def __del__(self) -> None:
         try:
-            if self.whole_batches and shardbatch.supported(self.dataset):  # whole batches, no items
-                maps = self._shard_maps.setdefault(w, {})  # kept from epoch to epoch
-                for whole in shardbatch.iter_batches(self.dataset, self.batch_size, self.drop_last, maps):
-                    yield self._pinned(whole)
-                return
-            for item in self.dataset:
-                batch.append(item)
-                if len(batch) == self.batch_size:
-                    yield self._pinned(self.collate_fn(batch))
-                    batch = []
-            if batch and not self.drop_last:
-                yield self._pinned(self.collate_fn(batch))
+            self._gen.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+
+def _stream_len(loader: Any) -> int:
+    # an iterable dataset split evenly over the threads (as ShardDataset splits a rank's
+    # samples), each thread batching its own part
+    n, w = len(loader.dataset), max(1, loader.num_workers)
+    parts = [n // w + (1 if k < n % w else 0) for k in range(w)]
+    return sum(p // loader.batch_size if loader.drop_last else -(-p // loader.batch_size) for p in parts)
+
+
+def _pinned(loader: Any, batch: Any) -> Any:
+    if not loader.pin_batches:
+        return batch
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    return pin_memory(batch)
+
+
+def _map_jobs(loader: Any, batches: list[list[int]], w: int, n: int) -> Iterator[Any]:
+    """Thread ``w`` of ``n``: batches ``w, w + n, ...`` of the epoch."""
+    for indices in batches[w::n]:
+        try:
+            yield _pinned(loader, fetch_batch(loader.dataset, indices, loader.collate_fn, loader.whole_batches))
         except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
-            yield _Failed(exc, "reading the stream")
+            yield _Failed(exc, f"the batch of samples {indices[:8]}{'...' if len(indices) > 8 else ''}")
 
-    def _run(self, jobs: Callable[[int, int], Iterable[Any]], base_seed: int) -> Iterator[Any]:
-        n = max(1, self.num_workers)
-        if self.num_workers == 0:  # the calling thread, as a DataLoader with no workers
-            yield from (self._check(r) for r in jobs(0, 1))
+
+def _stream_jobs(loader: Any, w: int, _n: int) -> Iterator[Any]:
+    """Thread ``w``: its part of an iterable dataset (ShardDataset: its slice of the rank's stream)."""
+    from readers import shardbatch
+
+    batch: list = []
+    try:
+        if loader.whole_batches and shardbatch.supported(loader.dataset):  # whole batches, no items
+            maps = loader._shard_maps.setdefault(w, {})  # kept from epoch to epoch
+            for whole in shardbatch.iter_batches(loader.dataset, loader.batch_size, loader.drop_last, maps):
+                yield _pinned(loader, whole)
             return
-        stop = threading.Event()
-        workers = [_Worker(ThreadWorker(w, n, base_seed + w), lambda w=w: jobs(w, n), self.prefetch_factor, stop)
-                   for w in range(n)]
-        for t in workers:
-            t.start()
-        try:
-            live = list(workers)
-            while live:  # round-robin, skipping threads that are done (as DataLoader does)
-                for t in list(live):
-                    result = t.get()
-                    if result is _DONE:
-                        live.remove(t)
-                        continue
-                    yield self._check(result)
-        finally:
-            stop.set()
-            for t in workers:
-                t.join(timeout=5.0)
+        for item in loader.dataset:
+            batch.append(item)
+            if len(batch) == loader.batch_size:
+                yield _pinned(loader, loader.collate_fn(batch))
+                batch = []
+        if batch and not loader.drop_last:
+            yield _pinned(loader, loader.collate_fn(batch))
+    except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
+        yield _Failed(exc, "reading the stream")
 
-    @staticmethod
-    def _check(result: Any) -> Any:
-        if isinstance(result, _Failed):  # the original exception, as a DataLoader worker's arrives
-            result.exc.add_note(f"(raised in a loader thread, on {result.what})")
-            raise result.exc
-        return result
+
+def _run(loader: Any, jobs: Callable[[int, int], Iterable[Any]], base_seed: int) -> Iterator[Any]:
+    if loader.num_workers == 0:  # the calling thread, as a DataLoader with no workers
+        yield from (_check(r) for r in jobs(0, 1))
+        return
+    n, stop = loader.num_workers, threading.Event()
+    threads = [_Worker(ThreadWorker(w, n, base_seed + w), functools.partial(jobs, w, n), loader.prefetch_factor or 2,
+                       stop) for w in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        live = list(threads)
+        while live:  # round-robin, skipping threads that are done (as DataLoader does)
+            for t in list(live):
+                result = t.get()
+                if result is _DONE:
+                    live.remove(t)
+                    continue
+                yield _check(result)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5.0)
+
+
+def _check(result: Any) -> Any:
+    if isinstance(result, _Failed):  # the original exception, as a DataLoader worker's arrives
+        result.exc.add_note(f"(raised in a loader thread, on {result.what})")
+        raise result.exc
+    return result

@@ -69,6 +69,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from readers.compose import Compose, accepts_bytes, warn_if_fused_lost  # re-exported here
 from readers.decode import (
     DECODERS,
     decode_rgb_scaled,
@@ -92,6 +93,9 @@ __all__ = [
     "ResizeCenterCrop",
     "imagenet_train_transform",
     "imagenet_eval_transform",
+    "Compose",
+    "accepts_bytes",
+    "warn_if_fused_lost",
 ]
 
 ImageInput = Union[bytes, bytearray, memoryview, np.ndarray, torch.Tensor]
@@ -518,3 +522,4 @@ def imagenet_train_transform(size: int = 224, seed: int | None = None, **kwargs)
 def imagenet_eval_transform(size: int = 224, resize: int = 256, **kwargs) -> ResizeCenterCrop:
     """The standard ImageNet eval recipe: ``Resize(resize)`` + ``CenterCrop(size)``, bilinear."""
     return ResizeCenterCrop(resize, size, **kwargs)
+

@@ -52,6 +52,7 @@ def main() -> None:
         result["datasets"][root] = {
             "format": ds.format,
             "sampler": type(loader.sampler).__name__ if loader.sampler is not None else None,
+            "distributed_sampler": isinstance(loader.sampler, torch.utils.data.DistributedSampler),
             "len_loader": len(loader),
             "epochs": epochs,
         }

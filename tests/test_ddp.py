@@ -66,7 +66,7 @@ def test_ranks_split_every_epoch_exactly(ddp_run, fmt):
     per_rank = [r["datasets"][root] for r in ddp_run["ranks"]]
     assert all(p["format"] == fmt for p in per_rank)
     if fmt != "wds":
-        assert all(p["sampler"] == "DistributedSampler" for p in per_rank)
+        assert all(p["distributed_sampler"] for p in per_rank)
         assert all(p["len_loader"] == p["epochs"][0]["batches"] for p in per_rank)
     orders = []
     for e in range(2):

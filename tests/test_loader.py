@@ -183,7 +183,7 @@ def test_pin_memory_only_with_cuda(packed_generated):
 def test_default_num_workers_is_available_cpus(packed_generated, monkeypatch):
     ds = open_dataset(packed_generated["lmdb"])
     assert make_loader(ds, batch_size=2).num_workers == available_cpus()
-    monkeypatch.setattr(readers.loader, "available_cpus", lambda: 1)  # (more than the host has would warn)
+    monkeypatch.setattr(readers.env, "available_cpus", lambda: 1)  # (more than the host has would warn)
     loader = make_loader(ds, batch_size=2)
     assert loader.num_workers == 1 and loader.persistent_workers and loader.prefetch_factor == 2
 

@@ -58,6 +58,15 @@ def load_index(ds: Path) -> tuple[dict, dict[str, np.ndarray], list[str]]:
     return meta, arrays, names
 
 
+def written_order(meta: dict, reference: list) -> list:
+    """``reference`` (ImageFolder order) in the order index.json says the pack wrote it."""
+    order = meta["order"]
+    assert order["kind"] == spec.DEFAULT_ORDER[meta["format"]] == meta["options"]["order"]
+    if order["kind"] == "source":
+        return reference
+    return [reference[k] for k in np.random.default_rng([order["seed"], 0x5EED_0D4E]).permutation(len(reference))]
+
+
 def sniff(data: bytes) -> str:
     if data[:3] == b"\xff\xd8\xff":
         return "jpg"
@@ -228,6 +237,7 @@ def test_every_sample_comes_back_exactly(fmt, case):
     meta, arrays, names = load_index(ds)
     classes, reference = imagefolder_reference(src)
     n = len(reference)
+    reference = written_order(meta, reference)
 
     # ImageFolder rules: sorted class folders, samples by class then file name, non-images counted
     assert meta["format"] == fmt and meta["num_samples"] == n
@@ -343,6 +353,7 @@ def test_split_folders_give_one_dataset_each(fmt, tmp_path):
     for split in ("train", "val"):
         meta, arrays, names = load_index(out / split)
         classes, reference = imagefolder_reference(src / split)
+        reference = written_order(meta, reference)
         assert meta["split"] == split and meta["classes"] == classes
         assert names == [rel for rel, _ in reference]
         np.testing.assert_array_equal(arrays["labels"], [label for _, label in reference])

@@ -240,7 +240,7 @@ def test_unicode_space_and_dot_names(tmp_path):
     assert src.classes == classes == ["class with space", "dotted.class", "çlass ü"]
     assert list(zip(src.paths, src.labels)) == reference
     for fmt in ("wds", "lmdb"):
-        pack(src_dir, tmp_path / fmt, PackOptions(format=fmt, workers=2))
+        pack(src_dir, tmp_path / fmt, PackOptions(format=fmt, workers=2, order="source"))
         assert read_names(tmp_path / fmt) == src.paths  # names.jsonl round-trips every name
         np.testing.assert_array_equal(np.load(tmp_path / fmt / "labels.npy"), src.labels)
 

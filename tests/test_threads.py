@@ -15,7 +15,7 @@ from readers.loader import make_loader
 from readers.perprocess import PerProcess
 from readers.registry import open_dataset
 from readers.spec import FORMATS
-from readers.threads import ThreadLoader
+from readers.loader import PackedLoader, ThreadLoader
 from readers.transforms import imagenet_train_transform
 
 MAP_FORMATS = [f for f in FORMATS if f != "wds"]
@@ -49,7 +49,9 @@ def test_every_sample_once_per_epoch_new_order_each_epoch(packed_generated, fmt)
     assert epochs[0] != epochs[1]
     again = loader_for(packed_generated[fmt], 2, "threads", decode=False)
     assert [sum(order(again), []) for _ in range(3)] == epochs  # same seed, same orders
-    assert len(loader) == sum(1 for _ in loader)
+    assert len(loader) == len(loader_for(packed_generated[fmt], 2, "processes", decode=False))  # as DataLoader says
+    if fmt != "wds":  # (an IterableDataset's len is the DataLoader's estimate, in both modes)
+        assert len(loader) == sum(1 for _ in loader)
 
 
 def test_set_epoch_chooses_the_order(packed_generated):
@@ -139,8 +141,8 @@ def test_zero_workers_run_in_the_calling_thread(packed_generated):
 def test_bad_worker_kind_is_refused(packed_generated):
     with pytest.raises(ValueError, match="threads"):
         make_loader(open_dataset(packed_generated["lmdb"]), workers="fibers")
-    assert isinstance(make_loader(open_dataset(packed_generated["lmdb"]), num_workers=1, workers="threads"),
-                      ThreadLoader)
+    loader = make_loader(open_dataset(packed_generated["lmdb"]), num_workers=1, workers="threads")
+    assert isinstance(loader, ThreadLoader) and isinstance(loader, PackedLoader)
 
 
 def test_perprocess_creates_one_value_for_racing_threads():
@@ -222,3 +224,20 @@ def test_ranks_split_the_epoch_in_threads_as_in_processes(packed_generated, monk
         seen[rank] = sum(order(loader_for(packed_generated[fmt], 2, "threads", distributed=True)), [])
     assert set(seen[0]) | set(seen[1]) == set(range(n))
     assert abs(len(seen[0]) - len(seen[1])) == 0 and len(set(seen[0]) & set(seen[1])) <= 1  # padded to equal
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds", "mmap"])
+def test_thread_loaders_resume_mid_epoch_exactly(packed_generated, fmt):
+    """PackedLoader's state protocol holds with threads: save after k batches, a new loader
+    delivers exactly the rest of the epoch, in the uninterrupted order."""
+    full = loader_for(packed_generated[fmt], 2, "threads")
+    whole = order(full)
+    first = loader_for(packed_generated[fmt], 2, "threads")
+    it = iter(first)
+    head = [next(it)[-1].tolist() for _ in range(3)]
+    state = first.state_dict()
+    del it
+    assert state["delivered"] == 3 and head == whole[:3]
+    resumed = loader_for(packed_generated[fmt], 2, "threads")
+    resumed.load_state_dict(state)
+    assert order(resumed) == whole[3:]

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from readers import spec
-from readers.base import LazyHandle, MapReader, to_chw
+from readers.base import LazyHandle, MapReader
 from readers.batch import Allocator, batch_buffer, finish_batch, index_array
 from readers.shmring import ByteBatch
 
@@ -106,8 +106,7 @@ class MemmapDataset(MapReader):
     def _convert(self, data: np.ndarray) -> Any:
         if not self.decode:
             return data.tobytes()
-        image = to_chw(data)
-        return self.transform(image) if self.transform is not None else image
+        return self._transformed(data)  # stored pixels: even a fused transform gets the decoded image
 
     def close(self) -> None:
         self._map.close()

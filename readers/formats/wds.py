@@ -3,20 +3,14 @@
 ``ShardDataset`` is an ``IterableDataset`` that reads shards sequentially,
 using the index's per-sample offsets instead of parsing the tar stream.
 
-How an epoch is split (rank r of R DDP ranks, worker w of W loader workers):
-
-1. The shard order is shuffled with ``(seed, epoch)`` -- the same on every
-   rank -- giving one stream of all N samples, shard after shard.
-2. With ``pad=True`` (default) the stream is extended by wrapping around to
-   ``R * ceil(N / R)`` samples (as ``DistributedSampler`` does): every rank
-   gets the same count, each sample is seen once, plus at most R-1 repeats.
-   With ``pad=False`` it is cut to ``R * floor(N / R)`` (at most R-1 dropped).
-3. Rank r takes the r-th contiguous slice; worker w the w-th contiguous
-   slice of that. Each worker therefore reads a few whole shards
-   sequentially, and uneven shards can never leave one rank short, so a DDP
-   job cannot hang waiting for a rank that ran dry.
-4. Each worker shuffles its samples through a bounded buffer
-   (``buffer_size`` samples), seeded by ``(seed, epoch, rank, worker)``.
+How an epoch is ordered (shard order per epoch, ranks and workers take
+contiguous slices, each worker reads a few shards at once and shuffles through
+a bounded buffer) is computed from the index alone by ``readers.order``: see
+there. ``sample_order()`` returns a worker's order without reading anything,
+which is what mid-epoch resume (``resume_point``) and the shuffle-quality
+simulation (``readers.quality``) use. With ``pad=True`` (default) every rank
+yields ``ceil(N / R)`` samples (at most R-1 repeats); ``pad=False`` cuts to
+``floor(N / R)``: uneven shards can never leave one rank short and hang DDP.
 
 Every sample read checks the tar header in front of it, so a damaged shard
 raises an error that names the shard and the byte offset.
@@ -25,6 +19,8 @@ raises an error that names the shard and the byte offset.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import math
 import multiprocessing
 import os
@@ -37,29 +33,13 @@ import torch
 from readers import spec
 from readers.base import PackedDataset
 from readers.env import WorkerEnv, current_worker_env
+from readers.order import ShardLayout, ShardSettings, epoch_plan, resume_order, worker_order
 
 __all__ = ["ShardDataset", "epoch_plan"]
 
 BLOCK = spec.TAR_BLOCK
-
-
-def epoch_plan(shard_sizes: np.ndarray, seed: int, epoch: int, shuffle: bool, env: WorkerEnv,
-               pad: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Shard order for the epoch and this worker's [start, stop) range over the stream.
-
-    Returns ``(order, (start, stop))`` where positions index the stream of
-    samples laid out shard by shard in ``order``; positions >= N wrap around.
-    """
-    order = np.arange(len(shard_sizes))
-    if shuffle:
-        order = np.random.default_rng([seed, epoch, 0x5EED]).permutation(len(shard_sizes))
-    n = int(shard_sizes.sum())
-    per_rank = math.ceil(n / env.world_size) if pad else n // env.world_size
-    rank_start = env.rank * per_rank
-    base, extra = divmod(per_rank, env.num_workers)
-    start = rank_start + env.worker_id * base + min(env.worker_id, extra)
-    stop = start + base + (1 if env.worker_id < extra else 0)
-    return order, np.array([start, stop])
+#: Bytes of shared memory that carry a resume point (JSON) to the loader's workers, persistent ones too.
+RESUME_BYTES = 8192
 
 
 def _octal(field: bytes) -> int:
@@ -75,11 +55,9 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
     format = "wds"
 
     def __init__(self, source: str | os.PathLike | spec.Index, *, shuffle: bool = True, seed: int = 0,
-                 buffer_size: int = 1000, pad: bool = True, **kw: Any) -> None:
+                 buffer_size: int = 1000, pad: bool = True, open_shards: int = 4, **kw: Any) -> None:
         super().__init__(source, **kw)
-        if buffer_size < 1:
-            raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
-        self.shuffle, self.seed, self.buffer_size, self.pad = shuffle, seed, buffer_size, pad
+        self.settings = ShardSettings(seed, shuffle, buffer_size, open_shards, pad)  # checks the values
         self._shard_of = self.index.arrays["shards"]
         self._offsets = self.index.arrays["offsets"]
         self._sizes = self.index.arrays["sizes"]
@@ -87,22 +65,42 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         self.shard_names = [s["name"] for s in shards]
         self.shard_sizes = np.array([s["samples"] for s in shards], dtype=np.int64)
         self._shard_first = np.array([s["first"] for s in shards], dtype=np.int64)
-        # Shared with loader workers (inherited at start), so set_epoch reaches
-        # persistent workers too.
+        self.layout = ShardLayout(self.shard_sizes, self._shard_first, self._shard_of)
+        self._world: tuple[int, int] | None = None  # (rank, world) forced by with_order(distributed=False)
+        # Shared with loader workers (inherited at start), so set_epoch and a
+        # resume point reach persistent workers too.
         self._epoch = multiprocessing.get_context().RawValue("q", 0)
+        self._resume = multiprocessing.get_context().RawArray("c", RESUME_BYTES)
 
-    def with_order(self, *, shuffle: bool | None = None, seed: int | None = None) -> "ShardDataset":
+    # The order settings, readable and settable one by one (with_order copies before changing them).
+    seed = property(lambda self: self.settings.seed, lambda self, v: self._set(seed=int(v)))
+    shuffle = property(lambda self: self.settings.shuffle, lambda self, v: self._set(shuffle=bool(v)))
+    buffer_size = property(lambda self: self.settings.buffer_size, lambda self, v: self._set(buffer_size=int(v)))
+    open_shards = property(lambda self: self.settings.open_shards, lambda self, v: self._set(open_shards=int(v)))
+    pad = property(lambda self: self.settings.pad, lambda self, v: self._set(pad=bool(v)))
+
+    def _set(self, **changes: Any) -> None:
+        self.settings = dataclasses.replace(self.settings, **changes)
+
+    def with_order(self, *, shuffle: bool | None = None, seed: int | None = None,
+                   distributed: bool | None = None) -> "ShardDataset":
         """A copy that shuffles as asked (``None``: as this one does), sharing the index.
 
-        The copy has its own epoch counter (starting at this one's epoch), so
-        setting its epoch leaves this dataset alone; ``make_loader`` uses this
-        to apply its ``seed``/``shuffle`` without touching the caller's dataset.
+        The copy has its own epoch counter (starting at this one's epoch) and
+        resume record, so changing them leaves this dataset alone; ``make_loader``
+        uses this to apply its ``seed``/``shuffle`` without touching the caller's
+        dataset. ``distributed=False``: the copy reads the whole dataset on every
+        rank (for a framework that shards the loader itself).
         """
-        other = copy.copy(self)  # through __getstate__/__setstate__: a fresh epoch counter
+        other = copy.copy(self)  # through __getstate__/__setstate__: fresh shared values
         if shuffle is not None:
             other.shuffle = shuffle
         if seed is not None:
             other.seed = seed
+        if distributed is False:
+            other._world = (0, 1)
+        elif distributed is True:
+            other._world = None
         return other
 
     # ------------------------------------------------------------ shards
@@ -124,8 +122,9 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         from multiprocessing import context
 
         if context.get_spawning_popen() is None:
-            # Plain pickling (not a worker start): shared memory cannot travel; keep the value.
+            # Plain pickling (not a worker start): shared memory cannot travel; keep the values.
             state["_epoch"] = int(self._epoch.value)
+            state["_resume"] = bytes(self._resume.value)
         else:
             # A spawned worker has no process group and maybe no RANK/WORLD_SIZE
             # (mp.spawn, explicit init_process_group): carry the parent's rank.
@@ -136,6 +135,11 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
     def __setstate__(self, state: dict[str, Any]) -> None:
         if isinstance(state["_epoch"], int):
             state["_epoch"] = multiprocessing.get_context().RawValue("q", state["_epoch"])
+        if isinstance(state.get("_resume", b""), bytes):
+            shared = multiprocessing.get_context().RawArray("c", RESUME_BYTES)
+            shared.value = state.get("_resume", b"")
+            state["_resume"] = shared
+        state.setdefault("_world", None)
         self.__dict__.update(state)
 
     # ------------------------------------------------------------ epochs
@@ -150,6 +154,38 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
     def samples_per_rank(self, world_size: int = 1) -> int:
         n = int(self.shard_sizes.sum())
         return math.ceil(n / world_size) if self.pad else n // world_size
+
+    def resume_at(self, point: dict[str, Any] | None) -> None:
+        """Make the next epoch start part-way (``None``: from the start). Set by the loader
+        (``PackedLoader.load_state_dict``); it reaches persistent workers through shared memory.
+
+        ``point``: batches ``delivered`` so far by a loader with ``batch_size``/
+        ``drop_last``, over ``world_size`` ranks of ``num_workers`` workers each,
+        with the order settings it ran with (``seed``, ``shuffle``, ``buffer_size``,
+        ``open_shards``, ``pad``); ``exact``: the loader's batching is unchanged;
+        ``after``: an earlier point of this epoch that run had resumed from. See
+        :func:`readers.order.resume_order`.
+        """
+        text = b"" if point is None else json.dumps(point, sort_keys=True).encode()
+        if len(text) >= RESUME_BYTES:
+            raise ValueError(f"resume point too large ({len(text)} bytes): too many resumes with changed "
+                             "settings within one epoch")
+        self._resume.value = text
+
+    def resume_point(self) -> dict[str, Any] | None:
+        """The resume point the next iteration applies, or None."""
+        text = self._resume.value
+        return json.loads(text) if text else None
+
+    def sample_order(self, env: WorkerEnv | None = None, epoch: int | None = None) -> np.ndarray:
+        """Sample indices this worker (``env``: default, where this runs) delivers in ``epoch``,
+        in order, including a pending resume point; computed from the index, reading nothing."""
+        env = self._env() if env is None else env
+        epoch = self.epoch if epoch is None else epoch
+        point = self.resume_point()
+        if point is None:
+            return worker_order(self.layout, self.settings, epoch, env)
+        return resume_order(self.layout, self.settings, epoch, env, point)
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (all workers together)."""
@@ -208,42 +244,27 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         finally:
             os.close(fd)
 
-    def _samples(self, env: WorkerEnv) -> Iterator[int]:
-        order, (start, stop) = epoch_plan(self.shard_sizes, self.seed, self.epoch, self.shuffle, env, self.pad)
-        indices = self._stream(order, int(start), int(stop))
-        if not self.shuffle:
-            yield from indices
-            return
-        rng = np.random.default_rng([self.seed, self.epoch, env.rank, env.worker_id])
-        buf: list[int] = []
-        for i in indices:
-            if len(buf) < self.buffer_size:
-                buf.append(i)
-                continue
-            j = int(rng.integers(len(buf)))
-            buf[j], i = i, buf[j]
-            yield i
-        rng.shuffle(buf)
-        yield from buf
-
     def _env(self) -> WorkerEnv:
         env = current_worker_env()
+        if self._world is not None:
+            return WorkerEnv(*self._world, env.worker_id, env.num_workers)
         parent = getattr(self, "_parent_rank", None)
         if parent is not None and env.world_size == 1 and parent[1] > 1:
             env = WorkerEnv(parent[0], parent[1], env.worker_id, env.num_workers)
         return env
 
     def __iter__(self) -> Iterator[tuple]:
-        env = self._env()
-        fds: dict[int, int] = {}
+        fds: dict[int, int] = {}  # shard -> open descriptor, least recently used first
+        keep = 2 * self.open_shards + 2  # the open runs plus the shards still in the buffer
         try:
-            for i in self._samples(env):
+            for i in self.sample_order().tolist():
                 shard = int(self._shard_of[i])
-                fd = fds.get(shard)
+                fd = fds.pop(shard, None)
                 if fd is None:
-                    if len(fds) >= 4:  # the buffer spans a few shards at most
+                    if len(fds) >= keep:
                         os.close(fds.pop(next(iter(fds))))
-                    fd = fds[shard] = os.open(self.shard_path(shard), os.O_RDONLY)
+                    fd = os.open(self.shard_path(shard), os.O_RDONLY)
+                fds[shard] = fd
                 yield self._item(i, self.read_from(fd, shard, i))
         finally:
             for fd in fds.values():

@@ -1,0 +1,325 @@
+"""The sample order of an epoch, computed from the index alone (no I/O).
+
+Everything that decides which sample a rank / loader worker delivers, and
+when, lives here as pure functions of small integers and index arrays, so
+that the same code drives the readers, mid-epoch resume (which skips what was
+delivered without reading it) and the shuffle-quality simulation
+(``readers.quality``).
+
+Map-style readers (lmdb, hdf5, mmap): one permutation of all N samples per
+``(seed, epoch)``, cut into ranks like ``DistributedSampler`` (rank r takes
+positions r, r+R, r+2R, ... of the padded permutation). See :func:`rank_indices`.
+
+``ShardDataset`` (wds), for rank r of R and loader worker w of W:
+
+1. the shard order is shuffled with ``(seed, epoch)`` and the shards laid end
+   to end: one stream of all N samples (:func:`shard_stream`);
+2. the stream is cut into R equal contiguous slices (padded by wrapping
+   around, or cut, as ``pad`` says) and each rank's slice into W contiguous
+   slices (:func:`epoch_plan`): a worker reads a few whole shards;
+3. the worker reads ``open_shards`` of its shard runs at once, taking each
+   next sample from a randomly chosen open run (:func:`interleave`), so each
+   shard is still read front to back;
+4. then shuffles through a bounded buffer of ``buffer_size`` samples
+   (:func:`buffer_shuffle`); steps 3 and 4 draw from one generator seeded with
+   ``(seed, epoch, rank, worker)``.
+
+A DataLoader with W workers delivers their batches round-robin (worker 0's
+first batch, worker 1's first, ..., skipping workers that ran out):
+:func:`round_robin` and :func:`consumed_batches` model that, which is what
+makes an exact mid-epoch resume of an iterable dataset possible.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from readers.env import WorkerEnv
+
+__all__ = ["ShardLayout", "ShardSettings", "epoch_plan", "shard_stream", "interleave", "buffer_shuffle",
+           "worker_order", "round_robin", "batch_counts", "consumed_batches", "permutation", "rank_indices",
+           "worker_lengths", "shards_delivered", "resume_order", "is_exact", "settings_of"]
+
+
+# --------------------------------------------------------------------------- map-style
+
+
+def permutation(n: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The epoch's order of all ``n`` samples (``arange(n)`` without shuffling)."""
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    return np.random.default_rng([int(seed), int(epoch)]).permutation(n)
+
+
+def _split_ranks(order: np.ndarray, pad_from: np.ndarray, world: int, rank: int, drop_last: bool) -> np.ndarray:
+    """Rank ``rank``'s share of ``order``: positions rank, rank+world, ... after padding or cutting
+    ``order`` to a multiple of ``world`` (padding repeats ``pad_from``'s first samples, as
+    ``DistributedSampler`` repeats the permutation's start)."""
+    if drop_last:
+        order = order[:len(order) - len(order) % world]
+    else:
+        missing = -len(order) % world
+        if missing and len(pad_from):
+            reps = math.ceil(missing / len(pad_from))
+            order = np.concatenate([order, np.tile(pad_from, reps)[:missing]])
+    return order[rank::world]
+
+
+def rank_indices(n: int, seed: int, epoch: int, shuffle: bool, world: int, rank: int, drop_last: bool = False,
+                 consumed: np.ndarray | None = None) -> np.ndarray:
+    """The sample indices rank ``rank`` of ``world`` reads this epoch, in order.
+
+    ``consumed``: a boolean mask of samples already delivered this epoch (a
+    resume); they are left out and the rest is split over the ranks. When the
+    consumed samples are the first ``G`` of this same permutation and ``G`` is a
+    multiple of ``world`` (a resume with the same settings), the result equals
+    the uninterrupted rank's list from position ``G / world`` on.
+    """
+    perm = permutation(n, seed, epoch, shuffle)
+    rest = perm if consumed is None else perm[~consumed[perm]]
+    return _split_ranks(rest, perm, world, rank, drop_last)
+
+
+# --------------------------------------------------------------------------- shards
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Where samples lie: samples per shard, first sample of each shard, shard of each sample."""
+
+    sizes: np.ndarray
+    first: np.ndarray
+    shard_of: np.ndarray
+
+    @classmethod
+    def from_sizes(cls, sizes: Sequence[int]) -> ShardLayout:
+        """Shards holding consecutive samples (how ``pack-dataset`` writes them)."""
+        sizes = np.asarray(sizes, dtype=np.int64)
+        first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        return cls(sizes, first, np.repeat(np.arange(len(sizes), dtype=np.int32), sizes))
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.sizes.sum())
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    """How ``ShardDataset`` orders an epoch (see the module docstring)."""
+
+    seed: int = 0
+    shuffle: bool = True
+    buffer_size: int = 1000
+    open_shards: int = 4
+    pad: bool = True
+
+    def __post_init__(self) -> None:
+        if self.buffer_size < 1:
+            raise ValueError(f"buffer_size must be >= 1, got {self.buffer_size}")
+        if self.open_shards < 1:
+            raise ValueError(f"open_shards must be >= 1, got {self.open_shards}")
+
+    def as_dict(self) -> dict:
+        return {k: int(v) if not isinstance(v, bool) else v for k, v in asdict(self).items()}
+
+
+def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The epoch's shard order, the same on every rank and worker."""
+    if not shuffle:
+        return np.arange(num_shards)
+    return np.random.default_rng([seed, epoch, 0x5EED]).permutation(num_shards)
+
+
+def _worker_range(n: int, env: WorkerEnv, pad: bool) -> tuple[int, int]:
+    per_rank = math.ceil(n / env.world_size) if pad else n // env.world_size
+    base, extra = divmod(per_rank, env.num_workers)
+    start = env.rank * per_rank + env.worker_id * base + min(env.worker_id, extra)
+    return start, start + base + (1 if env.worker_id < extra else 0)
+
+
+def epoch_plan(shard_sizes: np.ndarray, seed: int, epoch: int, shuffle: bool, env: WorkerEnv,
+               pad: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Shard order for the epoch and this worker's [start, stop) range over the stream.
+
+    Returns ``(order, (start, stop))`` where positions index the stream of
+    samples laid out shard by shard in ``order``; positions >= N wrap around.
+    """
+    order = shard_order(len(shard_sizes), seed, epoch, shuffle)
+    start, stop = _worker_range(int(np.sum(shard_sizes)), env, pad)
+    return order, np.array([start, stop])
+
+
+def shard_stream(layout: ShardLayout, order: np.ndarray) -> np.ndarray:
+    """All sample indices, shard after shard in ``order`` (each shard front to back)."""
+    sizes = layout.sizes[order]
+    if not len(sizes) or not sizes.sum():
+        return np.zeros(0, dtype=np.int64)
+    starts = np.repeat(layout.first[order] - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
+    return starts + np.arange(int(sizes.sum()), dtype=np.int64)
+
+
+def interleave(samples: np.ndarray, shards: np.ndarray, open_shards: int, rng: np.random.Generator) -> np.ndarray:
+    """Read ``open_shards`` runs at once: each next sample comes from a random open run.
+
+    A run is a maximal stretch of ``samples`` from one shard; runs keep their
+    internal order (sequential reads), and a finished run is replaced by the
+    next one in ``samples``.
+    """
+    n = len(samples)
+    if n == 0 or open_shards <= 1:
+        return samples
+    cuts = np.flatnonzero(np.diff(shards)) + 1
+    if len(cuts) == 0:
+        return samples
+    bounds = np.concatenate([[0], cuts, [n]]).tolist()
+    runs = list(zip(bounds[:-1], bounds[1:]))
+    pending = iter(runs[open_shards:])
+    active = [list(r) for r in runs[:open_shards]]  # [next position, end] per open run
+    picks = rng.random(n)
+    out = np.empty(n, dtype=np.int64)
+    for t in range(n):
+        k = int(picks[t] * len(active))
+        run = active[k]
+        out[t] = samples[run[0]]
+        run[0] += 1
+        if run[0] == run[1]:
+            nxt = next(pending, None)
+            if nxt is None:
+                active.pop(k)
+            else:
+                active[k] = list(nxt)
+    return out
+
+
+def buffer_shuffle(samples: np.ndarray, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
+    """Shuffle through a buffer of ``buffer_size``: once it is full, each incoming sample
+    replaces a random one, which is emitted; the rest is emitted shuffled at the end."""
+    n = len(samples)
+    if n <= 1:
+        return samples
+    size = min(buffer_size, n)
+    buf = samples[:size].tolist()
+    picks = rng.integers(size, size=n - size).tolist() if n > size else []
+    out = np.empty(n, dtype=np.int64)
+    for t, (i, j) in enumerate(zip(samples[size:].tolist(), picks)):
+        out[t] = buf[j]
+        buf[j] = i
+    rng.shuffle(buf)
+    out[n - size:] = buf
+    return out
+
+
+def worker_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env: WorkerEnv,
+                 consumed: np.ndarray | None = None) -> np.ndarray:
+    """Sample indices worker ``env`` delivers this epoch, in order (steps 1-4 of the module doc).
+
+    ``consumed``: a mask of samples already delivered this epoch (a resume with
+    other settings): they are removed from the stream before it is split.
+    """
+    order = shard_order(len(layout.sizes), settings.seed, epoch, settings.shuffle)
+    stream = shard_stream(layout, order)
+    if consumed is not None:
+        stream = stream[~consumed[stream]]
+    n = len(stream)
+    start, stop = _worker_range(n, env, settings.pad)
+    if n == 0 or stop <= start:
+        return np.zeros(0, dtype=np.int64)
+    samples = stream[np.arange(start, stop) % n]
+    if not settings.shuffle:
+        return samples
+    rng = np.random.default_rng([settings.seed, epoch, env.rank, env.worker_id])
+    samples = interleave(samples, layout.shard_of[samples], settings.open_shards, rng)
+    return buffer_shuffle(samples, settings.buffer_size, rng)
+
+
+# --------------------------------------------------------------------------- loader workers
+
+
+def batch_counts(lengths: Iterable[int], batch_size: int, drop_last: bool) -> list[int]:
+    """Batches each loader worker makes of its ``lengths`` samples."""
+    return [n // batch_size if drop_last else -(-n // batch_size) for n in lengths]
+
+
+def round_robin(per_worker: Sequence[Sequence]) -> list:
+    """The order a DataLoader delivers its workers' batches: round-robin, skipping finished ones."""
+    out, depth = [], max((len(b) for b in per_worker), default=0)
+    for k in range(depth):
+        out += [b[k] for b in per_worker if k < len(b)]
+    return out
+
+
+def consumed_batches(counts: Sequence[int], delivered: int) -> tuple[list[int], int]:
+    """After ``delivered`` batches of a round-robin over workers with ``counts`` batches each:
+    batches taken from each worker, and the worker whose batch comes next."""
+    if delivered > sum(counts):
+        raise ValueError(f"{delivered} batches delivered, but the epoch has only {sum(counts)}")
+    taken, nxt = [0] * len(counts), 0
+    while delivered:
+        if taken[nxt] < counts[nxt]:
+            taken[nxt] += 1
+            delivered -= 1
+        nxt = (nxt + 1) % len(counts)
+    return taken, nxt
+
+
+def worker_lengths(n: int, world: int, workers: int, pad: bool) -> list[int]:
+    """Samples each worker of a rank gets from an epoch of ``n`` (the same on every rank)."""
+    return [b - a for a, b in (_worker_range(n, WorkerEnv(0, world, w, workers), pad) for w in range(workers))]
+
+
+def settings_of(point: dict) -> ShardSettings:
+    """The order settings a resume point records."""
+    return ShardSettings(point["seed"], bool(point["shuffle"]), point["buffer_size"], point["open_shards"],
+                         bool(point["pad"]))
+
+
+def shards_delivered(layout: ShardLayout, epoch: int, point: dict) -> np.ndarray:
+    """Mask of the samples a ShardDataset loader had delivered this epoch at ``point`` (all ranks,
+    every worker): each worker's first ``taken x batch_size`` samples, where ``taken`` follows from
+    the round-robin over workers. ``point["after"]``: an earlier point this run had resumed from."""
+    prior = shards_delivered(layout, epoch, point["after"]) if point.get("after") else None
+    settings, world, workers = settings_of(point), point["world_size"], point["num_workers"]
+    n = layout.num_samples - (0 if prior is None else int(prior.sum()))
+    counts = batch_counts(worker_lengths(n, world, workers, settings.pad), point["batch_size"],
+                          bool(point["drop_last"]))
+    taken, _ = consumed_batches(counts, point["delivered"])
+    mask = np.zeros(layout.num_samples, dtype=bool) if prior is None else prior.copy()
+    for rank in range(world):
+        for w in range(workers):
+            if taken[w]:
+                order = worker_order(layout, settings, epoch, WorkerEnv(rank, world, w, workers), consumed=prior)
+                mask[order[:taken[w] * point["batch_size"]]] = True
+    return mask
+
+
+def is_exact(point: dict, env: WorkerEnv, settings: ShardSettings) -> bool:
+    """True when resuming at ``point`` under ``env``/``settings`` can continue the uninterrupted order."""
+    return (not point.get("after") and point["world_size"] == env.world_size
+            and point["num_workers"] == env.num_workers and settings_of(point) == settings)
+
+
+def resume_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env: WorkerEnv, point: dict) -> np.ndarray:
+    """What worker ``env`` delivers for the rest of an epoch interrupted at ``point``.
+
+    Exact resume (same ranks, workers and order settings; the loader also checks
+    batch size and ``drop_last``, and sets ``point["exact"]``): the DataLoader
+    hands out batches round-robin starting at its worker 0, while the interrupted
+    run would continue with logical worker ``nxt``; so physical worker p plays
+    logical worker ``(p + nxt) % W`` and skips the batches that one already
+    delivered. The rest of the epoch is then batch for batch the uninterrupted
+    order. Otherwise the delivered samples are removed and the remainder is split
+    with the current settings: each sample once (plus padding).
+    """
+    if not (point.get("exact") and is_exact(point, env, settings)):
+        return worker_order(layout, settings, epoch, env, consumed=shards_delivered(layout, epoch, point))
+    workers, bs = env.num_workers, point["batch_size"]
+    counts = batch_counts(worker_lengths(layout.num_samples, env.world_size, workers, settings.pad), bs,
+                          bool(point["drop_last"]))
+    taken, nxt = consumed_batches(counts, point["delivered"])
+    logical = (env.worker_id + nxt) % workers
+    order = worker_order(layout, settings, epoch, WorkerEnv(env.rank, env.world_size, logical, workers))
+    return order[taken[logical] * bs:]
