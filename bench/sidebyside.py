@@ -54,6 +54,11 @@ class SideConfig:
     pack: bool = True
     decoded: bool = True
     isolate: bool = True  # each measurement in a fresh interpreter
+    # torch intra-op threads in each measuring process (None: torch's default, one per core). 1 by
+    # default: with more, a 0-worker loader's torch ops (default_collate's stack, ToTensor) spin
+    # against everything else on a busy machine and the peers' figures say more about the load
+    # than about them (measured here at load 6: the naive memmap peer 101 vs 36,000 samples/s)
+    torch_threads: int | None = 1
     seed: int = 0
     work_dir: str | None = None
     peers: tuple[str, ...] = ("ffcv", "streaming")  # optional peers to use when installed
@@ -275,8 +280,16 @@ def _call(cfg: SideConfig, fn: Callable[..., dict], kwargs: dict[str, Any]) -> d
     if cfg.isolate:
         from bench.isolate import run_isolated
 
-        return run_isolated(fn, kwargs)
-    return fn(**kwargs)
+        return run_isolated(fn, kwargs, torch_threads=cfg.torch_threads)
+    import torch
+
+    threads = torch.get_num_threads()
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    try:
+        return fn(**kwargs)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _validator() -> Callable[[bytes], Any]:

@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-pack", action="store_true", help="skip the packing cases")
     p.add_argument("--no-decoded", action="store_true", help="skip the decoded cases")
     p.add_argument("--no-isolate", action="store_true", help="measure in this process (memory figures mix)")
+    p.add_argument("--torch-threads", type=int, default=d.torch_threads,
+                   help="torch intra-op threads per measuring process (0: torch's default; default 1)")
     p.add_argument("--quick", action="store_true", help="tiny run, seconds (CI: proves the harness works)")
     p.add_argument("--json", type=Path, help="write the result here")
     p.add_argument("--chart", type=Path, help="write a PNG chart here")
@@ -49,13 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     fields = {"images": args.images, "repeats": args.repeats, "batch_size": args.batch_size,
               "workers": args.workers, "min_seconds": args.min_seconds, "pack": not args.no_pack,
-              "decoded": not args.no_decoded, "work_dir": args.work_dir}
+              "decoded": not args.no_decoded, "work_dir": args.work_dir, "torch_threads": args.torch_threads or None}
     if args.no_isolate:
         fields["isolate"] = False
     if args.quick:
         defaults = SideConfig()
         cfg = SideConfig.quick(**{k: v for k, v in fields.items()
-                                  if k in ("pack", "decoded", "work_dir") or v != getattr(defaults, k)})
+                                  if k in ("pack", "decoded", "work_dir", "torch_threads")
+                                  or v != getattr(defaults, k)})
     else:
         cfg = SideConfig(**fields)
     result = run_side_by_side(cfg, progress=lambda s: print(f"  {s}", file=sys.stderr, flush=True))

@@ -115,8 +115,10 @@ def _fmt(v: float | None, digits: int = 0) -> str:
 def report(result: dict[str, Any]) -> str:
     """Tables: reads, packing, targets, then the machine and notes."""
     m, cfg = result["machine"], result["config"]
+    threads = cfg.get("torch_threads")
     lines = [f"side by side: {cfg['images']} ImageNet-like JPEGs, batch {cfg['batch_size']}, warm page cache, "
-             f"median of {cfg['repeats']}; mmap {cfg['mmap_size']}x{cfg['mmap_size']}",
+             f"median of {cfg['repeats']}; mmap {cfg['mmap_size']}x{cfg['mmap_size']}; torch intra-op threads "
+             f"per measuring process: {threads or 'default'}",
              "", f"{'reader':44s} {'samples/s':>10s} {'private MB':>10s} {'mapped MB':>9s} {'load':>5s} {'foreign':>7s}"]
     for r in result["reads"]:
         label = f"{r['who']}:{r['name']} {r['mode']} w={r['workers']}" + (
