@@ -14,6 +14,9 @@ The top layer of the project: ``bench`` -> ``packer`` -> ``readers`` ->
   its configuration and cases, one fresh process per measurement, the run itself;
 * :mod:`bench.results`, :mod:`bench.report` -- the result as plain data / JSON, and as
   tables, headline and chart;
+* :mod:`bench.remote`, :mod:`bench.servers` -- ``dataset-bench --remote``: reading from a
+  loopback S3 server (SeaweedFS) against the official reader and the local disk; the real
+  servers (SeaweedFS, nginx) that it and the tests start;
 * :mod:`bench.cli` -- the ``dataset-bench`` command (the only place with argparse and
   progress bars).
 

@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  dataset-bench --src imagenet/val --workers 0,4,8 --repeats 3\n"
         "  dataset-bench --src imagenet/val --datasets out/val-wds out/val-mmap --cache warm\n"
         "  dataset-bench --quick\n"
+        "  dataset-bench --remote --generate 2000 --json remote.json\n"
         "  dataset-bench --peers [--quick]   side by side with the peers, every target ratio (see --peers --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write all results as JSON")
     p.add_argument("--chart", metavar="FILE", help="draw a PNG bar chart")
     p.add_argument("--quick", action="store_true", help="tiny run for smoke tests (48 images, one repeat)")
+    p.add_argument("--remote", action="store_true", help="measure reading wds from a loopback S3 server "
+                   "(SeaweedFS, started for the run): streaming, node cache epochs 1 and 2, the official "
+                   "webdataset reader over the same server, the local disk (bench.remote)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     return p
 
@@ -122,19 +126,42 @@ class _Bar:
         self.bar.close()
 
 
+def _missing_for(args: argparse.Namespace) -> str | None:
+    """What optional package the asked-for outputs need and is not installed (None: nothing)."""
+    import importlib.util
+
+    if args.chart and importlib.util.find_spec("matplotlib") is None:
+        return ("--chart needs matplotlib, which is not installed: pip install 'dataset-packer[bench]' "
+                "(or pip install matplotlib), or leave out --chart")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["--peers"]:  # the side-by-side run with the peers (benchmarks/bench_peers.py)
+    if "--peers" in args_list:  # the side-by-side run with the peers (its own options: --peers --help)
         from bench.sidecli import main as peers_main
 
-        return peers_main(args_list[1:])
+        args_list.remove("--peers")
+        return peers_main(args_list)
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.remote:
+        from bench.remote import main_remote
+
+        try:
+            return main_remote(args)
+        except (ValueError, OSError, RuntimeError, PackError, SourceError) as exc:
+            print(f"dataset-bench: error: {exc}", file=sys.stderr)
+            return 1
     try:
         config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    missing = _missing_for(args)
+    if missing:  # before measuring: minutes of work would end in an ImportError
+        print(f"dataset-bench: error: {missing}", file=sys.stderr)
+        return 2
     bar: Any = _Bar() if args.progress else None
     try:
         result = run_benchmark(config, progress=bar)

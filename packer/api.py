@@ -6,7 +6,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from packer.errors import OutputError, SourceError
 from packer.formats.base import FormatWriter
@@ -14,10 +14,12 @@ from packer.formats.hdf5 import HDF5Writer
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.mmap import MemmapWriter
 from packer.formats.wds import WdsWriter
+from packer.importers import scan_import
 from packer.options import PackOptions
-from packer.output import prepare_output
+from packer.output import OutputLock, prepare_output
 from packer.pipeline import Progress, SplitResult, pack_split
 from packer.source import Source, find_split_dirs, scan
+from readers import spec
 from readers.env import available_cpus
 
 __all__ = ["pack", "WRITERS", "plan"]
@@ -33,18 +35,23 @@ def _split_name(path: Path) -> str:
     return name or "data"
 
 
-def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -> list[tuple[str, Source, Path]]:
+def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
+         lock: OutputLock | None = None) -> list[tuple[str, Source, Path]]:
     """Scan the source and decide (split name, source, output folder) for each split.
 
     Raises SourceError / OutputError (both UsageError) before anything is written.
+    With ``lock``, the output folders stay locked by it (``pack`` holds it for the
+    whole run); without, they are locked only while the output is checked.
     """
     src, out = Path(src), Path(out)
     if not src.exists():
         raise SourceError(f"{src}: no such folder")
-    if not src.is_dir():
+    imported = scan_import(src)  # WebDataset shards or a Hugging Face dataset (None: an image folder)
+    if imported is not None:
+        jobs = [(split, source, out if len(imported) == 1 else out / split) for split, source in imported]
+    elif not src.is_dir():
         raise SourceError(f"{src}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
-    splits = find_split_dirs(src)
-    if splits:
+    elif splits := find_split_dirs(src, options.splits):
         names = [_split_name(d) for d in splits]
         clash = sorted({n for n in names if names.count(n) > 1})
         if clash:
@@ -57,7 +64,8 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions) -
         raise OutputError(f"{out} lies inside the source folder {src}; choose an output outside it")
     if src.resolve().is_relative_to(out.resolve()):
         raise OutputError(f"the source {src} lies inside the output folder {out}; choose another output")
-    prepare_output(out, options)
+    single = jobs[0][0] if len(jobs) == 1 and jobs[0][2] == out else None
+    prepare_output(out, options, [dest for _, _, dest in jobs], lock, split_hint=single)
     return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
 
 
@@ -67,18 +75,43 @@ def pack(
     options: PackOptions | None = None,
     *,
     progress: Callable[[str, Source], Progress | None] | None = None,
+    **remote: Any,
 ) -> list[SplitResult]:
     """Pack the ImageFolder tree ``src`` into ``out`` (one dataset folder per split).
 
     ``progress(split, source)`` may return a callback ``(images, bytes)`` that
     is called as work completes; the CLI uses it for its progress bar.
+
+    ``out`` may be an ``s3://bucket/prefix`` URL: the pack is staged locally
+    and uploaded as it goes, ``index.json`` last (``packer.remote_output``;
+    keyword arguments ``storage_options``, ``stage_dir``, ``retry`` and
+    ``upload_progress(split) -> callback(bytes)`` apply there only).
     """
     options = options or PackOptions()
-    jobs = plan(src, out, options)
-    workers = options.workers or available_cpus()
-    results = []
-    for split, source, dest in jobs:
-        callback = progress(split, source) if progress else None
-        log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
-        results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback))
+    if spec.is_remote(out):
+        from packer.remote_output import pack_remote
+
+        return pack_remote(src, os.fspath(out), options, progress=progress, **remote)
+    if remote:
+        raise TypeError(f"{', '.join(sorted(remote))}: only for an s3:// output")
+    with OutputLock() as lock:  # no other pack writes these folders until this one ends
+        jobs = plan(src, out, options, lock=lock)
+        workers = options.workers or available_cpus()
+        results = []
+        for split, source, dest in jobs:
+            callback = progress(split, source) if progress else None
+            log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
+            stage = {"prepare": source.prepare} if source.prepare is not None else {}  # imported sources read bytes
+            results.append(pack_split(source, dest, split, options, WRITERS[options.format], workers, callback,
+                                      **stage))
+            results[-1].note = _layout_note(jobs, split, Path(out))
     return results
+
+
+def _layout_note(jobs: list[tuple[str, Source, Path]], split: str, out: Path) -> str:
+    """What the summary says about the layout chosen: which splits, or that nested folders are not."""
+    if any(dest != out for _, _, dest in jobs):
+        return f"split {split} of {', '.join(s for s, _, _ in jobs)}"
+    if any(p.count("/") > 1 for p in jobs[0][1].paths):
+        return "one dataset: sub-folders inside class folders are part of their class (--splits to choose splits)"
+    return ""

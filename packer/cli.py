@@ -1,9 +1,15 @@
-"""``pack-dataset``: the command line, a thin layer over :func:`packer.pack`.
+"""``pack-dataset``: the command line, a thin layer over :func:`packer.pack` and friends.
+
+Subcommands: ``pack`` (the default: ``pack-dataset SRC -f wds`` is
+``pack-dataset pack SRC -f wds``), ``convert``, ``verify`` and ``info``.
+The option flags of ``pack`` and ``convert`` come from the
+:class:`packer.options.PackOptions` field metadata.
 
 Exit codes: 0 done; 1 the work failed (I/O error, disk full, --strict
 reject, damaged dataset found by ``verify``); 2 usage error or bad input,
 nothing written; 3 done, but some images were rejected (listed in
-``rejects.jsonl`` beside the output).
+``rejects.jsonl`` beside the output); 130 interrupted by Ctrl-C (SIGINT),
+143 stopped by SIGTERM (both resumable with ``--resume``).
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,22 +26,44 @@ from typing import Any, Callable, Sequence
 
 from packer.errors import PackerError, PackError, UsageError
 from packer.options import Flag, PackOptions, cli_fields
+from readers.spec import DatasetFormatError
 
-__all__ = ["main", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_REJECTS"]
+__all__ = ["main", "build_parser", "build_main_parser", "COMMANDS",
+           "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_REJECTS"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, PackError.exit_code, UsageError.exit_code, 3
 
+EXIT_CODES = """\
+exit codes: 0 done, 1 failed (resumable with --resume), 2 usage error (nothing written),
+            3 done but some images were rejected (see rejects.jsonl beside the output),
+            130 interrupted (Ctrl-C), 143 stopped by SIGTERM (both resumable with --resume)
+"""
+
 EPILOG = """\
 examples:
-  pack-dataset imagenet/train --format wds  -o out/train-wds
-  pack-dataset imagenet/train --format lmdb -o out/train-lmdb --max-side 512
-  pack-dataset imagenet/train --format mmap -o out/train-mmap --resize 256
-  pack-dataset imagenet/      --format hdf5 -o out/imagenet-h5   (packs train/ and val/)
+  pack-dataset imagenet/train -f wds  -o out/train-wds
+  pack-dataset imagenet/train -f lmdb -o out/train-lmdb --max-side 512
+  pack-dataset imagenet/train -f mmap -o out/train-mmap --resize 256
+  pack-dataset imagenet/      -f hdf5 -o out/imagenet-h5      (packs train/ and val/)
+  pack-dataset shards/        -f lmdb -o out/from-shards      (WebDataset shards written by other tools)
+  pack-dataset convert out/train-wds -f lmdb -o out/train-lmdb
+  pack-dataset imagenet/train --format wds  -o s3://bucket/imagenet/train-wds   (uploads as it goes)
   pack-dataset verify out/train-wds
+  pack-dataset verify s3://bucket/imagenet/train-wds
+  pack-dataset info out/train-wds
 
-exit codes: 0 done, 1 failed (resumable with --resume), 2 usage error (nothing written),
-            3 done but some images were rejected (see rejects.jsonl beside the output)
-"""
+""" + EXIT_CODES
+
+#: subcommand -> one-line description (the order of ``pack-dataset --help``)
+COMMANDS = {
+    "pack": "pack an image folder, WebDataset shards or a Hugging Face image dataset (the default command)",
+    "convert": "turn a packed dataset into another format, checking every sample's checksum",
+    "verify": "recompute every checksum of a packed dataset; name each damaged sample",
+    "info": "what a packed (or interrupted) dataset holds, and how to resume it",
+}
+
+SRC_HELP = ("image folder root/<class>/<image> (or root/<split>/<class>/<image>), a folder of WebDataset "
+            ".tar shards, or a Hugging Face datasets folder (save_to_disk) or .parquet files")
 
 
 def _arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -66,17 +96,10 @@ def _add_option(target: Any, f: dataclasses.Field, flag: Flag) -> None:
     target.add_argument(*flag.flags, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="pack-dataset",
-        description="Pack an ImageFolder tree (root/<class>/<image>) into WebDataset shards, LMDB, HDF5 "
-        "or memory-mapped uint8 arrays. 'pack-dataset verify PATH' checks a packed dataset.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("src", type=Path, help="image folder: root/<class>/<image>, or root/<split>/<class>/<image>")
+def _add_options(p: argparse.ArgumentParser, command: str, output_help: str) -> None:
+    """The PackOptions flags ``command`` takes, plus -o and -q."""
     groups: dict[str, Any] = {}
-    for f, flag in cli_fields():
+    for f, flag in cli_fields(command):
         target = p
         if flag.exclusive_group:
             if flag.exclusive_group not in groups:
@@ -84,18 +107,76 @@ def build_parser() -> argparse.ArgumentParser:
             target = groups[flag.exclusive_group]
         _add_option(target, f, flag)
         if f.name == "format":  # listed right after --format, as --help always showed it
-            p.add_argument("-o", "--output", type=Path, help="output folder (default: SRC-FORMAT beside SRC)")
+            p.add_argument("-o", "--output", type=output_location if command == "pack" else Path,
+                           help=output_help.replace("output folder", "output folder, or s3://bucket/prefix")
+                           if command == "pack" else output_help)
+    if command == "pack":
+        p.add_argument("--stage-dir", type=Path, metavar="DIR",
+                       help="s3:// output: stage files here before upload (default: $DATASET_PACKER_STAGE or "
+                            "~/.cache/dataset-packer/stage/...)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def _pack_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", type=Path, help=SRC_HELP)
+    _add_options(p, "pack", "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
+
+
+def _convert_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", type=Path, help="a packed dataset folder (or a folder of split datasets)")
+    _add_options(p, "convert", "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``pack-dataset pack`` (also what ``pack-dataset SRC ...`` uses)."""
+    p = argparse.ArgumentParser(
+        prog="pack-dataset",
+        description="Pack an ImageFolder tree (root/<class>/<image>), WebDataset shards or a Hugging Face "
+        "image dataset into WebDataset shards, LMDB, HDF5 or memory-mapped uint8 arrays.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _pack_arguments(p)
     return p
 
 
-def _progress_factory(quiet: bool):
+def _add_command(sub: Any, name: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+                 description: str | None = None) -> None:
+    p = sub.add_parser(name, help=COMMANDS[name], description=description or COMMANDS[name],
+                       epilog=EXIT_CODES if name in ("pack", "convert") else None,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(command=name, command_parser=p)  # the command's parser, for its error messages
+
+
+def build_main_parser() -> argparse.ArgumentParser:
+    """``pack-dataset`` with its subcommands (what ``pack-dataset --help`` shows)."""
+    from packer import info, verify
+
+    p = argparse.ArgumentParser(
+        prog="pack-dataset",
+        description="Pack image datasets into WebDataset shards, LMDB, HDF5 or memory-mapped uint8 arrays; "
+        "convert, verify and inspect packed datasets.\n\n"
+        "'pack-dataset SRC -f FORMAT ...' is short for 'pack-dataset pack SRC -f FORMAT ...' "
+        "(a source folder named like a command: 'pack-dataset pack ./info ...').\n"
+        "'pack-dataset COMMAND --help' lists a command's options.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(title="commands", metavar="COMMAND", dest="command", required=True)
+    _add_command(sub, "pack", _pack_arguments)
+    _add_command(sub, "convert", _convert_arguments,
+                 "Turn a packed dataset into another format without re-validating: every sample's checksum "
+                 "is checked as it is copied. Encoded formats (wds, lmdb, hdf5) copy the stored bytes; mmap "
+                 "decodes them (and applies --resize); from mmap, pixels are stored as lossless PNG.")
+    _add_command(sub, "verify", verify.add_arguments)
+    _add_command(sub, "info", info.add_arguments)
+    return p
+
+
+def _progress_factory(quiet: bool, verb: str = "pack"):
     def factory(split, source):
         if quiet:
             return None
         from tqdm import tqdm
 
-        bar = tqdm(total=len(source.paths), unit="img", desc=f"pack {split}", dynamic_ncols=True,
+        bar = tqdm(total=len(source.paths), unit="img", desc=f"{verb} {split}", dynamic_ncols=True,
                    smoothing=0.05, mininterval=0.5)
         state = {"bytes": 0, "t0": time.perf_counter()}
 
@@ -113,39 +194,131 @@ def _progress_factory(quiet: bool):
     return factory
 
 
-def _pack_main(argv: Sequence[str]) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from packer.api import pack
-
-    out = args.output or args.src.parent / f"{args.src.resolve().name}-{args.format}"
+def _options(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> PackOptions:
     try:
-        options = PackOptions(**{f.name: getattr(args, f.name) for f, _ in cli_fields()})
+        return PackOptions(**{f.name: getattr(args, f.name) for f, _ in cli_fields(command)})
     except ValueError as exc:
         parser.error(str(exc))
+        raise  # parser.error exits; this keeps type checkers informed
+
+
+def _run(args: argparse.Namespace, work: Callable[[Path], list]) -> int:
+    """Run ``work(out)`` and turn its outcome into summary lines and an exit code."""
+    out = args.output or args.src.parent / f"{args.src.resolve().name}-{args.format}"
     try:
-        results = pack(args.src, out, options, progress=_progress_factory(args.quiet))
+        results = work(out)
     except PackerError as exc:
         word = "error" if isinstance(exc, UsageError) else "failed"
         print(f"pack-dataset: {word}: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"pack-dataset: interrupted; {out} is incomplete, re-run with --resume to finish it",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        if isinstance(out, str) or os.path.lexists(out):
+            print(f"pack-dataset: {_stopped(exc)}; {out} is incomplete, re-run the same command with --resume "
+                  "to finish it", file=sys.stderr)
+        else:
+            print(f"pack-dataset: {_stopped(exc)} before anything was written", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
+    except (OSError, DatasetFormatError) as exc:  # outside the pack's own handling: still one line
+        print(f"pack-dataset: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     for r in results:
         print(r.summary())
     return EXIT_REJECTS if any(r.rejected for r in results) else EXIT_OK
 
 
+def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from packer.api import pack
+
+    options = _options(parser, args, "pack")
+    out = args.output
+    remote: dict[str, Any] = {}
+    if isinstance(out, str):  # s3:// (packer.remote_output)
+        remote = {"stage_dir": args.stage_dir, "upload_progress": _upload_bar_factory(args.quiet)}
+    elif args.stage_dir is not None:
+        parser.error("--stage-dir applies to an s3:// output only")
+    return _run(args, lambda out: pack(args.src, out, options, progress=_progress_factory(args.quiet), **remote))
+
+
+def output_location(text: str) -> Path | str:
+    """``-o``: a local folder (Path), or a remote URL kept as text (``Path`` would fold ``s3://`` to ``s3:/``)."""
+    from readers.spec import is_remote
+
+    return text if is_remote(text) else Path(text)
+
+
+def _upload_bar_factory(quiet: bool):
+    def factory(split):
+        if quiet:
+            return None
+        from tqdm import tqdm
+
+        bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=f"upload {split}", dynamic_ncols=True,
+                   mininterval=0.5)
+        return bar.update
+
+    return factory
+
+
+def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from packer.convert import convert
+
+    options = _options(parser, args, "convert")
+    return _run(args, lambda out: convert(args.src, out, options,
+                                          progress=_progress_factory(args.quiet, "convert")))
+
+
+def _pack_main(argv: Sequence[str]) -> int:
+    """``pack-dataset SRC ...`` (no subcommand): exactly as ``pack-dataset pack SRC ...``."""
+    parser = build_parser()
+    return _pack(parser, parser.parse_args(argv))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C (everything closed, resumable), with exit code 128 + 15."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def _stopped(exc: BaseException) -> str:
+    return "stopped by SIGTERM" if isinstance(exc, Terminated) else "interrupted"
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)  # SIGTERM is Ctrl-C with its own exit code
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `pack-dataset info PATH | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt as exc:  # verify, info: nothing to resume
+        print(f"pack-dataset: {_stopped(exc)}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="pack-dataset: %(levelname)s: %(message)s")
-    if argv and argv[0] == "verify":
-        from packer.verify import main as verify_main
+    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+        return _pack_main(argv)
+    parser = build_main_parser()
+    args = parser.parse_args(argv)
+    if args.command == "pack":
+        return _pack(args.command_parser, args)
+    if args.command == "convert":
+        return _convert(args.command_parser, args)
+    if args.command == "verify":
+        from packer.verify import run
 
-        return verify_main(argv[1:])
-    return _pack_main(argv)
+        return run(args)
+    from packer.info import run as info_run
+
+    return info_run(args)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,13 @@ The rules (documented for users in ``docs/bad-input.md``):
   channel exactly, so every reader gets the same RGB pixels from a 3x smaller file.
 * Everything else becomes 8-bit RGB: CMYK/YCCK (Pillow's Adobe convention),
   16-bit and 32-bit (scaled, not clipped), palette, 1-bit, and alpha, which
-  is composited onto white. EXIF orientation is applied to the pixels. Only
-  the first frame of an animation is kept. Re-encoded files carry no metadata.
+  is composited onto white. Orientation is applied to the pixels wherever
+  Pillow's ``getexif`` finds it (EXIF, a PNG eXIf chunk, ImageMagick's "Raw
+  profile type exif" text, XMP ``tiff:Orientation``). Only the first frame
+  of an animation is kept. Re-encoded files carry no metadata.
+* A JPEG with junk between its header segments is repaired losslessly first
+  (``packer.jpeg_repair``): stored as the repaired file (``Prepared.repair``
+  says what was removed) unless it is re-encoded anyway.
 * Rejected (:class:`RejectedImage`, one-line reason): empty, not an image,
   truncated, corrupt (JPEGs on which libjpeg-turbo reports corrupt data
   included), or more than ``max_pixels`` pixels (checked from the header).
@@ -38,6 +43,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image, ImageFile, JpegImagePlugin
 
+from packer.jpeg_repair import repair_header
 from packer.validate_fast import plain_jpeg_size
 from readers.geometry import resize_center_crop
 
@@ -74,6 +80,7 @@ class Prepared:
     pixels: np.ndarray | None = None  # (H, W, 3) uint8 in pixels mode
     note: str = ""  # what was changed (and any decoder warning), comma-separated
     source_format: str = ""  # Pillow's name for the content: "JPEG", "PNG", "GIF", ...
+    repair: str = ""  # set when the stored bytes are a lossless repair of the file (what was repaired)
 
 
 _UNSAFE_FORMATS = frozenset({"EPS"})  # Pillow shells out to Ghostscript for these
@@ -189,8 +196,14 @@ def _has_alpha(im: Image.Image) -> bool:
     return im.mode in _ALPHA_MODES or ("transparency" in im.info and im.mode in ("1", "L", "P", "RGB"))
 
 
-def _orientation(im: Image.Image) -> int:
-    if im.format == "PNG" and "exif" not in im.info:
+#: Where Pillow's getexif() (and so ImageOps.exif_transpose) finds an orientation besides EXIF blocks:
+#: a PNG eXIf chunk ("exif"), ImageMagick's "Raw profile type exif" text chunk, XMP (tiff:Orientation).
+_ORIENTATION_INFO = ("exif", "Raw profile type exif", "XML:com.adobe.xmp", "xmp")
+
+
+def _orientation(im: Image.Image, decoded: bool) -> int:
+    """The orientation Pillow's ``ImageOps.exif_transpose`` would apply (1: none), from any of its sources."""
+    if im.format == "PNG" and not decoded and not any(k in im.info for k in _ORIENTATION_INFO):
         return 1  # PngImageFile.getexif() would decode the whole image to look for a late eXIf chunk
     try:
         value = im.getexif().get(0x0112, 1)
@@ -298,17 +311,31 @@ def _plain_jpeg(data: bytes, opts: ImageOptions) -> Prepared | None:
 
 
 def _prepare(data: bytes, opts: ImageOptions) -> Prepared:
+    """A JPEG with junk between its header segments is repaired losslessly first (``packer.jpeg_repair``)."""
+    fixed = repair_header(data) if data[:2] == b"\xff\xd8" else None
+    if fixed is None:
+        return _prepare_file(data, opts)
+    repaired, what = fixed
+    prep = _prepare_file(repaired, opts)
+    if not prep.changed:  # stored as the repaired file: listed in repairs.jsonl
+        prep.changed, prep.repair = True, what
+    prep.note = ", ".join(filter(None, [what, prep.note]))  # re-encoded anyway: the note says it
+    return prep
+
+
+def _prepare_file(data: bytes, opts: ImageOptions) -> Prepared:
     im = _open(data)
     fmt, (w, h) = im.format or "", im.size
     if w * h > opts.max_pixels:
         raise RejectedImage(f"decompression bomb ({w}x{h} = {w * h:,} pixels > max_pixels {opts.max_pixels:,})")
     jpeg = fmt in _JPEG_FORMATS
     notes = _problems(im, data)
-    if not jpeg and (opts.validate or notes or opts.want_pixels or _downscaled(w, h, opts)):
+    decoded = not jpeg and bool(opts.validate or notes or opts.want_pixels or _downscaled(w, h, opts))
+    if decoded:
         if fmt == "PNG" and opts.validate:
             _check_png_chunks(data)
         _load(im)  # the one full decode (PNG has no reduced mode)
-    orientation = _orientation(im)
+    orientation = _orientation(im, decoded)
     if orientation != 1:
         notes.append(f"exif-rotate (orientation {orientation})")
     if orientation >= 5:  # 5..8 swap the axes

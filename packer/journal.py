@@ -6,18 +6,27 @@ While a split is packed its folder holds, besides the format's data files:
   sample (turned into the index arrays at the end);
 * ``names.jsonl`` -- each written sample's source path (kept as is);
 * ``rejects.jsonl`` -- the files that could not be packed;
+* ``repairs.jsonl`` -- the files stored after a lossless repair;
 * ``pack-state.json`` -- the :class:`Journal`: counters, the lengths of the
-  three files above and the writer's state, as of the last checkpoint.
+  four files above and the writer's state, as of the last checkpoint.
 
 At a checkpoint the writer's data is made durable first, then the side
 files are fsynced, then the journal is replaced atomically. Resume cuts the
 side files back to the journal's lengths (and the writer its data files to
 the writer state), so everything past the last checkpoint is dropped.
+
+Resume continues only the same pack: same format, split and options (a
+difference is named, flag by flag), and the same source. "Same source"
+means the files already packed are unchanged: the journal keeps a hash of
+the source list up to its position (``source_prefix``); files after it may
+have changed (one that vanished or changed while being read stops a pack),
+and are packed as the source now is, exactly as a fresh pack of it would.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -26,13 +35,30 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from packer.errors import PackError
-from packer.options import PackOptions
+from packer.options import PackOptions, cli_fields
+from packer.output import LOCK_NAME
 from packer.source import Source
 from readers import spec
 
-__all__ = ["Journal", "SideFiles", "RECORDS_NAME"]
+__all__ = ["Journal", "SideFiles", "RECORDS_NAME", "option_differences"]
+
+log = logging.getLogger(__name__)
 
 RECORDS_NAME = "records.bin"
+
+
+def option_differences(then: dict[str, Any], now: dict[str, Any]) -> str:
+    """The recorded options that differ, spelled as flags: ``--shard-count 9 then, 10 now; ...``."""
+    flags = {f.name: flag for f, flag in cli_fields()}
+    parts = []
+    for key in sorted(set(then) | set(now), key=lambda k: list(flags).index(k) if k in flags else len(flags)):
+        a, b = then.get(key, "unset"), now.get(key, "unset")
+        if a == b:
+            continue
+        flag = flags.get(key)
+        show = (lambda v: v if v in (None, "unset") or isinstance(v, bool) else flag.show(v)) if flag else str
+        parts.append(f"{flag.flags[-1] if flag else key} {show(a)} then, {show(b)} now")
+    return "; ".join(parts)
 
 
 @dataclass
@@ -45,38 +71,85 @@ class Journal:
     bytes_in: int = 0  # source bytes consumed
     changed: int = 0  # samples stored re-encoded
     rejected: int = 0
+    repaired: int = 0  # samples stored after a lossless repair (repairs.jsonl)
     encodings: dict[str, int] = field(default_factory=dict)  # stored extension -> samples
     records_len: int = 0  # byte lengths of the side files at the checkpoint
     names_len: int = 0
     rejects_len: int = 0
+    repairs_len: int = 0
     writer: dict[str, Any] | None = None  # the writer's checkpoint state
+    source_prefix: str = ""  # hash of the source list before next_source (Source.prefix_fingerprint)
 
     @staticmethod
     def identity_of(split: str, source: Source, options: PackOptions) -> dict[str, Any]:
+        """What must match to resume (format, split, options, fingerprint), plus where the source
+        is (``source``: for ``pack-dataset info`` to say how to resume; not compared)."""
         return {"format": options.format, "split": split, "options": options.recorded(),
-                "fingerprint": source.fingerprint()}
+                "fingerprint": source.fingerprint(),
+                "source": {**source.describe(), "images": len(source.paths)}}
 
     @classmethod
-    def load(cls, out: Path, identity: dict[str, Any]) -> Journal | None:
-        """The journal in ``out`` if it belongs to this pack; None when ``out`` is empty."""
+    def load(cls, out: Path, identity: dict[str, Any], source: Source | None = None) -> Journal | None:
+        """The journal in ``out`` if it belongs to this pack; None when ``out`` is empty.
+
+        Refuses (PackError naming what differs) a journal of another pack, or
+        one whose already-packed part of the source changed.
+        """
         path = out / spec.STATE_NAME
-        if not path.exists():
-            if any(out.iterdir()):
-                raise PackError(f"{out}: nothing to resume (no {spec.STATE_NAME} journal); use --overwrite")
+        if not os.path.lexists(path):
+            with os.scandir(out) as entries:
+                leftovers = [e.name for e in entries if e.name != LOCK_NAME]
+            if leftovers:
+                raise PackError(f"{out}: nothing to resume (no {spec.STATE_NAME} journal); "
+                                "start again with --overwrite")
             return None
-        state = json.loads(path.read_text(encoding="utf-8"))
-        if state["options"].get("extra") == {}:  # journals written before the unused option was removed
-            del state["options"]["extra"]
-        if state["options"] != json.loads(json.dumps(identity["options"])):
-            raise PackError(
-                f"{out}: the interrupted pack used other options ({state['options']}); "
-                "resume with the same options, or start again with --overwrite"
-            )
+        state = cls._read(path)
+        for key in ("format", "split"):
+            if state.get(key) != identity[key]:
+                raise PackError(f"{out}: the interrupted pack wrote {key} {state.get(key)!r}, this one asks for "
+                                f"{identity[key]!r}; resume with the same command, or start again with --overwrite")
+        options = dict(state["options"])
+        if options.get("extra") == {}:  # journals written before the unused option was removed
+            del options["extra"]
+        diff = option_differences(options, json.loads(json.dumps(identity["options"])))
+        if diff:
+            raise PackError(f"{out}: the interrupted pack used other options ({diff}); "
+                            "resume with the same options, or start again with --overwrite")
         if state["fingerprint"] != identity["fingerprint"]:
-            raise PackError(f"{out}: the source folder changed since the interrupted pack; "
-                            "start again with --overwrite")
-        counters = {f.name: state[f.name] for f in fields(cls) if f.name != "identity"}
+            cls._check_prefix(out, state, source)
+        defaults = asdict(cls(identity))  # journals written before a field existed lack it
+        counters = {f.name: state.get(f.name, defaults[f.name]) for f in fields(cls) if f.name != "identity"}
         return cls(identity=identity, **counters)
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, Any]:
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(state, dict):
+                raise ValueError(f"a JSON {type(state).__name__}, not an object")
+            for key, kind in (("options", dict), ("fingerprint", str), ("done", int), ("next_source", int)):
+                if not isinstance(state.get(key), kind):
+                    raise ValueError(f"{key!r} is missing or not a {kind.__name__}")
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise PackError(f"{path} is damaged ({exc}): the interrupted pack cannot be resumed; "
+                            "start again with --overwrite") from None
+        return state
+
+    @staticmethod
+    def _check_prefix(out: Path, state: dict[str, Any], source: Source | None) -> None:
+        """The source changed: resume only if the part already packed is the same."""
+        n, prefix = state["next_source"], state.get("source_prefix")
+        if source is not None and prefix and 0 <= n <= len(source.paths) and source.prefix_fingerprint(n) == prefix:
+            log.warning("%s: the source changed after the %d files already packed; resuming with the source "
+                        "as it is now", out, n)
+            return
+        then = (state.get("source") or {}).get("images") if isinstance(state.get("source"), dict) else None
+        if source is not None and source.order.get("kind", "source") != "source" and then != len(source.paths):
+            raise PackError(f"{out}: the source folder holds {len(source.paths)} images, {then} when the pack "
+                            "started, and a shuffled order (--order shuffled) changes with the count; restore the "
+                            "source and --resume, or start again with --overwrite")
+        raise PackError(f"{out}: the source folder changed in the part already packed (its first {n} files); "
+                        "start again with --overwrite")
 
     def save(self, out: Path) -> None:
         """Replace ``pack-state.json`` atomically (after the data it describes is durable)."""
@@ -87,7 +160,7 @@ class Journal:
     @staticmethod
     def discard(out: Path) -> None:
         """Remove the journal and the records once the index is committed."""
-        for name in (RECORDS_NAME, spec.STATE_NAME):
+        for name in (RECORDS_NAME, spec.STATE_NAME, spec.STATE_NAME + ".tmp"):
             (out / name).unlink(missing_ok=True)
 
 
@@ -97,11 +170,13 @@ def _truncate(path: Path, length: int) -> None:
 
 
 class SideFiles:
-    """``records.bin``, ``names.jsonl`` and ``rejects.jsonl``: appended per sample, cut back on resume."""
+    """``records.bin``, ``names.jsonl``, ``rejects.jsonl`` and ``repairs.jsonl``: appended per sample,
+    cut back on resume."""
 
     def __init__(self, out: Path, journal: Journal) -> None:
-        self.paths = (out / RECORDS_NAME, out / spec.NAMES_FILE, out / spec.REJECTS_NAME)
-        for path, length in zip(self.paths, (journal.records_len, journal.names_len, journal.rejects_len)):
+        self.paths = (out / RECORDS_NAME, out / spec.NAMES_FILE, out / spec.REJECTS_NAME, out / spec.REPAIRS_NAME)
+        lengths = (journal.records_len, journal.names_len, journal.rejects_len, journal.repairs_len)
+        for path, length in zip(self.paths, lengths):
             _truncate(path, length)
         files: list[BinaryIO] = []
         try:
@@ -112,8 +187,9 @@ class SideFiles:
                 f.close()
             raise
         self._files = tuple(files)
-        self.records, self.names, self.rejects = self._files
+        self.records, self.names, self.rejects, self.repairs = self._files
         self._pending: list[tuple] = []
+        self._synced = False  # the first sync makes every file durable (resume may have truncated them)
 
     def add_sample(self, record: tuple, rel: str) -> None:
         """One written sample: its index record (fields of RECORD_DTYPE, in order) and source path."""
@@ -123,20 +199,36 @@ class SideFiles:
     def add_reject(self, rel: str, reason: str) -> None:
         self.rejects.write((json.dumps({"path": rel, "reason": reason}) + "\n").encode())
 
+    def add_repair(self, rel: str, sample: int, what: str) -> None:
+        self.repairs.write((json.dumps({"path": rel, "sample": sample, "repair": what}) + "\n").encode())
+
     def sync(self, journal: Journal) -> None:
         """Make everything added so far durable and record the files' lengths in ``journal``."""
         if self._pending:
             self.records.write(np.array(self._pending, dtype=spec.RECORD_DTYPE).tobytes())
             self._pending.clear()
-        for f in self._files:
+        lengths = (journal.records_len, journal.names_len, journal.rejects_len, journal.repairs_len)
+        for f, synced in zip(self._files, lengths):
             f.flush()
-            os.fsync(f.fileno())
-        journal.records_len, journal.names_len, journal.rejects_len = (f.tell() for f in self._files)
+            if f.tell() != synced or not self._synced:  # unchanged since the last sync: durable already
+                os.fsync(f.fileno())
+        self._synced = True
+        journal.records_len, journal.names_len, journal.rejects_len, journal.repairs_len = (
+            f.tell() for f in self._files)
 
     def close(self) -> None:
         for f in self._files:
             if not f.closed:
                 f.close()
+
+    def abandon(self) -> None:
+        """Close after an error without raising another one (a full disk fails the flush again);
+        what was not synced is dropped by the next resume anyway."""
+        for f in self._files:
+            try:
+                f.close()
+            except OSError:
+                pass
 
     @staticmethod
     def read_records(out: Path) -> np.ndarray:

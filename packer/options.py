@@ -9,6 +9,7 @@ the field definitions (image-rule defaults come from ``packer.images``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -35,7 +36,17 @@ def parse_size(text: str | int) -> int:
         value = float(num)
     except ValueError:
         raise ValueError(f"not a size: {text!r} (use e.g. 256MB, 1GB, 500k)") from None
+    if not math.isfinite(value) or value * _UNITS[unit] >= 2**63:
+        raise ValueError(f"not a size: {text!r} (a finite number of bytes below 8 EiB, e.g. 256MB)")
     return int(value * _UNITS[unit])
+
+
+def parse_positive_size(text: str | int) -> int:
+    """:func:`parse_size`, at least 1 byte."""
+    value = parse_size(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1 byte, got {text!r}")
+    return value
 
 
 def format_size(n: int) -> str:
@@ -57,6 +68,22 @@ def parse_positive(text: str) -> int:
     return value
 
 
+#: --workers may ask for at most this many processes per usable CPU (more only thrash and take memory).
+WORKERS_PER_CPU = 4
+
+
+def _max_workers() -> int:
+    from readers.env import available_cpus
+
+    return max(8, WORKERS_PER_CPU * available_cpus())
+
+
+def _parse_splits(text: str) -> str:
+    from packer.source import parse_splits
+
+    return parse_splits(text)
+
+
 @dataclass(frozen=True)
 class Flag:
     """How a :class:`PackOptions` field appears on the command line.
@@ -73,6 +100,7 @@ class Flag:
     required: bool = False
     exclusive_group: str | None = None  # flags sharing a group name cannot be given together
     show: Callable[[Any], str] = str
+    commands: tuple[str, ...] = ("pack",)  # the pack-dataset subcommands that take this flag
 
     def help_for(self, default: Any) -> str:
         return self.help.format(default=self.show(default))
@@ -82,20 +110,24 @@ def _flag(*flags: str, **kwargs: Any) -> dict[str, Flag]:
     return {"cli": Flag(flags, **kwargs)}
 
 
+_BOTH = ("pack", "convert")  # flags that ``pack-dataset convert`` takes too
+
+
 @dataclass(frozen=True)
 class PackOptions:
     """Everything that decides what ``pack`` writes. Recorded in each index."""
 
     format: str = field(default="wds", metadata=_flag(
-        "-f", "--format", help="output format", choices=FORMATS, required=True))
+        "-f", "--format", help="output format", choices=FORMATS, required=True, commands=_BOTH))
     # None: the CPUs this process may use (cgroup-aware)
     workers: int | None = field(default=None, metadata=_flag(
-        "-w", "--workers", parse=parse_positive, help="worker processes (default: usable CPUs, cgroup-aware)"))
+        "-w", "--workers", parse=parse_positive, help="worker processes (default: usable CPUs, cgroup-aware)",
+        commands=_BOTH))
     shard_size: int = field(default=DEFAULT_SHARD_SIZE, metadata=_flag(
-        "--shard-size", parse=parse_size, show=format_size,
-        help="wds: start a new shard once a shard reaches this size (default {default})"))
+        "--shard-size", parse=parse_positive_size, show=format_size,
+        help="wds: start a new shard once a shard reaches this size (default {default})", commands=_BOTH))
     shard_count: int | None = field(default=None, metadata=_flag(
-        "--shard-count", parse=parse_positive, help="wds: ...or once it holds this many samples"))
+        "--shard-count", parse=parse_positive, help="wds: ...or once it holds this many samples", commands=_BOTH))
     # downscale so the longer side <= this, re-encode at quality
     max_side: int | None = field(default=None, metadata=_flag(
         "--max-side", parse=parse_positive, help="downscale so the longer side is at most N pixels"))
@@ -103,7 +135,7 @@ class PackOptions:
         "--quality", parse=int, help="JPEG quality for re-encoded images (default {default})"))
     resize: int | None = field(default=None, metadata=_flag(
         "--resize", parse=parse_positive,
-        help="mmap: shorter side to N, then center crop NxN (one N x N x 3 array)"))
+        help="mmap: shorter side to N, then center crop NxN (one N x N x 3 array)", commands=_BOTH))
     validate: bool = field(default=True, metadata=_flag(
         "--no-validate", action="store_false",
         help="do not decode images at pack time (for data you already trust)"))
@@ -114,16 +146,23 @@ class PackOptions:
     follow_symlinks: bool = field(default=False, metadata=_flag(
         "--follow-symlinks", action="store_true", help="follow symlinks that point outside SRC"))
     overwrite: bool = field(default=False, metadata=_flag(
-        "--overwrite", action="store_true", exclusive_group="existing", help="replace an existing output"))
+        "--overwrite", action="store_true", exclusive_group="existing", help="replace an existing output",
+        commands=_BOTH))
     resume: bool = field(default=False, metadata=_flag(
         "--resume", action="store_true", exclusive_group="existing",
-        help="finish an interrupted pack with the same options"))
+        help="finish an interrupted pack with the same options", commands=_BOTH))
     # lmdb/hdf5/mmap: durable commit every this many bytes. Each checkpoint costs about six fsyncs
     # (data, the three side files, the journal and its folder): at 64 MB that was a quarter of an
     # hdf5 pack's time here; 256 MB keeps at most ~1 s of packing to redo after a crash.
     checkpoint_bytes: int = field(default=256 * 1024 * 1024, metadata=_flag(
-        "--checkpoint-bytes", parse=parse_size, show=format_size,
-        help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default {default})"))
+        "--checkpoint-bytes", parse=parse_positive_size, show=format_size,
+        help="lmdb/hdf5/mmap: make progress durable (resumable) every this many bytes (default {default})",
+        commands=_BOTH))
+    # which sub-folders of the source are splits; decides the output layout, not a dataset's content
+    splits: str = field(default="auto", metadata=_flag(
+        "--splits", parse=_parse_splits,
+        help="auto: sub-folders named train, val, test, ... (each a class tree) are packed as splits "
+             "(default); none: one dataset; or sub-folder names separated by commas"))
 
     # None: the format's default (spec.DEFAULT_ORDER); resolved by order_kind()
     order: str | None = field(default=None, metadata=_flag(
@@ -140,8 +179,12 @@ class PackOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.shard_size < 1:
-            raise ValueError(f"shard_size must be >= 1 byte, got {self.shard_size}")
+        if self.workers is not None and self.workers > _max_workers():
+            raise ValueError(f"workers {self.workers} is more than this machine can use: at most {_max_workers()} "
+                             f"({WORKERS_PER_CPU} per usable CPU, 8 at least)")
+        for name in ("shard_size", "checkpoint_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 byte, got {getattr(self, name)}")
         if not 1 <= self.quality <= 100:
             raise ValueError(f"quality must be in 1..100, got {self.quality}")
         if self.resize is not None and self.format != "mmap":
@@ -152,11 +195,13 @@ class PackOptions:
             raise ValueError(f"shuffle_seed must be >= 0, got {self.shuffle_seed}")
         if self.overwrite and self.resume:
             raise ValueError("choose either overwrite (start again) or resume (continue), not both")
+        if _parse_splits(self.splits) != self.splits:
+            raise ValueError(f"splits must be auto, none or comma-separated names without spaces, got {self.splits!r}")
 
     def recorded(self) -> dict[str, Any]:
         """The options that shape the output (stored in the index, compared on resume)."""
         d = asdict(self)
-        for volatile in ("workers", "overwrite", "resume", "strict"):
+        for volatile in ("workers", "overwrite", "resume", "strict", "splits"):
             d.pop(volatile)
         d["order"] = self.order_kind()
         return d
@@ -171,8 +216,8 @@ class PackOptions:
                             resize=self.resize, want_pixels=want_pixels, max_pixels=self.max_pixels)
 
 
-def cli_fields() -> Iterator[tuple[dataclasses.Field, Flag]]:
-    """The :class:`PackOptions` fields the command line exposes, in declaration order."""
+def cli_fields(command: str = "pack") -> Iterator[tuple[dataclasses.Field, Flag]]:
+    """The :class:`PackOptions` fields that ``pack-dataset COMMAND`` exposes, in declaration order."""
     for f in dataclasses.fields(PackOptions):
-        if "cli" in f.metadata:
+        if "cli" in f.metadata and command in f.metadata["cli"].commands:
             yield f, f.metadata["cli"]

@@ -1,63 +1,303 @@
-"""Output-folder policy: may ``out`` be written, and what may ``--overwrite`` delete.
+"""Output-folder policy: may ``out`` be written, who holds it, and what may ``--overwrite`` delete.
 
-``--overwrite`` deletes a previous output only when it holds nothing but
-what pack-dataset wrote (one dataset, or one dataset per split), or is
-empty: never a folder of someone else's files.
+**Lock.** A pack (fresh, ``--resume`` or ``--overwrite``) holds an exclusive
+``fcntl.flock`` on ``.pack-lock`` inside the output folder, and inside each
+split folder it writes, for its whole run; the file holds the holder's pid.
+A second pack into the same folder stops at once with exit code 2, naming
+the folder and that pid. The lock file is removed when the pack ends (a
+``kill -9`` leaves it behind: a stale lock file is free and ignored). Forked
+worker processes close their copy of the descriptor, so a lock dies with
+the pack that took it.
+
+**Overwrite.** ``--overwrite`` deletes only files it knows to be the
+previous pack's: the names a dataset folder holds (index, journal, side
+files, index arrays, the format's data files, the shards its index or
+journal names, the open shard of an interrupted ``wds`` pack), in a folder
+that shows it is ours (an ``index.json``, a ``pack-state.json``, a lock
+file or a ``rejects.jsonl`` of ours), or split folders that are each such
+a folder. Anything else
+in the folder (a file or folder it does not know) makes it refuse, naming
+that entry, and nothing is deleted.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
-import shutil
+import os
+import re
 from pathlib import Path
+from typing import Any, Iterable
 
 from packer.errors import OutputError, OutputExistsError
 from packer.options import PackOptions
 from readers import spec
 
-__all__ = ["prepare_output", "is_dataset"]
+__all__ = ["prepare_output", "OutputLock", "OutputBusyError", "LOCK_NAME", "known_names"]
+
+#: The lock file a running pack holds inside each folder it writes.
+LOCK_NAME = ".pack-lock"
+#: Written by the packer beside a dataset's spec files (journal.RECORDS_NAME, LMDB's lock table).
+_PACKER_FILES = ("records.bin", "lock.mdb")
 
 
-def is_dataset(path: Path) -> bool:
-    """A folder written by pack-dataset: a parseable index or journal of ours."""
-    for name in (spec.INDEX_NAME, spec.STATE_NAME):
+class OutputBusyError(OutputError):
+    """Another pack holds the output folder."""
+
+
+def known_names() -> set[str]:
+    """Every fixed file name a dataset folder of any format may hold (shards aside)."""
+    names = {spec.INDEX_NAME, spec.STATE_NAME, spec.NAMES_FILE, spec.REJECTS_NAME, spec.HDF5_CHUNK_TABLE,
+             LOCK_NAME, *_PACKER_FILES, *spec.DATA_FILE.values(), *(spec.array_file(a) for a in spec.ARRAY_DTYPES)}
+    names |= {getattr(spec, n) for n in ("REPAIRS_NAME", "WIDS_INDEX_NAME") if hasattr(spec, n)}
+    return names | {n + ".tmp" for n in (spec.INDEX_NAME, spec.STATE_NAME)}
+
+
+# ---------------------------------------------------------------- the lock
+_HELD: set[int] = set()  # descriptors of lock files this process holds
+
+
+def _close_in_child() -> None:
+    for fd in list(_HELD):  # a forked child never holds its parent's locks
         try:
-            meta = json.loads((path / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+class OutputLock:
+    """Exclusive locks on output folders, held until :meth:`release` (a context manager)."""
+
+    def __init__(self) -> None:
+        self._held: dict[Path, int] = {}
+
+    def __enter__(self) -> OutputLock:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def holds(self, folder: Path) -> bool:
+        return Path(folder) in self._held
+
+    def probe(self, folder: Path) -> None:
+        """Raise OutputBusyError if another process holds ``folder``'s lock (writes nothing)."""
+        try:
+            fd = os.open(folder / LOCK_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return  # no lock file (or unreadable: acquire will say why)
+        try:
+            self._flock(fd, folder)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def acquire(self, folder: Path) -> None:
+        """Create ``folder`` if missing (its parent must exist), then lock it and write our pid."""
+        folder = Path(folder)
+        if folder in self._held:
+            return
+        try:
+            folder.mkdir(exist_ok=True)
+            while True:
+                fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+                try:
+                    self._flock(fd, folder)
+                    if _same_file(fd, folder / LOCK_NAME):
+                        break
+                except BaseException:
+                    os.close(fd)
+                    raise
+                os.close(fd)  # the holder removed the file as we locked it: lock the new one
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            raise OutputError(f"{folder}: cannot write into the output folder ({exc.strerror or exc})") from None
+        self._held[folder] = fd
+        _HELD.add(fd)
+
+    @staticmethod
+    def _flock(fd: int, folder: Path) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise OutputBusyError(
+                f"{folder}: another pack-dataset (pid {pid}) is writing this folder; wait for it to end "
+                "(or stop it), then run again") from None
+
+    def release_one(self, folder: Path, *, remove: bool = True) -> None:
+        fd = self._held.pop(Path(folder), None)
+        if fd is None:
+            return
+        _HELD.discard(fd)
+        try:
+            if remove and _same_file(fd, Path(folder) / LOCK_NAME):
+                os.unlink(Path(folder) / LOCK_NAME)  # removed while still locked: see acquire's retry
+        except OSError:
+            pass
+        finally:
+            os.close(fd)  # releases the flock
+
+    def release(self) -> None:
+        for folder in reversed(list(self._held)):
+            self.release_one(folder)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st, mine = os.stat(path, follow_symlinks=False), os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+# ---------------------------------------------------------------- what is ours
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    with os.scandir(folder) as it:
+        return [e for e in it if e.name != LOCK_NAME]
+
+
+def _shard_names(folder: Path, splits: set[str]) -> tuple[set[str], list[re.Pattern]]:
+    """Shard file names that the folder's index or journal names, and patterns of its split's shards."""
+    names: set[str] = set()
+    for doc in (_read_json(folder / spec.INDEX_NAME), _read_json(folder / spec.STATE_NAME)):
+        if not isinstance(doc, dict):
             continue
-        if isinstance(meta, dict) and meta.get("format") in spec.FORMATS and (
-                "spec_version" in meta or "fingerprint" in meta):
-            return True
-    return False
+        if isinstance(doc.get("split"), str):
+            splits.add(doc["split"])
+        writer = doc.get("writer") if isinstance(doc.get("writer"), dict) else {}
+        for shard in list(doc.get("shards") or []) + list(writer.get("shards") or []):
+            if isinstance(shard, dict) and isinstance(shard.get("name"), str):
+                names.add(shard["name"])
+    patterns = [re.compile(re.escape(s) + r"-\d{6}\.tar(\.tmp)?") for s in splits if s]
+    return names, patterns
 
 
-def _looks_like_ours(path: Path) -> bool:
-    """``path`` holds only what pack-dataset wrote: one dataset, or split datasets."""
-    if is_dataset(path):
-        return True
-    subdirs = [p for p in path.iterdir()]
-    return bool(subdirs) and all(p.is_dir() and is_dataset(p) for p in subdirs)
+def _owned(folder: Path) -> bool:
+    """``folder`` shows it is ours: an index, a journal, a lock file, or the rejects list that a
+    pack whose every image was rejected leaves."""
+    return any(os.path.lexists(folder / n) for n in (spec.INDEX_NAME, spec.STATE_NAME, LOCK_NAME, spec.REJECTS_NAME))
 
 
-def prepare_output(out: Path, options: PackOptions) -> None:
-    """Check (before anything is written) that ``out`` may be written; clear it on overwrite."""
-    if not out.exists():
-        if not out.parent.exists():
-            raise OutputError(f"{out.parent}: the output's parent folder does not exist")
-        return
-    if not out.is_dir():
-        raise OutputError(f"{out} exists and is a file; choose another output path")
-    if not any(out.iterdir()):
-        return
-    if options.resume:
-        return
+def _foreign(folder: Path, split_hint: str | None) -> str | None:
+    """The first entry of dataset folder ``folder`` that is not a file a pack wrote (None: all are)."""
+    if not _owned(folder):
+        return "" if any(True for _ in _entries(folder)) else None
+    known = known_names()
+    shards, patterns = _shard_names(folder, {split_hint} if split_hint else set())
+    for e in _entries(folder):
+        ours = e.is_file(follow_symlinks=False) and (
+            e.name in known or e.name in shards or any(p.fullmatch(e.name) for p in patterns))
+        if not ours:
+            return e.name
+    return None
+
+
+def _check_overwrite(out: Path, split_hint: str | None) -> list[Path]:
+    """The dataset folders ``--overwrite`` will clear (``out``, or its split folders); refuses otherwise."""
+    entries = _entries(out)  # a stale lock file of a killed pack aside
+    dirs = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+    dataset_files = (spec.INDEX_NAME, spec.STATE_NAME, spec.REJECTS_NAME)
+    if not dirs or any(os.path.lexists(out / n) for n in dataset_files):
+        bad, folders = _foreign(out, split_hint), [out]  # one dataset folder
+    else:  # split folders, each a dataset folder of ours
+        bad = next((e.name for e in entries if not e.is_dir(follow_symlinks=False)), None)
+        folders = dirs
+        for d in dirs if bad is None else []:
+            inner = _foreign(d, None) if _owned(d) else ""
+            if inner is not None:
+                bad = f"{d.name}/{inner}" if inner else d.name
+                break
+    if bad is not None:
+        what = f"{out / bad}, which pack-dataset did not write" if bad else "no dataset written by pack-dataset"
+        raise OutputExistsError(
+            f"{out} is not empty and holds {what}; refusing to delete anything with --overwrite "
+            "(move it away, or choose an empty or new output folder)")
+    return folders
+
+
+def _clear(folders: list[Path], out: Path, lock: OutputLock) -> None:
+    """Delete the previous pack's files (index first, so the folder stops reading as a dataset)."""
+    for folder in folders:
+        if folder != out:
+            lock.acquire(folder)  # a pack writing straight into this split folder stops us here
+        names = sorted((e.name for e in _entries(folder)), key=lambda n: n != spec.INDEX_NAME)
+        for name in names:
+            (folder / name).unlink()
+        spec.fsync_dir(folder)
+        if folder != out:
+            lock.release_one(folder)
+            folder.rmdir()
+
+
+# ---------------------------------------------------------------- the policy
+def prepare_output(out: Path, options: PackOptions, dests: Iterable[Path] = (), lock: OutputLock | None = None,
+                   split_hint: str | None = None) -> None:
+    """Check that ``out`` may be written, lock it (and the split folders ``dests``), clear it on overwrite.
+
+    Nothing is written before every check has passed (then missing parent
+    folders of ``out`` are created). ``lock`` keeps the
+    locks for the caller's whole pack; without one they are released on
+    return (a check only). ``split_hint``: the split name the new pack
+    writes, whose shards ``--overwrite`` may also delete when the old
+    journal cannot be read.
+    """
+    own = lock if lock is not None else OutputLock()
+    try:
+        if out.is_symlink() and not out.exists():
+            raise OutputError(f"{out} is a symlink to nothing; choose another output path")
+        if out.exists() and not out.is_dir():
+            raise OutputError(f"{out} exists and is a file; choose another output path")
+        folders: list[Path] = []
+        if out.exists():
+            own.probe(out)
+            folders = _check_existing(out, options, split_hint)
+        else:  # every check passed: missing parent folders are created
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise OutputError(f"{out.parent}: cannot create the output's parent folder "
+                                  f"({exc.strerror or exc})") from None
+        own.acquire(out)
+        if folders:
+            _clear(folders, out, own)
+        for dest in dests:
+            if Path(dest) != out:
+                own.acquire(Path(dest))
+    except PermissionError as exc:
+        raise OutputError(f"{exc.filename or out}: cannot use the output folder ({exc.strerror})") from None
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OutputError(f"{out}: no space left to start a pack ({exc.strerror})") from None
+        raise
+    finally:
+        if lock is None:
+            own.release()
+
+
+def _check_existing(out: Path, options: PackOptions, split_hint: str | None) -> list[Path]:
+    """Read-only checks of an existing output; the folders to clear (overwrite) or []."""
+    try:
+        empty = not _entries(out)
+    except OSError as exc:
+        raise OutputError(f"{out}: cannot read the output folder ({exc.strerror})") from None
+    if empty or options.resume:
+        return []
     if not options.overwrite:
         raise OutputExistsError(
             f"{out} already exists; pass --overwrite to replace it or --resume to finish an interrupted pack"
         )
-    if not _looks_like_ours(out):
-        raise OutputExistsError(
-            f"{out} is not empty and holds no dataset written by pack-dataset; refusing to delete it "
-            "with --overwrite (choose an empty or new output folder)"
-        )
-    shutil.rmtree(out)
+    return _check_overwrite(out, split_hint)

@@ -13,12 +13,23 @@ At every checkpoint the writer makes its data durable first; then the
 per-sample records, names and rejects files are fsynced; then the journal
 is replaced atomically. ``--resume`` truncates everything back to the
 journal and carries on from there. The index is written last.
+
+Every moment is recoverable: the journal is written before any data file
+exists (a folder killed before that holds nothing of ours but a stale lock
+file, which every command accepts), and a pack killed after ``index.json``
+but before its clean-up is finished by ``--resume``. A failure (full disk,
+I/O error, unreadable or changed source file) closes everything without a
+second error and names the command that continues. A pack whose every image
+was rejected leaves only ``rejects.jsonl``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +37,11 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from packer.errors import PackError
+from packer.errors import OutputExistsError, PackError
 from packer.formats.base import FormatWriter, merged
-from packer.journal import Journal, SideFiles
+from packer.journal import Journal, SideFiles, option_differences
 from packer.options import PackOptions
+from packer.output import LOCK_NAME, known_names
 from packer.source import Source
 from packer.workers import Outcome, PrepareStage
 from packer.workers import prepare as prepare_locally
@@ -59,20 +71,32 @@ class SplitResult:
     seconds: float
     resumed_from: int = 0
     rejects_file: Path | None = None
+    repaired: int = 0
+    repairs_file: Path | None = None
     meta: dict[str, Any] = field(default_factory=dict, repr=False)
+    already_complete: bool = False  # --resume found the pack finished: nothing was packed now
+    note: str = ""  # about the layout chosen (which split of which), said in the summary
 
     def summary(self) -> str:
         rate = (self.images - self.resumed_from) / self.seconds if self.seconds else 0.0
+        if self.already_complete:
+            text = (f"{self.split}: already complete, nothing to resume: {self.images} images, {self.classes} "
+                    f"classes, {self.rejected} rejected")
+            return text + (f" ({self.note})" if self.note else "") + f" -> {self.out}"
         text = (
             f"{self.split}: {self.images} images, {self.classes} classes, "
             f"{self.bytes_in / 1e6:.1f} MB in -> {self.bytes_out / 1e6:.1f} MB out, "
             f"{self.seconds:.1f} s ({rate:.0f} img/s), "
             f"{self.rejected} rejected, {self.changed} re-encoded, {self.ignored} non-image files ignored"
         )
+        if self.repaired:
+            text += f", {self.repaired} repaired (listed in {self.repairs_file})"
         if self.skipped_links:
             text += f", {self.skipped_links} symlinks outside the source skipped"
         if self.resumed_from:
             text += f", resumed after {self.resumed_from} samples"
+        if self.note:
+            text += f" ({self.note})"
         text += f" -> {self.out}"
         if self.rejects_file:
             text += f" (rejects listed in {self.rejects_file})"
@@ -89,54 +113,110 @@ def pack_split(
     progress: Progress | None = None,
     *,
     prepare: PrepareStage = prepare_locally,
+    after_checkpoint: Callable[[Journal], None] | None = None,
 ) -> SplitResult:
     """Pack one split of ``source`` into the dataset folder ``out``.
 
     ``prepare`` is the prepare stage (default: a local process pool of
     ``workers``); it must yield one outcome per source file, in source order.
+    ``after_checkpoint(journal)`` runs after each checkpoint is durable (the
+    remote output uploads the shards it lists as closed).
     """
     t0 = time.perf_counter()
-    if (out / spec.INDEX_NAME).exists() and options.resume:
-        meta = spec.read_index(out).meta
-        Journal.discard(out)  # interrupted right after the commit
-        log.info("%s is already complete; nothing to resume", out)
-        return _result(split, out, meta, time.perf_counter() - t0, 0)
+    if os.path.lexists(out / spec.INDEX_NAME) and options.resume:
+        return _already_complete(source, out, split, options, time.perf_counter() - t0)
     out.mkdir(parents=True, exist_ok=True)
     identity = Journal.identity_of(split, source, options)
-    resumed = Journal.load(out, identity) if options.resume else None
+    resumed = Journal.load(out, identity, source) if options.resume else None
     journal = resumed or Journal(identity)
     resumed_from = journal.next_source
-    writer = writer_cls(out, split, options, source.total_bytes)
-    writer.open(journal.done, journal.writer)
-    stage = _WriteStage(source, out, options, writer, journal, progress)
-    if resumed is None:
-        stage.checkpoint(0)  # the journal exists from the first moment: the folder reads as unfinished
-    outcomes = None
+    writer, stage, outcomes = None, None, None
     try:
+        if resumed is None:  # before any data file: from now on the folder reads as an unfinished pack
+            journal.save(out)
+        writer = writer_cls(out, split, options, source.total_bytes)
+        writer.open(journal.done, journal.writer)
+        stage = _WriteStage(source, out, options, writer, journal, progress, after_checkpoint)
         outcomes = prepare(source, resumed_from, options.image_options(want_pixels=writer.pixels), workers)
         meta = stage.run(outcomes)
-    except OSError as exc:
-        writer.abort()
-        if exc.errno == errno.ENOSPC:
-            raise PackError(f"disk full while writing {out}; free space and re-run with --resume") from exc
-        raise PackError(f"I/O error while packing into {out}: {exc}; re-run with --resume") from exc
-    except BaseException:
-        writer.abort()
+    except BaseException as exc:
+        _abandon(writer, stage)
+        if isinstance(exc, OSError):
+            raise _io_error(exc, out) from exc
         raise
     finally:
         if outcomes is not None:
             outcomes.close()  # stops the worker pool at once on errors
-        stage.files.close()
     return _result(split, out, meta, time.perf_counter() - t0, resumed_from)
+
+
+def _abandon(writer: FormatWriter | None, stage: _WriteStage | None) -> None:
+    """Release everything after an error without raising a second one (a full disk fails every
+    flush again); the journal keeps the output resumable."""
+    if writer is not None:
+        try:
+            writer.abort()
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            log.debug("writer.abort() failed after an error", exc_info=True)
+    if stage is not None:
+        stage.files.abandon()
+
+
+def _disk_full(exc: OSError, out: Path) -> bool:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:  # libraries that lose errno (h5py, numpy's short writes): judge by the space left
+        st = os.statvfs(out)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
+
+
+def _io_error(exc: OSError, out: Path) -> PackError:
+    if _disk_full(exc, out):
+        return PackError(f"disk full while writing {out}; free space and re-run with --resume")
+    where = f"{exc.filename}: " if exc.filename else ""
+    return PackError(f"I/O error while packing into {out}: {where}{exc.strerror or exc}; re-run with --resume")
+
+
+def _already_complete(source: Source, out: Path, split: str, options: PackOptions, seconds: float) -> SplitResult:
+    """``--resume`` on a finished pack: the same pack, only its clean-up may be missing."""
+    meta = spec.read_index(out).meta
+    src = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    diff = ""
+    if meta.get("format") != options.format:
+        diff = f"format {meta.get('format')} then, {options.format} now"
+    elif meta.get("options") != json.loads(json.dumps(options.recorded())):
+        diff = option_differences(meta.get("options") or {}, json.loads(json.dumps(options.recorded())))
+    elif src.get("fingerprint") != source.fingerprint():
+        diff = f"the source {src.get('root')} then, {source.root} now (or the files in it changed)"
+    if diff:
+        raise OutputExistsError(f"{out} holds a finished pack made with other settings ({diff}); nothing to "
+                                "resume: pass --overwrite to replace it, or choose another output")
+    Journal.discard(out)  # interrupted right after the commit
+    stats = meta.get("stats") if isinstance(meta.get("stats"), dict) else {}
+    _cleanup(out, src.get("rejected", 0), stats.get("repaired", 0))
+    log.info("%s is already complete; nothing to resume", out)
+    return dataclasses.replace(_result(split, out, meta, seconds, 0), already_complete=True)
+
+
+def _cleanup(out: Path, rejected: int, repaired: int) -> None:
+    """After the commit: no empty rejects or repairs file, and the folder's entries durable."""
+    for count, name in ((rejected, spec.REJECTS_NAME), (repaired, spec.REPAIRS_NAME)):
+        if not count:
+            (out / name).unlink(missing_ok=True)
+    spec.fsync_dir(out)
 
 
 class _WriteStage:
     """Consumes prepared outcomes in source order: appends, rejects, checkpoints, finishes."""
 
     def __init__(self, source: Source, out: Path, options: PackOptions, writer: FormatWriter,
-                 journal: Journal, progress: Progress | None) -> None:
+                 journal: Journal, progress: Progress | None,
+                 after_checkpoint: Callable[[Journal], None] | None = None) -> None:
         self.source, self.out, self.options = source, out, options
         self.writer, self.journal, self.progress = writer, journal, progress
+        self.after_checkpoint = after_checkpoint
         self.files = SideFiles(out, journal)
 
     def run(self, outcomes: Iterator[Outcome]) -> dict[str, Any]:
@@ -144,7 +224,7 @@ class _WriteStage:
         for pos, outcome in enumerate(outcomes, start=self.journal.next_source):
             self._take(pos, outcome)
         if self.journal.done == 0:
-            raise PackError(f"{self.source.root}: every image was rejected; see {self.out / spec.REJECTS_NAME}")
+            self._nothing_packed()
         self.writer.end_samples()
         self.checkpoint(len(self.source.paths))
         self.files.close()
@@ -154,14 +234,20 @@ class _WriteStage:
         """Writer data durable, then the side files, then the journal (atomically)."""
         self.journal.writer = self.writer.checkpoint()
         self.journal.next_source = next_source
+        self.journal.source_prefix = self.source.prefix_fingerprint(next_source)
         self.files.sync(self.journal)
         self.journal.save(self.out)
+        if self.after_checkpoint is not None:
+            self.after_checkpoint(self.journal)
 
     def _take(self, pos: int, outcome: Outcome) -> None:
         rel, size = self.source.paths[pos], self.source.sizes[pos]
         self.journal.bytes_in += size
         if outcome.unreadable:
-            raise PackError(f"{outcome.problem}; fix it and re-run with --resume")
+            if self.source.order.get("kind", "source") == "source":  # the files packed so far stay valid
+                raise PackError(f"{outcome.problem}; re-run with --resume (after restoring it, or without it)")
+            raise PackError(f"{outcome.problem}; restore it and re-run with --resume, or start again with "
+                            "--overwrite (a shuffled order changes when a file is missing)")
         if outcome.prepared is None:
             self.journal.rejected += 1
             self.files.add_reject(rel, outcome.problem)
@@ -183,7 +269,10 @@ class _WriteStage:
         }
         record.update(zip(self.writer.location_fields, locations, strict=True))
         self.files.add_sample(tuple(record.get(name, 0) for name in spec.RECORD_DTYPE.names), self.source.paths[pos])
-        journal.changed += bool(prep.changed) and not self.writer.pixels
+        if prep.repair:
+            journal.repaired += 1
+            self.files.add_repair(self.source.paths[pos], journal.done, prep.repair)
+        journal.changed += bool(prep.changed) and not prep.repair and not self.writer.pixels
         journal.encodings[prep.ext] = journal.encodings.get(prep.ext, 0) + 1
         journal.done += 1
         if self.writer.at_checkpoint_boundary():
@@ -197,12 +286,28 @@ class _WriteStage:
         arrays = {name: recs[name] for name in spec.REQUIRED_ARRAYS[self.options.format]}
         meta = self._meta(recs)
         meta = merged(meta, self.writer.finalize(meta, arrays))
+        meta[spec.FILES_CRC_KEY] = file_crcs(self.out, meta)
         spec.write_index(self.out, meta, arrays)
         Journal.discard(self.out)
-        if self.journal.rejected == 0:
-            (self.out / spec.REJECTS_NAME).unlink(missing_ok=True)
-        spec.fsync_dir(self.out)
+        _cleanup(self.out, self.journal.rejected, self.journal.repaired)
         return meta
+
+    def _nothing_packed(self) -> None:
+        """Every image was rejected: leave only the rejects list (no folder that asks to be resumed)."""
+        self.files.sync(self.journal)
+        self.writer.abort()
+        self.files.close()
+        keep, known = {spec.REJECTS_NAME, LOCK_NAME}, known_names()
+        shard = f"{self.journal.identity['split']}-"
+        with os.scandir(self.out) as it:
+            entries = list(it)
+        for entry in entries:
+            if entry.name not in keep and (entry.name in known or entry.name.startswith(shard)
+                                           and entry.name.endswith((".tar", ".tar.tmp"))):
+                os.unlink(entry.path)
+        spec.fsync_dir(self.out)
+        raise PackError(f"every image of {self.source.root} was rejected ({self.journal.rejected}, listed in "
+                        f"{self.out / spec.REJECTS_NAME}); nothing was packed")
 
     def _meta(self, recs: np.ndarray) -> dict[str, Any]:
         source, journal, pixels = self.source, self.journal, self.writer.pixels
@@ -220,7 +325,7 @@ class _WriteStage:
             "options": self.options.recorded(),
             "order": source.order,
             "source": {
-                "root": str(source.root.resolve()),
+                **source.describe(),
                 "images_found": len(source.paths),
                 "rejected": journal.rejected,
                 "ignored_files": len(source.ignored),
@@ -228,18 +333,26 @@ class _WriteStage:
                 "fingerprint": source.fingerprint(),
             },
             "stats": {"bytes_in": journal.bytes_in, "bytes_out": int(recs["sizes"].sum()),
-                      "reencoded": journal.changed},
+                      "reencoded": journal.changed, "repaired": journal.repaired},
             "created_by": f"dataset-packer {VERSION}",
         }
 
 
+def file_crcs(out: Path, meta: dict[str, Any]) -> dict[str, int]:
+    """CRC-32 of each data file in ``meta["files"]`` (so downloads can be verified): wds shards'
+    from the writer, which computed them while writing; other files read once."""
+    known = {s["name"]: int(s["crc32"]) for s in meta.get("shards", [])}
+    return {name: known[name] if name in known else spec.file_checksum(out / name) for name in meta.get("files", {})}
+
+
 def _result(split: str, out: Path, meta: dict[str, Any], seconds: float, resumed_from: int) -> SplitResult:
     src = meta["source"]
-    rejects = out / spec.REJECTS_NAME
+    rejects, repairs = out / spec.REJECTS_NAME, out / spec.REPAIRS_NAME
     return SplitResult(
         split=split, out=out, images=meta["num_samples"], classes=len(meta["classes"]),
         rejected=src["rejected"], changed=meta["stats"]["reencoded"], ignored=src["ignored_files"],
         skipped_links=src["skipped_symlinks"], bytes_in=meta["stats"]["bytes_in"],
         bytes_out=sum(meta.get("files", {}).values()) or meta["stats"]["bytes_out"], seconds=seconds,
-        resumed_from=resumed_from, rejects_file=rejects if rejects.exists() else None, meta=meta,
+        resumed_from=resumed_from, rejects_file=rejects if rejects.exists() else None,
+        repaired=meta["stats"].get("repaired", 0), repairs_file=repairs if repairs.exists() else None, meta=meta,
     )

@@ -1,22 +1,48 @@
-"""Find the images of an ImageFolder tree (``root/<class>/<image>``) in a stable order."""
+"""Find the images of an ImageFolder tree (``root/<class>/<image>``) in a stable order.
+
+Only regular files are packed: a FIFO, socket or device named like an image
+(or a symlink to one, with ``--follow-symlinks``) is ignored and counted
+with the non-image files, with a warning naming it; nothing ever opens it.
+
+Splits: a source whose sub-folders are named like splits (:data:`SPLIT_NAMES`,
+any letter case, optionally followed by digits or a word like ``set``:
+``train``, ``val2017``, ``train_set``) and
+are each an ImageFolder tree is packed split by split, unless told
+otherwise (``splits="none"``: one dataset; ``"a,b"``: exactly those
+sub-folders). Any other nesting (``root/cat/2020/x.jpg``) is one dataset
+whose classes are the top folders, as torchvision's ImageFolder reads it.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
+import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from packer.errors import SourceError
 from readers import spec
 
-__all__ = ["IMAGE_EXTENSIONS", "Source", "SourceError", "scan", "find_split_dirs"]
+__all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "Source", "SourceError", "scan", "find_split_dirs", "parse_splits"]
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+#: torchvision's ImageFolder extensions (``torchvision.datasets.folder.IMG_EXTENSIONS``), plus ``.mpo``
+#: (multi-picture JPEGs from cameras), matched in any letter case. What a file is, its content decides.
+TORCHVISION_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGE_EXTENSIONS = TORCHVISION_EXTENSIONS + (".mpo",)
+
+#: Sub-folder names taken for splits, in any letter case, optionally followed by digits or one of
+#: :data:`SPLIT_SUFFIXES` (``val2017``, ``train_set``, ``test-images``).
+SPLIT_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing", "dev", "eval", "evaluation",
+               "holdout")
+SPLIT_SUFFIXES = ("set", "data", "split", "images", "imgs")
+_SPLIT_RE = re.compile(r"(%s)(?:[-_ ]?\d+|[-_ ]?(?:%s))?" % ("|".join(SPLIT_NAMES), "|".join(SPLIT_SUFFIXES)),
+                       re.IGNORECASE)
 
 
 @dataclass
@@ -30,13 +56,33 @@ class Source:
     sizes: list[int]
     ignored: list[str] = field(default_factory=list)  # files that are not images by name
     skipped_links: list[str] = field(default_factory=list)  # symlinks leaving root
+    #: what the source is: "folder" (ImageFolder tree), "wds" (tar shards), "hf" (Hugging Face
+    #: datasets), "dataset" (a packed dataset, for convert)
+    kind: str = "folder"
+    #: more about the source for index.json's "source" record (JSON-able)
+    details: dict[str, Any] = field(default_factory=dict)
+    #: the prepare stage that reads this source (``packer.workers.PrepareStage``); None: files under root
+    prepare: Any = field(default=None, repr=False, compare=False)
     _fingerprint: str | None = field(default=None, repr=False, compare=False)
     #: the order of ``paths`` as index.json records it (``scan`` gives the source order)
     order: dict = field(default_factory=lambda: {"kind": "source"})
+    #: scan position of each entry of ``paths`` (None: the scan order itself); sources read by position
+    #: (``prepare`` stages of imports) follow it
+    origin: list[int] | None = field(default=None, repr=False, compare=False)
+    _prefix: list | None = field(default=None, repr=False, compare=False)  # [entries hashed, sha256 state]
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_prefix"] = None  # a hash object does not pickle; rebuilt on demand
+        return state
 
     @property
     def total_bytes(self) -> int:
         return sum(self.sizes)
+
+    def describe(self) -> dict[str, Any]:
+        """Where the samples come from (index.json's ``source`` record and the journal)."""
+        return {"root": str(self.root.resolve()), "kind": self.kind, **self.details}
 
     def fingerprint(self) -> str:
         """Hash of the file list and sizes: resume refuses a source that changed.
@@ -64,46 +110,103 @@ class Source:
         if kind == "source":
             return self
         perm = spec.order_permutation(len(self.paths), seed).tolist()
-        return Source(self.root, self.classes, [self.paths[i] for i in perm], [self.labels[i] for i in perm],
-                      [self.sizes[i] for i in perm], self.ignored, self.skipped_links, self.fingerprint(),
-                      {"kind": kind, "seed": int(seed)})
+        return replace(self, paths=[self.paths[i] for i in perm], labels=[self.labels[i] for i in perm],
+                       sizes=[self.sizes[i] for i in perm], _fingerprint=self.fingerprint(),
+                       order={"kind": kind, "seed": int(seed)}, origin=perm, _prefix=None)
+
+    def positions(self, start: int) -> list[int]:
+        """Scan positions of the samples from ``start`` on, in the order they are written."""
+        return list(range(start, len(self.paths))) if self.origin is None else self.origin[start:]
 
     def _hash(self) -> str:
         h = hashlib.sha256()
         for p, s, label in zip(self.paths, self.sizes, self.labels):
-            h.update(f"{label}\0{p}\0{s}\n".encode("utf-8", "surrogateescape"))
+            h.update(_entry(p, s, label))
         return h.hexdigest()
+
+    def prefix_fingerprint(self, n: int) -> str:
+        """Hash of the first ``n`` entries in writing order (``paths`` as they are: the resume
+        check of the part already packed). Incremental: checkpoints ask for growing ``n``, so
+        the whole pack hashes each entry once."""
+        pos, h = self._prefix if self._prefix is not None and self._prefix[0] <= n else (0, hashlib.sha256())
+        for p, s, label in zip(self.paths[pos:n], self.sizes[pos:n], self.labels[pos:n]):
+            h.update(_entry(p, s, label))
+        self._prefix = [n, h]
+        return h.copy().hexdigest()
+
+
+def _entry(path: str, size: int, label: int) -> bytes:
+    return f"{label}\0{path}\0{size}\n".encode("utf-8", "surrogateescape")
+
+
+def _is_hidden(name: str) -> bool:
+    """Dot files (``.DS_Store``, ``._x.jpg``) are hidden; a name starting with ``..`` is not."""
+    return name.startswith(".") and not name.startswith("..")
 
 
 def _is_image_name(name: str) -> bool:
-    return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
+    return name.lower().endswith(IMAGE_EXTENSIONS) and not _is_hidden(name)
+
+
+def _walk_error(exc: OSError) -> None:
+    raise SourceError(f"{exc.filename}: cannot read the folder ({exc.strerror or exc})")
 
 
 def _has_images(folder: Path) -> bool:
-    for _dirpath, _dirs, files in os.walk(folder):
+    for _dirpath, _dirs, files in os.walk(folder, onerror=_walk_error):
         if any(_is_image_name(f) for f in files):
             return True
     return False
 
 
-def find_split_dirs(root: Path) -> list[Path]:
-    """Sub-folders of ``root`` that are themselves ImageFolder trees (``train/``, ``val/``).
+def _listdir(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        raise SourceError(f"{folder}: cannot read the folder ({exc.strerror or exc})") from None
 
-    ``root`` holds splits when none of its sub-folders has images directly
-    inside but each of their own sub-folders does (one level deeper).
+
+def _is_tree(folder: Path) -> bool:
+    """``folder`` is an ImageFolder tree: some sub-folder of it holds images."""
+    return any(e.is_dir() and not _is_hidden(e.name) and _has_images(Path(e.path)) for e in _listdir(folder))
+
+
+def parse_splits(text: str) -> str:
+    """``--splits``: ``auto``, ``none`` or comma-separated sub-folder names."""
+    value = text.strip()
+    if value in ("auto", "none"):
+        return value
+    names = [n.strip() for n in value.split(",")]
+    if not value or any(not n or "/" in n or n in (".", "..") for n in names):
+        raise ValueError(f"expected auto, none or sub-folder names separated by commas, got {text!r}")
+    return ",".join(names)
+
+
+def find_split_dirs(root: Path, splits: str = "auto") -> list[Path]:
+    """Sub-folders of ``root`` to pack as splits (``train/``, ``val/``); [] for one dataset.
+
+    ``auto``: the sub-folders named like splits (:data:`SPLIT_NAMES`) that are
+    ImageFolder trees, when no other sub-folder holds images and none holds
+    images directly. ``none``: []. ``"a,b"``: those sub-folders, which must be
+    ImageFolder trees.
     """
-    subdirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not subdirs:
+    if splits == "none":
         return []
+    if splits != "auto":
+        chosen = [root / name for name in splits.split(",")]
+        for d in chosen:
+            if not d.is_dir() or not _is_tree(d):
+                raise SourceError(f"{d}: --splits names it, but it is not a folder of class folders with images")
+        return sorted(chosen)
+    subdirs = [Path(e.path) for e in _listdir(root) if e.is_dir() and not _is_hidden(e.name)]
     for d in subdirs:
-        if any(f.is_file() and _is_image_name(f.name) for f in d.iterdir()):
-            return []
-    splits = [d for d in subdirs if any(c.is_dir() and _has_images(c) for c in d.iterdir())]
-    deep = all(
-        not any(f.is_file() and _is_image_name(f.name) for c in d.iterdir() if c.is_dir() for f in c.iterdir())
-        for d in splits
-    )
-    return [] if deep else splits
+        if any(e.is_file() and _is_image_name(e.name) for e in _listdir(d)):
+            return []  # a class folder with images inside: root itself is the ImageFolder
+    named = [d for d in subdirs if _SPLIT_RE.fullmatch(d.name)]
+    splits_found = [d for d in named if _is_tree(d)]
+    others = [d for d in subdirs if d not in splits_found and _has_images(d)]
+    return [] if others else splits_found
 
 
 def _class_folders(root: Path, real_root: Path, follow_symlinks: bool, skipped: list[str]) -> list[str]:
@@ -111,7 +214,7 @@ def _class_folders(root: Path, real_root: Path, follow_symlinks: bool, skipped: 
     try:
         classes = []
         for e in sorted(os.scandir(root), key=lambda e: e.name):
-            if not e.is_dir() or e.name.startswith("."):
+            if not e.is_dir() or _is_hidden(e.name):
                 continue
             if e.is_symlink() and not follow_symlinks and not Path(e.path).resolve().is_relative_to(real_root):
                 skipped.append(e.name)
@@ -131,7 +234,7 @@ def _walk_class(root: Path, cls: str, real_root: Path, follow_symlinks: bool,
     """
     steps = []
     visited: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True):
+    for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True, onerror=_walk_error):
         real = os.path.realpath(dirpath)
         if real in visited:  # a symlink loop
             dirnames.clear()
@@ -160,6 +263,7 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
     labels: list[int] = []
     sizes: list[int] = []
     ignored: list[str] = []
+    special: list[str] = []
     for label, cls in enumerate(classes):
         for dirpath, filenames in _walk_class(root, cls, real_root, follow_symlinks, skipped):
             rel_dir = Path(dirpath).relative_to(root).as_posix()
@@ -179,16 +283,24 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
                         st = os.stat(full)
                 except OSError as exc:
                     raise SourceError(f"{full}: cannot read ({exc.strerror})") from exc
+                if not stat.S_ISREG(st.st_mode):  # a FIFO would block the pack, a device never ends
+                    special.append(rel)
+                    ignored.append(rel)
+                    continue
+                size = st.st_size
                 paths.append(rel)
                 labels.append(label)
-                sizes.append(st.st_size)
-    loose = [e.name for e in os.scandir(root) if e.is_file() and not e.name.startswith(".")]
+                sizes.append(size)
+    if special:
+        log.warning("%d file(s) named like images are not regular files (FIFO, device, socket) and are "
+                    "ignored: %s", len(special), ", ".join(str(root / r) for r in special[:5]))
+    loose = [e.name for e in _listdir(root) if e.is_file() and not _is_hidden(e.name)]
     ignored.extend(sorted(loose))
     if not paths:
         hint = ""
         if any(_is_image_name(n) for n in loose):
             hint = " (the images lie directly in it: put them in one sub-folder per class)"
-        raise SourceError(f"{root}: no images found (.jpg/.jpeg/.png in root/<class>/){hint}")
+        raise SourceError(f"{root}: no images found ({'/'.join(IMAGE_EXTENSIONS)} in root/<class>/){hint}")
     used = set(labels)
     empty = [c for i, c in enumerate(classes) if i not in used]
     if empty:

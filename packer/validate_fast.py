@@ -9,7 +9,8 @@ without validation (measured here: ~65 us of ~100 us per image).
 
 :func:`plain_jpeg_size` walks the JPEG markers up to the first scan in plain
 Python over the bytes: frame header (precision, size, components), the first
-Exif block's orientation, Adobe and multi-picture markers. It answers
+Exif block's orientation, an XMP orientation, Adobe and multi-picture markers,
+and junk between segments (which ``packer.jpeg_repair`` removes on the full path). It answers
 ``(height, width)`` only when the file is such a plain JPEG, and None for
 anything else (other formats, CMYK, 12-bit, Adobe colour transforms, MPO,
 an orientation that must be applied, a header it cannot read); then the full
@@ -119,6 +120,9 @@ def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
                 if value is None:
                     return None
                 orientation = value
+            elif marker == _APP1 and data.find(b"Orientation", start, end) >= 0 and (
+                    data[start:start + 6] != b"Exif\0\0"):
+                return None  # XMP's tiff:Orientation, which Pillow applies when Exif has none
             elif (marker == _APP2 and data[start:start + 4] == b"MPF\0") or (
                     marker == _APP14 and data[start:start + 5] == b"Adobe"):
                 return None

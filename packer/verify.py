@@ -1,26 +1,39 @@
 """``pack-dataset verify PATH``: recompute every checksum, name what is damaged.
 
-Each sample's stored bytes are re-read through the format's reader and
-their CRC-32 compared with the index; for ``wds`` each whole shard's CRC-32
-and size are checked too, and every tar header in front of a sample.
-Exit code 0 when everything matches, 1 when anything is damaged or missing.
+Before any sample is read, the index itself is checked: ``index.json`` and
+every ``.npy`` array (regular files inside the folder, array checksums,
+values in range: :mod:`readers.checks`), then every data file (a regular
+file inside the folder, of the size ``index.json`` records; LMDB: at least
+as long as its meta page says; HDF5: ``/images`` a plain dataset stored in
+``data.h5`` whose chunks sit where the chunk table says). A data file that
+fails those checks is reported once and its samples are not read (mapping
+a truncated file could kill the process). Then each sample's stored bytes
+are re-read through the format's reader and their CRC-32 compared with the
+index; for ``wds`` each whole shard's CRC-32 and size too, and every tar
+header in front of a sample.
+
+Exit code 0 when everything matches, 1 when anything is damaged, missing
+or unreadable (one line each; never a traceback). Remote datasets
+(``s3://``, ``http(s)://``): :mod:`packer.verify_remote`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from readers import spec
-from readers.registry import open_dataset
+from readers.checks import data_files
 
-__all__ = ["Problem", "VerifyReport", "verify", "main"]
+__all__ = ["Problem", "VerifyReport", "verify", "main", "add_arguments", "run"]
 
 
 @dataclass(frozen=True)
@@ -34,18 +47,18 @@ class VerifyReport:
     root: Path
     samples: int = 0
     problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # not damage: facts worth saying (no array checksums)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
-def _file_crc(path: Path) -> tuple[int, int]:
+def _file_crc(fd: int) -> tuple[int, int]:
     crc, size = 0, 0
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            crc = spec.checksum(chunk, crc)
-            size += len(chunk)
+    while chunk := os.read(fd, 8 << 20):
+        crc = spec.checksum(chunk, crc)
+        size += len(chunk)
     return crc, size
 
 
@@ -54,22 +67,30 @@ def _verify_wds(ds, report: VerifyReport, tick: Callable[[int], None]) -> None:
     _check_shard_array(ds, report)
     for k, shard in enumerate(ds.meta["shards"]):
         path = ds.shard_path(k)
-        if not path.exists():
-            report.problems.append(Problem(str(path), "shard file is missing"))
+        try:
+            fd = ds.open_shard(k)
+        except spec.DatasetFormatError as exc:
+            report.problems.append(Problem(str(path), _reason(exc, path)))
             tick(int(shard["samples"]))
             continue
-        crc, size = _file_crc(path)
-        if size != shard["bytes"]:
-            report.problems.append(Problem(str(path), f"shard is {size} bytes, index says {shard['bytes']}"))
-        elif crc != shard["crc32"]:
-            report.problems.append(Problem(str(path), "shard checksum differs from the index"))
-        fd = os.open(path, os.O_RDONLY)
         try:
+            crc, size = _file_crc(fd)
+            if size != shard["bytes"]:
+                report.problems.append(Problem(str(path), f"shard is {size} bytes, index says {shard['bytes']}"))
+            elif crc != shard["crc32"]:
+                report.problems.append(Problem(str(path), "shard checksum differs from the index"))
             for i in ds.samples_of_shard(k):
                 _check_sample(report, f"{path} sample {i}", lambda: ds.read_from(fd, k, i), checksums[i])
                 tick(1)
         finally:
             os.close(fd)
+
+
+def _reason(exc: Exception, path: Path) -> str:
+    """The error's message without the leading path (the report line names it already)."""
+    text = str(exc)
+    prefix = f"{path}: "
+    return text[len(prefix):] if text.startswith(prefix) else text
 
 
 def _check_shard_array(ds, report: VerifyReport) -> None:
@@ -84,7 +105,7 @@ def _check_sample(report: VerifyReport, where: str, read: Callable[[], object], 
     report.samples += 1
     try:
         data = read()
-    except (spec.DatasetFormatError, OSError, KeyError, ValueError) as exc:
+    except (spec.DatasetFormatError, OSError) as exc:
         report.problems.append(Problem(where, f"unreadable: {exc}"))
         return
     buf = np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data
@@ -92,60 +113,212 @@ def _check_sample(report: VerifyReport, where: str, read: Callable[[], object], 
         report.problems.append(Problem(where, "checksum mismatch: stored bytes changed since packing"))
 
 
+def _check_data_files(ds, report: VerifyReport) -> bool:
+    """Single-file formats: the data file (and chunk table) before any sample is read.
+    False when the samples must not be read (reported once here instead)."""
+    root, ok = ds.root, True
+    for name, size in data_files(ds.index).items():
+        path = root / name
+        try:
+            fd = spec.open_member(root, name, "data file")
+        except spec.DatasetFormatError as exc:
+            report.problems.append(Problem(str(path), _reason(exc, path)))
+            ok = False
+            continue
+        try:
+            actual = os.fstat(fd).st_size
+            if size is not None and actual != size:
+                report.problems.append(Problem(str(path), f"file is {actual} bytes, index says {size}"))
+                ok = ok and actual > size  # a longer file reads safely; a shorter one is not mapped
+            if ds.format == "lmdb" and name == spec.DATA_FILE["lmdb"]:
+                from readers.formats.lmdb import check_data_file
+
+                check_data_file(str(path), None)
+        except spec.DatasetFormatError as exc:
+            report.problems.append(Problem(str(path), _reason(exc, path)))
+            ok = False
+        finally:
+            os.close(fd)
+    if ok and ds.format == "hdf5":
+        problem = _hdf5_structure(ds)
+        if problem:
+            report.problems.append(Problem(str(ds.data_file), problem))
+            ok = False
+    return ok
+
+
+_H5_CHECK = r"""
+import json, sys
+import h5py
+from readers.formats.h5layout import check_chunks, check_images
+from readers.spec import DatasetFormatError
+file, table = sys.argv[1], json.loads(sys.argv[2])
+try:
+    with h5py.File(file, "r") as f:
+        images = check_images(f, file)
+        if table is not None:
+            check_chunks(images, file, table[0], table[1])
+except DatasetFormatError as exc:
+    print(str(exc).removeprefix(file + ": "))
+except Exception as exc:
+    print(f"HDF5 cannot read the file's structure ({type(exc).__name__}: {exc})")
+"""
+
+
+def _hdf5_structure(ds) -> str | None:
+    """Check data.h5's structure with h5py in a child process (libhdf5 may crash on a damaged
+    file; a crash is reported, not suffered). None when it is sound."""
+    table = None
+    if ds.chunk_table is not None:
+        table = [ds.chunk_table.tolist(), ds.chunk_bytes]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                                       os.environ.get("PYTHONPATH")])))
+    try:
+        res = subprocess.run([sys.executable, "-c", _H5_CHECK, str(ds.data_file), json.dumps(table)],
+                             capture_output=True, text=True, timeout=600, env=env)
+    except subprocess.TimeoutExpired:
+        return "HDF5 did not finish reading the file's structure in 10 minutes"
+    if res.returncode != 0:
+        return f"HDF5 crashed reading the file's structure (exit {res.returncode}): the file is damaged"
+    return res.stdout.strip() or None
+
+
 def verify(path: str | os.PathLike | spec.Index,
-           progress: Callable[[int], None] | None = None) -> VerifyReport:
-    """Check one dataset folder (or its index, already read); returns a report listing every
-    damaged sample or file."""
+           progress: Callable[[int], None] | None = None, *,
+           storage_options: dict[str, Any] | None = None,
+           download_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """Check one dataset folder or URL (or its index, already read); returns a report listing every
+    damaged sample or file. Raises DatasetFormatError when the index itself is unusable.
+    Remote datasets: see :mod:`packer.verify_remote` (``storage_options``, and
+    ``download_progress(done, total)`` for the data file download of lmdb/hdf5/mmap)."""
+    if not isinstance(path, spec.Index) and spec.is_remote(path):
+        from readers.remote import read_index
+
+        path = read_index(path, storage_options)
+    if isinstance(path, spec.Index) and path.store is not None:
+        from packer.verify_remote import verify_remote
+        from readers.checks import check_index
+
+        check_index(path)  # the same range checks as a local dataset, before any data is read
+        report = VerifyReport(path.root)
+        verify_remote(path, report, progress or (lambda n: None), download_progress, Problem)
+        return report
+    from readers.registry import open_dataset  # imports torch: not needed for `pack-dataset --help`
+
     ds = open_dataset(path, decode=False)
     root = ds.root
     report = VerifyReport(root)
+    if spec.ARRAYS_KEY not in ds.meta:
+        report.notes.append(f"{root / spec.INDEX_NAME} records no checksums of the index arrays "
+                            "(packed by an older version): the arrays were checked for range only")
     tick = progress or (lambda n: None)
     try:
-        for name, size in ds.meta.get("files", {}).items():
-            f = root / name
-            if not f.exists():
-                report.problems.append(Problem(str(f), "data file is missing"))
-            elif f.stat().st_size != size:
-                report.problems.append(Problem(str(f), f"file is {f.stat().st_size} bytes, index says {size}"))
         if ds.format == "wds":
             _verify_wds(ds, report, tick)
-        else:
+        elif _check_data_files(ds, report):
             checksums = ds.index.arrays["checksums"]
             for i in range(len(ds)):
                 _check_sample(report, f"{ds.data_file} sample {i}", lambda: ds.read(i), checksums[i])
                 tick(1)
+        else:
+            tick(len(ds))
     finally:
         ds.close()
     return report
 
 
+def _location(text: str) -> Path | str:
+    return text if spec.is_remote(text) else Path(text)
+
+
+def _roots(path: Path | str) -> list[Path | str]:
+    if isinstance(path, str):
+        from packer.verify_remote import remote_roots
+
+        return list(remote_roots(path))
+    if not os.path.lexists(path / spec.INDEX_NAME) and spec.find_splits(path):
+        return [path / s for s in spec.find_splits(path)]
+    return [path]
+
+
+def _read_index(root: Path | str) -> spec.Index:
+    if isinstance(root, str):
+        from readers.remote import read_index
+
+        return read_index(root)
+    return spec.read_index(root)
+
+
+def _download_bar(quiet: bool) -> Callable[[int, int], None] | None:
+    """A byte progress bar for the data file download of a remote lmdb/hdf5/mmap dataset."""
+    if quiet:
+        return None
+    state: dict[str, Any] = {}
+
+    def update(done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        bar = state.get("bar")
+        if bar is None:
+            bar = state["bar"] = tqdm(total=total, unit="B", unit_scale=True, desc="download", mininterval=0.5)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return update
+
+
+def _verify_one(root: Path | str, quiet: bool) -> int:
+    try:
+        index = _read_index(root)
+    except (spec.DatasetFormatError, OSError) as exc:
+        print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
+        return 1
+    bar = None
+    if not quiet:
+        from tqdm import tqdm
+
+        label = str(root).rstrip("/").rsplit("/", 1)[-1]
+        bar = tqdm(total=index.num_samples, unit="img", desc=f"verify {label}", mininterval=0.5)
+    try:
+        report = verify(index, bar.update if bar else None, download_progress=_download_bar(quiet))
+    except (spec.DatasetFormatError, OSError) as exc:  # an unusable index; remote: the store went away
+        print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if bar:
+            bar.close()
+    for prob in report.problems:
+        print(f"DAMAGED {prob.where}: {prob.what}")
+    for note in report.notes:
+        print(f"note: {note}")
+    verdict = "OK" if report.ok else f"{len(report.problems)} problem(s)"
+    print(f"{root}: {report.samples} samples checked, {verdict}")
+    return 0 if report.ok else 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``pack-dataset verify``."""
+    p.add_argument("path", type=_location, help="dataset folder or s3:// / http(s):// URL "
+                                                "(or a folder of split datasets)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pack-dataset verify",
                                 description="Recompute the checksums of a packed dataset and name damaged samples.")
-    p.add_argument("path", type=Path, help="dataset folder (or a folder of split datasets)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
-    roots = [args.path]
-    if not (args.path / spec.INDEX_NAME).exists() and spec.find_splits(args.path):
-        roots = [args.path / s for s in spec.find_splits(args.path)]
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """``pack-dataset verify`` with parsed arguments; returns the exit code."""
+    try:
+        roots = _roots(args.path)
+    except OSError as exc:  # unreadable folder; remote: unreachable, refused credentials
+        print(f"pack-dataset verify: error: {args.path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     status = 0
     for root in roots:
-        try:
-            index = spec.read_index(root)
-        except (spec.DatasetFormatError, FileNotFoundError) as exc:
-            print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
-            return 1
-        bar = None
-        if not args.quiet:
-            from tqdm import tqdm
-
-            bar = tqdm(total=index.num_samples, unit="img", desc=f"verify {root.name}", mininterval=0.5)
-        report = verify(index, bar.update if bar else None)
-        if bar:
-            bar.close()
-        for prob in report.problems:
-            print(f"DAMAGED {prob.where}: {prob.what}")
-        verdict = "OK" if report.ok else f"{len(report.problems)} problem(s)"
-        print(f"{root}: {report.samples} samples checked, {verdict}")
-        status = status or (0 if report.ok else 1)
+        status = _verify_one(root, args.quiet) or status
     return status

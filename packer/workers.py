@@ -10,8 +10,12 @@ prepared the samples.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import multiprocessing
+import os
 import signal
+import stat
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
@@ -42,11 +46,36 @@ _WORKER_ROOT: Path | None = None
 _WORKER_SEND_ORIGINALS = True
 
 
-def _init_worker(root: Path, opts: ImageOptions, send_originals: bool = True) -> None:
+def _init_worker(root: Path, opts: ImageOptions, send_originals: bool = True, parent: int | None = None) -> None:
     global _WORKER_OPTS, _WORKER_ROOT, _WORKER_SEND_ORIGINALS
     _WORKER_ROOT, _WORKER_OPTS, _WORKER_SEND_ORIGINALS = root, opts, send_originals
-    if not send_originals:  # a pool worker: Ctrl-C is the main process's to handle
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not send_originals:  # a pool worker
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stopped by the pool (or a process-group kill): quietly
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # parent gone: die quietly, no BrokenPipeError traceback
+        _die_with_parent(parent)
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Linux: the kernel sends SIGKILL to this worker when the pack process dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the pipe to the pool still ends the worker
+        return
+    if parent is not None and os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def read_source(path: Path) -> bytes:
+    """The bytes of a source image; it must be a regular file (a FIFO would block, a device never end).
+    Raises OSError naming ``path``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (it was one when the source was scanned)", str(path))
+        os.set_blocking(fd, True)
+        return f.read()
 
 
 def _prepare_one(rel: str) -> Outcome:
@@ -58,8 +87,7 @@ def _prepare_one(rel: str) -> Outcome:
     """
     assert _WORKER_ROOT is not None and _WORKER_OPTS is not None
     try:
-        with open(_WORKER_ROOT / rel, "rb") as f:
-            data = f.read()
+        data = read_source(_WORKER_ROOT / rel)
     except OSError as exc:
         return Outcome(None, problem=f"{_WORKER_ROOT / rel}: read error: {exc.strerror or exc}", unreadable=True)
     try:
@@ -81,16 +109,20 @@ def _prepared(root: Path, paths: list[str], opts: ImageOptions, workers: int) ->
         yield from map(_prepare_one, paths)
         return
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(root, opts, False)) as pool:
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(root, opts, False, os.getpid())) as pool:
         yield from pool.imap(_prepare_one, paths, chunksize=16)
 
 
-def _reread(path: Path, size: int) -> bytes:
-    """The original bytes of an image a worker checked and left unchanged."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) != size:
-        raise PackError(f"{path} changed while it was being packed ({size} -> {len(data)} bytes); "
+def _reread(path: Path, size: int, crc: int) -> bytes:
+    """The original bytes of an image a worker checked and left unchanged: the very bytes it checked
+    (same CRC-32), or PackError as for a file that changed while it was packed."""
+    try:
+        data = read_source(path)
+    except OSError as exc:
+        raise PackError(f"{path}: read error: {exc.strerror or exc}; fix it and re-run with --resume") from None
+    if len(data) != size or spec.checksum(data) != crc:
+        change = f"{size} -> {len(data)} bytes" if len(data) != size else "same size, other bytes"
+        raise PackError(f"{path} changed while it was being packed ({change}); "
                         "re-run with --resume once the source is stable")
     return data
 
@@ -109,7 +141,7 @@ def prepare(source: Source, start: int, opts: ImageOptions, workers: int) -> Ite
     try:
         for pos, outcome in enumerate(outcomes, start=start):
             if outcome.prepared is not None and outcome.prepared.data is None:
-                outcome.prepared.data = _reread(source.root / source.paths[pos], source.sizes[pos])
+                outcome.prepared.data = _reread(source.root / source.paths[pos], source.sizes[pos], outcome.crc)
             yield outcome
     finally:
         outcomes.close()

@@ -14,6 +14,7 @@ pickled (spawned workers, DDP).
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -22,8 +23,9 @@ import numpy as np
 import torch
 
 from readers import spec
+from readers.checks import check_index
 from readers.compose import accepts_bytes, warn_if_fused_lost
-from readers.decode import decode_rgb
+from readers.decode import DecodeError, decode_rgb
 from readers.perprocess import PerProcess
 
 __all__ = ["PackedDataset", "MapReader", "LazyHandle", "to_chw", "IMAGE_KINDS"]
@@ -33,12 +35,25 @@ IMAGE_KINDS = ("tensor", "pil")
 
 
 def to_chw(arr: np.ndarray) -> torch.Tensor:
-    """(H, W, 3) uint8 array -> (3, H, W) uint8 tensor (a copy, contiguous)."""
-    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+    """(H, W, 3) uint8 array -> (3, H, W) uint8 tensor, contiguous, never sharing read-only memory.
+
+    A transpose is usually copied by ``ascontiguousarray``; for shapes where
+    it is already contiguous (1x1 images) it would be a view of ``arr``, which
+    may be a read-only memory map: writing into such a tensor kills the
+    interpreter, so those are copied too.
+    """
+    chw = np.ascontiguousarray(arr.transpose(2, 0, 1))
+    if not chw.flags.writeable or np.shares_memory(chw, arr):
+        chw = chw.copy()
+    return torch.from_numpy(chw)
 
 
 #: A reader's lazily opened, per-process file handle (the one per-process idiom, readers.perprocess).
 LazyHandle = PerProcess
+
+
+def _remote_local(remote: Any, name: str) -> str:
+    return remote.local(name)
 
 
 class PackedDataset:
@@ -54,16 +69,35 @@ class PackedDataset:
         decode: bool = True,
         return_index: bool = False,
         image: str = "tensor",
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        retry: Any = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        """``source``: a dataset folder, or its index as :func:`readers.spec.read_index` returned it.
+        """``source``: a dataset folder or URL, or its index as :func:`readers.spec.read_index` returned it.
 
         What ``transform`` receives: the stored bytes when it is fused (``accepts_bytes``, also a
         Compose whose first step is), else the decoded RGB image as a uint8 CHW tensor
         (``image="tensor"``, default) or a PIL RGB image (``image="pil"``, for torchvision
-        pipelines that start with e.g. ``Resize`` and end with ``ToTensor``)."""
+        pipelines that start with e.g. ``Resize`` and end with ``ToTensor``).
+
+        Remote datasets (``s3://``, ``http(s)://``): ``storage_options`` and
+        ``retry`` reach the store; ``cache_dir`` / ``cache_limit`` name the
+        node-local cache (see docs/remote.md); ``progress(done, total)`` follows
+        a download made while opening. All five are ignored for a local folder.
+        """
         if image not in IMAGE_KINDS:
             raise ValueError(f"image must be one of {IMAGE_KINDS}, got {image!r}")
-        index = source if isinstance(source, spec.Index) else spec.read_index(source)
+        if isinstance(source, spec.Index):
+            index = source
+        elif spec.is_remote(source):
+            from readers.remote import read_index
+
+            index = read_index(source, storage_options, retry)
+        else:
+            index = spec.read_index(source)
+        check_index(index)  # every value a read is computed from is bounded before any data file opens
         if index.format != self.format:
             raise spec.DatasetFormatError(
                 f"{index.root} holds a {index.format!r} dataset; {type(self).__name__} reads {self.format!r} "
@@ -71,7 +105,15 @@ class PackedDataset:
             )
         #: The dataset's index (metadata and per-sample arrays), read once, shared with whoever passed it in.
         self.index = index
-        self.root = Path(index.root)
+        #: The dataset's folder (a Path), or its URL (a str) when it is remote.
+        self.root: Path | str = Path(index.root) if index.store is None else index.root
+        #: Remote datasets: sizes, checksums and cached local copies of the data files (None when local).
+        self.remote = None
+        if index.store is not None:
+            from readers.remote.files import RemoteFiles
+
+            self.remote = RemoteFiles(index.store, index.meta, cache_dir, cache_limit)
+        self._progress = progress
         self.meta = index.meta
         self.classes = index.classes
         self.labels = index.labels
@@ -88,8 +130,15 @@ class PackedDataset:
 
     def _item(self, i: int, data: Any) -> tuple:
         """Build the item from the stored bytes (or pixels) of sample ``i``."""
-        image = self._convert(data)
+        try:
+            image = self._convert(data)
+        except DecodeError as exc:  # stored bytes that no decoder reads: name the file and sample
+            raise spec.DatasetFormatError(f"{self.where(i)} sample {i}: {exc}") from exc
         return (image, self._label(i), i) if self.return_index else (image, self._label(i))
+
+    def where(self, i: int) -> str:
+        """The file that holds sample ``i``, as shown in messages (never downloads)."""
+        raise NotImplementedError
 
     def _convert(self, data: Any) -> Any:
         if not self.decode:
@@ -108,9 +157,27 @@ class PackedDataset:
             image = to_chw(hwc)
         return self.transform(image) if self.transform is not None else image
 
+    # ------------------------------------------------------------ files
+    def location_of(self, name: str) -> str:
+        """The path or URL of the dataset's file ``name``, as shown in messages."""
+        return self.remote.url_of(name) if self.remote is not None else str(Path(self.root) / name)
+
+    def file_ref(self, name: str) -> Callable[[], str]:
+        """A picklable callable giving this process a local path of file ``name``.
+
+        Local: the file itself. Remote: its copy in the cache, fetched if
+        needed and pinned in the calling process until :meth:`close`.
+        """
+        if self.remote is None:
+            return functools.partial(str, Path(self.root) / name)
+        return functools.partial(_remote_local, self.remote, name)
+
     # ------------------------------------------------------------ pickling
     def close(self) -> None:
         """Close this process's handles (safe to call more than once)."""
+        remote = getattr(self, "remote", None)
+        if remote is not None:
+            remote.close()  # unpins this process's cached copies
 
     def __del__(self) -> None:
         try:
@@ -129,9 +196,29 @@ class MapReader(PackedDataset, torch.utils.data.Dataset):
         return len(self.labels)
 
     @property
+    def data_name(self) -> str:
+        """The format's one data file's name (``readers.spec.DATA_FILE``)."""
+        return spec.DATA_FILE[self.format]
+
+    @property
     def data_file(self) -> Path:
-        """The format's one data file (``readers.spec.DATA_FILE``)."""
-        return self.root / spec.DATA_FILE[self.format]
+        """The format's one data file, local (remote: its cached copy, fetched if needed and pinned)."""
+        if self.remote is None:
+            return Path(self.root) / self.data_name
+        return Path(self.remote.local(self.data_name))
+
+    @property
+    def data_location(self) -> str:
+        """The data file's path or URL, as shown in messages (never downloads)."""
+        return self.location_of(self.data_name)
+
+    def _fetch_data(self) -> None:
+        """Remote: download the data file into the cache now, in this (the parent) process."""
+        if self.remote is not None:
+            self.remote.fetch(self.data_name, self._progress)
+
+    def where(self, i: int) -> str:
+        return self.data_location
 
     def _check(self, i: int) -> int:
         n = len(self.labels)

@@ -22,15 +22,29 @@ READERS: dict[str, type] = {
 }
 
 
-def open_dataset(path: str | os.PathLike | spec.Index, **kwargs: Any) -> Any:
-    """Open the dataset folder ``path`` with the reader its index names.
+def open_dataset(path: str | os.PathLike | spec.Index, *, storage_options: dict[str, Any] | None = None,
+                 retry: Any = None, **kwargs: Any) -> Any:
+    """Open the dataset folder or URL ``path`` with the reader its index names.
 
     The index is read once and handed to the reader (``reader.index``);
     ``path`` may also be an index already read with :func:`readers.spec.read_index`.
     Keyword arguments go to the reader (``transform=``, ``decode=``, and for
     ``wds`` ``shuffle=``, ``seed=``, ``buffer_size=``, ``pad=``).
+
+    Remote datasets: ``path`` is ``s3://bucket/prefix`` or ``http(s)://host/path``;
+    ``storage_options`` (s3fs's: ``endpoint_url``, ``key``, ``secret``, ...;
+    the ``AWS_*`` environment fills in the rest), ``retry`` (a
+    :class:`readers.remote.RetryPolicy`), and for the reader ``cache_dir``,
+    ``cache_limit`` (``"200GB"``) and ``progress``. See docs/remote.md.
     """
-    index = path if isinstance(path, spec.Index) else spec.read_index(path)
+    if isinstance(path, spec.Index):
+        index = path
+    elif spec.is_remote(path):
+        from readers.remote import read_index
+
+        index = read_index(path, storage_options, retry)
+    else:
+        index = spec.read_index(path)
     try:
         cls = READERS[index.format]
     except KeyError:

@@ -12,6 +12,9 @@ the member name is the sample's key, the size field matches the index, the
 header checksum holds. A header in any other (valid) spelling is checked
 one by one, exactly as ``ShardDataset.read_from`` checks it; a damaged one
 raises the same ``DatasetFormatError`` naming the shard and byte offset.
+Shards are opened as per-sample reads open them (``ShardDataset.open_shard``:
+regular files inside the dataset folder, never blocking) before they are
+mapped; a remote dataset (streamed or cached) is read sample by sample.
 
 ``readers.threads.ThreadLoader`` uses :func:`iter_batches` for a local
 ``ShardDataset`` with ``decode=False``; everything else iterates samples.
@@ -19,6 +22,7 @@ raises the same ``DatasetFormatError`` naming the shard and byte offset.
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Any, Iterator
 
@@ -27,6 +31,7 @@ import torch
 
 from readers import spec
 from readers.batch import batch_buffer, finish_batch
+from readers.formats import wds_io
 from readers.shmring import ByteBatch
 
 __all__ = ["supported", "iter_batches"]
@@ -43,13 +48,6 @@ def supported(dataset: Any) -> bool:
             and getattr(dataset, "remote", None) is None and hasattr(dataset, "sample_order"))
 
 
-def _octal(field: bytes) -> int:
-    try:
-        return int(field.strip(b"\0 ") or b"0", 8)
-    except ValueError:
-        return -1
-
-
 def _canonical_ok(headers: np.ndarray, idx: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Per row: the header is this writer's exact spelling of sample ``idx``'s member of ``sizes`` bytes."""
     digits = (idx[:, None] // _POW10) % 10 + 48
@@ -64,15 +62,11 @@ def _canonical_ok(headers: np.ndarray, idx: np.ndarray, sizes: np.ndarray) -> np
     return name_ok & size_ok & chk_ok
 
 
-def _check_one(ds: Any, header: np.ndarray, i: int, size: int, shard: int, offset: int) -> None:
-    """The per-sample check of ``ShardDataset.read_from`` for one header the fast check did not take."""
-    raw = header.tobytes()
-    key = (spec.wds_key(i) + ".").encode()
-    if (raw[:len(key)] != key or _octal(raw[124:136]) != size
-            or _octal(raw[148:156]) != sum(raw[:148]) + 256 + sum(raw[156:])):
-        raise spec.DatasetFormatError(
-            f"{ds.shard_path(shard)} at byte {offset - BLOCK}: tar header is not sample {i} ({size} bytes) "
-            f"but {raw[:100].rstrip(bytes(1))!r}: the shard is damaged or does not match its index")
+def _check_one(ds: Any, header: np.ndarray, data: np.ndarray, i: int, shard: int, offset: int) -> None:
+    """The per-sample check of ``ShardDataset.read_from`` for one header the fast check did not take
+    (the same function, so the same DatasetFormatError naming the shard and byte)."""
+    where = lambda: f"{ds.shard_location(shard)} at byte {offset - BLOCK}"  # noqa: E731
+    wds_io.check_sample(header.tobytes() + data.tobytes(), i, len(data), where)
 
 
 MAX_MAPPED = 64  # shards kept mapped per caller (each mapping holds a descriptor)
@@ -85,9 +79,14 @@ def _mapped(ds: Any, maps: dict[int, np.ndarray], shard: int) -> np.ndarray:
         return m
     if len(maps) >= MAX_MAPPED:
         maps.pop(next(iter(maps)))
-    path = ds.shard_path(shard)
-    m = maps[shard] = (np.memmap(path, dtype=np.uint8, mode="r") if os.path.getsize(path)
-                       else np.zeros(0, dtype=np.uint8))
+    fd = ds.open_shard(shard)  # a regular file inside the dataset folder, as for per-sample reads
+    try:
+        size = os.fstat(fd).st_size
+        m = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8) if size else np.zeros(
+            0, dtype=np.uint8)
+    finally:
+        os.close(fd)
+    maps[shard] = m
     return m
 
 
@@ -104,13 +103,13 @@ def _read_batch(ds: Any, maps: dict[int, np.ndarray], idx: np.ndarray) -> tuple:
         m = _mapped(ds, maps, shard)
         if start + size > len(m) or start < BLOCK:
             raise spec.DatasetFormatError(
-                f"{ds.shard_path(shard)} at byte {start - BLOCK}: shard ends early (sample {int(idx[k])}): "
+                f"{ds.shard_location(shard)} at byte {start - BLOCK}: shard ends early (sample {int(idx[k])}): "
                 "truncated or damaged")
         headers[k] = m[start - BLOCK:start]
         data[offsets[k]:offsets[k + 1]] = m[start:start + size]
     ok = _canonical_ok(headers, idx, sizes)
     for k in np.flatnonzero(~ok):
-        _check_one(ds, headers[k], int(idx[k]), int(sizes[k]), int(shards[k]), int(starts[k]))
+        _check_one(ds, headers[k], data[offsets[k]:offsets[k + 1]], int(idx[k]), int(shards[k]), int(starts[k]))
     return finish_batch(ds, ByteBatch(torch.from_numpy(data), torch.from_numpy(offsets)), idx)
 
 

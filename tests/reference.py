@@ -23,7 +23,10 @@ from typing import Callable
 import numpy as np
 from PIL import Image, ImageOps
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+# torchvision.datasets.folder.IMG_EXTENSIONS, as torchvision 0.20 spells it, plus the packer's one
+# documented addition, .mpo (multi-picture JPEG from cameras)
+TORCHVISION_IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGE_SUFFIXES = TORCHVISION_IMG_EXTENSIONS + (".mpo",)
 WHITE = 255.0
 
 # --------------------------------------------------------------------------- source folders
@@ -35,7 +38,7 @@ def imagefolder_reference(root: Path) -> tuple[list[str], list[tuple[str, int]]]
     torchvision: ``classes = sorted(d.name for d in os.scandir(root) if d.is_dir())``; per class,
     ``for dirpath, _, fnames in sorted(os.walk(cls_dir, followlinks=True)): for f in sorted(fnames)``,
     kept when ``f.lower().endswith(extensions)``. The packer's documented deviations are applied
-    here too: only .jpg/.jpeg/.png, and hidden (dot) class folders and files are skipped.
+    here too: .mpo is taken as well, and hidden (dot) class folders and files are skipped.
     Samples are ``(path relative to root as posix, label)``.
     """
     root = Path(root)

@@ -3,14 +3,14 @@
 Use them from a test module with ``pytest_plugins = ["servers"]`` (or, once
 the root conftest lists this plugin, from anywhere):
 
-* ``s3_server`` (session): a :class:`readers.remote.servers.SeaweedServer`
+* ``s3_server`` (session): a :class:`bench.servers.SeaweedServer`
   on loopback with bucket ``test`` and one accepted identity; gives
   ``endpoint_url``, ``bucket``, ``access_key``, ``secret_key``,
   ``storage_options()``, ``env()``, ``url(prefix)``, ``client()`` (an
   s3fs filesystem for setting up objects), and ``kill()`` / ``start()`` to
   crash and restart the same server (same folder, same ports) mid-test.
 * ``s3_prefix``: a fresh ``s3://test/<unique>`` prefix per test.
-* ``http_server`` (session): a :class:`readers.remote.servers.NginxServer`
+* ``http_server`` (session): a :class:`bench.servers.NginxServer`
   serving ``http_server.root`` (a temp folder tests write into) at
   ``http_server.url``; ``requests()`` parses its access log.
 * ``http_prefix``: a fresh folder under the served root, and its URL, per test.
@@ -27,7 +27,22 @@ from pathlib import Path
 
 import pytest
 
-from readers.remote.servers import NginxServer, SeaweedServer, ServerError, find_nginx
+from bench.servers import NginxServer, SeaweedServer, ServerError, find_nginx
+
+
+def _start_fsspec_loop() -> None:
+    """fsspec runs every s3/http request on one event-loop thread per process, started on first use and
+    kept for the life of the process (an epoll descriptor and a socket pair). Start it now, at plugin
+    load, so that the file-descriptor police (conftest.py) sees it before the first test, not as that
+    test's leak."""
+    try:
+        from fsspec.asyn import get_loop
+    except ImportError:
+        return
+    get_loop()
+
+
+_start_fsspec_loop()
 
 
 def _missing(what: str) -> None:

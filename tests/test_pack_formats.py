@@ -515,7 +515,7 @@ def test_wds_writer_round_trips_through_tarfile(samples, shard_count, shard_size
                 writer.checkpoint()
         shards = writer.finalize({}, {})["shards"]
         assert [s["name"] for s in shards] == [f"prop-{k:06d}.tar" for k in range(len(shards))]
-        assert sorted(p.name for p in root.iterdir()) == [s["name"] for s in shards]
+        assert sorted(p.name for p in root.iterdir()) == sorted([s["name"] for s in shards] + [spec.WIDS_INDEX_NAME])
         got = []
         for k, s in enumerate(shards):
             blob = (root / s["name"]).read_bytes()
@@ -562,7 +562,9 @@ def test_index_round_trip(case, as_lists):
     with tempfile.TemporaryDirectory() as tmp:
         spec.write_index(tmp, meta, {k: v.tolist() if as_lists else v for k, v in arrays.items()})
         index = spec.read_index(tmp)
+        recorded = index.meta.pop(spec.ARRAYS_KEY)
         assert index.meta == dict(meta, spec_version=spec.SPEC_VERSION, checksum="crc32")
+        assert set(recorded) == set(spec.REQUIRED_ARRAYS[fmt])
         assert index.format == fmt and index.num_samples == n
         assert set(index.arrays) == set(spec.REQUIRED_ARRAYS[fmt])
         for name, values in arrays.items():

@@ -35,6 +35,7 @@ from readers.remote.cache import CacheFullError, NodeCache
 from readers.remote.config import is_url, parse_url, s3_settings
 from readers.remote.download import download_ranged, partial_paths
 from readers.remote.retry import classify
+from bench.servers import close_client
 from readers.remote.spans import plan_requests, prefetch_cached, read_spans
 
 pytest_plugins = ["servers"]
@@ -84,7 +85,10 @@ def store_with_writer(request, tmp_path):
         def write(name: str, data: bytes) -> None:
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_bytes(data)
-    return store, write
+    yield store, write
+    store.close()  # its connections, now: the test's fixture values outlive the descriptor check
+    if request.param == "s3":
+        close_client(fs)
 
 
 # --------------------------------------------------------------------------- URLs and settings
@@ -138,6 +142,8 @@ def test_local_path_never_imports_remote_clients(packed_generated):
         "from readers import open_dataset\n"
         f"ds = open_dataset({str(packed_generated['wds'])!r}, decode=False)\n"
         "next(iter(ds))\n"
+        f"import packer.verify; packer.verify.verify({str(packed_generated['mmap'])!r})\n"
+        "assert not [m for m in sys.modules if m.startswith('readers.remote')], 'local path imported readers.remote'\n"
         "import readers.remote, readers.remote.cache\n"  # the package itself stays light too
         "bad = [m for m in ('s3fs', 'fsspec', 'aiohttp', 'botocore', 'obstore') if m in sys.modules]\n"
         "print(bad)\n"

@@ -40,8 +40,9 @@ def read_names(ds: Path) -> list[str]:
 
 # ---------------------------------------------------------------- which files are images
 def test_extensions_in_any_case(tmp_path):
-    included = ["a.jpg", "b.JPG", "c.jpeg", "d.JPEG", "e.Jpeg", "f.png", "g.PNG", "h.pNg", "x.png.JPG"]
-    excluded = ["i.gif", "j.bmp", "k.webp", "l.tif", "m.txt", "n.jpg.txt", "o", "p.jpg~", "q.jpe", "r.JPG.bak"]
+    included = ["a.jpg", "b.JPG", "c.jpeg", "d.JPEG", "e.Jpeg", "f.png", "g.PNG", "h.pNg", "x.png.JPG",
+                "j.bmp", "k.webp", "l.tif", "s.TIFF", "t.ppm", "u.PGM", "v.mpo"]  # all of test_extensions.py
+    excluded = ["i.gif", "m.txt", "n.jpg.txt", "o", "p.jpg~", "q.jpe", "r.JPG.bak", "w.jp2", "y.heic"]
     for name in included:
         img(tmp_path / "cls" / name)
     for name in excluded:

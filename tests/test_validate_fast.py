@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from packer.images import ImageOptions, RejectedImage, _prepare, prepare_image
+from packer.images import ImageOptions, RejectedImage, _prepare, _strict_pillow, prepare_image
 from packer.validate_fast import exif_orientation, plain_jpeg_size
 
 
@@ -30,6 +30,15 @@ def jpeg(img: Image.Image, orientation: int | None = None, **kw) -> bytes:
     return buf.getvalue()
 
 
+XMP = (b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+       b'<rdf:Description xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="%d"/></rdf:RDF></x:xmpmeta>')
+
+
+def junk_before_dqt(data: bytes) -> bytes:
+    at = data.index(b"\xff\xdb")
+    return data[:at] + b"\x00junk" + data[at:]
+
+
 def outcome(fn, data: bytes, opts: ImageOptions):
     try:
         p = fn(data, opts)
@@ -40,7 +49,8 @@ def outcome(fn, data: bytes, opts: ImageOptions):
 
 
 def full_path(data: bytes, opts: ImageOptions):
-    return _prepare(data, opts)  # the Pillow path, no fast path in front
+    with _strict_pillow():  # as prepare_image runs it: Pillow's warnings recorded, not raised
+        return _prepare(data, opts)  # the Pillow path, no fast path in front
 
 
 CASES = {
@@ -52,6 +62,9 @@ CASES = {
     "rotated exif": lambda: jpeg(photo(), orientation=6),
     "odd orientation value": lambda: jpeg(photo(), orientation=9),
     "444": lambda: jpeg(photo(), subsampling=0),
+    "rotated xmp": lambda: jpeg(photo(), xmp=XMP % 6),  # Pillow applies XMP's orientation too
+    "upright exif, rotated xmp": lambda: jpeg(photo(), orientation=1, xmp=XMP % 6),
+    "junk before a marker": lambda: junk_before_dqt(jpeg(photo())),  # repaired (packer.jpeg_repair)
     "big": lambda: jpeg(photo(640, 480)),
 }
 
@@ -69,7 +82,7 @@ def test_fast_path_takes_only_plain_jpegs():
     assert plain_jpeg_size(CASES["gray"]()) == (48, 64)
     assert plain_jpeg_size(CASES["progressive"]()) == (48, 64)
     assert plain_jpeg_size(CASES["upright exif"]()) == (48, 64)
-    for name in ("cmyk", "rotated exif"):
+    for name in ("cmyk", "rotated exif", "rotated xmp", "upright exif, rotated xmp", "junk before a marker"):
         assert plain_jpeg_size(CASES[name]()) is None, name
     png = io.BytesIO()
     photo().save(png, "PNG")

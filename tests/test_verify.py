@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -115,6 +116,10 @@ def test_verify_finds_a_shards_array_that_disagrees_with_the_shard_list(packed_g
     first = index.meta["shards"][1]["first"]
     shards[first] = 0  # sample `first` claims to live in shard 0
     spec.save_array(root, "shards", shards)
+    # crafted, not damaged: index.json's checksum of shards.npy is made to match
+    meta = json.loads((root / spec.INDEX_NAME).read_text())
+    meta[spec.ARRAYS_KEY]["shards"]["crc32"] = spec.checksum((root / "shards.npy").read_bytes())
+    (root / spec.INDEX_NAME).write_text(json.dumps(meta))
     report = verify(root)
     assert [p.where for p in report.problems] == [str(root / spec.array_file("shards"))]
     assert spec.INDEX_NAME in report.problems[0].what

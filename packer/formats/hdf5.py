@@ -21,6 +21,7 @@ cuts ``/images`` back to the checkpoint's length.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from typing import Any
@@ -33,6 +34,23 @@ from packer.images import Prepared
 from readers.spec import DATA_FILE, HDF5_CHUNK_BYTES, HDF5_CHUNK_TABLE
 
 __all__ = ["HDF5Writer"]
+
+#: Free space kept back before every write: libhdf5 cannot recover from a full disk (its close and
+#: its exit handler retry the failed flush and can crash the process), so the writer stops first.
+ROOM_MARGIN = 2 * HDF5_CHUNK_BYTES + (4 << 20)
+
+
+def _room(path: os.PathLike, nbytes: int) -> None:
+    """Raise ENOSPC unless ``nbytes`` plus :data:`ROOM_MARGIN` fit on ``path``'s filesystem."""
+    st = os.statvfs(os.path.dirname(path))
+    if st.f_bavail * st.f_frsize < nbytes + ROOM_MARGIN:
+        raise OSError(errno.ENOSPC, "No space left on device (checked before HDF5 writes)", str(path))
+
+
+def _h5_error(exc: Exception, path: os.PathLike) -> OSError:
+    """h5py reports I/O failures as RuntimeError/OSError with errno only in the text."""
+    code = errno.ENOSPC if "errno = 28" in str(exc) or "No space left" in str(exc) else errno.EIO
+    return OSError(code, f"HDF5: {str(exc).splitlines()[0]}", str(path))
 
 
 def _fsync_path(path: os.PathLike) -> None:
@@ -67,10 +85,14 @@ class HDF5Writer(FormatWriter):
     def _drain(self) -> None:
         if not self._buf:
             return
+        _room(self.path, self._buf_bytes)
         blob = np.frombuffer(b"".join(self._buf), dtype=np.uint8)
         start = self.images.shape[0]
-        self.images.resize((start + len(blob),))
-        self.images[start:] = blob
+        try:
+            self.images.resize((start + len(blob),))
+            self.images[start:] = blob
+        except (RuntimeError, OSError) as exc:
+            raise _h5_error(exc, self.path) from exc
         self._buf.clear()
         self._buf_bytes = 0
 
@@ -89,7 +111,11 @@ class HDF5Writer(FormatWriter):
 
     def checkpoint(self) -> dict[str, Any]:
         self._drain()
-        self.h5.flush()
+        _room(self.path, 0)
+        try:
+            self.h5.flush()
+        except (RuntimeError, OSError) as exc:
+            raise _h5_error(exc, self.path) from exc
         _fsync_path(self.path)
         self._since = 0
         return {"bytes": self.pos}
@@ -99,13 +125,18 @@ class HDF5Writer(FormatWriter):
         offsets = np.empty(len(arrays["labels"]) + 1, dtype="<i8")
         offsets[:-1] = arrays["offsets"]
         offsets[-1] = self.pos
-        for name, values in (("offsets", offsets), ("labels", arrays["labels"])):
-            if name in self.h5:
-                del self.h5[name]
-            self.h5.create_dataset(name, data=values, track_times=False)
-        storage = {"chunk_table": self._chunk_table(), "chunk_bytes": HDF5_CHUNK_BYTES}
-        self.h5.attrs["dataset-packer"] = json.dumps(merged(meta, {"storage": storage}), sort_keys=True)
-        self.h5.close()
+        text = json.dumps(merged(meta, {"storage": {}}), sort_keys=True)
+        _room(self.path, 2 * offsets.nbytes + len(text) + 8 * (self.pos // HDF5_CHUNK_BYTES + 1))
+        try:
+            for name, values in (("offsets", offsets), ("labels", arrays["labels"])):
+                if name in self.h5:
+                    del self.h5[name]
+                self.h5.create_dataset(name, data=values, track_times=False)
+            storage = {"chunk_table": self._chunk_table(), "chunk_bytes": HDF5_CHUNK_BYTES}
+            self.h5.attrs["dataset-packer"] = json.dumps(merged(meta, {"storage": storage}), sort_keys=True)
+            self.h5.close()
+        except (RuntimeError, OSError) as exc:
+            raise _h5_error(exc, self.path) from exc
         _fsync_path(self.path)
         return {"storage": storage, "files": {self.path.name: self.path.stat().st_size}}
 

@@ -19,7 +19,9 @@ so the committed state always matches the journal.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from typing import Any
 
 import lmdb
@@ -29,6 +31,14 @@ from packer.images import Prepared
 from readers import spec
 
 __all__ = ["LmdbWriter"]
+
+
+def _lmdb_error(exc: Exception, root: os.PathLike) -> OSError:
+    """liblmdb reports a failed write as EIO (``mdb_txn_commit: Input/output error``): say ENOSPC
+    when the filesystem is full, so the pack reports a full disk."""
+    st = os.statvfs(root)
+    code = errno.ENOSPC if st.f_bavail * st.f_frsize < (4 << 20) else errno.EIO
+    return OSError(code, f"LMDB: {exc}", os.path.join(root, "data.mdb"))
 
 
 class LmdbWriter(FormatWriter):
@@ -62,6 +72,8 @@ class LmdbWriter(FormatWriter):
             for k, v in self._pending:
                 self._txn.put(k, v, append=True)
             self._txn.put(key, value, append=True)
+        except lmdb.Error as exc:
+            raise _lmdb_error(exc, self.root) from exc
 
     def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[()]:
         key = spec.lmdb_key(sample_no)
@@ -74,16 +86,22 @@ class LmdbWriter(FormatWriter):
         return self._pending_bytes >= self.options.checkpoint_bytes
 
     def checkpoint(self) -> dict[str, Any]:
-        self._txn.commit()  # sync=True: durable on return
+        try:
+            self._txn.commit()  # sync=True: durable on return
+        except lmdb.Error as exc:
+            raise _lmdb_error(exc, self.root) from exc
         self._txn = self.env.begin(write=True)
         self._pending.clear()
         self._pending_bytes = 0
         return {}
 
     def finalize(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
-        self._put(spec.LMDB_META_KEY, json.dumps(meta, sort_keys=True).encode())
-        self._txn.commit()
-        self.env.sync(True)
+        try:
+            self._put(spec.LMDB_META_KEY, json.dumps(meta, sort_keys=True).encode())
+            self._txn.commit()
+            self.env.sync(True)
+        except lmdb.Error as exc:
+            raise _lmdb_error(exc, self.root) from exc
         self.env.close()
         data = self.root / spec.DATA_FILE[self.format]
         return {"files": {data.name: data.stat().st_size}}

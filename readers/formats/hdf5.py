@@ -7,13 +7,28 @@ chunk's byte offset in the file)
 a sample is one ``os.pread`` (two when it straddles non-adjacent chunks);
 without it the file is opened with h5py, lazily per process, without a
 chunk cache.
+
+Remote (``s3://``, ``http(s)://``): with ``cache_dir`` (or for a pack
+without a chunk table, which h5py must open as a file) ``data.h5`` is
+downloaded into the cache when the dataset is opened and read from there;
+without a cache each sample is one range request (two when it straddles
+non-adjacent chunks), its CRC-32 checked (see docs/remote.md).
+
+Safety: ``data.h5`` and the chunk table must be regular files inside the
+dataset folder (``data.h5`` at least the size index.json records); every
+chunk table entry must leave a whole chunk inside ``data.h5``. Through
+h5py, ``/images`` must be a plain one-dimensional ``uint8`` dataset stored
+in ``data.h5`` itself: an external link, a virtual dataset or external raw
+storage (all of which make HDF5 read other files) is refused
+(``readers.formats.h5layout``).
 """
 
 from __future__ import annotations
 
 import functools
+import mmap
 import os
-from typing import Any
+from typing import Any, Callable
 
 import h5py
 import numpy as np
@@ -22,24 +37,53 @@ import torch
 from readers import spec
 from readers.base import LazyHandle, MapReader
 from readers.batch import Allocator, batch_buffer, finish_batch, index_array
+from readers.formats.h5layout import check_images
 from readers.shmring import ByteBatch
 
 __all__ = ["HDF5Dataset"]
 
 
 # Module-level (not lambdas) so readers pickle for spawn/forkserver workers.
-def _open_h5(file: str) -> h5py.File:
-    return h5py.File(file, "r", rdcc_nbytes=0)
+def _open_fd(file: Callable[[], str], size: int | None = None) -> int:
+    """A descriptor of the data file: regular, never blocking, at least ``size`` bytes."""
+    path = file()
+    fd = spec.open_regular(path, "data file")
+    actual = os.fstat(fd).st_size
+    if size is not None and actual < size:
+        os.close(fd)
+        raise spec.DatasetFormatError(f"{path}: data file is {actual} bytes, {spec.INDEX_NAME} says {size}: "
+                                      "it is truncated or damaged")
+    return fd
+
+
+def _open_h5(file: Callable[[], str], size: int | None = None) -> h5py.File:
+    os.close(_open_fd(file, size))
+    path = file()
+    try:
+        f = h5py.File(path, "r", rdcc_nbytes=0)
+    except OSError as exc:
+        raise spec.DatasetFormatError(f"{path}: not a readable HDF5 file ({exc})") from None
+    try:
+        check_images(f, path)
+    except BaseException:
+        f.close()
+        raise
+    return f
 
 
 def _close_h5(f: h5py.File) -> None:
     f.close()
 
 
-def _map_file(file: str) -> np.ndarray:
-    if os.path.getsize(file) == 0:
-        return np.zeros(0, dtype=np.uint8)
-    return np.memmap(file, dtype=np.uint8, mode="r")
+def _map_file(file: Callable[[], str], size: int | None = None) -> np.ndarray:
+    """The data file mapped read-only, from a descriptor checked as ``_open_fd`` checks it."""
+    fd = _open_fd(file, size)
+    try:
+        if os.fstat(fd).st_size == 0:
+            return np.zeros(0, dtype=np.uint8)
+        return np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8)
+    finally:
+        os.close(fd)
 
 
 class HDF5Dataset(MapReader):
@@ -49,15 +93,45 @@ class HDF5Dataset(MapReader):
         super().__init__(source, **kw)
         self._offsets = self.index.arrays["offsets"]
         self._sizes = self.index.arrays["sizes"]
-        file = str(self.data_file)
-        table = self.meta["storage"].get("chunk_table")
-        self._chunks = np.load(self.root / table) if table else None
-        self._chunk_bytes = int(self.meta["storage"].get("chunk_bytes") or 0)
+        storage = self.meta["storage"]
+        size = (self.meta.get("files") or {}).get(self.data_name)
+        if self.remote is None:  # a symlink leaving the folder is refused before anything opens it
+            spec.member_path(self.root, self.data_name, "data file")
+        table = storage.get("chunk_table")
+        self._chunk_bytes = int(storage.get("chunk_bytes") or 0)
+        self._chunks = self._load_table(table, size) if table else None
+        #: Remote without a cache: samples are read by range requests (needs the chunk table).
+        self.ranged = self.remote is not None and not self.remote.cached and self._chunks is not None
+        if self.remote is not None and not self.ranged:
+            self._fetch_data()
+        file = self.file_ref(self.data_name)
         if self._chunks is not None:
-            self._fd = LazyHandle(functools.partial(os.open, file, os.O_RDONLY), os.close)
+            self._fd = LazyHandle(functools.partial(_open_fd, file, size), os.close)
             # whole batches (get_batch) copy out of a read-only mapping: page cache, not private memory
-            self._mapped = LazyHandle(functools.partial(_map_file, file))
-        self._h5 = LazyHandle(functools.partial(_open_h5, file), _close_h5)
+            self._mapped = LazyHandle(functools.partial(_map_file, file, size))
+        self._h5 = LazyHandle(functools.partial(_open_h5, file, size), _close_h5)
+
+    def _load_table(self, name: str, data_size: int | None) -> np.ndarray:
+        """The chunk table, checked: every entry leaves a whole chunk inside data.h5."""
+        where = self.location_of(name)
+        if self.remote is None:
+            path = spec.member_path(self.root, name, "chunk table")
+            raw = spec.read_regular(path, "chunk table")
+            fd = _open_fd(self.file_ref(self.data_name), data_size)
+            try:
+                data_size = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        else:
+            raw = bytearray(self.remote.store.read(spec.check_member_name(name, f"{where}: chunk table")))
+        table = spec.parse_npy(where, raw, np.dtype("<i8"), what="chunk table")
+        if data_size is not None:
+            bad = np.flatnonzero((table < 0) | (table > data_size - self._chunk_bytes))
+            if len(bad):
+                raise spec.DatasetFormatError(
+                    f"{where}: chunk {bad[0]} at byte {table[bad[0]]} does not lie inside "
+                    f"{self.data_name} ({data_size} bytes)")
+        return table
 
     @property
     def chunk_table(self) -> np.ndarray | None:
@@ -73,44 +147,64 @@ class HDF5Dataset(MapReader):
     def read(self, i: int) -> bytes:
         start, size = int(self._offsets[i]), int(self._sizes[i])
         if self._chunks is not None:
-            return self._pread(i, start, size)
+            data = self._pread(i, start, size)
+            if self.ranged:
+                self._check_crc(i, data)
+            return data
         images = self._h5.get()["images"]
         if start + size > images.shape[0]:
             raise spec.DatasetFormatError(
-                f"{self.data_file}: sample {i} spans bytes {start}..{start + size}, "
+                f"{self.data_location}: sample {i} spans bytes {start}..{start + size}, "
                 f"past the end of /images ({images.shape[0]} bytes): the file is truncated or damaged"
             )
-        return images[start:start + size].tobytes()
+        try:
+            return images[start:start + size].tobytes()
+        except OSError as exc:  # HDF5 cannot read the chunk (damaged B-tree or chunk)
+            raise spec.DatasetFormatError(f"{self.data_location} sample {i}: unreadable ({exc})") from None
 
     def _pread(self, i: int, start: int, size: int) -> bytes:
         """Read /images[start:start+size] with one pread per run of adjacent chunks."""
-        fd, cb, pieces = self._fd.get(), self._chunk_bytes, []
+        cb, pieces = self._chunk_bytes, []
         pos, end = start, start + size
         while pos < end:
             k = pos // cb
             if k >= len(self._chunks):
                 raise spec.DatasetFormatError(
-                    f"{self.data_file}: sample {i} (bytes {start}..{end} of /images) lies past the "
+                    f"{self.data_location}: sample {i} (bytes {start}..{end} of /images) lies past the "
                     f"last chunk: the file is truncated or damaged")
             addr, run_end = int(self._chunks[k]) + pos % cb, min(end, (k + 1) * cb)
             while run_end < end and k + 1 < len(self._chunks) and self._chunks[k + 1] == self._chunks[k] + cb:
                 k += 1
                 run_end = min(end, (k + 1) * cb)
-            piece = os.pread(fd, run_end - pos, addr)
+            piece = self._read_at(addr, run_end - pos)
             if len(piece) != run_end - pos:
                 raise spec.DatasetFormatError(
-                    f"{self.data_file}: sample {i} at byte {addr} is cut short: the file is truncated")
+                    f"{self.data_location}: sample {i} at byte {addr} is cut short: the file is truncated")
             pieces.append(piece)
             pos = run_end
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
+    def _read_at(self, addr: int, n: int) -> bytes:
+        if self.ranged:
+            return self.remote.read_range(self.data_name, addr, n)
+        return os.pread(self._fd.get(), n, addr)
+
+    def _check_crc(self, i: int, data: bytes) -> None:
+        want, got = int(self.index.arrays["checksums"][i]), spec.checksum(data)
+        if got != want:
+            from readers.remote.errors import RemoteIntegrityError
+
+            raise RemoteIntegrityError(f"{self.data_location} sample {i}: checksum mismatch (CRC-32 {got:08x}, "
+                                       f"the index says {want:08x}): damaged object")
+
     def batchable(self) -> bool:
-        return not self.decode and self._chunks is not None
+        return not self.decode and self._chunks is not None and not self.ranged
 
     def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
         """``decode=False`` with a chunk table: each sample copied from a read-only mapping of the
         file straight into one ByteBatch buffer, no per-sample ``bytes``; see ``readers.batch``.
-        (A copy out of mapped page cache costs a memcpy; ``os.pread`` costs ~2x that.)"""
+        (A copy out of mapped page cache costs a memcpy; ``os.pread`` costs ~2x that.) Remote
+        without a cache: None (each sample is a range request with its CRC checked)."""
         if not self.batchable():
             return None
         idx = index_array(indices, len(self.labels))
@@ -130,7 +224,7 @@ class HDF5Dataset(MapReader):
             k = pos // cb
             if k >= len(self._chunks):
                 raise spec.DatasetFormatError(
-                    f"{self.data_file}: sample {i} (bytes {start}..{end} of /images) lies past the "
+                    f"{self.data_location}: sample {i} (bytes {start}..{end} of /images) lies past the "
                     f"last chunk: the file is truncated or damaged")
             addr, run_end = int(self._chunks[k]) + pos % cb, min(end, (k + 1) * cb)
             while run_end < end and k + 1 < len(self._chunks) and self._chunks[k + 1] == self._chunks[k] + cb:
@@ -138,7 +232,7 @@ class HDF5Dataset(MapReader):
                 run_end = min(end, (k + 1) * cb)
             if addr + run_end - pos > len(mapped):
                 raise spec.DatasetFormatError(
-                    f"{self.data_file}: sample {i} at byte {addr} is cut short: the file is truncated")
+                    f"{self.data_location}: sample {i} at byte {addr} is cut short: the file is truncated")
             out[pos - start:run_end - start] = mapped[addr:addr + run_end - pos]
             pos = run_end
 
@@ -147,3 +241,4 @@ class HDF5Dataset(MapReader):
         if self._chunks is not None:
             self._fd.close()
             self._mapped.close()
+        super().close()

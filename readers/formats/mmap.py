@@ -4,15 +4,29 @@ The data file (``spec.DATA_FILE["mmap"]``, ``images.npy``) is mapped
 read-only, lazily per process; sample ``i`` is the view ``flat[offsets[i] : offsets[i] + heights[i]*widths[i]*3]`` reshaped to
 HWC. Pages come from the OS page cache, shared by every worker: memory
 does not grow with ``num_workers``.
+
+Remote (``s3://``, ``http(s)://``): with ``cache_dir`` the file is
+downloaded into the node cache when the dataset is opened and mapped from
+there; without, each sample is one range request (its CRC-32 checked), which
+suits looking at a few samples, not training (see docs/remote.md).
+
+The file must be a regular file (inside the dataset folder when local) of at
+least the size index.json records before it is mapped. ``read(i)`` returns a
+read-only view of the map; items (tensors, bytes) are always copies, so an
+in-place operation on a returned tensor never touches the read-only map.
 """
 
 from __future__ import annotations
 
 import functools
+import io
+import math
+import mmap
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+import numpy.lib.format as npformat
 import torch
 
 from readers import spec
@@ -21,6 +35,34 @@ from readers.batch import Allocator, batch_buffer, finish_batch, index_array
 from readers.shmring import ByteBatch
 
 __all__ = ["MemmapDataset"]
+
+
+def _open_flat(file: Callable[[], str], size: int | None = None) -> np.ndarray:
+    """Map the pixel file read-only, from a descriptor checked first (no second open)."""
+    path = file()
+    fd = spec.open_regular(path, "data file")
+    try:
+        actual = os.fstat(fd).st_size
+        if size is not None and actual < size:
+            raise spec.DatasetFormatError(f"{path}: data file is {actual} bytes, {spec.INDEX_NAME} says {size}: "
+                                          "it is truncated or damaged")
+        head = io.BytesIO(os.pread(fd, spec.MMAP_HEADER_BYTES, 0))
+        try:
+            version = npformat.read_magic(head)
+            reader = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+            shape, fortran, dtype = reader(head)
+            count = math.prod(shape)
+        except Exception as exc:  # noqa: BLE001 - a crafted header raises many types (ValueError, TokenError, ...)
+            raise spec.DatasetFormatError(f"{path}: not a complete .npy file ({type(exc).__name__}: {exc})") from None
+        data = actual - spec.MMAP_HEADER_BYTES
+        if dtype != np.uint8 or fortran or head.tell() != spec.MMAP_HEADER_BYTES or count != data:
+            raise spec.DatasetFormatError(
+                f"{path}: not the pixel file this reader expects ({spec.MMAP_HEADER_BYTES}-byte header, then "
+                f"uint8 data filling the file; its header says {dtype} {shape} for {data} bytes)")
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if data else b""
+    finally:
+        os.close(fd)
+    return np.frombuffer(mapped, dtype=np.uint8, count=data, offset=spec.MMAP_HEADER_BYTES if data else 0)
 
 
 class MemmapDataset(MapReader):
@@ -33,44 +75,58 @@ class MemmapDataset(MapReader):
         self._widths = self.index.arrays["widths"]
         self.fixed_shape = self.meta["storage"].get("fixed_shape")
         self._back_to_back: bool | None = None  # samples at offsets 0, S*S*3, 2*S*S*3, ... (see rows())
-        self._map = LazyHandle(functools.partial(MemmapDataset._open, self.data_file))
-
-    @staticmethod
-    def _open(file: os.PathLike) -> np.ndarray:
-        try:
-            arr = np.load(file, mmap_mode="r")
-        except ValueError as exc:
-            raise spec.DatasetFormatError(f"{file}: not a complete .npy file ({exc})") from exc
-        return arr.reshape(-1)
+        #: Remote without a cache: samples are read by range requests, nothing is downloaded whole.
+        self.ranged = self.remote is not None and not self.remote.cached
+        if self.remote is not None and not self.ranged:
+            self._fetch_data()
+        if self.remote is None:  # a symlink leaving the folder is refused before anything opens it
+            spec.member_path(self.root, self.data_name, "data file")
+        size = (self.meta.get("files") or {}).get(self.data_name)
+        self._map = LazyHandle(functools.partial(_open_flat, self.file_ref(self.data_name), size))
 
     def read(self, i: int) -> np.ndarray:
-        flat = self._map.get()
         h, w = int(self._heights[i]), int(self._widths[i])
         start = int(self._offsets[i])
         end = start + h * w * 3
+        if self.ranged:
+            return self._read_ranged(i, start, end).reshape(h, w, 3)
+        flat = self._map.get()
         if end > flat.shape[0]:
             raise spec.DatasetFormatError(
-                f"{self.data_file}: sample {i} ends at byte {end}, past the end of the "
+                f"{self.data_location}: sample {i} ends at byte {end}, past the end of the "
                 f"data ({flat.shape[0]} bytes): the file is truncated or damaged"
             )
         return flat[start:end].reshape(h, w, 3)
 
+    def _read_ranged(self, i: int, start: int, end: int) -> np.ndarray:
+        data = self.remote.read_range(self.data_name, spec.MMAP_HEADER_BYTES + start, end - start)
+        want = int(self.index.arrays["checksums"][i])
+        if spec.checksum(data) != want:
+            from readers.remote.errors import RemoteIntegrityError
+
+            raise RemoteIntegrityError(f"{self.data_location} sample {i}: checksum mismatch (CRC-32 "
+                                       f"{spec.checksum(data):08x}, the index says {want:08x}): damaged object")
+        return np.frombuffer(data, dtype=np.uint8)
+
     def rows(self) -> np.ndarray | None:
         """All samples as one ``(N, S, S, 3)`` array over the mapping (fixed-shape packs whose
-        samples lie back to back, as ``--resize`` writes them); None otherwise."""
+        samples lie back to back, as ``--resize`` writes them); None otherwise (then every sample
+        is read on its own, with its own checks)."""
         shape = self.fixed_shape
-        if not shape:
+        if not shape or self.ranged:  # remote without a cache: one range request per sample
             return None
         stride = int(np.prod(shape))
         n = len(self.labels)
-        if self._back_to_back is None:  # checked once: O(N)
-            self._back_to_back = not n or bool(self._offsets[0] == 0 and np.all(np.diff(self._offsets) == stride))
+        if self._back_to_back is None:  # checked once, O(N): also that each sample is the fixed shape
+            self._back_to_back = not n or bool(
+                self._offsets[0] == 0 and np.all(np.diff(self._offsets) == stride)
+                and np.all(self._heights == shape[0]) and np.all(self._widths == shape[1]))
         if not self._back_to_back:
             return None
         flat = self._map.get()
         if flat.shape[0] < n * stride:
             raise spec.DatasetFormatError(
-                f"{self.data_file}: holds {flat.shape[0]} bytes of pixels, {n} samples of {shape} need "
+                f"{self.data_location}: holds {flat.shape[0]} bytes of pixels, {n} samples of {shape} need "
                 f"{n * stride}: the file is truncated or damaged")
         return flat[: n * stride].reshape(n, *shape)
 
@@ -110,3 +166,4 @@ class MemmapDataset(MapReader):
 
     def close(self) -> None:
         self._map.close()
+        super().close()

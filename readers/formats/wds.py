@@ -14,6 +14,11 @@ yields ``ceil(N / R)`` samples (at most R-1 repeats); ``pad=False`` cuts to
 
 Every sample read checks the tar header in front of it, so a damaged shard
 raises an error that names the shard and the byte offset.
+
+The bytes come from :mod:`readers.formats.wds_io` (local files; for a
+remote dataset, streamed with large range requests, or through the node
+cache when ``cache_dir`` is given); this module only decides the order, and
+the order is the same wherever the bytes come from.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 from readers import spec
 from readers.base import PackedDataset
 from readers.env import WorkerEnv, current_worker_env
+from readers.formats import wds_io
 from readers.order import ShardLayout, ShardSettings, epoch_plan, resume_order, worker_order
 
 __all__ = ["ShardDataset", "epoch_plan"]
@@ -40,13 +46,6 @@ __all__ = ["ShardDataset", "epoch_plan"]
 BLOCK = spec.TAR_BLOCK
 #: Bytes of shared memory that carry a resume point (JSON) to the loader's workers, persistent ones too.
 RESUME_BYTES = 8192
-
-
-def _octal(field: bytes) -> int:
-    try:
-        return int(field.strip(b"\0 ") or b"0", 8)
-    except ValueError:
-        return -1
 
 
 class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
@@ -114,8 +113,23 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return range(first, first + int(self.shard_sizes[shard]))
 
     def shard_path(self, shard: int) -> Path:
-        """Path of shard ``shard``."""
-        return self.root / self.shard_names[shard]
+        """Path of shard ``shard`` (a local dataset; remote ones: :meth:`shard_location`)."""
+        if self.remote is not None:
+            raise ValueError(f"{self.root} is remote: its shards have URLs (shard_location), not paths")
+        return Path(self.root) / self.shard_names[shard]
+
+    def shard_location(self, shard: int) -> str:
+        """Path or URL of shard ``shard``, as shown in messages."""
+        return self.location_of(self.shard_names[shard])
+
+    def open_shard(self, shard: int) -> int:
+        """A descriptor of shard ``shard``: a regular file inside the dataset folder
+        (DatasetFormatError naming it otherwise; never blocks). Its size is not
+        required to match: reads are ``pread``s, and a short one names the sample and byte."""
+        return spec.open_member(self.root, self.shard_names[shard], "shard file")
+
+    def where(self, i: int) -> str:
+        return self.location_of(self.shard_names[self.shard_of(i)])
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -211,34 +225,15 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
 
     def read_from(self, fd: int, shard: int, i: int) -> bytes:
         """Stored bytes of sample ``i`` from the open shard ``fd``, checking its tar header."""
-        offset, size = int(self._offsets[i]), int(self._sizes[i])
-        blob = os.pread(fd, BLOCK + size, offset - BLOCK)
-        if len(blob) != BLOCK + size:
-            raise spec.DatasetFormatError(
-                f"{self._where(shard, offset)}: shard ends early (sample {i}): truncated or damaged")
-        # Structural check of the ustar header in front of the data: the member
-        # name must be this sample's key, the size field must match, and the
-        # header checksum (byte sum, checksum field read as spaces) must hold.
-        key = self._keys_prefix(i)
-        header = memoryview(blob)[:BLOCK]
-        if (blob[:len(key)] != key or _octal(blob[124:136]) != size
-                or _octal(blob[148:156]) != sum(header[:148]) + 256 + sum(header[156:])):
-            raise spec.DatasetFormatError(
-                f"{self._where(shard, offset)}: tar header is not sample {i} ({size} bytes) "
-                f"but {blob[:100].rstrip(bytes(1))!r}: the shard is damaged or does not match its index")
-        return blob[BLOCK:]
-
-    def _where(self, shard: int, offset: int) -> str:
-        return f"{self.shard_path(shard)} at byte {offset - BLOCK}"
-
-    @staticmethod
-    def _keys_prefix(i: int) -> bytes:
-        return (spec.wds_key(i) + ".").encode()
+        return wds_io.LocalShards(self).pread(fd, shard, i)
 
     def read(self, i: int) -> bytes:
-        """Stored bytes of sample ``i`` (random access; opens and closes its shard)."""
+        """Stored bytes of sample ``i`` (random access; opens and closes its shard, or one range request)."""
         shard = self.shard_of(i)
-        fd = os.open(self.shard_path(shard), os.O_RDONLY)
+        if self.remote is not None:
+            [(_, data)] = wds_io.StreamedShards(self).samples([i])  # runs to the end: its threads stop
+            return data
+        fd = self.open_shard(shard)
         try:
             return self.read_from(fd, shard, i)
         finally:
@@ -254,18 +249,10 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return env
 
     def __iter__(self) -> Iterator[tuple]:
-        fds: dict[int, int] = {}  # shard -> open descriptor, least recently used first
-        keep = 2 * self.open_shards + 2  # the open runs plus the shards still in the buffer
+        # The open runs plus the shards still in the buffer: local files kept open at once.
+        pairs = wds_io.shard_io(self, keep=2 * self.open_shards + 2).samples(self.sample_order().tolist())
         try:
-            for i in self.sample_order().tolist():
-                shard = int(self._shard_of[i])
-                fd = fds.pop(shard, None)
-                if fd is None:
-                    if len(fds) >= keep:
-                        os.close(fds.pop(next(iter(fds))))
-                    fd = os.open(self.shard_path(shard), os.O_RDONLY)
-                fds[shard] = fd
-                yield self._item(i, self.read_from(fd, shard, i))
+            for i, data in pairs:
+                yield self._item(i, data)
         finally:
-            for fd in fds.values():
-                os.close(fd)
+            pairs.close()  # stops background requests and closes files now, not at garbage collection

@@ -33,6 +33,7 @@ from readers.remote.store import LocalStore, Store
 
 __all__ = [
     "open_store",
+    "read_index",
     "is_url",
     "parse_url",
     "parse_size",
@@ -68,3 +69,12 @@ def open_store(location: str | os.PathLike, storage_options: Mapping[str, Any] |
     from readers.remote.fsspec_store import FsspecStore
 
     return FsspecStore(parse_url(text), storage_options, retry)
+
+
+def read_index(location: str | os.PathLike | Store, storage_options: Mapping[str, Any] | None = None,
+               retry: RetryPolicy | None = None):
+    """:func:`readers.spec.read_index` for a local folder, a URL or a :class:`Store`."""
+    from readers import spec
+
+    store = location if isinstance(location, Store) else open_store(location, storage_options, retry)
+    return spec.read_index(store)

@@ -46,7 +46,7 @@ from readers.remote.store import Store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NodeCache", "CacheFullError"]
+__all__ = ["NodeCache", "CacheFullError", "Pin"]
 
 _SUFFIXES = (".partial", ".parts")
 
@@ -139,12 +139,29 @@ class NodeCache:
     @contextlib.contextmanager
     def open(self, store: Store, name: str, **fetch_kw) -> Iterator[Path]:
         """``fetch`` and keep the entry pinned (never evicted) until the block ends."""
+        pin = self.pin(store, name, **fetch_kw)
+        try:
+            yield pin.path
+        finally:
+            pin.release()
+
+    def pin(self, store: Store, name: str, **fetch_kw) -> "Pin":
+        """``fetch`` and pin the entry until ``Pin.release()`` (or the process ends).
+
+        The pin is a shared ``flock`` on the entry's lock file, held by an open
+        file descriptor: eviction skips the entry while any process holds one.
+        """
         while True:
             path = self.fetch(store, name, **fetch_kw)
-            with _flock(self._lock_path(path), fcntl.LOCK_SH):
-                if path.exists():  # not evicted between fetch and the lock
-                    yield path
-                    return
+            fd = os.open(self._lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            except BaseException:
+                os.close(fd)
+                raise
+            if path.exists():  # not evicted between fetch and the lock
+                return Pin(path, fd)
+            os.close(fd)
 
     @staticmethod
     def _valid(path: Path, size: int | None) -> bool:
@@ -219,6 +236,22 @@ class NodeCache:
             log.warning("cache %s: %d bytes over its limit (%d bytes); the rest is in use", self.dir,
                         need - freed, self.limit)
         return freed
+
+
+class Pin:
+    """A cache entry that is not evicted until :meth:`release` (closing the lock's descriptor)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self._fd = path, fd
+
+    def release(self) -> None:
+        # In a forked child this closes the child's copy only; the lock lasts while any copy is open.
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"Pin({str(self.path)!r}, {'held' if self._fd is not None else 'released'})"
 
 
 def _touch(path: Path) -> None:

@@ -25,10 +25,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import os
-import shutil
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from readers.remote.errors import ObjectNotFoundError, RemoteError, RemoteIntegrityError
 
@@ -155,9 +154,14 @@ class Store:
             pool.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------ writes
-    def put(self, name: str, local_path: str | os.PathLike, *, part_size: int = DEFAULT_PART) -> None:
-        """Upload the file ``local_path`` as ``name`` (multipart above ``part_size``); whole or not at all."""
-        self._put(name, Path(local_path), part_size)
+    def put(self, name: str, local_path: str | os.PathLike, *, part_size: int = DEFAULT_PART,
+            progress: Callable[[int], None] | None = None) -> None:
+        """Upload the file ``local_path`` as ``name`` (multipart above ``part_size``); whole or not at all.
+
+        ``progress(nbytes)`` is called with each increment sent (a retried
+        attempt starts again from zero, so increments may add up to more).
+        """
+        self._put(name, Path(local_path), part_size, progress)
         self.stats.add_write()
 
     def put_bytes(self, name: str, data: bytes) -> None:
@@ -167,6 +171,9 @@ class Store:
     def delete(self, name: str) -> None:
         """Remove ``name``; a missing object is not an error."""
         self._delete(name)
+
+    def close(self) -> None:
+        """Release this process's connections (the store stays usable: they reopen on the next call)."""
 
     # ------------------------------------------------------------ primitives
     def _read(self, name: str) -> bytes:
@@ -181,7 +188,8 @@ class Store:
     def _list(self, prefix: str) -> list[str]:
         raise NotImplementedError
 
-    def _put(self, name: str, local_path: Path, part_size: int) -> None:
+    def _put(self, name: str, local_path: Path, part_size: int,
+             progress: Callable[[int], None] | None = None) -> None:
         raise NotImplementedError
 
     def _put_bytes(self, name: str, data: bytes) -> None:
@@ -259,13 +267,17 @@ class LocalStore(Store):
             tmp.unlink(missing_ok=True)
             raise
 
-    def _put(self, name: str, local_path: Path, part_size: int) -> None:
+    def _put(self, name: str, local_path: Path, part_size: int,
+             progress: Callable[[int], None] | None = None) -> None:
         if not local_path.is_file():
             raise RemoteError(f"{local_path}: no such file to upload to {self.url_of(name)}")
 
         def copy(f) -> None:
             with open(local_path, "rb") as src:
-                shutil.copyfileobj(src, f, 1 << 20)
+                while block := src.read(8 << 20):
+                    f.write(block)
+                    if progress is not None:
+                        progress(len(block))
 
         self._write_atomic(name, copy)
 

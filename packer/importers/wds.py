@@ -1,0 +1,173 @@
+"""Import WebDataset tar shards written by other tools (webdataset's ``ShardWriter``, ``tar``, ...).
+
+A shard is a tar file; its members are grouped into samples by key as
+webdataset groups them (``base_plus_ext``: the key is the member name up to
+the first dot of its last path component, the rest is the extension,
+compared in lower case; consecutive members with the same key form one
+sample). A sample is taken when it has an image (``jpg``, ``jpeg``, ``png``,
+``webp``, ... any extension the folder scan takes) and a label:
+
+* ``cls``: the class index as text (``ShardWriter`` writes ints so);
+* or ``json``: an object with ``label`` (or ``cls``, ``class``, ``target``):
+  an int (class index) or a string (class name).
+
+Class names: with string labels, the sorted set of names (labels are their
+positions, like ImageFolder's sorted class folders); with integer labels,
+``"0"``, ``"1"``, ... up to the largest. Samples keep the shards' order
+(shards sorted by file name). Samples without an image or a label are
+counted as ignored, like non-image files in a folder. Every image then goes
+through the same validation as a folder's files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tarfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from packer.errors import SourceError
+from packer.importers.stage import Unreadable, bytes_stage
+from packer.source import IMAGE_EXTENSIONS, Source
+
+__all__ = ["is_wds_source", "scan_wds", "shard_files"]
+
+log = logging.getLogger(__name__)
+
+_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
+_IMAGE_EXTS = tuple(e.lstrip(".") for e in IMAGE_EXTENSIONS)
+_JSON_LABEL_KEYS = ("label", "cls", "class", "target")
+
+
+def shard_files(folder: Path) -> list[Path]:
+    """The ``.tar`` files directly in ``folder``, sorted by name."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.lower().endswith(".tar")
+                  and not p.name.startswith("."))
+
+
+def is_wds_source(src: Path) -> bool:
+    """``src`` is a .tar file or a folder holding .tar shards."""
+    if src.is_file():
+        return src.name.lower().endswith(".tar")
+    return src.is_dir() and bool(shard_files(src))
+
+
+def _label_of(members: dict[str, bytes], where: str) -> int | str | None:
+    if "cls" in members:
+        text = members["cls"].decode("utf-8", "replace").strip()
+        try:
+            return int(text)
+        except ValueError:
+            raise SourceError(f"{where}.cls: not a class index ({text[:40]!r})") from None
+    if "json" in members:
+        try:
+            obj = json.loads(members["json"])
+        except ValueError as exc:
+            raise SourceError(f"{where}.json: not JSON ({exc})") from None
+        if isinstance(obj, dict):
+            for key in _JSON_LABEL_KEYS:
+                value = obj.get(key)
+                if isinstance(value, (int, str)) and not isinstance(value, bool):
+                    return value
+    return None
+
+
+def _samples(shard: Path) -> Iterator[tuple[str, str, int, int, dict[str, bytes]]]:
+    """(key, image extension, data offset, size, small members) of each sample in ``shard``."""
+    try:
+        tar = tarfile.open(shard, "r:")
+    except (tarfile.TarError, OSError) as exc:
+        raise SourceError(f"{shard}: not a readable tar file ({exc})") from None
+    with tar:
+        key, group = None, []
+        try:
+            for m in tar:
+                match = _KEY.match(m.name) if m.isfile() else None
+                if match is None:
+                    continue
+                if match.group(1) != key and group:
+                    yield _sample(tar, key, group)
+                    group = []
+                key = match.group(1)
+                group.append((match.group(2).lower(), m))
+        except tarfile.TarError as exc:
+            raise SourceError(f"{shard}: damaged tar file ({exc})") from None
+        if group:
+            yield _sample(tar, key, group)
+
+
+def _sample(tar: tarfile.TarFile, key: str, group: list) -> tuple[str, str, int, int, dict[str, bytes]]:
+    image = next(((ext, m) for ext, m in group if ext in _IMAGE_EXTS), None)
+    small = {ext: tar.extractfile(m).read() for ext, m in group if ext in ("cls", "json") and m.size < 1 << 20}
+    if image is None:
+        return key, "", 0, 0, small
+    ext, m = image
+    return key, ext, m.offset_data, m.size, small
+
+
+def _classes(raw: list[int | str], where: Path) -> tuple[list[str], list[int]]:
+    if all(isinstance(v, int) for v in raw):
+        if any(v < 0 for v in raw):
+            raise SourceError(f"{where}: negative class index {min(raw)} in the labels")
+        return [str(i) for i in range(max(raw) + 1)], list(raw)
+    if all(isinstance(v, str) for v in raw):
+        names = sorted(set(raw))
+        position = {n: i for i, n in enumerate(names)}
+        return names, [position[v] for v in raw]
+    raise SourceError(f"{where}: labels mix class indexes and class names; use one kind")
+
+
+def scan_wds(src: Path) -> Source:
+    """Scan the shards of ``src`` (a .tar file, or a folder of them) into a :class:`Source`."""
+    shards = [src] if src.is_file() else shard_files(src)
+    root = src
+    paths, raw, sizes, where, ignored = [], [], [], [], []
+    for k, shard in enumerate(shards):
+        for key, ext, offset, size, small in _samples(shard):
+            rel = f"{shard.name}/{key}"
+            label = _label_of(small, f"{shard}:{key}")
+            if not ext or label is None:
+                ignored.append(rel)
+                continue
+            paths.append(f"{rel}.{ext}")
+            raw.append(label)
+            sizes.append(size)
+            where.append((k, offset))
+    if not paths:
+        raise SourceError(f"{src}: no labelled images in the shards (each sample needs an image, e.g. key.jpg, "
+                          "and a label: key.cls, or key.json with a \"label\")")
+    if ignored:
+        log.warning("%d sample(s) without an image or a label ignored, e.g. %s", len(ignored), ignored[0])
+    classes, labels = _classes(raw, src)
+    source = Source(root, classes, paths, labels, sizes, ignored=ignored, kind="wds",
+                    details={"shards": len(shards), "first_shard": shards[0].name if shards else None})
+    source.prepare = bytes_stage(lambda positions: _read(shards, where, sizes, positions))
+    return source
+
+
+def _read(shards: list[Path], where: list[tuple[int, int]], sizes: list[int], positions: list[int]) -> Iterator[Any]:
+    """The image bytes of the samples at ``positions`` (scan positions), in that order."""
+    fd, open_k = None, -1
+    try:
+        for pos in positions:
+            k, offset = where[pos]
+            if k != open_k:
+                if fd is not None:
+                    os.close(fd)
+                fd, open_k = os.open(shards[k], os.O_RDONLY), k
+            try:
+                data = os.pread(fd, sizes[pos], offset)
+            except OSError as exc:
+                yield Unreadable(f"{shards[k]}: read error at byte {offset}: {exc.strerror or exc}")
+                continue
+            if len(data) != sizes[pos]:
+                yield Unreadable(f"{shards[k]} changed while it was being packed (ends before byte "
+                                 f"{offset + sizes[pos]}); re-run with --resume once the source is stable")
+                continue
+            yield data
+    finally:
+        if fd is not None:
+            os.close(fd)

@@ -1,0 +1,255 @@
+"""``pack-dataset info PATH``: what a packed dataset holds, or how far an interrupted pack got.
+
+:func:`describe` returns a JSON-able description (``--json`` prints it);
+:func:`render` turns it into the text that ``pack-dataset info`` prints. A
+complete dataset is described from its ``index.json``; an interrupted one
+from its journal (``pack-state.json``), with the command that resumes it.
+A folder of split datasets is described split by split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from readers import spec
+
+__all__ = ["describe", "render", "resume_command", "add_arguments", "run", "main"]
+
+_SHOWN_CLASSES = 30  # text output lists this many classes; --json lists all
+
+
+def _disk_usage(root: Path) -> tuple[int, int]:
+    """(bytes, files) of everything in ``root`` (not following links)."""
+    total = count = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue
+            count += 1
+    return total, count
+
+
+def _flag_value(flag: Any, value: Any) -> list[str]:
+    if flag.action == "store_true":
+        return [flag.flags[-1]] if value else []
+    if flag.action == "store_false":
+        return [] if value else [flag.flags[-1]]
+    return [flag.flags[-1], flag.show(value)]
+
+
+def resume_command(state: dict[str, Any], out: Path) -> str:
+    """The ``pack-dataset`` command line that finishes the interrupted pack in ``out``."""
+    from packer.options import cli_fields
+
+    source = state.get("source") or {}
+    command = "convert" if source.get("kind") == "dataset" else "pack"
+    options = state.get("options", {})
+    words = ["pack-dataset"] + (["convert"] if command == "convert" else [])
+    if source.get("splits", 1) > 1:  # an imported source with several splits: resume them all at once
+        words += [source["given"], "-f", state["format"], "-o", str(out.parent)]
+    else:
+        words += [source.get("given") or source.get("root", "SRC"), "-f", state["format"], "-o", str(out)]
+    for f, flag in cli_fields(command):
+        if f.name in ("format", "overwrite", "resume") or f.name not in options:
+            continue
+        if options[f.name] != f.default:
+            words += _flag_value(flag, options[f.name])
+    return shlex.join(words + ["--resume"])
+
+
+def _classes(classes: list[str], counts: list[int]) -> list[dict[str, Any]]:
+    return [{"label": i, "name": name, "samples": int(n)} for i, (name, n) in enumerate(zip(classes, counts))]
+
+
+def _origin(source: dict[str, Any], stats: dict[str, Any]) -> tuple[list[dict[str, str]], dict, dict]:
+    """For a converted dataset, the datasets it was converted from (newest first) and the source record
+    and stats of the original pack; for any other, ``([], source, stats)``."""
+    chain = []
+    while source.get("kind") == "dataset":
+        chain.append({"format": source.get("dataset_format", "?"), "path": source.get("root", "?")})
+        source, stats = source.get("original_source", {}), source.get("original_stats", {})
+    return chain, source, stats
+
+
+def _complete(root: Path, index: spec.Index) -> dict[str, Any]:
+    meta = index.meta
+    chain, source, stats = _origin(meta.get("source", {}), meta.get("stats", {}))
+    size, files = _disk_usage(root)
+    return {
+        "path": str(root), "state": "complete", "format": meta["format"], "split": meta.get("split"),
+        "spec_version": meta.get("spec_version"), "checksum": meta.get("checksum"),
+        "samples": index.num_samples,
+        "classes": _classes(index.classes, meta.get("class_counts") or [0] * len(index.classes)),
+        "bytes_on_disk": size, "files": files,
+        "storage": meta.get("storage", {}),
+        "shards": len(meta.get("shards", [])) if meta["format"] == "wds" else None,
+        "options": meta.get("options", {}),
+        "order": meta.get("order"),
+        "source": source,
+        "rejected": source.get("rejected", 0), "repaired": stats.get("repaired", 0),
+        "reencoded": stats.get("reencoded", 0),
+        "converted_from": chain,
+        "created_by": meta.get("created_by"),
+    }
+
+
+def _journal_order(options: dict[str, Any]) -> dict[str, Any] | None:
+    """The order an interrupted pack writes, from its options (``--order``, ``--shuffle-seed``)."""
+    kind = options.get("order")
+    if not kind:
+        return None
+    return {"kind": kind, "seed": options.get("shuffle_seed", 0)} if kind == "shuffled" else {"kind": kind}
+
+
+def _incomplete(root: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((root / spec.STATE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise spec.DatasetFormatError(f"{root / spec.STATE_NAME}: unreadable journal ({exc})") from exc
+    size, files = _disk_usage(root)
+    source = state.get("source") or {}
+    return {
+        "path": str(root), "state": "incomplete", "format": state.get("format"), "split": state.get("split"),
+        "spec_version": spec.SPEC_VERSION, "checksum": spec.CHECKSUM_ALGO,
+        "samples": state.get("done", 0),  # durable as of the last checkpoint
+        "source_done": state.get("next_source", 0), "source_images": source.get("images"),
+        "bytes_on_disk": size, "files": files,
+        "options": state.get("options", {}),
+        "order": _journal_order(state.get("options", {})),
+        "source": source,
+        "rejected": state.get("rejected", 0), "repaired": state.get("repaired", 0),
+        "reencoded": state.get("changed", 0),
+        "resume": resume_command(state, root.resolve()),
+    }
+
+
+def describe(path: str | os.PathLike) -> dict[str, Any]:
+    """Describe the dataset folder ``path`` (complete or interrupted), or each split inside it.
+
+    Raises FileNotFoundError / ``spec.DatasetFormatError`` when ``path`` is neither.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: no such dataset folder")
+    if (root / spec.INDEX_NAME).is_file():
+        return _complete(root, spec.read_index(root))
+    if (root / spec.STATE_NAME).is_file():
+        return _incomplete(root)
+    splits = sorted(p for p in root.iterdir() if p.is_dir()
+                    and ((p / spec.INDEX_NAME).is_file() or (p / spec.STATE_NAME).is_file()))
+    if splits:
+        described = [describe(p) for p in splits]
+        done = all(d["state"] == "complete" for d in described)
+        return {"path": str(root), "state": "complete" if done else "incomplete", "splits": described}
+    raise spec.DatasetFormatError(f"{root}: not a packed dataset (no {spec.INDEX_NAME} or {spec.STATE_NAME})")
+
+
+# ---------------------------------------------------------------------------- text
+def _mb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+_SOURCE_ORDER = {"folder": "sorted by class, then path (as scanned)", "wds": "the shards' order",
+                 "hf": "the dataset's row order", "dataset": "the source dataset's order"}
+
+
+def _order(order: Any, kind: str) -> str:
+    if not order:
+        return "source order: " + _SOURCE_ORDER.get(kind, "as scanned")
+    if isinstance(order, dict):
+        kind = order.get("kind") or order.get("order") or "custom"
+        rest = ", ".join(f"{k} {v}" for k, v in order.items() if k not in ("kind", "order"))
+        return f"{kind}" + (f" ({rest})" if rest else "")
+    return str(order)
+
+
+def _options(options: dict[str, Any]) -> str:
+    from packer.options import cli_fields
+
+    show = {f.name: flag.show for f, flag in cli_fields("pack")}
+    return " ".join(f"{k}={show.get(k, str)(v) if v is not None else None}" for k, v in sorted(options.items()))
+
+
+def _class_lines(classes: list[dict[str, Any]]) -> list[str]:
+    if not classes:
+        return ["  classes      0"]
+    counts = [c["samples"] for c in classes]
+    lines = [f"  classes      {len(classes)} ({min(counts)}..{max(counts)} samples each)"]
+    width = max(len(c["name"]) for c in classes[:_SHOWN_CLASSES])
+    for c in classes[:_SHOWN_CLASSES]:
+        lines.append(f"    {c['label']:>5}  {c['name']:<{width}}  {c['samples']}")
+    if len(classes) > _SHOWN_CLASSES:
+        lines.append(f"    ... {len(classes) - _SHOWN_CLASSES} more (--json lists every class)")
+    return lines
+
+
+def _counts(d: dict[str, Any]) -> str:
+    return f"{d['rejected']} rejected, {d['repaired']} repaired, {d['reencoded']} re-encoded"
+
+
+def render(d: dict[str, Any]) -> str:
+    """The text ``pack-dataset info`` prints for a :func:`describe` result."""
+    if "splits" in d:
+        head = f"{d['path']}: {len(d['splits'])} splits, {d['state']}"
+        return "\n\n".join([head] + [render(s) for s in d["splits"]])
+    src = d.get("source") or {}
+    lines = [d["path"], f"  state        {d['state']}"]
+    if d["state"] == "incomplete":
+        total = d.get("source_images")
+        of = f" of {total}" if total is not None else ""
+        lines += [f"  progress     {d['source_done']}{of} source images done at the last checkpoint, "
+                  f"{d['samples']} samples written",
+                  f"  resume with  {d['resume']}"]
+    fmt = f"  format       {d['format']} (spec version {d['spec_version']})"
+    if d.get("storage"):
+        enc = ", ".join(f"{k} {v}" for k, v in (d["storage"].get("encodings") or {}).items())
+        fmt += f", {d['storage'].get('kind', '?')}" + (f": {enc}" if enc else "")
+    lines.append(fmt)
+    lines.append(f"  split        {d.get('split')}")
+    if d["state"] == "complete":
+        lines.append(f"  samples      {d['samples']}")
+        lines += _class_lines(d["classes"])
+    shards = f", {d['shards']} shard{'s' if d.get('shards') != 1 else ''}" if d.get("shards") else ""
+    size = d["bytes_on_disk"]
+    lines.append(f"  on disk      {_mb(size)} ({size:,} bytes in {d['files']} files{shards})")
+    lines.append(f"  order        {_order(d.get('order'), (d.get('source') or {}).get('kind', 'folder'))}")
+    lines.append(f"  source       {src.get('kind', 'folder')} {src.get('root', '?')}: {_counts(d)}")
+    for k, c in enumerate(d.get("converted_from") or []):
+        lines.append(f"  {'converted' if k == 0 else '':<12} from {c['format']} dataset {c['path']}")
+    lines.append(f"  checksums    {d['checksum']} of every sample" + (" and shard" if d["format"] == "wds" else ""))
+    lines.append(f"  options      {_options(d['options'])}")
+    if d.get("created_by"):
+        lines.append(f"  created by   {d['created_by']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- command line
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``pack-dataset info``."""
+    p.add_argument("path", type=Path, help="dataset folder (complete or interrupted), or a folder of split datasets")
+    p.add_argument("--json", action="store_true", help="print the description as JSON (for scripts)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``pack-dataset info`` with parsed arguments; returns the exit code (2: not a dataset)."""
+    try:
+        d = describe(args.path)
+    except (spec.DatasetFormatError, FileNotFoundError, NotADirectoryError) as exc:
+        print(f"pack-dataset info: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(d, indent=1, sort_keys=True) if args.json else render(d))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pack-dataset info", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))

@@ -1,0 +1,205 @@
+"""Helpers shared by the reliability tests (tests/test_reliability*.py, tests/test_fuzz.py).
+
+They run the real ``pack-dataset`` in subprocesses, craft damaged or hostile
+datasets, and drop root's power to ignore file permissions where a test
+needs an unreadable folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from readers import spec
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "packer.cli"]
+
+
+def env() -> dict[str, str]:
+    """The environment for child processes: this checkout first on the path."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+
+
+def cli(*args: Any, timeout: float = 180, prefix: list[str] | tuple = ()) -> subprocess.CompletedProcess:
+    """Run ``pack-dataset ARGS`` and return the finished process (text output)."""
+    return subprocess.run([*prefix, *CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env=env())
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The error lines a pack-dataset run printed (warnings and progress bars aside)."""
+    return [line for line in stderr.splitlines()
+            if line.startswith(("pack-dataset: error", "pack-dataset: failed", "pack-dataset verify: error",
+                                "pack-dataset: interrupted", "pack-dataset: stopped"))]
+
+
+def assert_one_line(r: subprocess.CompletedProcess, code: int, *needles: str) -> str:
+    """Exit code ``code``, no traceback, exactly one error line, containing every needle."""
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr
+    lines = error_lines(r.stderr)
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert len(lines) == 1, r.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def no_root_powers() -> list[str]:
+    """A command prefix under which file permissions apply (root normally bypasses them)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: cannot make a folder unreadable to this process")
+    caps = "-dac_override,-dac_read_search"
+    return [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}"]
+
+
+def copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def meta(root: Path) -> dict:
+    return json.loads((root / spec.INDEX_NAME).read_text())
+
+
+def set_meta(root: Path, change: Callable[[dict], Any]) -> None:
+    m = meta(root)
+    change(m)
+    (root / spec.INDEX_NAME).write_text(json.dumps(m))
+
+
+def resave_array(root: Path, name: str, values: np.ndarray, *, checksum: str = "match") -> None:
+    """Replace an index array. ``checksum``: "match" (a crafted dataset: index.json updated to agree),
+    "drop" (as packed before array checksums existed), "keep" (damage: index.json not updated)."""
+    spec.save_array(root, name, values)
+    if checksum == "match":
+        data = (root / spec.array_file(name)).read_bytes()
+        set_meta(root, lambda m: m[spec.ARRAYS_KEY].__setitem__(name, {"crc32": spec.checksum(data),
+                                                                         "bytes": len(data)}))
+    elif checksum == "drop":
+        set_meta(root, lambda m: m.pop(spec.ARRAYS_KEY))
+
+
+def array(root: Path, name: str) -> np.ndarray:
+    return np.load(root / spec.array_file(name))
+
+
+# A child process that runs code against a dataset and reports what happened as JSON, so that a crash
+# (SIGBUS, SIGSEGV) or a hang is a failed test rather than a dead test run.
+_PROBE = textwrap.dedent('''
+    import json, sys
+    from readers import open_dataset, spec
+    root, mode = sys.argv[1], sys.argv[2]
+    out = {}
+    try:
+        ds = open_dataset(root, decode=(mode == "decode"))
+        n = 0
+        if ds.format == "wds":
+            for _ in ds:
+                n += 1
+        else:
+            for i in range(len(ds)):
+                ds[i]
+                n += 1
+        out = {"ok": n}
+    except spec.DatasetFormatError as exc:
+        out = {"error": "DatasetFormatError", "message": str(exc)}
+    except Exception as exc:
+        out = {"error": type(exc).__name__, "message": str(exc)}
+    print(json.dumps(out))
+''')
+
+
+def probe_read(root: Path, *, decode: bool = False, timeout: float = 60) -> dict:
+    """Open ``root`` and read every sample in a child process: {"ok": n} or {"error": type, "message"}."""
+    r = subprocess.run([sys.executable, "-c", _PROBE, str(root), "decode" if decode else "bytes"],
+                       capture_output=True, text=True, timeout=timeout, env=env())
+    assert r.returncode == 0, f"the reader process died (exit {r.returncode}): {r.stderr[-2000:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# A pack-dataset run whose write stage sleeps per sample: slow enough to act while it runs.
+_SLOW = textwrap.dedent('''
+    import sys, time
+    import packer.pipeline as p
+    delay = float(sys.argv[1])
+    take = p._WriteStage._take
+    def slow(self, pos, outcome):
+        time.sleep(delay)
+        return take(self, pos, outcome)
+    p._WriteStage._take = slow
+    from packer.cli import main
+    sys.exit(main(sys.argv[2:]))
+''')
+
+
+def slow_pack(*args: Any, delay: float = 0.02, **popen: Any) -> subprocess.Popen:
+    """Start ``pack-dataset ARGS`` with a write stage slowed by ``delay`` s per sample."""
+    return subprocess.Popen([sys.executable, "-c", _SLOW, str(delay), *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env(), **popen)
+
+
+# A pack-dataset run that dies (os._exit, like kill -9) when a chosen function is first called.
+_KILL_AT = textwrap.dedent('''
+    import importlib, os, sys
+    module, qualname = sys.argv[1].rsplit(":", 1)
+    owner = importlib.import_module(module)
+    parts = qualname.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    def die(*args, **kwargs):
+        os._exit(137)
+    setattr(owner, parts[-1], die)
+    from packer.cli import main
+    sys.exit(main(sys.argv[2:]))
+''')
+
+
+def pack_killed_at(where: str, *args: Any) -> subprocess.CompletedProcess:
+    """Run ``pack-dataset ARGS``, killed the moment ``module:Qual.name`` is first called."""
+    return subprocess.run([sys.executable, "-c", _KILL_AT, where, *map(str, args)], capture_output=True, text=True,
+                          timeout=180, env=env())
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def digest(root: Path) -> dict[str, str]:
+    """sha256 of every file directly in ``root`` (LMDB's lock table aside)."""
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())
+            if p.is_file() and p.name != "lock.mdb"}
+
+
+def content(root: Path) -> list[tuple[int, bytes]]:
+    """(label, stored bytes) of every sample, through the readers."""
+    from readers import open_dataset
+
+    ds = open_dataset(root, decode=False)
+    try:
+        if ds.format == "wds":
+            return [(int(ds.labels[i]), ds.read(i)) for i in range(len(ds.labels))]
+        return [(int(ds.labels[i]), bytes(np.asarray(ds.read(i)).tobytes() if ds.format == "mmap" else ds.read(i)))
+                for i in range(len(ds))]
+    finally:
+        ds.close()
