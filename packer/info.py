@@ -79,10 +79,10 @@ def _origin(source: dict[str, Any], stats: dict[str, Any]) -> tuple[list[dict[st
     return chain, source, stats
 
 
-def _complete(root: Path, index: spec.Index) -> dict[str, Any]:
+def _complete(root: Path | str, index: spec.Index, usage: tuple[int, int] | None = None) -> dict[str, Any]:
     meta = index.meta
     chain, source, stats = _origin(meta.get("source", {}), meta.get("stats", {}))
-    size, files = _disk_usage(root)
+    size, files = usage if usage is not None else _disk_usage(Path(root))
     return {
         "path": str(root), "state": "complete", "format": meta["format"], "split": meta.get("split"),
         "spec_version": meta.get("spec_version"), "checksum": meta.get("checksum"),
@@ -131,11 +131,43 @@ def _incomplete(root: Path) -> dict[str, Any]:
     }
 
 
+def _recorded_usage(meta: dict[str, Any]) -> tuple[int, int]:
+    """(bytes, files) of a dataset as its index records them: data files, index arrays, index.json."""
+    arrays = meta.get(spec.ARRAYS_KEY) or {}
+    size = sum(int(n) for n in (meta.get("files") or {}).values())
+    size += sum(int(a.get("bytes", 0)) for a in arrays.values() if isinstance(a, dict))
+    return size, len(meta.get("files") or {}) + len(arrays) + 1
+
+
+def describe_remote(url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`describe` for an ``s3://`` or ``http(s)://`` dataset (or a prefix holding split datasets).
+
+    Sizes are the ones the index records (no request per object). An upload
+    that never finished has no ``index.json`` there: its journal lives in the
+    packing machine's staging folder, so it is reported as not a dataset.
+    """
+    from packer.verify_remote import remote_roots
+    from readers.remote import open_store
+
+    store = open_store(url, storage_options)
+    if store.exists(spec.INDEX_NAME):
+        index = spec.read_index(store)
+        return _complete(url, index, _recorded_usage(index.meta))
+    roots = remote_roots(url, storage_options)
+    if roots != [url]:
+        return {"path": url, "state": "complete", "splits": [describe_remote(u, storage_options) for u in roots]}
+    raise spec.DatasetFormatError(f"{url}: not a packed dataset (no {spec.INDEX_NAME}; an interrupted upload "
+                                  "is resumed from the packing machine with the same command and --resume)")
+
+
 def describe(path: str | os.PathLike) -> dict[str, Any]:
-    """Describe the dataset folder ``path`` (complete or interrupted), or each split inside it.
+    """Describe the dataset folder ``path`` (complete or interrupted), or each split inside it; an
+    ``s3://`` or ``http(s)://`` URL is described by :func:`describe_remote`.
 
     Raises FileNotFoundError / ``spec.DatasetFormatError`` when ``path`` is neither.
     """
+    if isinstance(path, str) and spec.is_remote(path):
+        return describe_remote(path)
     root = Path(path)
     if not root.exists():
         raise FileNotFoundError(f"{root}: no such dataset folder")
@@ -234,15 +266,21 @@ def render(d: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------- command line
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``pack-dataset info``."""
-    p.add_argument("path", type=Path, help="dataset folder (complete or interrupted), or a folder of split datasets")
+    p.add_argument("path", type=_path_or_url,
+                   help="dataset folder (complete or interrupted), a folder of split datasets, or an s3:// / "
+                        "http(s):// dataset URL (credentials and endpoint from the AWS environment variables)")
     p.add_argument("--json", action="store_true", help="print the description as JSON (for scripts)")
+
+
+def _path_or_url(text: str) -> Path | str:
+    return text if spec.is_remote(text) else Path(text)
 
 
 def run(args: argparse.Namespace) -> int:
     """``pack-dataset info`` with parsed arguments; returns the exit code (2: not a dataset)."""
     try:
         d = describe(args.path)
-    except (spec.DatasetFormatError, FileNotFoundError, NotADirectoryError) as exc:
+    except (spec.DatasetFormatError, OSError) as exc:  # remote errors (not found, auth, down) are OSErrors
         print(f"pack-dataset info: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(d, indent=1, sort_keys=True) if args.json else render(d))

@@ -184,10 +184,16 @@ def test_interrupted_import_resumes_to_the_same_output(tmp_path):
     [(split, source, dest)] = plan(shards, out, opts)
 
     def failing(src, start, image_opts, workers):
-        for k, outcome in enumerate(source.prepare(src, start, image_opts, workers)):
-            if k == 17:
-                raise OSError(errno.EIO, "simulated")
-            yield outcome
+        # closes the real stage (and its fork pool) itself: the pipeline only closes this wrapper,
+        # and a pool left to the garbage collector may be terminated from another thread and hang
+        inner = source.prepare(src, start, image_opts, workers)
+        try:
+            for k, outcome in enumerate(inner):
+                if k == 17:
+                    raise OSError(errno.EIO, "simulated")
+                yield outcome
+        finally:
+            inner.close()
 
     with pytest.raises(PackError):
         pack_split(source, dest, split, opts, WRITERS["wds"], 2, prepare=failing)

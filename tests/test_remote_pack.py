@@ -61,6 +61,16 @@ def test_cli_pack_verify_read_over_s3_with_aws_environment(s3_server, s3_prefix,
     res = _cli(["verify", s3_prefix, "-q"], env)
     assert res.returncode == 0, res.stderr
     assert f"{s3_prefix}: 28 samples checked, OK" in res.stdout
+    res = _cli(["info", s3_prefix, "--json"], env)
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert (d["path"], d["state"], d["format"], d["samples"], d["shards"]) == (s3_prefix, "complete", "wds", 28, 6)  # 5 samples per shard
+    local = _cli(["info", str(generated), "--json"], env)  # a folder of images is not a dataset
+    assert local.returncode == 2
+    assert d["bytes_on_disk"] > sum(p.stat().st_size for p in generated.rglob("*.jpg"))
+    res = _cli(["info", s3_prefix + "-missing"], env)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "not a packed dataset" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_existing_prefix_needs_overwrite_and_only_ours_is_deleted(s3_server, s3_prefix, generated, tmp_path):
