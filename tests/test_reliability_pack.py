@@ -83,7 +83,7 @@ def test_a_second_pack_into_a_busy_folder_exits_2_naming_the_holder(src, tmp_pat
     index = spec.read_index(out)
     assert len(list(index.names())) == index.num_samples == 30
     assert sorted(p.name for p in out.iterdir() if not p.name.endswith((".tar", ".npy"))) == [
-        "index.json", "names.jsonl"]  # no leftover journal, no lock file
+        "index.json", "names.jsonl", spec.WIDS_INDEX_NAME]  # no leftover journal, no lock file
 
 
 @pytest.mark.slow

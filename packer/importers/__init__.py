@@ -23,12 +23,19 @@ from packer.source import Source
 __all__ = ["scan_import", "source_kind"]
 
 
+def _has_shards(folder: Path) -> bool:
+    try:
+        return bool(shard_files(folder))
+    except OSError:  # an unreadable sub-folder holds no shards we can see; the folder scan names it
+        return False
+
+
 def _wds_splits(src: Path) -> list[Path]:
     """Sub-folders of ``src`` holding .tar shards, when those are all it holds (``train/``, ``val/``)."""
     if not src.is_dir() or shard_files(src):
         return []
     subdirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
-    with_shards = [d for d in subdirs if shard_files(d)]
+    with_shards = [d for d in subdirs if _has_shards(d)]
     return with_shards if with_shards and len(with_shards) == len(subdirs) else []
 
 
