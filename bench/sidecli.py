@@ -10,6 +10,7 @@ installed) and the loaders' private memory. See ``bench/sidebyside.py``. Usage::
 
     dataset-bench --peers --json side.json --chart side.png   # ~15 min on 2 cores
     dataset-bench --peers --quick                             # under a minute (CI smoke test)
+    dataset-bench --peers --from-json side.json --markdown side.md --chart side.png   # re-render, no measuring
 """
 
 from __future__ import annotations
@@ -44,11 +45,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chart", type=Path, help="write a PNG chart here")
     p.add_argument("--markdown", type=Path, help="write the tables as Markdown here (for the docs)")
     p.add_argument("--work-dir", help="keep generated and packed data here (default: a temp dir, removed)")
+    p.add_argument("--from-json", type=Path, metavar="JSON", help="measure nothing: print the report of a run "
+                   "saved with --json (and write --markdown / --chart from it)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.from_json:
+        try:
+            result = json.loads(args.from_json.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--from-json {args.from_json}: {exc}")
+        try:
+            return _outputs(result, args)
+        except (KeyError, TypeError, AttributeError) as exc:
+            parser.error(f"--from-json {args.from_json}: not a result of dataset-bench --peers --json "
+                         f"({type(exc).__name__}: {exc})")
     fields = {"images": args.images, "repeats": args.repeats, "batch_size": args.batch_size,
               "workers": args.workers, "min_seconds": args.min_seconds, "pack": not args.no_pack,
               "decoded": not args.no_decoded, "work_dir": args.work_dir, "torch_threads": args.torch_threads or None}
@@ -62,9 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cfg = SideConfig(**fields)
     result = run_side_by_side(cfg, progress=lambda s: print(f"  {s}", file=sys.stderr, flush=True))
+    return _outputs(result, args)
+
+
+def _outputs(result: dict, args: argparse.Namespace) -> int:
+    """Print the report of ``result`` and write the files asked for."""
     result["targets"] = targets(result)
     print(report(result))
-    if args.json:
+    if args.json and args.json != args.from_json:
         args.json.write_text(json.dumps(result, indent=1, default=_plain))
         print(f"wrote {args.json}")
     if args.chart:
