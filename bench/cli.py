@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  dataset-bench --src imagenet/val --workers 0,4,8 --repeats 3\n"
         "  dataset-bench --src imagenet/val --datasets out/val-wds out/val-mmap --cache warm\n"
         "  dataset-bench --quick\n"
-        "  dataset-bench --remote --generate 2000 --json remote.json",
+        "  dataset-bench --remote --generate 2000 --json remote.json\n"
+        "  dataset-bench --peers [--quick]   side by side with the peers, every target ratio (see --peers --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--src", help="image folder (root/<class>/<image>): the naive baseline; packed into every "
@@ -136,6 +137,12 @@ def _missing_for(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if "--peers" in args_list:  # the side-by-side run with the peers (its own options: --peers --help)
+        from bench.sidecli import main as peers_main
+
+        args_list.remove("--peers")
+        return peers_main(args_list)
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

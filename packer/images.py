@@ -44,6 +44,7 @@ import simplejpeg
 from PIL import Image, ImageFile, JpegImagePlugin
 
 from packer.jpeg_repair import repair_header
+from packer.validate_fast import plain_jpeg_size
 from readers.geometry import resize_center_crop
 
 __all__ = ["ImageOptions", "Prepared", "RejectedImage", "prepare_image", "DEFAULT_QUALITY", "DEFAULT_MAX_PIXELS"]
@@ -285,12 +286,28 @@ def prepare_image(data: bytes, opts: ImageOptions) -> Prepared:
     """
     if not data:
         raise RejectedImage("empty file (0 bytes)")
+    plain = _plain_jpeg(data, opts)  # the common case without Pillow (packer.validate_fast)
+    if plain is not None:
+        return plain
     with _strict_pillow() as caught:
         prep = _prepare(data, opts)
     seen = [_one_line(w.message) for w in caught if not issubclass(w.category, Image.DecompressionBombWarning)]
     if seen:
         prep.note = ", ".join(filter(None, [prep.note, f"warning: {seen[0]}"]))
     return prep
+
+
+def _plain_jpeg(data: bytes, opts: ImageOptions) -> Prepared | None:
+    """A plain JPEG stored as it is, decided from its header alone; None: take the full path."""
+    size = None if opts.want_pixels else plain_jpeg_size(data)
+    if size is None:
+        return None
+    h, w = size
+    if w * h > opts.max_pixels or _downscaled(w, h, opts):
+        return None
+    if opts.validate:  # reads all compressed data; 1/8 scale, luma only
+        _decode_jpeg(data, "GRAY", 1, 1, strict=True)
+    return Prepared(data, "jpg", h, w, False, source_format="JPEG")
 
 
 def _prepare(data: bytes, opts: ImageOptions) -> Prepared:

@@ -50,10 +50,16 @@ def _init_worker(root: Path, opts: ImageOptions, send_originals: bool = True, pa
     global _WORKER_OPTS, _WORKER_ROOT, _WORKER_SEND_ORIGINALS
     _WORKER_ROOT, _WORKER_OPTS, _WORKER_SEND_ORIGINALS = root, opts, send_originals
     if not send_originals:  # a pool worker
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stopped by the pool (or a process-group kill): quietly
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # parent gone: die quietly, no BrokenPipeError traceback
-        _die_with_parent(parent)
+        init_pool_worker(parent)
+
+
+def init_pool_worker(parent: int | None = None) -> None:
+    """Signals of a forked pool worker (every packing pool's initializer). The CLI's SIGTERM handler
+    must not be inherited: ``Pool.terminate`` stops workers with SIGTERM and then waits for them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stopped by the pool (or a process-group kill): quietly
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # parent gone: die quietly, no BrokenPipeError traceback
+    _die_with_parent(parent)
 
 
 def _die_with_parent(parent: int | None) -> None:

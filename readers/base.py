@@ -239,7 +239,23 @@ class MapReader(PackedDataset, torch.utils.data.Dataset):
         i = self._check(i)
         return self._item(i, self.read(i))
 
-    def __getitems__(self, indices: list[int]) -> list[tuple]:
-        """Fetch a whole batch in one call (the DataLoader uses this when present)."""
+    def batchable(self) -> bool:
+        """True when ``get_batch`` reads whole batches with these settings (see ``readers.batch``)."""
+        return False
+
+    def get_batch(self, indices: list[int], alloc: Any = None) -> tuple | None:
+        """The collated batch in one read, or None (no whole-batch path); see ``readers.batch``."""
+        return None
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        """Fetch a whole batch in one call (the DataLoader uses this when present).
+
+        A list of items, or, when the reader is ``batchable()``, a
+        ``readers.batch.GatheredItems``: the same items as a sequence, which
+        ``readers.loader.Collate`` turns into the batch in one read instead."""
+        if self.batchable():
+            from readers.batch import GatheredItems
+
+            return GatheredItems(self, indices)
         indices = [self._check(i) for i in indices]
         return [self._item(i, d) for i, d in zip(indices, self.read_many(indices))]

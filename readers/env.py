@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 __all__ = ["available_cpus", "cgroup_cpu_limit", "local_world_size", "default_workers", "die_with_parent",
-           "WorkerEnv", "current_worker_env"]
+           "WorkerEnv", "current_worker_env", "ThreadWorker", "thread_worker", "as_thread_worker", "worker_seed"]
 
 
 def cgroup_cpu_limit(root: str | os.PathLike = "/sys/fs/cgroup") -> float | None:
@@ -120,8 +122,12 @@ def _torch_env() -> WorkerEnv:
         rank = int(os.environ.get("RANK", 0))
         world = int(os.environ.get("WORLD_SIZE", 1))
     info = get_worker_info()
-    wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-    return WorkerEnv(rank, world, wid, nw)
+    if info is not None:
+        return WorkerEnv(rank, world, info.id, info.num_workers)
+    tw = thread_worker()
+    if tw is not None:
+        return WorkerEnv(rank, world, tw.worker_id, tw.num_workers)
+    return WorkerEnv(rank, world, 0, 1)
 
 
 #: Tests replace this hook to simulate ranks and workers without a DataLoader.
@@ -130,3 +136,51 @@ worker_env_hook: Callable[[], WorkerEnv] = _torch_env
 
 def current_worker_env() -> WorkerEnv:
     return worker_env_hook()
+
+
+# --------------------------------------------------------------------------- loader threads
+
+
+@dataclass
+class ThreadWorker:
+    """A loader thread's identity (``make_loader(..., workers="threads")``), the thread-mode
+    counterpart of torch's ``get_worker_info()``: its id, the thread count, its seed
+    (``base_seed + worker_id``, as a DataLoader worker process gets), and per-thread state
+    that objects shared by the threads keep here (a transform's random generator)."""
+
+    worker_id: int
+    num_workers: int
+    seed: int
+    state: dict[int, Any] = field(default_factory=dict)
+
+
+_THREAD = threading.local()
+
+
+def thread_worker() -> ThreadWorker | None:
+    """The :class:`ThreadWorker` of the calling loader thread; None outside loader threads."""
+    return getattr(_THREAD, "worker", None)
+
+
+@contextmanager
+def as_thread_worker(worker: ThreadWorker) -> Iterator[ThreadWorker]:
+    """Run the block as loader thread ``worker`` (the calling thread only)."""
+    previous = thread_worker()
+    _THREAD.worker = worker
+    try:
+        yield worker
+    finally:
+        _THREAD.worker = previous
+
+
+def worker_seed() -> int | None:
+    """The loader worker's seed: ``torch.initial_seed()`` in a DataLoader worker process, the
+    thread's seed in a loader thread, None elsewhere (the main process)."""
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is not None:
+        import torch
+
+        return int(torch.initial_seed())
+    tw = thread_worker()
+    return tw.seed if tw is not None else None

@@ -40,11 +40,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from readers import shmring
+from readers.batch import GatheredItems
 from readers.env import default_workers, die_with_parent
 from readers.sampler import EpochSampler
 from readers.shmring import ByteBatch
 
-__all__ = ["make_loader", "PackedLoader", "EpochSampler", "ByteBatch", "collate", "shm_check", "ShmSpace",
+__all__ = ["make_loader", "PackedLoader", "ThreadLoader", "EpochSampler", "ByteBatch", "collate", "shm_check", "ShmSpace",
            "use_file_system_sharing"]
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ def _collate_images(images: Sequence[Any]) -> Any:
 
 def collate(batch: Sequence[tuple]) -> tuple:
     """Collate (image, label[, index]) items: stack equal-shape images, pack bytes flat."""
+    if isinstance(batch, GatheredItems):  # a whole-batch read (readers.batch)
+        return batch.gather()
     columns = list(zip(*batch))
     out = [_collate_images(columns[0])]
     out += [torch.as_tensor(c, dtype=torch.int64) for c in columns[1:]]
@@ -103,6 +106,8 @@ class Collate:
         self.ring = shmring.ShmSlots(slots) if shmring.available() else None
 
     def __call__(self, batch: Sequence[tuple]) -> Any:
+        if isinstance(batch, GatheredItems):  # the reader read the whole batch: nothing per sample
+            return batch.gather()
         if (self.ring is not None and batch and isinstance(batch[0][0], (bytes, bytearray))
                 and get_worker_info() is not None):
             columns = list(zip(*batch))
@@ -303,6 +308,31 @@ class _Counted:
         return getattr(self._inner, name)
 
 
+class ThreadLoader(PackedLoader):
+    """A :class:`PackedLoader` whose ``num_workers`` workers are threads of this process
+    (``make_loader(..., workers="threads")``; see :mod:`readers.threads`).
+
+    Everything but the workers is PackedLoader's: sampler, epochs, the per-epoch
+    base seed, ``state_dict`` / ``load_state_dict`` and mid-epoch resume. Batch ``k``
+    of a map-style reader is made by thread ``k % num_workers``, a ``ShardDataset``
+    sees thread ``w`` as worker ``w``, and batches come out in the order worker
+    processes would deliver them.
+    """
+
+    def __init__(self, dataset: Any, *, num_workers: int, pin_memory: bool = False, whole_batches: bool = True,
+                 prefetch_factor: int = 2, **kwargs: Any) -> None:
+        super().__init__(dataset, num_workers=num_workers, pin_memory=False, persistent_workers=False,
+                         prefetch_factor=prefetch_factor if num_workers else None, **kwargs)
+        self.pin_batches = pin_memory  # pinned by the loader threads, not by DataLoader's pin thread
+        self.whole_batches = whole_batches
+        self._shard_maps: dict[int, dict] = {}  # thread -> its shards' mappings, kept between epochs
+
+    def _get_iterator(self):
+        from readers.threads import ThreadBatches
+
+        return ThreadBatches(self)
+
+
 def _item_bytes(dataset: Any) -> int:
     """Rough size of one item as it crosses to the main process."""
     index = getattr(dataset, "index", None)
@@ -372,6 +402,7 @@ def make_loader(
     distributed: bool | None = None,
     multiprocessing_context: Any = None,
     worker_init_fn: Callable[[int], None] | None = None,
+    workers: str = "processes",
     **kwargs: Any,
 ) -> PackedLoader:
     """Build a :class:`PackedLoader` over a reader from ``readers``; every setting overridable.
@@ -389,8 +420,15 @@ def make_loader(
 
     ``num_workers`` (default): the usable CPUs divided by the training
     processes on this machine (``LOCAL_WORLD_SIZE``), at least 1.
+
+    ``workers="threads"`` runs the workers as threads of this process instead
+    (:class:`ThreadLoader`: the same sampler, order, epochs, seeds and resume;
+    a batch never crosses a process wall). Worth it where the per-sample work
+    releases the GIL, as the readers' own does; see ``readers/threads.py``.
     """
-    workers = default_workers() if num_workers is None else num_workers
+    if workers not in ("processes", "threads"):
+        raise ValueError(f"workers must be 'processes' or 'threads', got {workers!r}")
+    kind, workers = workers, default_workers() if num_workers is None else num_workers
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     sampler = None
     if isinstance(dataset, IterableDataset):
@@ -400,6 +438,14 @@ def make_loader(
     else:
         sampler = EpochSampler(len(dataset), shuffle=shuffle is not False, seed=seed, distributed=distributed,
                                drop_last=drop_last)
+    if kind == "threads":
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        loader = ThreadLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin,
+                              drop_last=drop_last, collate_fn=collate_fn or collate, generator=generator,
+                              prefetch_factor=prefetch_factor, whole_batches=collate_fn is None, **kwargs)
+        loader._seed, loader._distributed = seed, distributed
+        return loader
     if workers > 0:
         space = shm_check(workers * prefetch_factor * batch_size * _item_bytes(dataset) * 2)
         if not space:

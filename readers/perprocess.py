@@ -27,11 +27,27 @@ Nothing here imports torch or numpy.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Callable, Generic, TypeVar
 
 __all__ = ["PerProcess"]
 
 T = TypeVar("T")
+
+# Creation is serialized, so loader threads (``make_loader(..., workers="threads")``) that
+# reach an empty holder together create one value, not one each (py-lmdb refuses a second
+# open of one environment). Re-entrant: a factory may fill another holder. A child forked
+# while another thread held the lock gets a fresh one.
+_CREATE = threading.RLock()
+
+
+def _fresh_lock() -> None:
+    global _CREATE
+    _CREATE = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock)
 
 
 class PerProcess(Generic[T]):
@@ -48,6 +64,12 @@ class PerProcess(Generic[T]):
         pid = os.getpid()
         if self._owner == pid:
             return self._value  # type: ignore[return-value]
+        with _CREATE:
+            if self._owner == pid:  # another thread created it meanwhile
+                return self._value  # type: ignore[return-value]
+            return self._create(pid)
+
+    def _create(self, pid: int) -> T:
         old, had_old = self._value, self._owner is not None
         self._value, self._owner = None, None  # a failing factory leaves the holder empty
         if had_old and self._inherited is not None:

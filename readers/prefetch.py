@@ -62,8 +62,9 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, *, dt
     x = x.div_(255).sub_(mean.to(work)).div_(std.to(work))
     if x.dtype != dtype:
         x = x.to(dtype)
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
+    # The input may be a channels_last view (MemmapDataset's batches are the stored HWC rows): the
+    # layout asked for is made here, on the device, where the permute costs next to nothing.
+    x = x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     return x
 
 
@@ -80,7 +81,8 @@ class DevicePrefetcher:
     """Iterate ``(images, labels, ...)`` batches already on ``device``, normalized.
 
     ``loader`` yields tuples/lists whose first item is a ``uint8`` tensor
-    ``[B, 3, H, W]``; the other items (labels, ...) are moved to the device
+    ``[B, 3, H, W]`` (any strides: a ``channels_last`` view of HWC rows is copied
+    to the device as it is, one contiguous copy, and permuted there); the other items (labels, ...) are moved to the device
     unchanged (non-tensors pass through). Yields tuples ``(x, labels, ...)``
     where ``x`` is ``dtype`` ``[B, 3, H, W]``, ``(images / 255 - mean) / std``,
     in ``channels_last`` format when asked. ``device=None`` picks CUDA when

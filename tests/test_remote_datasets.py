@@ -123,6 +123,22 @@ def test_round_trip(remote, packed_generated, stored_bytes, tmp_path, backend, f
     local.close()
 
 
+@pytest.mark.parametrize("cache", [False, True], ids=["nocache", "cache"])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("backend", ["s3", "http"])
+def test_thread_loader_round_trip(remote, packed_generated, stored_bytes, tmp_path, backend, fmt, cache):
+    """make_loader(workers="threads") over a remote dataset: the per-sample (ranged, streamed) or
+    cached paths in two threads of this process, every sample once with its stored bytes."""
+    url, options = remote(backend, fmt)
+    cache_dir = tmp_path / "cache" if cache else None
+    ds = open_dataset(url, storage_options=options, decode=False, return_index=True, cache_dir=cache_dir)
+    seen = [(i, batch.get(k)) for batch, _, idx in make_loader(ds, batch_size=4, num_workers=2, workers="threads",
+                                                              seed=3) for k, i in enumerate(idx.tolist())]
+    assert sorted(i for i, _ in seen) == list(range(ds.index.num_samples)), "each sample once"
+    assert all(blob == stored_bytes(packed_generated[fmt], i) for i, blob in seen), f"{backend} {fmt}"
+    ds.close()
+
+
 def test_pack_to_s3_writes_the_local_pack_object_for_object(s3_server, s3_packs, packed_generated):
     s3_server.start()
     for fmt in FORMATS:

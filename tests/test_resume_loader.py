@@ -198,6 +198,9 @@ def test_skipping_reads_nothing(packed41, monkeypatch):
             orig_many = type(again.dataset).read_many
             monkeypatch.setattr(type(again.dataset), "read_many",
                                 lambda self, idx, orig=orig_many: reads.extend(idx) or orig(self, idx))
+            orig_batch = type(again.dataset).get_batch  # whole-batch reads (readers.batch) count too
+            monkeypatch.setattr(type(again.dataset), "get_batch", lambda self, idx, alloc=None, orig=orig_batch: (
+                reads.extend(idx) if self.batchable() else None) or orig(self, idx, alloc))
         again.load_state_dict(state)
         rest = flat(run_epoch(again))
         assert sorted(reads) == sorted(rest) and len(rest) == 41 - len(flat(got)), fmt

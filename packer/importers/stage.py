@@ -12,19 +12,22 @@ exactly as for a folder.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import time
 from collections import deque
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from packer.images import ImageOptions, RejectedImage, prepare_image
-from packer.workers import Outcome
+from packer.workers import Outcome, init_pool_worker
 from readers import spec
 
 __all__ = ["ordered_outcomes", "bytes_stage", "prepare_bytes", "Unreadable"]
 
 #: jobs in flight per worker: enough to keep every worker busy, little memory
 _PER_WORKER = 4
+_SETTLE_S = 60.0  # at most this long for the tasks still out when a stage stops early (see _settle)
 
 
 class Unreadable(str):
@@ -62,15 +65,33 @@ def ordered_outcomes(items: Iterator[Any], fn: Callable[[Any, ImageOptions], Out
             yield done if done is not None else fn(item, opts)
         return
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(workers) as pool:
+    with ctx.Pool(workers, initializer=init_pool_worker, initargs=(os.getpid(),)) as pool:
         window: deque = deque()
-        for item in items:
-            done = inline(item) if inline else None
-            window.append(done if done is not None else pool.apply_async(_call, ((fn, item, opts),)))
-            while len(window) >= _PER_WORKER * workers:
+        try:
+            for item in items:
+                done = inline(item) if inline else None
+                window.append(done if done is not None else pool.apply_async(_call, ((fn, item, opts),)))
+                while len(window) >= _PER_WORKER * workers:
+                    yield _result(window.popleft())
+            while window:
                 yield _result(window.popleft())
-        while window:
-            yield _result(window.popleft())
+        finally:
+            _settle(window)
+
+
+def _settle(window: deque) -> None:
+    """Let the tasks still out finish before the pool is terminated (leaving its ``with``).
+
+    ``Pool.terminate`` kills workers where they stand; one killed while it writes a result (the
+    image's bytes: often more than a pipe holds) leaves the pool's result thread waiting for the
+    rest of that message forever, and ``terminate`` joins that thread: a hang, seen when a pack
+    stops early. At most ``_PER_WORKER`` images per worker are out; a worker that died never
+    answers, hence the bound.
+    """
+    deadline = time.monotonic() + _SETTLE_S
+    for entry in window:
+        if not isinstance(entry, Outcome):
+            entry.wait(max(0.0, deadline - time.monotonic()))
 
 
 def _result(entry: Any) -> Outcome:

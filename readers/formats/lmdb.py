@@ -33,6 +33,7 @@ import lmdb
 
 from readers import spec
 from readers.base import LazyHandle, MapReader
+from readers.batch import Allocator, byte_batch, finish_batch, index_array
 from readers.formats.lmdbcheck import check_file
 from readers.perprocess import PerProcess
 
@@ -117,9 +118,10 @@ class LMDBDataset(MapReader):
         root = os.path.realpath(self.root)
         self._env = LazyHandle(functools.partial(_acquire, root, True, size), functools.partial(_release_env, root))
 
-    def _get(self, txn: Any, i: int) -> bytes:
+    def _view(self, txn: Any, i: int) -> memoryview:
+        """Sample ``i``'s value as a buffer into the map (nothing copied), its size checked."""
         try:
-            value = txn.get(spec.lmdb_key(i))  # a buffer into the map: nothing copied yet
+            value = txn.get(spec.lmdb_key(i))
         except lmdb.Error as exc:
             raise spec.DatasetFormatError(f"{self.data_location} sample {i}: unreadable ({exc})") from None
         if value is None:
@@ -128,21 +130,38 @@ class LMDBDataset(MapReader):
         if len(value) != self._sizes[i]:
             raise spec.DatasetFormatError(f"{self.data_location} sample {i}: stored value is {len(value)} bytes, "
                                           f"{spec.array_file('sizes')} says {self._sizes[i]}: damaged")
-        return bytes(value)
+        return value
 
-    def _read(self, indices: list[int]) -> list[bytes]:
+    def _txn(self) -> Any:
         try:
-            txn = self._env.get().begin(buffers=True)
+            return self._env.get().begin(buffers=True)
         except lmdb.Error as exc:
             raise spec.DatasetFormatError(f"{self.data_location}: cannot read ({exc})") from None
-        with txn:
-            return [self._get(txn, i) for i in indices]
+
+    def _read(self, indices: list[int]) -> list[bytes]:
+        with self._txn() as txn:
+            return [bytes(self._view(txn, i)) for i in indices]
 
     def read(self, i: int) -> bytes:
         return self._read([i])[0]
 
     def read_many(self, indices: list[int]) -> list[bytes]:
         return self._read(indices)
+
+    def batchable(self) -> bool:
+        return not self.decode
+
+    def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
+        """``decode=False``: the batch's values copied straight out of the map into one ByteBatch
+        (one transaction, no per-sample ``bytes``; each value's size checked as in ``read``);
+        see ``readers.batch``. None when decoding."""
+        if self.decode:
+            return None
+        idx = index_array(indices, len(self.labels))
+        with self._txn() as txn:
+            views = [self._view(txn, int(i)) for i in idx]
+            batch = byte_batch(views, self._sizes[idx], alloc)
+        return finish_batch(self, batch, idx)
 
     def close(self) -> None:
         self._env.close()

@@ -19,17 +19,20 @@ in-place operation on a returned tensor never touches the read-only map.
 from __future__ import annotations
 
 import functools
-import os
 import io
 import math
 import mmap
+import os
 from typing import Any, Callable
 
 import numpy as np
 import numpy.lib.format as npformat
+import torch
 
 from readers import spec
 from readers.base import LazyHandle, MapReader
+from readers.batch import Allocator, batch_buffer, finish_batch, index_array
+from readers.shmring import ByteBatch
 
 __all__ = ["MemmapDataset"]
 
@@ -71,6 +74,7 @@ class MemmapDataset(MapReader):
         self._heights = self.index.arrays["heights"]
         self._widths = self.index.arrays["widths"]
         self.fixed_shape = self.meta["storage"].get("fixed_shape")
+        self._back_to_back: bool | None = None  # samples at offsets 0, S*S*3, 2*S*S*3, ... (see rows())
         #: Remote without a cache: samples are read by range requests, nothing is downloaded whole.
         self.ranged = self.remote is not None and not self.remote.cached
         if self.remote is not None and not self.ranged:
@@ -103,6 +107,57 @@ class MemmapDataset(MapReader):
             raise RemoteIntegrityError(f"{self.data_location} sample {i}: checksum mismatch (CRC-32 "
                                        f"{spec.checksum(data):08x}, the index says {want:08x}): damaged object")
         return np.frombuffer(data, dtype=np.uint8)
+
+    def rows(self) -> np.ndarray | None:
+        """All samples as one ``(N, S, S, 3)`` array over the mapping (fixed-shape packs whose
+        samples lie back to back, as ``--resize`` writes them); None otherwise (then every sample
+        is read on its own, with its own checks)."""
+        shape = self.fixed_shape
+        if not shape or self.ranged:  # remote without a cache: one range request per sample
+            return None
+        stride = int(np.prod(shape))
+        n = len(self.labels)
+        if self._back_to_back is None:  # checked once, O(N): also that each sample is the fixed shape
+            self._back_to_back = not n or bool(
+                self._offsets[0] == 0 and np.all(np.diff(self._offsets) == stride)
+                and np.all(self._heights == shape[0]) and np.all(self._widths == shape[1]))
+        if not self._back_to_back:
+            return None
+        flat = self._map.get()
+        if flat.shape[0] < n * stride:
+            raise spec.DatasetFormatError(
+                f"{self.data_location}: holds {flat.shape[0]} bytes of pixels, {n} samples of {shape} need "
+                f"{n * stride}: the file is truncated or damaged")
+        return flat[: n * stride].reshape(n, *shape)
+
+    def batchable(self) -> bool:
+        return self.transform is None and self.rows() is not None
+
+    def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
+        """The whole batch in one gather (``numpy.take``) into one buffer; see ``readers.batch``.
+
+        Decoded: a uint8 ``[B, 3, S, S]`` tensor in ``channels_last`` layout (the stored HWC
+        rows, not transposed). ``decode=False``: a ByteBatch of each sample's HWC bytes.
+        None (use ``__getitems__``) with a transform or without a fixed shape.
+        """
+        if self.transform is not None:
+            return None
+        rows = self.rows()
+        if rows is None:
+            return None
+        idx = index_array(indices, len(self.labels))
+        shape = rows.shape[1:]
+        nbytes = int(np.prod(shape))
+        out = batch_buffer(len(idx) * nbytes, alloc).reshape(len(idx), *shape)
+        # mode="clip": the indices are checked already, and with the default "raise" numpy writes
+        # through a temporary buffer when given `out` (measured: 2.5x slower)
+        np.take(rows, idx, axis=0, out=out, mode="clip")
+        if self.decode:
+            images: Any = torch.from_numpy(out).permute(0, 3, 1, 2)
+        else:
+            images = ByteBatch(torch.from_numpy(out.reshape(-1)),
+                               torch.arange(len(idx) + 1, dtype=torch.int64) * nbytes)
+        return finish_batch(self, images, idx)
 
     def _convert(self, data: np.ndarray) -> Any:
         if not self.decode:

@@ -1,0 +1,88 @@
+"""Memory of a loader's processes, split the way the targets count it.
+
+``/proc/<pid>/smaps_rollup`` splits a process's proportional set size into
+anonymous (``Pss_Anon``: heaps, batches being built), shared memory
+(``Pss_Shmem``: ``/dev/shm`` segments, torch's shared tensors) and
+file-backed pages (``Pss_File``: libraries, and mapped data files). The
+first two are what a loader really costs (*private* here); mapped pages of a
+dataset file are the page cache seen through a mapping, reported apart
+(:func:`mapped_under`), never counted against a reader.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["private_pss", "mapped_under", "tree_pids", "PrivatePeak"]
+
+
+def _rollup(pid: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("Pss", "Pss_Anon", "Pss_File", "Pss_Shmem"):
+                    out[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def private_pss(pid: int) -> int | None:
+    """Anonymous + shared-memory PSS of ``pid`` in bytes (None where the kernel does not split PSS)."""
+    r = _rollup(pid)
+    if "Pss_Anon" not in r:
+        return None
+    return r["Pss_Anon"] + r.get("Pss_Shmem", 0)
+
+
+def tree_pids(pid: int | None = None) -> list[int]:
+    """``pid`` (default: this process) and its live descendants."""
+    root = os.getpid() if pid is None else pid
+    try:
+        import psutil
+
+        return [root] + [c.pid for c in psutil.Process(root).children(recursive=True)]
+    except Exception:  # noqa: BLE001 - psutil missing or the process is gone
+        return [root]
+
+
+def mapped_under(pid: int, folder: str | os.PathLike) -> int:
+    """PSS in bytes of ``pid``'s mappings of files under ``folder`` (a dataset's data files)."""
+    prefix = str(Path(folder).resolve()) + os.sep
+    total, inside = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                first = line.split(None, 1)[0]
+                if "-" in first and not first.endswith(":"):  # a mapping's header line
+                    parts = line.split(None, 5)
+                    inside = len(parts) == 6 and parts[5].strip().startswith(prefix)
+                elif inside and first == "Pss:":
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+    return total
+
+
+class PrivatePeak:
+    """Peak private PSS (main + workers) and peak data-file mapped PSS, sampled at most every ``interval`` s."""
+
+    def __init__(self, data_folder: str | os.PathLike | None, interval: float = 0.25) -> None:
+        self.folder, self.interval = data_folder, interval
+        self.private: int | None = None
+        self.mapped = 0
+        self._next = 0.0
+
+    def sample(self, now: float, force: bool = False) -> None:
+        if not force and now < self._next:
+            return
+        self._next = now + self.interval
+        pids = tree_pids()
+        values = [private_pss(p) for p in pids]
+        if all(v is not None for v in values):
+            self.private = max(self.private or 0, sum(v for v in values if v is not None))
+        if self.folder is not None and force:  # smaps is long: read it at the end only
+            self.mapped = max(self.mapped, sum(mapped_under(p, self.folder) for p in pids))

@@ -1,0 +1,348 @@
+"""The peers: what a user would otherwise write or install, built the way their docs show.
+
+Readers (each ``make_*`` returns a fresh loader; ``workers`` worker processes,
+persistent and with ``prefetch_factor=2`` as ours, so steady rates compare
+the per-batch work, not worker start-up):
+
+* :func:`folder_decoded` -- the naive folder: PIL per file, resize 256,
+  center crop 224, float tensor (``bench.naive``);
+* :func:`folder_bytes` -- the folder's files as ``bytes``;
+* :func:`memmap_pixels` -- a naive ``np.memmap`` Dataset over the same
+  ``images.npy`` our ``mmap`` format wrote: one contiguous copy per sample
+  (``np.array(arr[i])``), ``default_collate`` stacks them;
+* :func:`lmdb_bytes` -- LMDB by hand: ``txn.get`` per sample;
+* :func:`webdataset_loader` -- the official ``webdataset`` reader over our shards;
+* :func:`lmdb_thread_pool` -- a plain thread-pool loader over the same LMDB
+  (the ceiling a thread-based loader can reach in Python when FFCV is absent);
+* :func:`ffcv_loader` -- FFCV's own loader (threads + numba), when ``ffcv`` imports.
+
+Writers (one call packs ``files`` with ``labels`` into ``out``):
+:func:`write_lmdb`, :func:`write_shardwriter` (``webdataset.ShardWriter``),
+:func:`write_mds` (mosaicml-streaming's ``MDSWriter``, when installed) and
+:func:`write_ffcv` (the FFCV files the FFCV readers need).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import io
+import os
+import queue
+import sys
+import threading
+import types
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+__all__ = ["folder_decoded", "folder_bytes", "memmap_pixels", "lmdb_bytes", "webdataset_loader",
+           "lmdb_thread_pool", "ffcv_loader", "write_lmdb", "write_shardwriter", "write_mds", "write_ffcv",
+           "available", "import_streaming"]
+
+
+def _loader(ds: Any, batch_size: int, workers: int, seed: int = 0, **kw: Any) -> Any:
+    import torch
+    from torch.utils.data import DataLoader
+
+    g = torch.Generator()
+    g.manual_seed(seed)
+    extra = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
+    return DataLoader(ds, batch_size=batch_size, shuffle=kw.pop("shuffle", True), num_workers=workers,
+                      generator=g, **extra, **kw)
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def folder_decoded(src: str | os.PathLike, batch_size: int, workers: int) -> Any:
+    """The naive folder (``bench.naive.NaiveImageFolder``), persistent workers."""
+    from bench.naive import NaiveImageFolder
+
+    return _loader(NaiveImageFolder(src), batch_size, workers)
+
+
+class _FolderBytes:
+    def __init__(self, src: str | os.PathLike) -> None:
+        from bench.naive import NaiveImageFolder
+
+        ds = NaiveImageFolder(src)
+        self.files, self.labels = ds.files, ds.labels
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:
+        with open(self.files[i], "rb") as f:
+            return f.read(), self.labels[i]
+
+
+def folder_bytes(src: str | os.PathLike, batch_size: int, workers: int) -> Any:
+    """Each file's bytes, default collate (a list of ``bytes`` per batch)."""
+    return _loader(_FolderBytes(src), batch_size, workers)
+
+
+class _NaiveMemmap:
+    """``np.load(mmap_mode="r")`` once per process; a sample is one contiguous copy of its HWC row."""
+
+    def __init__(self, npy: str | os.PathLike, labels: np.ndarray) -> None:
+        self.npy, self.labels, self._arr, self._pid = str(npy), labels, None, None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        import torch
+
+        if self._pid != os.getpid():
+            self._arr, self._pid = np.load(self.npy, mmap_mode="r"), os.getpid()
+        return torch.from_numpy(np.array(self._arr[i])), int(self.labels[i])
+
+
+def memmap_pixels(npy: str | os.PathLike, labels: np.ndarray, batch_size: int, workers: int) -> Any:
+    """The naive ``np.memmap`` Dataset: (H, W, 3) uint8 per sample, ``default_collate`` stacks."""
+    return _loader(_NaiveMemmap(npy, labels), batch_size, workers)
+
+
+class _LmdbByHand:
+    def __init__(self, root: str | os.PathLike, labels: np.ndarray, key: Any) -> None:
+        self.root, self.labels, self.key, self._env, self._pid = str(root), labels, key, None, None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _open(self) -> Any:
+        import lmdb
+
+        if self._pid != os.getpid():
+            self._env = lmdb.open(self.root, readonly=True, lock=False, readahead=True, subdir=True)
+            self._pid = os.getpid()
+        return self._env
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:
+        with self._open().begin() as txn:
+            return txn.get(self.key(i)), int(self.labels[i])
+
+    def close(self) -> None:
+        if self._env is not None and self._pid == os.getpid():
+            self._env.close()
+        self._env = self._pid = None
+
+
+def lmdb_bytes(root: str | os.PathLike, labels: np.ndarray, batch_size: int, workers: int) -> Any:
+    """LMDB by hand (the same ``data.mdb``): one read transaction and ``txn.get`` per sample."""
+    from readers.spec import lmdb_key
+
+    return _loader(_LmdbByHand(root, labels, lmdb_key), batch_size, workers)
+
+
+def _wds_eval(sample: tuple[bytes, Any]) -> tuple[Any, int]:
+    from bench.measure import eval_transform
+
+    data, label = sample
+    return eval_transform()(data), int(label)
+
+
+def webdataset_loader(shards: Sequence[str], batch_size: int, workers: int, decode: bool) -> Any:
+    """The official reader over our shards, as its README feeds a DataLoader (batched in the workers)."""
+    import torch
+    import webdataset as wds
+
+    ds = wds.WebDataset(list(shards), shardshuffle=False, empty_check=False).shuffle(1000).to_tuple("jpg;png", "cls")
+    if decode:
+        ds = ds.map(_wds_eval)
+    kw = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
+    return torch.utils.data.DataLoader(ds.batched(batch_size, partial=True), batch_size=None,
+                                       num_workers=workers, **kw)
+
+
+class _ThreadPoolLoader:
+    """A plain thread-pool loader: thread ``w`` reads batches ``w, w+T, ...`` (``txn.get`` into
+    ``bytes``), batches come out in order. No collate, no checks: the floor of Python overhead."""
+
+    def __init__(self, root: str, n: int, batch_size: int, threads: int) -> None:
+        self.root, self.n, self.batch_size, self.num_workers = root, n, batch_size, threads
+        self._env: Any = None
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+    def _read(self, idx: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+        from readers.spec import lmdb_key
+
+        with self._env.begin() as txn:
+            return [txn.get(lmdb_key(int(i))) for i in idx], idx
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+    def __iter__(self) -> Iterator[tuple[list[bytes], np.ndarray]]:
+        import lmdb
+
+        if self._env is None:
+            self._env = lmdb.open(self.root, readonly=True, lock=False, readahead=True, subdir=True)
+        order = np.random.default_rng([0, self.epoch]).permutation(self.n)
+        self.epoch += 1
+        batches = [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)]
+        qs = [queue.Queue(maxsize=2) for _ in range(self.num_workers)]
+
+        def work(w: int) -> None:
+            for b in batches[w::self.num_workers]:
+                qs[w].put(self._read(b))
+
+        threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(self.num_workers)]
+        for t in threads:
+            t.start()
+        for k in range(len(batches)):
+            yield qs[k % self.num_workers].get()
+        for t in threads:
+            t.join()
+
+
+def lmdb_thread_pool(root: str | os.PathLike, n: int, batch_size: int, threads: int) -> Any:
+    """:class:`_ThreadPoolLoader` over an LMDB written by ``pack-dataset --format lmdb``."""
+    return _ThreadPoolLoader(str(root), n, batch_size, max(1, threads))
+
+
+def ffcv_loader(beton: str | os.PathLike, batch_size: int, workers: int, decoded: bool) -> Any:
+    """FFCV's loader (``num_workers`` threads): the stored bytes (``BytesDecoder``) or its center-crop
+    JPEG decoder to 224x224 (ratio 224/256, the eval recipe) as uint8 NCHW tensors."""
+    from ffcv.fields.decoders import BytesDecoder, CenterCropRGBImageDecoder, IntDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import ToTensor, ToTorchImage
+
+    if decoded:
+        pipes = {"image": [CenterCropRGBImageDecoder((224, 224), 224 / 256), ToTensor(), ToTorchImage()],
+                 "label": [IntDecoder()]}
+    else:
+        pipes = {"data": [BytesDecoder()], "label": [IntDecoder()]}
+    return Loader(str(beton), batch_size=batch_size, num_workers=max(1, workers), order=OrderOption.RANDOM,
+                  pipelines=pipes, os_cache=True, drop_last=False, seed=0)
+
+
+# --------------------------------------------------------------------------- writers
+
+
+def write_lmdb(files: Sequence[str], labels: Sequence[int], out: str | os.PathLike, txn_every: int = 1000) -> None:
+    """LMDB by hand: one put per file (the labels as one more value), commit every ``txn_every``."""
+    import lmdb
+
+    from readers.spec import lmdb_key
+
+    total = sum(os.path.getsize(f) for f in files)
+    env = lmdb.open(str(out), map_size=2 * total + (1 << 30), subdir=True)
+    txn = env.begin(write=True)
+    for i, f in enumerate(files):
+        with open(f, "rb") as fh:
+            txn.put(lmdb_key(i), fh.read())
+        if (i + 1) % txn_every == 0:
+            txn.commit()
+            txn = env.begin(write=True)
+    txn.put(b"__labels__", np.asarray(labels, dtype=np.int64).tobytes())
+    txn.commit()
+    env.close()
+
+
+def write_shardwriter(files: Sequence[str], labels: Sequence[int], out: str | os.PathLike) -> None:
+    """``webdataset.ShardWriter``, 256 MB shards, as its README writes an image folder."""
+    import webdataset as wds
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(str(Path(out) / "shard-%06d.tar"), maxsize=256e6, verbose=0) as sink:
+        for i, (f, label) in enumerate(zip(files, labels)):
+            with open(f, "rb") as fh:
+                sink.write({"__key__": f"{i:010d}", "jpg": fh.read(), "cls": int(label)})
+
+
+def import_streaming() -> types.ModuleType:
+    """``import streaming`` (mosaicml-streaming). Its package imports ``torchvision`` for its vision
+    datasets at import time; where torchvision cannot load beside the installed torch (PyPI's
+    torchvision against a CPU build of torch), stand-ins for the two names it imports are put in
+    its place. MDSWriter, the only part used here, never touches them."""
+    try:
+        return importlib.import_module("streaming")
+    except (ImportError, RuntimeError):
+        pass
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+
+    def stub(name: str, **attrs: Any) -> types.ModuleType:
+        mod = types.ModuleType(name)
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        mod.__dict__.update(attrs)
+        sys.modules[name] = mod
+        return mod
+
+    class VisionDataset:  # never instantiated here
+        pass
+
+    def to_tensor(*_a: Any, **_k: Any) -> Any:
+        raise NotImplementedError("torchvision is not usable in this environment")
+
+    functional = stub("torchvision.transforms.functional", to_tensor=to_tensor)
+    stub("torchvision", datasets=stub("torchvision.datasets", VisionDataset=VisionDataset, CIFAR10=VisionDataset),
+         transforms=stub("torchvision.transforms", functional=functional))
+    return importlib.import_module("streaming")
+
+
+def write_mds(files: Sequence[str], labels: Sequence[int], out: str | os.PathLike) -> None:
+    """mosaicml-streaming's ``MDSWriter``: columns ``jpg`` (bytes) and ``cls`` (int), no compression."""
+    streaming = import_streaming()
+    with streaming.MDSWriter(out=str(out), columns={"jpg": "bytes", "cls": "int"}, size_limit="256mb",
+                             progress_bar=False) as w:
+        for f, label in zip(files, labels):
+            with open(f, "rb") as fh:
+                w.write({"jpg": fh.read(), "cls": int(label)})
+
+
+class _FfcvBytes:
+    def __init__(self, files: Sequence[str], labels: Sequence[int]) -> None:
+        self.files, self.labels = list(files), list(labels)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        with open(self.files[i], "rb") as f:
+            return np.frombuffer(f.read(), dtype=np.uint8), int(self.labels[i])
+
+
+class _FfcvImages(_FfcvBytes):
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        from PIL import Image
+
+        with open(self.files[i], "rb") as f:
+            return Image.open(io.BytesIO(f.read())).convert("RGB"), int(self.labels[i])
+
+
+def write_ffcv(files: Sequence[str], labels: Sequence[int], out_dir: str | os.PathLike,
+               workers: int = 2) -> dict[str, Path]:
+    """The two FFCV files the FFCV readers use: ``bytes.beton`` (the JPEG files as ``BytesField``)
+    and ``images.beton`` (``RGBImageField`` in its ``jpg`` mode, quality 90, FFCV's own encoding)."""
+    from ffcv.fields import BytesField, IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    out = {"bytes": Path(out_dir) / "bytes.beton", "decoded": Path(out_dir) / "images.beton"}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    DatasetWriter(str(out["bytes"]), {"data": BytesField(), "label": IntField()},
+                  num_workers=workers).from_indexed_dataset(_FfcvBytes(files, labels))
+    DatasetWriter(str(out["decoded"]), {"image": RGBImageField(write_mode="jpg", jpeg_quality=90),
+                                        "label": IntField()},
+                  num_workers=workers).from_indexed_dataset(_FfcvImages(files, labels))
+    return out
+
+
+def available(name: str) -> str | None:
+    """None when the optional peer ``name`` ("ffcv", "streaming") can be used here, else why not."""
+    try:
+        if name == "streaming":
+            import_streaming()
+        else:
+            importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - any failure means "not usable here", said in the report
+        return f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+    return None

@@ -1,0 +1,399 @@
+"""Side by side with the peers, in one run: reading, packing and memory, with each target's ratio.
+
+One run generates ImageNet-like JPEGs (``bench.synth``), packs them into our
+formats (``mmap`` at ``mmap_size`` so the naive ``np.memmap`` peer reads the
+very same pixel file), writes what the peers need (FFCV files when ``ffcv``
+imports), then measures, interleaved repeat by repeat so that load from
+elsewhere hits every case alike:
+
+* reading: every peer of :mod:`bench.peers` and every format of ours in every
+  mode (``bytes`` = ``decode=False``, ``decoded`` = the eval transform,
+  ``pixels`` = mmap's stored pixels) with 0 workers and with ``workers``
+  worker processes and threads. Each case runs in a fresh interpreter: a
+  loader is built, ``warmup`` batches are drawn, then batches are timed over
+  as many passes as fill ``min_seconds``; peak private PSS (anonymous +
+  shared memory, all the loader's processes) is sampled while it runs and
+  the data files' mapped pages at the end (:mod:`bench.memory`);
+* packing: ``pack()`` per format with validation on and off, against the
+  plain writers of :mod:`bench.peers`; images/s of the whole call;
+* the per-core decode ceiling: the eval transform on one core.
+
+Before each measurement the 1-minute load average is read and, around it, the
+share of CPU time other processes took (:class:`bench.machine.CpuMonitor`);
+both are kept with the figure. :func:`targets` turns the medians into the
+issue's ratios with met / not met; :mod:`bench.sidereport` prints and draws.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+from bench.machine import CpuMonitor, load_average, machine_info
+
+__all__ = ["SideConfig", "ReadCase", "run_side_by_side", "measure_read", "measure_pack", "read_cases", "PACKERS"]
+
+FORMATS = ("wds", "lmdb", "hdf5")  # JPEG formats; mmap is measured as pixels
+PACKERS = ("ours:wds", "ours:lmdb", "ours:hdf5", "peer:lmdb", "peer:shardwriter", "peer:mds")
+
+
+@dataclass(frozen=True)
+class SideConfig:
+    images: int = 5000
+    repeats: int = 3
+    batch_size: int = 64
+    workers: int = 2  # the worker count compared (with 0)
+    mmap_size: int = 224  # mmap packed at this size; the naive memmap peer reads the same file
+    min_seconds: float = 2.0  # timed part of each read case
+    warmup: int = 4  # batches drawn before timing (worker start-up, JIT, first touches)
+    pack: bool = True
+    decoded: bool = True
+    isolate: bool = True  # each measurement in a fresh interpreter
+    # torch intra-op threads in each measuring process (None: torch's default, one per core). 1 by
+    # default: with more, a 0-worker loader's torch ops (default_collate's stack, ToTensor) spin
+    # against everything else on a busy machine and the peers' figures say more about the load
+    # than about them (measured here at load 6: the naive memmap peer 101 vs 36,000 samples/s)
+    torch_threads: int | None = 1
+    seed: int = 0
+    work_dir: str | None = None
+    peers: tuple[str, ...] = ("ffcv", "streaming")  # optional peers to use when installed
+
+    @classmethod
+    def quick(cls, **kw: Any) -> "SideConfig":
+        """Seconds, for CI: a few images, one repeat, in-process, no optional peers."""
+        base = dict(images=96, repeats=1, batch_size=16, min_seconds=0.05, warmup=1, isolate=False, peers=(),
+                    mmap_size=64)
+        base.update(kw)
+        return cls(**base)
+
+
+class ReadCase(NamedTuple):
+    """One read measurement: ``who`` (peer/ours), ``name``, ``mode``, worker count and kind."""
+
+    who: str
+    name: str
+    mode: str  # bytes | decoded | pixels
+    workers: int
+    kind: str = "processes"  # processes | threads
+
+    def label(self) -> str:
+        kind = f" {self.kind}" if self.who == "ours" or self.workers else ""
+        return f"{self.who}:{self.name} {self.mode} w={self.workers}{kind}"
+
+
+def read_cases(cfg: SideConfig, have: dict[str, bool]) -> list[ReadCase]:
+    """Every read case of one repeat, peers first in each group."""
+    w, kinds = cfg.workers, ("processes", "threads")  # with 0 workers: DataLoader vs ThreadLoader in this thread
+    cases = []
+    for n in (0, w):
+        cases += [ReadCase("peer", "memmap", "pixels", n)]
+        cases += [ReadCase("ours", "mmap", "pixels", n, k) for k in kinds]
+        cases += [ReadCase("peer", "folder", "bytes", n), ReadCase("peer", "lmdb", "bytes", n),
+                  ReadCase("peer", "webdataset", "bytes", n)]
+        if n and have.get("ffcv"):
+            cases.append(ReadCase("peer", "ffcv", "bytes", n, "threads"))
+        if n:
+            cases.append(ReadCase("peer", "threadpool", "bytes", n, "threads"))
+        for fmt in FORMATS:
+            cases += [ReadCase("ours", fmt, "bytes", n, k) for k in kinds]
+    if cfg.decoded:
+        for n in (0, w):
+            cases += [ReadCase("peer", "folder", "decoded", n), ReadCase("peer", "webdataset", "decoded", n)]
+            if n and have.get("ffcv"):
+                cases.append(ReadCase("peer", "ffcv", "decoded", n, "threads"))
+            for fmt in FORMATS:
+                cases += [ReadCase("ours", fmt, "decoded", n, k) for k in (kinds if n else ("processes",))]
+    return cases
+
+
+# --------------------------------------------------------------------------- one read case
+
+
+def _batch_len(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    try:
+        return len(first)
+    except TypeError:
+        return 1
+
+
+def _make_loader(case: ReadCase, paths: dict[str, Any], batch_size: int) -> Callable[[], Any]:
+    from bench import peers
+
+    n = case.workers
+    if case.who == "peer":
+        makers: dict[tuple[str, str], Callable[[], Any]] = {
+            ("memmap", "pixels"): lambda: peers.memmap_pixels(paths["npy"], paths["labels"], batch_size, n),
+            ("folder", "bytes"): lambda: peers.folder_bytes(paths["src"], batch_size, n),
+            ("folder", "decoded"): lambda: peers.folder_decoded(paths["src"], batch_size, n),
+            ("lmdb", "bytes"): lambda: peers.lmdb_bytes(paths["lmdb"], paths["labels"], batch_size, n),
+            ("webdataset", "bytes"): lambda: peers.webdataset_loader(paths["shards"], batch_size, n, False),
+            ("webdataset", "decoded"): lambda: peers.webdataset_loader(paths["shards"], batch_size, n, True),
+            ("threadpool", "bytes"): lambda: peers.lmdb_thread_pool(paths["lmdb"], len(paths["labels"]),
+                                                                   batch_size, n),
+            ("ffcv", "bytes"): lambda: peers.ffcv_loader(paths["ffcv"]["bytes"], batch_size, n, False),
+            ("ffcv", "decoded"): lambda: peers.ffcv_loader(paths["ffcv"]["decoded"], batch_size, n, True),
+        }
+        return makers[(case.name, case.mode)]
+
+    def ours() -> Any:
+        from bench.measure import eval_transform
+        from readers import make_loader, open_dataset
+
+        root = paths["packed"][case.name]
+        if case.mode == "bytes":
+            ds = open_dataset(root, decode=False)
+        elif case.mode == "pixels":
+            ds = open_dataset(root)
+        else:
+            ds = open_dataset(root, transform=eval_transform())
+        return make_loader(ds, batch_size=batch_size, num_workers=n, workers=case.kind, pin_memory=False)
+
+    return ours
+
+
+def _data_folder(case: ReadCase, paths: dict[str, Any]) -> str | None:
+    if case.who == "ours":
+        return str(paths["packed"][case.name])
+    return {"memmap": str(Path(paths["npy"]).parent), "lmdb": str(paths["lmdb"]),
+            "threadpool": str(paths["lmdb"]), "ffcv": str(Path(paths["ffcv"]["bytes"]).parent)
+            if paths.get("ffcv") else None}.get(case.name)
+
+
+def measure_read(case: tuple, paths: dict[str, Any], batch_size: int, warmup: int,
+                 min_seconds: float) -> dict[str, Any]:
+    """Build the case's loader, draw ``warmup`` batches, then time batches (over as many passes as
+    it takes) until ``min_seconds`` have passed. Runs in its own process."""
+    from bench.memory import PrivatePeak
+
+    case = ReadCase(*case)
+    t0 = time.perf_counter()
+    loader = _make_loader(case, paths, batch_size)()
+    mem = PrivatePeak(_data_folder(case, paths))
+    drawn, samples, start, first = 0, 0, None, None
+    passes, done = 0, False
+    try:
+        while passes < 1000 and not done:
+            passes += 1
+            for batch in loader:
+                now = time.perf_counter()
+                first = first if first is not None else now - t0
+                drawn += 1
+                if start is None:
+                    if drawn >= warmup:
+                        start = now
+                    continue
+                samples += _batch_len(batch)
+                mem.sample(now)
+                if now - start >= min_seconds:
+                    done = True
+                    break
+        end = time.perf_counter()
+        mem.sample(end, force=True)
+    finally:
+        _close(loader)
+    seconds = end - start if start is not None else 0.0
+    return {"samples_per_s": samples / seconds if seconds > 0 else 0.0, "samples": samples, "seconds": seconds,
+            "passes": passes, "first_batch_s": first,
+            "private_mb": None if mem.private is None else mem.private / 1e6, "mapped_mb": mem.mapped / 1e6}
+
+
+def _close(loader: Any) -> None:
+    it = getattr(loader, "_iterator", None)
+    stop = getattr(it, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+    for obj in (getattr(loader, "dataset", None), loader):
+        close = getattr(obj, "close", None)
+        if callable(close):
+            close()
+
+
+# --------------------------------------------------------------------------- one pack case
+
+
+def measure_pack(name: str, src: str, out: str, validate: bool, workers: int) -> dict[str, Any]:
+    """Pack ``src`` into ``out`` with packer ``name`` (one of :data:`PACKERS`); images/s of the call."""
+    from bench import peers
+    from bench.naive import NaiveImageFolder
+
+    who, what = name.split(":")
+    folder = NaiveImageFolder(src)
+    if what == "mds":
+        peers.import_streaming()  # imports are not part of the timing
+    elif who == "ours":
+        import packer.api  # noqa: F401
+    t0 = time.perf_counter()
+    if who == "ours":
+        from packer import PackOptions, pack
+
+        pack(src, out, PackOptions(format=what, workers=workers, validate=validate, overwrite=True))
+    else:
+        {"lmdb": peers.write_lmdb, "shardwriter": peers.write_shardwriter, "mds": peers.write_mds}[what](
+            folder.files, folder.labels, out)
+    seconds = time.perf_counter() - t0
+    return {"images_per_s": len(folder) / seconds, "seconds": seconds, "images": len(folder)}
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _prepare(cfg: SideConfig, work: Path, have: dict[str, bool], notes: list[str]) -> dict[str, Any]:
+    from bench.synth import generate_image_folder
+    from bench.targets import pack_formats
+    from readers import spec
+
+    src = generate_image_folder(work / "images", cfg.images, seed=cfg.seed)
+    packed = pack_formats(src, work / "packed", FORMATS + ("mmap",), mmap_resize=cfg.mmap_size,
+                          shard_size=64 << 20)
+    index = spec.read_index(packed["lmdb"])
+    paths: dict[str, Any] = {"src": str(src), "packed": {k: str(v) for k, v in packed.items()},
+                             "npy": str(Path(packed["mmap"]) / spec.DATA_FILE["mmap"]),
+                             "labels": index.labels, "lmdb": str(packed["lmdb"]),
+                             "shards": sorted(str(p) for p in Path(packed["wds"]).glob("*.tar"))}
+    if have.get("ffcv"):
+        from bench import peers
+        from bench.naive import NaiveImageFolder
+
+        folder = NaiveImageFolder(src)
+        paths["ffcv"] = {k: str(v) for k, v in peers.write_ffcv(folder.files, folder.labels, work / "ffcv").items()}
+        notes.append("FFCV reads its own files of the same images: bytes.beton (the JPEG files, BytesField) and "
+                     "images.beton (RGBImageField jpg mode, quality 90: FFCV re-encodes)")
+    return paths
+
+
+def _warm(paths: dict[str, Any]) -> None:
+    from bench.cache import CacheControl
+    from bench.targets import dataset_target, folder_target
+
+    files = folder_target(paths["src"]).files + [f for p in paths["packed"].values() for f in dataset_target(p).files]
+    files += [Path(p) for p in (paths.get("ffcv") or {}).values()]
+    CacheControl.warm(files)
+
+
+def _call(cfg: SideConfig, fn: Callable[..., dict], kwargs: dict[str, Any]) -> dict[str, Any]:
+    if cfg.isolate:
+        from bench.isolate import run_isolated
+
+        return run_isolated(fn, kwargs, torch_threads=cfg.torch_threads)
+    import torch
+
+    threads = torch.get_num_threads()
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    try:
+        return fn(**kwargs)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _validator() -> Callable[[bytes], Any]:
+    from packer.images import ImageOptions, prepare_image
+
+    opts = ImageOptions()
+    return lambda data: prepare_image(data, opts)
+
+
+def _decode_ceiling(paths: dict[str, Any], n: int = 300) -> dict[str, float]:
+    """Per core (images per CPU-second, over stored JPEGs in memory): the eval transform, and the
+    packer's validation of a JPEG kept as it is (every coefficient entropy-decoded)."""
+    from bench.measure import eval_transform
+    from bench.onecore import per_image_rates, single_core
+    from readers import open_dataset
+
+    ds = open_dataset(paths["packed"]["lmdb"], decode=False)
+    blobs = [ds.read(i) for i in range(min(n, len(ds)))]
+    with single_core():
+        rate, check = per_image_rates([(eval_transform, blobs), (_validator, blobs)], repeats=3)
+    return {"eval_transform_per_core": rate["images_per_cpu_s"], "wall_per_core": rate["images_per_s"],
+            "validate_per_core": check["images_per_cpu_s"]}
+
+
+def run_side_by_side(cfg: SideConfig | None = None, *, progress: Callable[[str], None] | None = None,
+                     **kw: Any) -> dict[str, Any]:
+    """The whole run; returns plain data (see :func:`bench.sidereport.report`)."""
+    from bench import peers
+
+    cfg = replace(cfg or SideConfig(), **kw) if kw or cfg is None else cfg
+    say = progress or (lambda _s: None)
+    notes: list[str] = []
+    have = {}
+    for name in ("ffcv", "streaming"):
+        why = peers.available(name) if name in cfg.peers else "not asked for"
+        have[name] = why is None
+        if why is not None:
+            notes.append(f"peer {name} not measured: {why}")
+    work = Path(cfg.work_dir or tempfile.mkdtemp(prefix="side-by-side-"))
+    started = time.perf_counter()
+    try:
+        say("generating and packing")
+        paths = _prepare(cfg, work, have, notes)
+        monitor = CpuMonitor(machine_info()["usable_cpus"])
+        reads = _run_reads(cfg, paths, have, monitor, say)
+        packs = _run_packs(cfg, paths, work, have, monitor, say) if cfg.pack else []
+        say("decode ceiling")
+        ceiling = _decode_ceiling(paths)
+        machine = machine_info()
+        machine["foreign_cpu"] = monitor.summary()
+    finally:
+        if cfg.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return {"config": {**asdict(cfg), "peers": list(cfg.peers)}, "machine": machine, "reads": reads, "packs": packs,
+            "ceiling": ceiling, "notes": notes, "have": have, "seconds": time.perf_counter() - started}
+
+
+def _median_row(base: dict[str, Any], runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    def med(k: str) -> float | None:
+        vals = [r[k] for r in runs if r.get(k) is not None]
+        return statistics.median(vals) if vals else None
+
+    row = dict(base)
+    row.update({key: med(key), "runs": [r[key] for r in runs], "load": med("load"), "foreign": med("foreign"),
+                "private_mb": med("private_mb"), "mapped_mb": med("mapped_mb")})
+    return row
+
+
+def _measured(cfg: SideConfig, monitor: CpuMonitor, fn: Callable[..., dict], kwargs: dict) -> dict[str, Any]:
+    load = load_average()
+    monitor.sample(keep=False)
+    out = _call(cfg, fn, kwargs)
+    out.update(load=load, foreign=monitor.sample())
+    return out
+
+
+def _run_reads(cfg: SideConfig, paths: dict[str, Any], have: dict[str, bool], monitor: CpuMonitor,
+               say: Callable[[str], None]) -> list[dict[str, Any]]:
+    cases = read_cases(cfg, have)
+    _warm(paths)
+    runs: dict[ReadCase, list[dict]] = {c: [] for c in cases}
+    for rep in range(cfg.repeats):
+        for case in cases:
+            say(f"[{rep + 1}/{cfg.repeats}] read {case.label()}")
+            runs[case].append(_measured(cfg, monitor, measure_read, {
+                "case": tuple(case), "paths": paths, "batch_size": cfg.batch_size, "warmup": cfg.warmup,
+                "min_seconds": cfg.min_seconds}))
+    return [_median_row(case._asdict(), runs[case], "samples_per_s") for case in cases]
+
+
+def _run_packs(cfg: SideConfig, paths: dict[str, Any], work: Path, have: dict[str, bool], monitor: CpuMonitor,
+               say: Callable[[str], None]) -> list[dict[str, Any]]:
+    from readers.env import available_cpus
+
+    cases = [(name, v) for name in PACKERS if name != "peer:mds" or have.get("streaming")
+             for v in ((True, False) if name.startswith("ours") else (False,))]
+    runs: dict[tuple, list[dict]] = {c: [] for c in cases}
+    for rep in range(cfg.repeats):
+        for name, validate in cases:
+            say(f"[{rep + 1}/{cfg.repeats}] pack {name} validate={'on' if validate else 'off'}")
+            out = work / "pack-out"
+            shutil.rmtree(out, ignore_errors=True)
+            runs[(name, validate)].append(_measured(cfg, monitor, measure_pack, {
+                "name": name, "src": paths["src"], "out": str(out), "validate": validate,
+                "workers": available_cpus()}))
+            shutil.rmtree(out, ignore_errors=True)
+    return [_median_row({"name": n, "validate": v}, runs[(n, v)], "images_per_s") for n, v in cases]

@@ -1,0 +1,128 @@
+"""Whole batches of stored bytes from WebDataset shards (``decode=False``), for the thread loader.
+
+``ShardDataset`` yields one sample at a time: a ``pread`` of header and
+data, a Python check of the 512-byte tar header, a slice copy, then
+``collate`` copies every sample once more into the batch. Here a batch of
+the same samples, in the same order, is read with one copy per
+sample -- copied out of a read-only mapping of its shard (page cache: a
+memcpy, where ``pread`` costs about twice that), its header into a row of a
+``(B, 512)`` array, its data straight into the batch buffer -- and the
+headers are checked together with numpy:
+the member name is the sample's key, the size field matches the index, the
+header checksum holds. A header in any other (valid) spelling is checked
+one by one, exactly as ``ShardDataset.read_from`` checks it; a damaged one
+raises the same ``DatasetFormatError`` naming the shard and byte offset.
+Shards are opened as per-sample reads open them (``ShardDataset.open_shard``:
+regular files inside the dataset folder, never blocking) before they are
+mapped; a remote dataset (streamed or cached) is read sample by sample.
+
+``readers.threads.ThreadLoader`` uses :func:`iter_batches` for a local
+``ShardDataset`` with ``decode=False``; everything else iterates samples.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from readers import spec
+from readers.batch import batch_buffer, finish_batch
+from readers.formats import wds_io
+from readers.shmring import ByteBatch
+
+__all__ = ["supported", "iter_batches"]
+
+BLOCK = spec.TAR_BLOCK
+_POW10 = 10 ** np.arange(9, -1, -1, dtype=np.int64)  # the ten digits of a key
+_POW8_11 = 8 ** np.arange(10, -1, -1, dtype=np.int64)
+_POW8_6 = 8 ** np.arange(5, -1, -1, dtype=np.int64)
+
+
+def supported(dataset: Any) -> bool:
+    """True for a ShardDataset this module reads: local shards, ``decode=False``."""
+    return (getattr(dataset, "format", "") == "wds" and not dataset.decode
+            and getattr(dataset, "remote", None) is None and hasattr(dataset, "sample_order"))
+
+
+def _canonical_ok(headers: np.ndarray, idx: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per row: the header is this writer's exact spelling of sample ``idx``'s member of ``sizes`` bytes."""
+    digits = (idx[:, None] // _POW10) % 10 + 48
+    name_ok = np.all(headers[:, :10] == digits, axis=1) & (headers[:, 10] == 46)  # "<key>."
+    size_digits = headers[:, 124:135].astype(np.int64) - 48
+    size_ok = np.all((size_digits >= 0) & (size_digits <= 7), axis=1) & (headers[:, 135] == 0)
+    size_ok &= (size_digits @ _POW8_11) == sizes
+    chk_digits = headers[:, 148:154].astype(np.int64) - 48
+    chk_ok = np.all((chk_digits >= 0) & (chk_digits <= 7), axis=1) & (headers[:, 154] == 0) & (headers[:, 155] == 32)
+    total = headers.sum(axis=1, dtype=np.int64) - headers[:, 148:156].sum(axis=1, dtype=np.int64) + 256
+    chk_ok &= (chk_digits @ _POW8_6) == total
+    return name_ok & size_ok & chk_ok
+
+
+def _check_one(ds: Any, header: np.ndarray, data: np.ndarray, i: int, shard: int, offset: int) -> None:
+    """The per-sample check of ``ShardDataset.read_from`` for one header the fast check did not take
+    (the same function, so the same DatasetFormatError naming the shard and byte)."""
+    where = lambda: f"{ds.shard_location(shard)} at byte {offset - BLOCK}"  # noqa: E731
+    wds_io.check_sample(header.tobytes() + data.tobytes(), i, len(data), where)
+
+
+MAX_MAPPED = 64  # shards kept mapped per caller (each mapping holds a descriptor)
+
+
+def _mapped(ds: Any, maps: dict[int, np.ndarray], shard: int) -> np.ndarray:
+    m = maps.pop(shard, None)
+    if m is not None:
+        maps[shard] = m  # most recently used last
+        return m
+    if len(maps) >= MAX_MAPPED:
+        maps.pop(next(iter(maps)))
+    fd = ds.open_shard(shard)  # a regular file inside the dataset folder, as for per-sample reads
+    try:
+        size = os.fstat(fd).st_size
+        m = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8) if size else np.zeros(
+            0, dtype=np.uint8)
+    finally:
+        os.close(fd)
+    maps[shard] = m
+    return m
+
+
+def _read_batch(ds: Any, maps: dict[int, np.ndarray], idx: np.ndarray) -> tuple:
+    sizes = ds._sizes[idx].astype(np.int64)
+    offsets = np.zeros(len(idx) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    data = batch_buffer(int(offsets[-1]))
+    headers = np.empty((len(idx), BLOCK), dtype=np.uint8)
+    shards = ds._shard_of[idx]
+    starts = ds._offsets[idx]
+    for k in range(len(idx)):
+        shard, start, size = int(shards[k]), int(starts[k]), int(sizes[k])
+        m = _mapped(ds, maps, shard)
+        if start + size > len(m) or start < BLOCK:
+            raise spec.DatasetFormatError(
+                f"{ds.shard_location(shard)} at byte {start - BLOCK}: shard ends early (sample {int(idx[k])}): "
+                "truncated or damaged")
+        headers[k] = m[start - BLOCK:start]
+        data[offsets[k]:offsets[k + 1]] = m[start:start + size]
+    ok = _canonical_ok(headers, idx, sizes)
+    for k in np.flatnonzero(~ok):
+        _check_one(ds, headers[k], data[offsets[k]:offsets[k + 1]], int(idx[k]), int(shards[k]), int(starts[k]))
+    return finish_batch(ds, ByteBatch(torch.from_numpy(data), torch.from_numpy(offsets)), idx)
+
+
+def iter_batches(ds: Any, batch_size: int, drop_last: bool = False,
+                 maps: dict[int, np.ndarray] | None = None) -> Iterator[tuple]:
+    """This worker's (thread's) samples of the epoch, in ``ShardDataset``'s order, as collated batches.
+
+    ``maps`` (shard -> read-only mapping, page cache rather than private memory) is kept by
+    the caller from epoch to epoch, so pages mapped once are not faulted in again; at most
+    :data:`MAX_MAPPED` shards stay mapped, least recently used dropped first.
+    """
+    maps = {} if maps is None else maps
+    order = np.asarray(ds.sample_order(), dtype=np.int64)  # this worker's epoch (and resume point), no I/O
+    stop = len(order) - len(order) % batch_size if drop_last else len(order)
+    for start in range(0, stop, batch_size):
+        yield _read_batch(ds, maps, order[start:start + batch_size])

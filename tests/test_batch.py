@@ -1,0 +1,136 @@
+"""Whole-batch reads (readers.batch): the same batches as per-sample reads, buffers reused only when free."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+from readers.base import to_chw
+from readers.batch import BufferPool, GatheredItems, index_array
+from readers.loader import collate, make_loader
+from readers.prefetch import DevicePrefetcher
+from readers.registry import open_dataset
+from readers.spec import FORMATS
+
+MAP_FORMATS = [f for f in FORMATS if f != "wds"]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, packed_generated, generated):
+    """Every map format, plus mmap packed at a fixed size (the whole-batch gather needs one)."""
+    from packer import PackOptions, pack
+
+    out = tmp_path_factory.mktemp("batch") / "mmap-fixed"
+    pack(generated, out, PackOptions(format="mmap", resize=24, workers=1))
+    return {**packed_generated, "mmap-fixed": out}
+
+
+def per_sample(ds, indices):
+    """The per-sample path: one read per index, collated."""
+    return collate([ds._item(i, ds.read(i)) for i in indices])
+
+
+@pytest.mark.parametrize("fmt", MAP_FORMATS + ["mmap-fixed"])
+@pytest.mark.parametrize("decode", [True, False])
+def test_get_batch_equals_the_per_sample_batch(packed, fmt, decode):
+    ds = open_dataset(packed[fmt], decode=decode, return_index=True)
+    indices = [5, 0, 3, 3, -1]
+    batch = ds.get_batch(indices)
+    if not ds.batchable():
+        assert batch is None
+        return
+    expected = per_sample(ds, index_array(indices, len(ds)).tolist())
+    assert [type(x) for x in batch] == [type(x) for x in expected]
+    images, ref = batch[0], expected[0]
+    if decode:
+        assert images.shape == ref.shape and images.dtype == torch.uint8
+        assert torch.equal(images, ref)
+    else:
+        assert [images.get(k) for k in range(len(indices))] == [ref.get(k) for k in range(len(indices))]
+    for got, want in zip(batch[1:], expected[1:]):
+        assert torch.equal(got, want)
+
+
+def test_mmap_batches_are_channels_last_views_of_the_stored_rows(packed):
+    assert not open_dataset(packed["mmap"]).batchable()  # samples of different shapes: per sample
+    ds = open_dataset(packed["mmap-fixed"])
+    assert ds.batchable()
+    images, labels = ds.get_batch([2, 1])
+    assert images.shape[1] == 3 and images.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(images[0], to_chw(ds.read(2)))
+    assert labels.tolist() == [int(ds.labels[2]), int(ds.labels[1])]
+
+
+def test_getitems_is_a_sequence_of_the_same_items(packed):
+    for fmt in MAP_FORMATS:
+        ds = open_dataset(packed[fmt], decode=False)
+        items = ds.__getitems__([1, 4])
+        plain = [ds[1], ds[4]]
+        assert len(items) == 2 and list(items) == plain
+    ds = open_dataset(packed["mmap-fixed"])
+    items = ds.__getitems__([1, 4])
+    assert isinstance(items, GatheredItems)
+    stacked = default_collate(list(items))  # a collate that knows nothing of GatheredItems
+    assert torch.equal(stacked[0], torch.stack([ds[1][0], ds[4][0]]))
+    with pytest.raises(IndexError):
+        ds.__getitems__([0, len(ds)])
+
+
+@pytest.mark.slow
+def test_loader_batches_of_mmap_go_through_the_gather(packed):
+    ds = open_dataset(packed["mmap-fixed"], return_index=True)
+    for workers in (0, 2):
+        for images, labels, idx in make_loader(ds, batch_size=4, num_workers=workers):
+            assert images.is_contiguous(memory_format=torch.channels_last)
+            assert torch.equal(images[0], to_chw(ds.read(int(idx[0]))))
+
+
+def test_device_prefetcher_takes_channels_last_batches(packed):
+    ds = open_dataset(packed["mmap-fixed"])
+    images, labels = ds.get_batch([0, 1, 2])
+    contiguous = images.contiguous()
+    (x,) = [b[0] for b in DevicePrefetcher([(images, labels)], "cpu")]
+    (y,) = [b[0] for b in DevicePrefetcher([(contiguous, labels)], "cpu")]
+    assert torch.equal(x, y) and x.is_contiguous()
+    (z,) = [b[0] for b in DevicePrefetcher([(images, labels)], "cpu", channels_last=True)]
+    assert torch.equal(z, y) and z.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_buffer_pool_reuses_only_free_buffers():
+    pool = BufferPool(max_buffers=3)
+    a = pool(1000)
+    a[:] = 1
+    b = pool(1000)
+    assert not np.shares_memory(a, b)  # a is still held
+    address = a.__array_interface__["data"][0]
+    del a
+    c = pool(900)
+    assert c.__array_interface__["data"][0] == address  # a's buffer came back
+    held = [pool(1000) for _ in range(5)]  # past max_buffers: fresh arrays, never a held one
+    for i, x in enumerate(held + [b, c]):
+        for y in (held + [b, c])[i + 1:]:
+            assert not np.shares_memory(x, y)
+    t = torch.from_numpy(pool(500))  # a tensor made from a view keeps the buffer
+    del held, b, c
+    d = [pool(500) for _ in range(3)]
+    assert not any(np.shares_memory(t.numpy(), x) for x in d)
+
+
+def test_index_array_wraps_negatives_and_refuses_out_of_range():
+    assert index_array([0, -1, 2], 5).tolist() == [0, 4, 2]
+    with pytest.raises(IndexError, match="out of range"):
+        index_array([5], 5)
+    with pytest.raises(IndexError):
+        index_array([-6], 5)
+
+
+@pytest.mark.slow
+def test_byte_batches_of_every_map_format_cross_processes(packed):
+    for fmt in MAP_FORMATS + ["mmap-fixed"]:
+        ds = open_dataset(packed[fmt], decode=False, return_index=True)
+        for data, _labels, idx in make_loader(ds, batch_size=3, num_workers=2):
+            want = ds.read(int(idx[-1]))
+            want = want.tobytes() if isinstance(want, np.ndarray) else want
+            assert data.get(len(idx) - 1) == want

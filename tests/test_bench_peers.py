@@ -1,0 +1,98 @@
+"""The side-by-side harness (benchmarks/bench_peers.py, dataset-bench --peers): --quick end to end,
+every case measured, every target evaluated; and the target arithmetic on a hand-made result."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.sidebyside import FORMATS, SideConfig, read_cases
+from bench.sidereport import targets
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_peers.py"
+
+
+@pytest.mark.slow
+def test_bench_peers_quick(tmp_path):
+    out, chart = tmp_path / "side.json", tmp_path / "side.png"
+    r = subprocess.run([sys.executable, "-W", "error", str(SCRIPT), "--quick", "--json", str(out), "--chart",
+                        str(chart)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert chart.stat().st_size > 10_000
+    cases = read_cases(SideConfig.quick(), data["have"])
+    assert len(data["reads"]) == len(cases)
+    assert all(row["samples_per_s"] > 0 for row in data["reads"]), [r for r in data["reads"] if not r["samples_per_s"]]
+    assert {row["name"] for row in data["packs"]} >= {"ours:wds", "ours:lmdb", "ours:hdf5", "peer:lmdb",
+                                                      "peer:shardwriter"}
+    assert all(row["images_per_s"] > 0 for row in data["packs"])
+    names = [t["target"] for t in data["targets"]]
+    assert any(n.startswith("mmap pixels, 2 workers") for n in names)
+    assert sum(n.startswith("packing") for n in names) == 7 and sum(n.startswith("memory") for n in names) == 8
+    for line in ("target", "mmap pixels, 0 workers", "packing lmdb, validation off"):
+        assert line in r.stdout
+    assert all(("met" in line.lower() or "n/a" in line or "info" in line) for line in r.stdout.splitlines()
+               if line.startswith(("mmap pixels", "bytes,", "packing", "memory")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["side.json", "side.png"]
+
+
+def _row(who, name, mode, workers, kind, rate, private=100.0):
+    return {"who": who, "name": name, "mode": mode, "workers": workers, "kind": kind, "samples_per_s": rate,
+            "private_mb": private, "mapped_mb": 0.0}
+
+
+def test_targets_take_the_best_kind_and_say_met_or_not():
+    reads = [_row("peer", "memmap", "pixels", 2, "processes", 1000), _row("ours", "mmap", "pixels", 2, "processes", 900),
+             _row("ours", "mmap", "pixels", 2, "threads", 3500), _row("peer", "memmap", "pixels", 0, "processes", 500),
+             _row("ours", "mmap", "pixels", 0, "processes", 400, private=120),
+             _row("peer", "folder", "decoded", 0, "processes", 10, private=100)]
+    result = {"config": {"workers": 2}, "reads": reads, "have": {"ffcv": False}, "ceiling": None,
+              "packs": [{"name": "peer:lmdb", "validate": False, "images_per_s": 1000.0},
+                        {"name": "ours:wds", "validate": True, "images_per_s": 400.0},
+                        {"name": "ours:wds", "validate": False, "images_per_s": 1100.0}]}
+    got = {t["target"]: t for t in targets(result)}
+    pix2 = got["mmap pixels, 2 workers, vs naive np.memmap Dataset"]
+    assert pix2["ratio"] == pytest.approx(3.5) and pix2["met"] is True
+    pix0 = got["mmap pixels, 0 workers, vs naive np.memmap Dataset"]
+    assert pix0["ratio"] == pytest.approx(0.8) and pix0["met"] is False
+    on = got["packing wds, validation on, vs fastest plain writer (lmdb)"]
+    off = got["packing wds, validation off, vs fastest plain writer (lmdb)"]
+    assert (on["ratio"], on["met"], off["ratio"], off["met"]) == (pytest.approx(0.4), False, pytest.approx(1.1), True)
+    mem = got["memory, mmap, 0 workers: private PSS vs naive folder (worst mode: pixels processes)"]
+    assert mem["ratio"] == pytest.approx(1.2) and mem["met"] is False and not mem["higher_is_better"]
+    assert all(t["met"] is None for n, t in got.items() if n.startswith("bytes"))  # nothing measured: n/a
+    assert set(FORMATS) == {"wds", "lmdb", "hdf5"}
+
+
+def test_from_json_renders_a_saved_run_without_measuring(tmp_path, capsys):
+    """--from-json: the report, Markdown and chart of a saved run (how the docs' tables are regenerated)."""
+    from bench.sidecli import main
+
+    reads = [_row("peer", "memmap", "pixels", 2, "processes", 1000),
+             _row("ours", "mmap", "pixels", 2, "threads", 3500),
+             _row("peer", "folder", "decoded", 0, "processes", 10),
+             _row("peer", "folder", "decoded", 2, "processes", 20)]
+    for r in reads:
+        r.update(load=0.1, foreign=0.0)
+    result = {"config": {"workers": 2, "images": 10, "batch_size": 4, "repeats": 1, "mmap_size": 64},
+              "machine": {"cpu_model": "test", "usable_cpus": 2, "torch": "x"}, "reads": reads,
+              "packs": [{"name": "peer:lmdb", "validate": False, "images_per_s": 1000.0, "load": 0.1,
+                         "foreign": 0.0}],
+              "have": {}, "ceiling": None, "notes": ["a note"], "seconds": 1.0}
+    saved = tmp_path / "side.json"
+    saved.write_text(json.dumps(result))
+    md = tmp_path / "side.md"
+    assert main(["--from-json", str(saved), "--markdown", str(md)]) == 0
+    out = capsys.readouterr().out
+    assert "mmap pixels, 2 workers, vs naive np.memmap Dataset" in out and "3.50x" in out and "met" in out
+    row = "| mmap pixels, 2 workers, vs naive np.memmap Dataset | 3,500 | 1,000 | 3.50x | ≥ 3x | met |"
+    assert row in md.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["side.json", "side.md"]  # nothing measured or generated
+    saved.write_text(json.dumps({"reads": []}))
+    with pytest.raises(SystemExit) as exc:
+        main(["--from-json", str(saved)])
+    assert exc.value.code == 2 and "not a result of dataset-bench --peers --json" in capsys.readouterr().err
