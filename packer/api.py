@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from packer.engines import open_engine
-from packer.errors import OutputError, SourceError, UsageError
+from packer.errors import OutputError, SourceError
 from packer.formats.base import FormatWriter
 from packer.formats.hdf5 import HDF5Writer
 from packer.formats.lmdb import LmdbWriter
@@ -36,7 +36,8 @@ def _split_name(path: Path) -> str:
 
 
 def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
-         lock: OutputLock | None = None) -> list[tuple[str, Source, Path]]:
+         lock: OutputLock | None = None, storage_options: dict[str, Any] | None = None,
+         retry: Any = None) -> list[tuple[str, Source, Path]]:
     """Scan the source and decide (split name, source, output folder) for each split.
 
     Raises SourceError / OutputError (both UsageError) before anything is written.
@@ -89,9 +90,6 @@ def pack(
     """
     options = options or PackOptions()
     if spec.is_remote(out):
-        if options.engine != "local":
-            raise UsageError(f"{out}: --engine {options.engine} cannot write to object storage yet; pack to a "
-                             "folder every node shares and upload it, or use --engine local")
         from packer.remote_output import pack_remote
 
         return pack_remote(src, os.fspath(out), options, progress=progress, **remote)

@@ -63,6 +63,9 @@ class Source:
     details: dict[str, Any] = field(default_factory=dict)
     #: the prepare stage that reads this source (``packer.workers.PrepareStage``); None: files under root
     prepare: Any = field(default=None, repr=False, compare=False)
+    #: how the prepare stage reads ``paths`` (``read(rel) -> bytes``, ``where(rel) -> str``, e.g.
+    #: ``packer.engines.io.StoreFiles`` for an s3:// folder); None: files under ``root``
+    files: Any = field(default=None, repr=False, compare=False)
     _fingerprint: str | None = field(default=None, repr=False, compare=False)
     #: the order of ``paths`` as index.json records it (``scan`` gives the source order)
     order: dict = field(default_factory=lambda: {"kind": "source"})
