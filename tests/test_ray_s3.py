@@ -169,3 +169,86 @@ def test_driver_sigkill_then_resume_gives_the_same_objects(cluster, s3_server, t
     assert "resumed after" in res.stdout
     assert _objects(killed, s3_server) == _objects(clean, s3_server)
     assert not stage.exists()
+
+
+# ---------------------------------------------------------------- source on S3
+@pytest.fixture(scope="module")
+def s3_src(src, s3_server) -> str:
+    """The same ImageFolder as ``src``, uploaded under an s3:// prefix."""
+    url = s3_server.url(f"src-{uuid.uuid4().hex[:8]}/train")
+    store = open_store(url, s3_server.storage_options())
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            store.put(path.relative_to(src).as_posix(), path)
+    return url
+
+
+def _same_dataset(out: Path, reference: Path, src_url: str, layout_free: tuple[str, ...] = ()) -> None:
+    """Every file equal; index.json too, but for the source's root (its URL). ``layout_free``: files
+    compared by the samples they hold (LMDB's page layout depends on its write history)."""
+    ours, theirs = _files(out), _files(reference)
+    assert {k for k in ours} == {k for k in theirs}
+    skip = (spec.INDEX_NAME, *layout_free)
+    assert {k: v for k, v in ours.items() if k not in skip} == {k: v for k, v in theirs.items() if k not in skip}
+    a, b = (json.loads(d[spec.INDEX_NAME]) for d in (ours, theirs))
+    assert a["source"].pop("root") == src_url
+    b["source"].pop("root")
+    for name in layout_free:
+        a[spec.FILES_CRC_KEY].pop(name), b[spec.FILES_CRC_KEY].pop(name)
+    assert a == b
+    da, db = open_dataset(out, decode=False), open_dataset(reference, decode=False)
+    try:
+        assert [bytes(da.read(i)) for i in range(len(da))] == [bytes(db.read(i)) for i in range(len(db))]
+    finally:
+        da.close()
+        db.close()
+
+
+def test_s3_source_packs_to_the_same_dataset_with_ray(s3_src, local, cluster, s3_server, tmp_path):
+    out = tmp_path / "wds"
+    done = subprocess.run([*CLI, s3_src, "-o", str(out), "-q", *SHAPE["wds"], *_ray(cluster)],
+                          env=_env(cluster, s3_server), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr  # the corrupt JPEG is rejected, as locally
+    _same_dataset(out, local["wds"], s3_src)
+
+
+def test_s3_source_with_the_local_engine(s3_src, local, s3_server, tmp_path):
+    out = tmp_path / "lmdb"
+    done = subprocess.run([*CLI, s3_src, "-o", str(out), "-q", "-w", "2", *SHAPE["lmdb"]],
+                          env={**os.environ, **s3_server.env()}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert "47 images" in done.stdout and "1 rejected" in done.stdout
+    _same_dataset(out, local["lmdb"], s3_src, layout_free=("data.mdb",))
+
+
+MISSING = """
+    import sys
+    from packer import PackError, PackOptions, pack
+    from readers.remote import open_store
+    src, out, address, victim, endpoint = sys.argv[1:]
+    so = {"endpoint_url": endpoint}
+
+    def progress(split, source):
+        open_store(src, so).delete(victim)  # after the listing, before any task reads it
+        return None
+
+    try:
+        pack(src, out, PackOptions(format="wds", engine="ray", ray_address=address, ray_chunk=5),
+             progress=progress, storage_options=so)
+    except PackError as exc:
+        print(exc)
+"""
+
+
+def test_missing_source_object_is_named_by_its_url(src, cluster, s3_server, tmp_path):
+    url = s3_server.url(f"miss-{uuid.uuid4().hex[:8]}/train")
+    store = open_store(url, s3_server.storage_options())
+    for path in sorted((src / "class_00").iterdir()):
+        store.put(f"class_00/{path.name}", path)
+    victim = "class_00/img_005.JPEG"
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(MISSING), url, str(tmp_path / "out"),
+                           cluster.address, victim, s3_server.endpoint_url], env=_env(cluster, s3_server),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    [line] = done.stdout.strip().splitlines()
+    assert line.startswith(f"{url}/{victim}: read error: ") and "re-run with --resume" in line, line

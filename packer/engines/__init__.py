@@ -11,6 +11,7 @@ same dataset. :func:`open_engine` gives a function that packs one split.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -50,6 +51,10 @@ def open_engine(options: PackOptions) -> Iterator[SplitPacker]:
                      after_checkpoint: Callable[[Journal], None] | None = None) -> SplitResult:
         # ``output`` is where the Ray engine's tasks put wds shards; here the writer writes ``out``.
         stage = {"prepare": source.prepare} if source.prepare is not None else {}  # imported sources read bytes
+        if source.files is not None:  # an s3:// folder: read through its store
+            from packer.engines.tasks import prepare_in_pool
+
+            stage = {"prepare": partial(prepare_in_pool, source.files)}
         return pack_split(source, out, split, options, writer_cls, workers, progress,
                           after_checkpoint=after_checkpoint, **stage)
 

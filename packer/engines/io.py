@@ -26,7 +26,7 @@ from typing import Any
 from packer.workers import read_source  # the local pool's reader: the same checks, the same errors
 from readers import spec
 
-__all__ = ["LocalFiles", "LocalOutput", "StoreFiles", "StoreOutput"]
+__all__ = ["LocalFiles", "LocalOutput", "StoreFiles", "StoreOutput", "list_objects"]
 
 
 class LocalFiles:
@@ -138,3 +138,23 @@ class StoreOutput:
 
     def where(self, name: str) -> str:
         return self.store.url_of(name)
+
+
+def list_objects(store: Any) -> dict[str, int]:
+    """``name -> size`` of every object under the store's prefix, in one listing (paged by the client).
+
+    ``Store.list`` gives names only, and a HEAD per object would cost a round trip
+    per image; an S3 listing carries the sizes, so this asks the store's fsspec
+    filesystem for them, through the store's retries.
+    """
+    root = store._path("").rstrip("/")  # noqa: SLF001 -- the store's own bucket/key spelling
+
+    def find() -> dict[str, int]:
+        try:
+            found = store.fs.find(root, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {path[len(root):].lstrip("/"): int(info.get("size") or 0) for path, info in found.items()
+                if path.startswith(root + "/") and info.get("type") != "directory"}
+
+    return store._call("", "LIST", find)  # noqa: SLF001
