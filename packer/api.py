@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from packer.engines import open_engine
-from packer.errors import OutputError, SourceError, UsageError
+from packer.errors import OutputError, SourceError
 from packer.formats.base import FormatWriter
 from packer.formats.hdf5 import HDF5Writer
 from packer.formats.lmdb import LmdbWriter
@@ -19,7 +19,7 @@ from packer.importers import scan_import
 from packer.options import PackOptions
 from packer.output import OutputLock, prepare_output
 from packer.pipeline import Progress, SplitResult
-from packer.source import Source, find_split_dirs, scan
+from packer.source import Source, URLRoot, find_split_dirs, scan, scan_listing
 from readers import spec
 
 __all__ = ["pack", "WRITERS", "plan"]
@@ -36,13 +36,18 @@ def _split_name(path: Path) -> str:
 
 
 def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
-         lock: OutputLock | None = None) -> list[tuple[str, Source, Path]]:
+         lock: OutputLock | None = None, storage_options: dict[str, Any] | None = None,
+         retry: Any = None) -> list[tuple[str, Source, Path]]:
     """Scan the source and decide (split name, source, output folder) for each split.
 
     Raises SourceError / OutputError (both UsageError) before anything is written.
     With ``lock``, the output folders stay locked by it (``pack`` holds it for the
     whole run); without, they are locked only while the output is checked.
     """
+    if spec.is_remote(src):
+        jobs = [_remote_source(os.fspath(src), Path(out), storage_options, retry)]
+        prepare_output(Path(out), options, [Path(out)], lock, split_hint=jobs[0][0])
+        return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
     src, out = Path(src), Path(out)
     if not src.exists():
         raise SourceError(f"{src}: no such folder")
@@ -69,6 +74,27 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *
     return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
 
 
+def _remote_source(url: str, out: Path, storage_options: dict[str, Any] | None,
+                   retry: Any) -> tuple[str, Source, Path]:
+    """An ImageFolder under an ``s3://`` prefix: one listing; tasks read each object through the store."""
+    from packer.engines.io import StoreFiles, list_objects
+    from readers.remote import open_store
+
+    try:
+        store = open_store(url, storage_options, retry)
+        if store.url.split("://")[0] != "s3":
+            raise SourceError(f"{url}: an http(s):// location cannot be listed; sources on object storage "
+                              "are read from s3:// prefixes")
+        objects = list_objects(store)
+    except OSError as exc:  # unreachable store, refused credentials, no such bucket
+        raise SourceError(f"{url}: cannot list the source ({exc})") from None
+    if not objects:
+        raise SourceError(f"{url}: no such prefix (no objects under it)")
+    source = scan_listing(URLRoot(store.url), objects)
+    source.files = StoreFiles(store)
+    return _split_name(Path(store.url)), source, out
+
+
 def pack(
     src: str | os.PathLike,
     out: str | os.PathLike,
@@ -78,6 +104,9 @@ def pack(
     **remote: Any,
 ) -> list[SplitResult]:
     """Pack the ImageFolder tree ``src`` into ``out`` (one dataset folder per split).
+
+    ``src`` may be an ``s3://bucket/prefix`` holding an ImageFolder (``<class>/<image>`` objects):
+    it is listed once and each image read through the store (``storage_options``, ``retry``).
 
     ``progress(split, source)`` may return a callback ``(images, bytes)`` that
     is called as work completes; the CLI uses it for its progress bar.
@@ -89,18 +118,17 @@ def pack(
     """
     options = options or PackOptions()
     if spec.is_remote(out):
-        if options.engine != "local":
-            raise UsageError(f"{out}: --engine {options.engine} cannot write to object storage yet; pack to a "
-                             "folder every node shares and upload it, or use --engine local")
         from packer.remote_output import pack_remote
 
         return pack_remote(src, os.fspath(out), options, progress=progress, **remote)
+    # an s3:// source takes storage_options and retry too
+    listing = {k: remote.pop(k) for k in ("storage_options", "retry") if k in remote} if spec.is_remote(src) else {}
     if remote:
         raise TypeError(f"{', '.join(sorted(remote))}: only for an s3:// output")
     # The engine connects first (a cluster that cannot be reached changes nothing); then the output
     # folders are locked for the whole run, whichever engine writes them.
     with open_engine(options) as pack_split, OutputLock() as lock:
-        jobs = plan(src, out, options, lock=lock)
+        jobs = plan(src, out, options, lock=lock, **listing)
         results = []
         for split, source, dest in jobs:
             callback = progress(split, source) if progress else None

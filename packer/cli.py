@@ -63,7 +63,8 @@ COMMANDS = {
 }
 
 SRC_HELP = ("image folder root/<class>/<image> (or root/<split>/<class>/<image>), a folder of WebDataset "
-            ".tar shards, or a Hugging Face datasets folder (save_to_disk) or .parquet files")
+            ".tar shards, a Hugging Face datasets folder (save_to_disk) or .parquet files, or an s3://bucket/prefix "
+            "holding root/<class>/<image> objects")
 
 
 def _arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -118,7 +119,7 @@ def _add_options(p: argparse.ArgumentParser, command: str, output_help: str) -> 
 
 
 def _pack_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", type=Path, help=SRC_HELP)
+    p.add_argument("src", type=output_location, help=SRC_HELP)  # a folder, or an s3:// prefix
     _add_options(p, "pack", "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
 
 
@@ -231,6 +232,8 @@ def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     options = _options(parser, args, "pack")
     out = args.output
+    if isinstance(args.src, str) and out is None:
+        parser.error(f"{args.src}: a source on object storage needs -o (a folder or an s3:// prefix)")
     remote: dict[str, Any] = {}
     if isinstance(out, str):  # s3:// (packer.remote_output)
         remote = {"stage_dir": args.stage_dir, "upload_progress": _upload_bar_factory(args.quiet)}

@@ -104,7 +104,7 @@ class Uploader:
         self.uploads = Uploads(stage)
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
         self._futures: list[cf.Future] = []
-        self._offered: set[str] = set()
+        self.offered: set[str] = set()
 
     def recheck(self) -> None:
         """Resume: keep only the recorded uploads the store still holds at the recorded size."""
@@ -124,9 +124,9 @@ class Uploader:
     def offer(self, name: str, crc32: int | None = None, *, drop_local: bool = False) -> None:
         """Upload ``name`` (a file of the staging folder) unless it is already in the store."""
         self.check()
-        if name in self._offered:
+        if name in self.offered:
             return
-        self._offered.add(name)
+        self.offered.add(name)
         if name in self.uploads.done:
             if drop_local:
                 (self.stage / name).unlink(missing_ok=True)
@@ -212,34 +212,58 @@ def pack_remote(src: str | os.PathLike, url: str, options: PackOptions, *,
                 retry: Any = None) -> list[SplitResult]:
     """``pack(src, url)`` for an ``s3://`` URL: stage, upload, index.json last (see the module docstring)."""
     from packer.api import WRITERS, plan
-    from readers.env import available_cpus
+    from packer.engines import open_engine
     from readers.remote import open_store
 
     store = open_store(url, storage_options, retry)
     stage = Path(stage_dir) if stage_dir is not None else default_stage_dir(store.url)
-    try:
-        _check_output(store, options, stage)
-    except OSError as exc:  # unreachable store, refused credentials, no such bucket: nothing written
-        raise OutputError(str(exc)) from exc
-    _clear_stage(stage, options)
-    stage.parent.mkdir(parents=True, exist_ok=True)
-    jobs = plan(src, stage, options)
-    workers = options.workers or available_cpus()
-    results = []
-    for split, source, dest in jobs:
-        split_store = _child_store(store, dest.relative_to(stage).as_posix())
-        callback = progress(split, source) if progress else None
-        uploading = upload_progress(split) if upload_progress else None
-        results.append(_pack_split(split_store, source, dest, split, options, WRITERS[options.format], workers,
-                                   callback, uploading))
+    # The engine connects first: a Ray cluster that cannot be reached changes nothing (as locally).
+    with open_engine(options) as pack_split:
+        try:
+            _check_output(store, options, stage)
+        except OSError as exc:  # unreachable store, refused credentials, no such bucket: nothing written
+            raise OutputError(str(exc)) from exc
+        _clear_stage(stage, options)
+        stage.parent.mkdir(parents=True, exist_ok=True)
+        jobs = plan(src, stage, options, storage_options=storage_options, retry=retry)
+        results = []
+        for split, source, dest in jobs:
+            split_store = _child_store(store, dest.relative_to(stage).as_posix())
+            callback = progress(split, source) if progress else None
+            uploading = upload_progress(split) if upload_progress else None
+            results.append(_pack_split(split_store, source, dest, split, options, WRITERS[options.format],
+                                       pack_split, callback, uploading))
     if stage.exists() and not any(stage.iterdir()):
         stage.rmdir()
     return results
 
 
+def _shards_closed(uploader: Uploader, store: Any, dest: Path) -> Callable[[Journal], None]:
+    """``after_checkpoint`` for wds: every shard the journal lists as closed goes to the store.
+
+    A staged shard (the local writer's) is uploaded from the staging folder. A shard
+    with no staged copy that was never offered was put into the store by the task that
+    wrote it (``--engine ray``): its object is checked (size) and recorded as uploaded,
+    with the CRC-32 the task computed.
+    """
+    def upload_closed(journal: Journal) -> None:
+        for shard in (journal.writer or {}).get("shards", []):
+            name = shard["name"]
+            if name in uploader.uploads.done or name in uploader.offered or (dest / name).exists():
+                uploader.offer(name, int(shard["crc32"]), drop_local=True)
+                continue
+            got = store.size(name) if store.exists(name) else None
+            if got != shard["bytes"]:
+                raise PackError(f"{store.url_of(name)}: a task wrote {shard['bytes']} bytes but the store holds "
+                                f"{'nothing' if got is None else got}; re-run with --resume")
+            uploader.uploads.record(name, got, int(shard["crc32"]))
+
+    return upload_closed
+
+
 def _pack_split(store: Any, source: Any, dest: Path, split: str, options: PackOptions, writer_cls: type,
-                workers: int, callback: Any, uploading: Progress | None) -> SplitResult:
-    from packer.pipeline import pack_split
+                pack_split: Callable[..., SplitResult], callback: Any, uploading: Progress | None) -> SplitResult:
+    from packer.engines.io import StoreOutput
 
     try:
         if options.resume and not (dest / spec.STATE_NAME).exists() and not (dest / spec.INDEX_NAME).exists() \
@@ -254,12 +278,9 @@ def _pack_split(store: Any, source: Any, dest: Path, split: str, options: PackOp
         if options.resume:
             uploader.recheck()
 
-        def upload_closed(journal: Journal) -> None:
-            for shard in (journal.writer or {}).get("shards", []):
-                uploader.offer(shard["name"], int(shard["crc32"]), drop_local=True)
-
-        result = pack_split(source, dest, split, options, writer_cls, workers, callback,
-                            after_checkpoint=upload_closed if options.format == "wds" else None)
+        wds = options.format == "wds"
+        result = pack_split(source, dest, split, writer_cls, callback, output=StoreOutput(store),
+                            after_checkpoint=_shards_closed(uploader, store, dest) if wds else None)
         _upload_rest(uploader, dest, result.meta)
         store.put(spec.INDEX_NAME, dest / spec.INDEX_NAME)  # last: the dataset is complete from now on
     except OSError as exc:

@@ -27,7 +27,8 @@ from typing import Any
 from packer.errors import SourceError
 from readers import spec
 
-__all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "Source", "SourceError", "scan", "find_split_dirs", "parse_splits"]
+__all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "Source", "SourceError", "scan", "scan_listing", "URLRoot",
+           "find_split_dirs", "parse_splits"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class Source:
     details: dict[str, Any] = field(default_factory=dict)
     #: the prepare stage that reads this source (``packer.workers.PrepareStage``); None: files under root
     prepare: Any = field(default=None, repr=False, compare=False)
+    #: how the prepare stage reads ``paths`` (``read(rel) -> bytes``, ``where(rel) -> str``, e.g.
+    #: ``packer.engines.io.StoreFiles`` for an s3:// folder); None: files under ``root``
+    files: Any = field(default=None, repr=False, compare=False)
     _fingerprint: str | None = field(default=None, repr=False, compare=False)
     #: the order of ``paths`` as index.json records it (``scan`` gives the source order)
     order: dict = field(default_factory=lambda: {"kind": "source"})
@@ -306,3 +310,55 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
     if empty:
         log.warning("%d class folder(s) hold no images and keep their label: %s", len(empty), ", ".join(empty[:5]))
     return Source(root, classes, paths, labels, sizes, ignored, skipped)
+
+
+class URLRoot(str):
+    """The root of a source under an object-store prefix: joins like a ``Path``, prints as its URL."""
+
+    def __truediv__(self, rel: str) -> URLRoot:
+        return URLRoot(f"{self.rstrip('/')}/{rel}")
+
+    def resolve(self) -> URLRoot:
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.rstrip("/").rsplit("/", 1)[-1]
+
+
+def scan_listing(root: URLRoot, objects: dict[str, int]) -> Source:
+    """:func:`scan`'s result for a listing of ``name -> size`` under an object-store prefix.
+
+    The folder scan's rules on object names: class folders are the first name
+    components (not hidden), images are chosen by :func:`_is_image_name`, and the
+    order is ImageFolder's (by folder, then by name); objects directly under the
+    prefix are ignored. An object store has no links and no empty folders.
+    """
+    folders: dict[str, list[str]] = {}
+    loose: list[str] = []
+    for name in objects:
+        top, sep, _rest = name.partition("/")
+        if name.endswith("/"):
+            continue  # a "folder" marker some tools create
+        if not sep:
+            if not _is_hidden(name):
+                loose.append(name)
+        elif not _is_hidden(top):
+            folders.setdefault(top, []).append(name)
+    classes = sorted(folders)
+    if classes and all(_SPLIT_RE.fullmatch(c) and all(n.count("/") >= 2 for n in folders[c]) for c in classes):
+        raise SourceError(f"{root}: holds split folders ({', '.join(classes)}); pack each split's prefix "
+                          f"on its own (e.g. {root / classes[0]})")
+    paths, labels, sizes, ignored = [], [], [], []
+    for label, cls in enumerate(classes):
+        for name in sorted(folders[cls], key=lambda n: tuple(n.rsplit("/", 1))):
+            if _is_image_name(name.rsplit("/", 1)[1]):
+                paths.append(name)
+                labels.append(label)
+                sizes.append(objects[name])
+            else:
+                ignored.append(name)
+    ignored.extend(sorted(loose))
+    if not paths:
+        raise SourceError(f"{root}: no images found ({'/'.join(IMAGE_EXTENSIONS)} in root/<class>/)")
+    return Source(root, classes, paths, labels, sizes, ignored)  # type: ignore[arg-type]  # a URL, not a Path

@@ -166,21 +166,6 @@ def test_engine_options():
     assert PackOptions(engine="ray", ray_address="auto", ray_chunk=5).recorded() == PackOptions().recorded()
 
 
-def test_ray_engine_with_an_object_store_output_is_a_usage_error(tmp_path, monkeypatch, capsys):
-    """-o s3:// with --engine ray: exit 2, one line naming the output, before any connection or staging."""
-    from packer.cli import main
-
-    monkeypatch.setenv("DATASET_PACKER_STAGE", str(tmp_path / "stage"))
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: a connection would fail
-    src = make_image_folder(tmp_path / "src", classes=2, per_class=2)
-    rc = main([str(src), "-f", "wds", "-o", "s3://bucket/train-wds", "--engine", "ray", "-q"])
-    err = capsys.readouterr().err.strip()
-    assert rc == 2
-    assert err.splitlines() == [err]
-    assert err.startswith("pack-dataset: error: s3://bucket/train-wds: --engine ray cannot write to object storage")
-    assert not (tmp_path / "stage").exists()
-
-
 def test_overwrite_clears_temp_files_of_killed_shard_tasks(tmp_path):
     """A driver killed while shard tasks ran leaves <shard>.<hex>.tmp files: --overwrite knows them as ours."""
     from packer import pack

@@ -11,11 +11,13 @@ same dataset. :func:`open_engine` gives a function that packs one split.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from packer.errors import UsageError
 from packer.formats.base import FormatWriter
+from packer.journal import Journal
 from packer.options import PackOptions
 from packer.pipeline import Progress, SplitResult, pack_split
 from packer.source import Source
@@ -23,8 +25,10 @@ from readers.env import available_cpus
 
 __all__ = ["SplitPacker", "open_engine"]
 
-#: (source, output folder, split name, writer class, progress callback) -> result
-SplitPacker = Callable[[Source, Path, str, type[FormatWriter], Progress | None], SplitResult]
+#: (source, output folder, split name, writer class, progress callback) -> result; keywords
+#: ``output`` (where wds shard tasks put shards: a StoreOutput for s3://) and ``after_checkpoint``
+#: (``packer.pipeline.pack_split``'s)
+SplitPacker = Callable[..., SplitResult]
 
 
 @contextmanager
@@ -43,8 +47,15 @@ def open_engine(options: PackOptions) -> Iterator[SplitPacker]:
     workers = options.workers or available_cpus()
 
     def pack_locally(source: Source, out: Path, split: str, writer_cls: type[FormatWriter],
-                     progress: Progress | None) -> SplitResult:
+                     progress: Progress | None, *, output: Any = None,
+                     after_checkpoint: Callable[[Journal], None] | None = None) -> SplitResult:
+        # ``output`` is where the Ray engine's tasks put wds shards; here the writer writes ``out``.
         stage = {"prepare": source.prepare} if source.prepare is not None else {}  # imported sources read bytes
-        return pack_split(source, out, split, options, writer_cls, workers, progress, **stage)
+        if source.files is not None:  # an s3:// folder: read through its store
+            from packer.engines.tasks import prepare_in_pool
+
+            stage = {"prepare": partial(prepare_in_pool, source.files)}
+        return pack_split(source, out, split, options, writer_cls, workers, progress,
+                          after_checkpoint=after_checkpoint, **stage)
 
     yield pack_locally

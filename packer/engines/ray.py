@@ -31,13 +31,14 @@ same command with ``--resume`` (either engine) carries on from there.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import ray
 import ray.exceptions
@@ -48,6 +49,7 @@ from packer.engines.ray_wds import DeferredBytes, RayWdsWriter
 from packer.errors import PackError, UsageError
 from packer.formats.base import FormatWriter
 from packer.images import ImageOptions
+from packer.journal import Journal
 from packer.options import PackOptions
 from packer.pipeline import Progress, SplitResult, pack_split
 from packer.source import Source
@@ -156,6 +158,9 @@ class RaySession:
         owned = not ray.is_initialized()
         if owned:
             kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
+            aws = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+            if aws:  # object storage configured by the environment: the tasks see the driver's settings
+                kwargs["runtime_env"] = {"env_vars": aws}
             address = options.ray_address
             target = _cluster_address(address)
             if target is None:
@@ -174,18 +179,23 @@ class RaySession:
 
     # ------------------------------------------------------------ one split
     def pack_split(self, source: Source, out: Path, split: str, writer_cls: type[FormatWriter],
-                   progress: Progress | None) -> SplitResult:
+                   progress: Progress | None, *, output: Any = None,
+                   after_checkpoint: Callable[[Journal], None] | None = None) -> SplitResult:
+        """Pack one split into ``out``; wds shards go to ``output`` (default: ``out`` itself; a
+        :class:`~packer.engines.io.StoreOutput` for an object store) from the tasks that write them."""
         if source.prepare is not None:  # an import (shards, a Hugging Face dataset): its own reader
             log.warning("%s: %s sources are read and prepared on this machine; --engine ray distributes "
                         "image folders", source.root, source.kind)
             return pack_split(source, out, split, self.options, writer_cls, self.cpus, progress,
-                              prepare=source.prepare)
+                              prepare=source.prepare, after_checkpoint=after_checkpoint)
         detach = writer_cls.format == "wds"
         if detach:
-            writer_cls = partial(RayWdsWriter, session=self)  # type: ignore[assignment]
+            writer_cls = partial(RayWdsWriter, session=self, output=output)  # type: ignore[assignment]
         self.nodes_used = set()
-        stage = _ChunkStage(self, LocalFiles(source.root), detach)
-        result = pack_split(source, out, split, self.options, writer_cls, self.cpus, progress, prepare=stage)
+        files = source.files if source.files is not None else LocalFiles(source.root)
+        stage = _ChunkStage(self, files, detach)
+        result = pack_split(source, out, split, self.options, writer_cls, self.cpus, progress, prepare=stage,
+                            after_checkpoint=after_checkpoint)
         nodes = self.nodes_used
         return RaySplitResult(**{f.name: getattr(result, f.name) for f in fields(SplitResult)},
                               nodes=len(nodes), cpus=sum(self.node_cpus.get(n, 0) for n in nodes))

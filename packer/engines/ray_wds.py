@@ -78,10 +78,10 @@ class RayWdsWriter(WdsWriter):
     """WdsWriter's decisions and finish, with the shard bytes written by Ray tasks."""
 
     def __init__(self, root: Path, split: str, options: PackOptions, estimated_bytes: int, *,
-                 session: RaySession) -> None:
+                 session: RaySession, output: Any = None) -> None:
         super().__init__(root, split, options, estimated_bytes)
         self.session = session
-        self.output = LocalOutput(root)
+        self.output = output if output is not None else LocalOutput(root)  # or a StoreOutput (s3://)
 
     def open(self, samples: int, state: dict[str, Any] | None) -> None:
         self.shards: list[dict[str, Any]] = list(state["shards"]) if state else []

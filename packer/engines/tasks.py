@@ -9,12 +9,17 @@
 * :func:`write_tar` writes one WebDataset shard from such buffers, byte for
   byte as :class:`~packer.formats.wds.WdsWriter` would (same layout function).
 * :func:`file_crc` reads a finished file back for resume's check.
+* :func:`prepare_in_pool` is the local engine's prepare stage for a source
+  read through ``Source.files`` (an ``s3://`` folder): chunks of
+  :func:`prepare_files` in a local process pool.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-from typing import Any, NamedTuple, Sequence
+from functools import partial
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -24,7 +29,7 @@ from packer.images import ImageOptions, RejectedImage, prepare_image
 from packer.workers import Outcome
 from readers import spec
 
-__all__ = ["plan_chunks", "prepare_file", "prepare_files", "PreparedChunk", "ShardPart", "write_tar", "file_crc"]
+__all__ = ["prepare_in_pool", "plan_chunks", "prepare_file", "prepare_files", "PreparedChunk", "ShardPart", "write_tar", "file_crc"]
 
 
 def plan_chunks(sizes: Sequence[int], start: int, images: int, max_bytes: int) -> list[tuple[int, int]]:
@@ -145,3 +150,24 @@ def file_crc(output: LocalOutput, name: str) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return crc, size
+
+
+def _outcomes_of(files: Any, opts: ImageOptions, rels: list[str]) -> list[Outcome]:
+    return prepare_files(files, rels, opts, detach=False).outcomes
+
+
+def prepare_in_pool(files: Any, source: Any, start: int, opts: ImageOptions, workers: int,
+                    chunk: int = 16) -> Iterator[Outcome]:
+    """Outcomes of ``source.paths[start:]`` in order, read through ``files`` by ``workers`` processes.
+
+    Closing the iterator early stops the pool at once (``with Pool`` terminates it).
+    """
+    rels = source.paths[start:]
+    chunks = [rels[i:i + chunk] for i in range(0, len(rels), chunk)]
+    if workers <= 1:
+        for rels_ in chunks:
+            yield from _outcomes_of(files, opts, rels_)
+        return
+    with multiprocessing.get_context("fork").Pool(workers) as pool:  # stores rebuild their client after fork
+        for outcomes in pool.imap(partial(_outcomes_of, files, opts), chunks):
+            yield from outcomes
