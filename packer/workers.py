@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import stat
+import threading
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
@@ -26,7 +27,7 @@ from packer.images import ImageOptions, Prepared, RejectedImage, prepare_image
 from packer.source import Source
 from readers import spec
 
-__all__ = ["Outcome", "PrepareStage", "prepare"]
+__all__ = ["Outcome", "PrepareStage", "prepare", "init_pool_worker", "stop_pool"]
 
 
 class Outcome(NamedTuple):
@@ -60,6 +61,32 @@ def init_pool_worker(parent: int | None = None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stopped by the pool (or a process-group kill): quietly
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # parent gone: die quietly, no BrokenPipeError traceback
     _die_with_parent(parent)
+
+
+def stop_pool(pool: "multiprocessing.pool.Pool", completed: bool, timeout_s: float = 30.0) -> None:
+    """Stop a packing pool without ever hanging the pack.
+
+    ``completed``: every result is in, so the workers are told to exit and are
+    joined (``close``/``join``: nothing is killed half-way). Otherwise (an error,
+    Ctrl-C, a consumer that stopped early) ``terminate`` runs in a helper thread:
+    it can wait forever on a worker killed while writing a result into its pipe,
+    so after ``timeout_s`` the workers are SIGKILLed and the pack goes on with
+    its error; the stuck thread is a daemon and ends with the process.
+    """
+    if completed:
+        pool.close()
+        pool.join()
+        return
+    stopper = threading.Thread(target=pool.terminate, name="pool-terminate", daemon=True)
+    stopper.start()
+    stopper.join(timeout_s)
+    if stopper.is_alive():
+        for proc in list(getattr(pool, "_pool", [])):
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        stopper.join(5.0)
 
 
 def _die_with_parent(parent: int | None) -> None:
@@ -115,8 +142,13 @@ def _prepared(root: Path, paths: list[str], opts: ImageOptions, workers: int) ->
         yield from map(_prepare_one, paths)
         return
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(root, opts, False, os.getpid())) as pool:
+    pool = ctx.Pool(workers, initializer=_init_worker, initargs=(root, opts, False, os.getpid()))
+    completed = False
+    try:
         yield from pool.imap(_prepare_one, paths, chunksize=16)
+        completed = True
+    finally:
+        stop_pool(pool, completed)
 
 
 def _reread(path: Path, size: int, crc: int) -> bytes:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from packer.images import ImageOptions, RejectedImage, prepare_image
-from packer.workers import Outcome, init_pool_worker
+from packer.workers import Outcome, init_pool_worker, stop_pool
 from readers import spec
 
 __all__ = ["ordered_outcomes", "bytes_stage", "prepare_bytes", "Unreadable"]
@@ -65,22 +65,26 @@ def ordered_outcomes(items: Iterator[Any], fn: Callable[[Any, ImageOptions], Out
             yield done if done is not None else fn(item, opts)
         return
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(workers, initializer=init_pool_worker, initargs=(os.getpid(),)) as pool:
-        window: deque = deque()
-        try:
-            for item in items:
-                done = inline(item) if inline else None
-                window.append(done if done is not None else pool.apply_async(_call, ((fn, item, opts),)))
-                while len(window) >= _PER_WORKER * workers:
-                    yield _result(window.popleft())
-            while window:
+    pool = ctx.Pool(workers, initializer=init_pool_worker, initargs=(os.getpid(),))
+    window: deque = deque()
+    completed = False
+    try:
+        for item in items:
+            done = inline(item) if inline else None
+            window.append(done if done is not None else pool.apply_async(_call, ((fn, item, opts),)))
+            while len(window) >= _PER_WORKER * workers:
                 yield _result(window.popleft())
-        finally:
+        while window:
+            yield _result(window.popleft())
+        completed = True
+    finally:
+        if not completed:
             _settle(window)
+        stop_pool(pool, completed)
 
 
 def _settle(window: deque) -> None:
-    """Let the tasks still out finish before the pool is terminated (leaving its ``with``).
+    """Let the tasks still out finish before the pool is terminated (:func:`packer.workers.stop_pool`).
 
     ``Pool.terminate`` kills workers where they stand; one killed while it writes a result (the
     image's bytes: often more than a pipe holds) leaves the pool's result thread waiting for the
