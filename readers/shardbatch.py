@@ -98,15 +98,20 @@ def _read_batch(ds: Any, maps: dict[int, np.ndarray], idx: np.ndarray) -> tuple:
     headers = np.empty((len(idx), BLOCK), dtype=np.uint8)
     shards = ds._shard_of[idx]
     starts = ds._offsets[idx]
-    for k in range(len(idx)):
-        shard, start, size = int(shards[k]), int(starts[k]), int(sizes[k])
-        m = _mapped(ds, maps, shard)
-        if start + size > len(m) or start < BLOCK:
+    # Memoryview slices, Python ints and the current shard's mapping held across samples: per sample
+    # this loop is two memcpys (header, bytes) and little else (numpy slicing cost ~1 us a sample).
+    out, heads = memoryview(data), memoryview(headers).cast("B")
+    last, view = -1, memoryview(b"")
+    for k, (shard, start, size, at) in enumerate(zip(shards.tolist(), starts.tolist(), sizes.tolist(),
+                                                     offsets.tolist())):
+        if shard != last:
+            last, view = shard, memoryview(_mapped(ds, maps, shard))
+        if start + size > len(view) or start < BLOCK:
             raise spec.DatasetFormatError(
                 f"{ds.shard_location(shard)} at byte {start - BLOCK}: shard ends early (sample {int(idx[k])}): "
                 "truncated or damaged")
-        headers[k] = m[start - BLOCK:start]
-        data[offsets[k]:offsets[k + 1]] = m[start:start + size]
+        heads[k * BLOCK:(k + 1) * BLOCK] = view[start - BLOCK:start]
+        out[at:at + size] = view[start:start + size]
     ok = _canonical_ok(headers, idx, sizes)
     for k in np.flatnonzero(~ok):
         _check_one(ds, headers[k], data[offsets[k]:offsets[k + 1]], int(idx[k]), int(shards[k]), int(starts[k]))
