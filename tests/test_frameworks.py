@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -84,6 +85,12 @@ def test_default_workers_share_the_cpus_between_local_ranks(monkeypatch, env, cp
 # --------------------------------------------------------------------------- real launchers
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _run(cmd: list[str], out: Path, timeout: int = 240) -> list[dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     try:
@@ -113,7 +120,9 @@ def test_accelerate_launch_two_cpu_processes(packed33, tmp_path):
     (``--cpu --num_processes 2`` starts one process in accelerate 1.x unless MPI is set up.)"""
     pytest.importorskip("accelerate")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT), "accelerate",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(_free_port()),  # not the fixed default 29500, which anything may hold
+           str(SCRIPT), "accelerate",
            str(tmp_path), *packed33.values()]
     ranks = _run(cmd, tmp_path)
     for fmt, root in packed33.items():
