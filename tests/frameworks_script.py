@@ -51,7 +51,11 @@ def run_accelerate(out: Path, roots: list[str]) -> None:
             if distributed is False and "wds" in Path(root).name:
                 continue  # accelerate would dispatch an iterable's batches: see README (frameworks)
             ds = open_dataset(root, decode=False, return_index=True)
-            made = make_loader(ds, batch_size=BATCH, num_workers=1, distributed=distributed)
+            # forkserver: this rank forks seven loaders' workers in a row while gloo's and the earlier
+            # loaders' threads come and go; one CI run hung in a worker stuck in CPython's after-fork
+            # clean-up (PyOS_AfterFork_Child waiting on a lock another thread held at the fork).
+            made = make_loader(ds, batch_size=BATCH, num_workers=1, distributed=distributed,
+                               multiprocessing_context="forkserver")
             loader = acc.prepare(made)
             assert (loader is made) == (distributed is None), "accelerate wrapped a per-rank loader (or did not)"
             epochs = []
