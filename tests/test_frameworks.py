@@ -115,6 +115,9 @@ def _exactly_once(ranks: list[dict], key: str, max_repeats: int) -> None:
 
 
 @pytest.mark.slow
+# One run hung in CPython's after-fork clean-up (see frameworks_script.py); forkserver now avoids
+# it, and one rerun covers what is left of a race outside our code.
+@pytest.mark.flaky(reruns=1)
 def test_accelerate_launch_two_cpu_processes(packed33, tmp_path):
     """``accelerate launch --multi_gpu --num_processes 2`` with ``Accelerator(cpu=True)``: torchrun, gloo.
     (``--cpu --num_processes 2`` starts one process in accelerate 1.x unless MPI is set up.)"""
