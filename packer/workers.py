@@ -27,7 +27,7 @@ from packer.images import ImageOptions, Prepared, RejectedImage, prepare_image
 from packer.source import Source
 from readers import spec
 
-__all__ = ["Outcome", "PrepareStage", "prepare", "init_pool_worker", "stop_pool"]
+__all__ = ["Outcome", "PrepareStage", "prepare", "init_pool_worker", "stop_pool", "outcome_of"]
 
 
 class Outcome(NamedTuple):
@@ -123,17 +123,24 @@ def _prepare_one(rel: str) -> Outcome:
         data = read_source(_WORKER_ROOT / rel)
     except OSError as exc:
         return Outcome(None, problem=f"{_WORKER_ROOT / rel}: read error: {exc.strerror or exc}", unreadable=True)
+    outcome = outcome_of(data, _WORKER_OPTS)
+    prep = outcome.prepared
+    if prep is not None and prep.pixels is None and not prep.changed and not _WORKER_SEND_ORIGINALS:
+        prep.data = None  # type: ignore[assignment]
+    return outcome
+
+
+def outcome_of(data: bytes, opts: ImageOptions) -> Outcome:
+    """Validate and normalize one image's bytes: its outcome (the stored data or pixels and their
+    CRC-32, or why it was rejected). Every prepare stage (local pool, imports, Ray tasks) uses it."""
     try:
-        prep = prepare_image(data, _WORKER_OPTS)
+        prep = prepare_image(data, opts)
     except RejectedImage as exc:
         return Outcome(None, problem=str(exc) or type(exc).__name__)
     if prep.pixels is not None:
         prep.pixels = np.ascontiguousarray(prep.pixels, dtype=np.uint8)
         return Outcome(prep, spec.checksum(prep.pixels))
-    crc = spec.checksum(prep.data)
-    if not prep.changed and not _WORKER_SEND_ORIGINALS:
-        prep.data = None  # type: ignore[assignment]
-    return Outcome(prep, crc)
+    return Outcome(prep, spec.checksum(prep.data))
 
 
 def _prepared(root: Path, paths: list[str], opts: ImageOptions, workers: int) -> Iterator[Outcome]:

@@ -25,8 +25,8 @@ import numpy as np
 
 from packer.engines.io import LocalFiles, LocalOutput
 from packer.formats.wds import END_OF_ARCHIVE, sample_tar
-from packer.images import ImageOptions, RejectedImage, prepare_image
-from packer.workers import Outcome
+from packer.images import ImageOptions
+from packer.workers import Outcome, outcome_of
 from readers import spec
 
 __all__ = ["prepare_in_pool", "plan_chunks", "prepare_file", "prepare_files", "PreparedChunk", "ShardPart", "write_tar", "file_crc"]
@@ -58,14 +58,7 @@ def prepare_file(files: LocalFiles, rel: str, opts: ImageOptions) -> Outcome:
         data = files.read(rel)
     except OSError as exc:
         return Outcome(None, problem=f"{files.where(rel)}: read error: {exc.strerror or exc}", unreadable=True)
-    try:
-        prep = prepare_image(data, opts)
-    except RejectedImage as exc:
-        return Outcome(None, problem=str(exc) or type(exc).__name__)
-    if prep.pixels is not None:
-        prep.pixels = np.ascontiguousarray(prep.pixels, dtype=np.uint8)
-        return Outcome(prep, spec.checksum(prep.pixels))
-    return Outcome(prep, spec.checksum(prep.data))
+    return outcome_of(data, opts)
 
 
 class PreparedChunk(NamedTuple):

@@ -17,11 +17,8 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterator
 
-import numpy as np
-
-from packer.images import ImageOptions, RejectedImage, prepare_image
-from packer.workers import Outcome, init_pool_worker, stop_pool
-from readers import spec
+from packer.images import ImageOptions
+from packer.workers import Outcome, init_pool_worker, outcome_of, stop_pool
 
 __all__ = ["ordered_outcomes", "bytes_stage", "prepare_bytes", "Unreadable"]
 
@@ -40,14 +37,7 @@ def prepare_bytes(data: Any, opts: ImageOptions) -> Outcome:
         return Outcome(None, problem=str(data), unreadable=True)
     if isinstance(data, str):  # a reason to reject the sample, found while reading it
         return Outcome(None, problem=data)
-    try:
-        prep = prepare_image(data, opts)
-    except RejectedImage as exc:
-        return Outcome(None, problem=str(exc) or type(exc).__name__)
-    if prep.pixels is not None:
-        prep.pixels = np.ascontiguousarray(prep.pixels, dtype=np.uint8)
-        return Outcome(prep, spec.checksum(prep.pixels))
-    return Outcome(prep, spec.checksum(prep.data))
+    return outcome_of(data, opts)
 
 
 def _call(args: tuple) -> Outcome:
