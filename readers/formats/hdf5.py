@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import mmap
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
@@ -162,10 +162,9 @@ class HDF5Dataset(MapReader):
         except OSError as exc:  # HDF5 cannot read the chunk (damaged B-tree or chunk)
             raise spec.DatasetFormatError(f"{self.data_location} sample {i}: unreadable ({exc})") from None
 
-    def _pread(self, i: int, start: int, size: int) -> bytes:
-        """Read /images[start:start+size] with one pread per run of adjacent chunks."""
-        cb, pieces = self._chunk_bytes, []
-        pos, end = start, start + size
+    def _runs(self, i: int, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+        """``(file address, pos, run_end)`` for each run of adjacent chunks holding /images[start:end]."""
+        cb, pos = self._chunk_bytes, start
         while pos < end:
             k = pos // cb
             if k >= len(self._chunks):
@@ -176,12 +175,18 @@ class HDF5Dataset(MapReader):
             while run_end < end and k + 1 < len(self._chunks) and self._chunks[k + 1] == self._chunks[k] + cb:
                 k += 1
                 run_end = min(end, (k + 1) * cb)
+            yield addr, pos, run_end
+            pos = run_end
+
+    def _pread(self, i: int, start: int, size: int) -> bytes:
+        """Read /images[start:start+size] with one pread per run of adjacent chunks."""
+        pieces = []
+        for addr, pos, run_end in self._runs(i, start, start + size):
             piece = self._read_at(addr, run_end - pos)
             if len(piece) != run_end - pos:
                 raise spec.DatasetFormatError(
                     f"{self.data_location}: sample {i} at byte {addr} is cut short: the file is truncated")
             pieces.append(piece)
-            pos = run_end
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _read_at(self, addr: int, n: int) -> bytes:
@@ -219,22 +224,11 @@ class HDF5Dataset(MapReader):
 
     def _copy_out(self, mapped: np.ndarray, i: int, start: int, out: np.ndarray) -> None:
         """Copy /images[start:start+len(out)] into ``out``, one slice per run of adjacent chunks."""
-        cb, end, pos = self._chunk_bytes, start + len(out), start
-        while pos < end:
-            k = pos // cb
-            if k >= len(self._chunks):
-                raise spec.DatasetFormatError(
-                    f"{self.data_location}: sample {i} (bytes {start}..{end} of /images) lies past the "
-                    f"last chunk: the file is truncated or damaged")
-            addr, run_end = int(self._chunks[k]) + pos % cb, min(end, (k + 1) * cb)
-            while run_end < end and k + 1 < len(self._chunks) and self._chunks[k + 1] == self._chunks[k] + cb:
-                k += 1
-                run_end = min(end, (k + 1) * cb)
+        for addr, pos, run_end in self._runs(i, start, start + len(out)):
             if addr + run_end - pos > len(mapped):
                 raise spec.DatasetFormatError(
                     f"{self.data_location}: sample {i} at byte {addr} is cut short: the file is truncated")
             out[pos - start:run_end - start] = mapped[addr:addr + run_end - pos]
-            pos = run_end
 
     def close(self) -> None:
         self._h5.close()
