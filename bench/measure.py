@@ -18,7 +18,7 @@ from typing import Any, Callable
 from bench.machine import process_tree_pss
 from bench.naive import naive_loader
 
-__all__ = ["MODES", "LoaderStats", "measure_loader", "measure_format", "measure_naive", "eval_transform"]
+__all__ = ["MODES", "LoaderStats", "batch_len", "measure_loader", "measure_format", "measure_naive", "eval_transform"]
 
 MODES = ("raw", "decoded")  # raw: decode=False (stored bytes / pixels); decoded: the eval transform
 MB = 1e6
@@ -52,7 +52,8 @@ def eval_transform(size: int = 224, resize: int = 256) -> Any:
     return imagenet_eval_transform(size=size, resize=resize)
 
 
-def _batch_len(batch: Any) -> int:
+def batch_len(batch: Any) -> int:
+    """Samples in a batch: the length of its first field (a tensor, a ByteBatch, a list), else 1."""
     first = batch[0] if isinstance(batch, (tuple, list)) else batch
     try:
         return len(first)
@@ -118,7 +119,7 @@ def measure_loader(make: Callable[[], Any], *, bytes_per_sample: float = 0.0, ma
         it = iter(loader)
         samples = 0
         for batch in it:
-            samples += _batch_len(batch)
+            samples += batch_len(batch)
             if on_batch is not None:
                 on_batch(batch)
             now = time.perf_counter()

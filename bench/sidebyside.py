@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from bench.machine import CpuMonitor, load_average, machine_info
+from bench.measure import batch_len
 
 __all__ = ["SideConfig", "ReadCase", "run_side_by_side", "measure_read", "measure_pack", "read_cases", "PACKERS"]
 
@@ -114,14 +115,6 @@ def read_cases(cfg: SideConfig, have: dict[str, bool]) -> list[ReadCase]:
 # --------------------------------------------------------------------------- one read case
 
 
-def _batch_len(batch: Any) -> int:
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    try:
-        return len(first)
-    except TypeError:
-        return 1
-
-
 def _make_loader(case: ReadCase, paths: dict[str, Any], batch_size: int) -> Callable[[], Any]:
     from bench import peers
 
@@ -188,7 +181,7 @@ def measure_read(case: tuple, paths: dict[str, Any], batch_size: int, warmup: in
                     if drawn >= warmup:
                         start = now
                     continue
-                samples += _batch_len(batch)
+                samples += batch_len(batch)
                 mem.sample(now)
                 if now - start >= min_seconds:
                     done = True
