@@ -75,15 +75,7 @@ class ForeignCpu:
     def _now(self) -> tuple[float, float, float]:
         fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         busy = sum(fields[i] for i in (0, 1, 2, 5, 6, 7)) / self.hz
-        own = 0.0
-        me = psutil.Process()
-        for p in (me, *me.children(recursive=True)):
-            try:
-                t = p.cpu_times()
-                own += t.user + t.system + t.children_user + t.children_system
-            except psutil.Error:
-                pass
-        return time.perf_counter(), busy, own
+        return time.perf_counter(), busy, tree_cpu()
 
     def share(self) -> float:
         t1, busy1, own1 = self._now()
