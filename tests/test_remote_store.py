@@ -420,6 +420,48 @@ def test_cache_shared_by_two_processes(http_server, http_prefix, tmp_path):
     assert served_bytes(http_server, f"/{folder.name}/shard.tar") == (8, len(data))  # each part once
 
 
+PIN_SCRIPT = """
+import sys
+from readers.remote import open_store
+from readers.remote.cache import NodeCache
+pin = NodeCache(sys.argv[2]).pin(open_store(sys.argv[1]), "shard.tar")
+with open(pin.path, "rb") as f:
+    print("pinned", flush=True)
+    sys.stdin.read()  # hold the pin (and the open file) until the test closes stdin
+    print(len(f.read()), flush=True)
+"""
+
+
+def test_fetch_never_waits_behind_a_pin(http_prefix, tmp_path):
+    """A reader in another process pins an entry; a fetch that must (re)download that entry goes
+    ahead at once. With one lock for pins and downloads it queued behind the pin for as long as
+    the reader held it -- the DataLoader deadlock of two workers sharing a cache."""
+    folder, url = http_prefix
+    old, new = blob(MB, seed=21), blob(MB + 4096, seed=22)
+    (folder / "shard.tar").write_bytes(old)
+    store, cache = open_store(url), NodeCache(tmp_path / "cache")
+    cache.fetch(store, "shard.tar")
+    reader = subprocess.Popen([sys.executable, "-c", PIN_SCRIPT, url, str(cache.dir)], cwd=REPO,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "pinned"
+        (folder / "shard.tar").write_bytes(new)  # the object was replaced: the index now says so
+        got: list = []
+        fetcher = threading.Thread(target=lambda: got.append(
+            cache.fetch(store, "shard.tar", size=len(new), crc32=zlib.crc32(new))), daemon=True)
+        fetcher.start()
+        fetcher.join(30)
+        assert not fetcher.is_alive(), "the fetch waited behind another process's pin"
+        assert reader.poll() is None  # the pin was held the whole time
+        assert got[0].read_bytes() == new
+        out, _ = reader.communicate("", timeout=30)
+        assert out.split() == [str(len(old))]  # the reader kept reading the copy it had open
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.communicate()
+
+
 def test_cache_limit_evicts_least_recently_used(http_prefix, tmp_path):
     folder, url = http_prefix
     objs = {f"s{i}.tar": blob(MB, seed=10 + i) for i in range(4)}

@@ -10,22 +10,31 @@ that share ``cache_dir``:
 
 * no torn file: an object is downloaded to ``<name>.partial`` and renamed
   when complete and verified (size, and CRC-32 when the caller knows it);
-* downloaded once: a per-object ``flock`` serialises fetches, a process that
-  finds a download in progress waits for it and then uses its result;
+* downloaded once: a per-object download lock (``flock``) serialises
+  fetches, a process that finds a download in progress waits for it and
+  then uses its result;
 * an interrupted download (killed process, network down) is resumed by the
   next fetch, part by part (see :mod:`readers.remote.download`);
 * bounded: before a download, least-recently-used entries are evicted until
   the new object fits under ``limit`` (``"200GB"``, ``"500MiB"``, bytes);
   recency is the file's mtime, touched on every fetch;
 * an entry in use is never evicted: :meth:`open` holds a shared ``flock`` on
-  the entry while the caller uses it, eviction only removes entries whose
-  lock it can take exclusively without waiting. If pinned entries alone
-  exceed the limit the cache goes over it (with a warning) rather than
-  waiting, since the pinning process may be waiting on this one.
+  the entry's pin lock while the caller uses it, eviction only removes
+  entries whose pin and download locks it can take exclusively without
+  waiting. If pinned entries alone exceed the limit the cache goes over it
+  (with a warning) rather than waiting, since the pinning process may be
+  waiting on this one;
+* a fetch never waits on a pin: the download lock and the pin lock are
+  separate files. (With one lock, a fetch that found the object missing and
+  queued for the download lock could end up behind the pins readers take
+  the moment the download completes; a DataLoader worker holding such a pin
+  while idle, waiting for its next batch request, then deadlocked the
+  loader whose other worker was that fetch.)
 
 Layout: ``<cache_dir>/objects/<store>/<name>`` (``<store>`` is a readable
 slug of the URL plus a hash of the URL and endpoint) and
-``<cache_dir>/locks/<hash>.lock``; lock files are empty and kept.
+``<cache_dir>/locks/<hash>.lock`` (pins) and ``<hash>.fetch.lock`` (downloads);
+lock files are empty and kept.
 """
 
 from __future__ import annotations
@@ -103,8 +112,13 @@ class NodeCache:
         return self.objects.joinpath(f"{slug}-{digest}", *parts)
 
     def _lock_path(self, entry: Path) -> Path:
+        """The entry's pin lock: shared while readers use the entry, exclusive while it is evicted."""
         rel = entry.relative_to(self.objects).as_posix()
         return self.locks / (hashlib.sha1(rel.encode()).hexdigest() + ".lock")
+
+    def _fetch_lock_path(self, entry: Path) -> Path:
+        """The entry's download lock: exclusive while one process downloads it (or evicts it)."""
+        return self._lock_path(entry).with_suffix(".fetch.lock")
 
     # ------------------------------------------------------------ fetch
     def fetch(self, store: Store, name: str, *, size: int | None = None, crc32: int | None = None,
@@ -120,7 +134,8 @@ class NodeCache:
             _touch(path)
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _flock(self._lock_path(path), fcntl.LOCK_EX):  # waits while another process downloads it
+        # Waits while another process downloads it, never behind readers' pins (see the module notes).
+        with _flock(self._fetch_lock_path(path), fcntl.LOCK_EX):
             if self._valid(path, size):
                 _touch(path)
                 return path
@@ -193,7 +208,7 @@ class NodeCache:
         """Make room for ``size`` more bytes and claim it by creating ``path``'s preallocated .partial.
 
         Runs under a cache-wide lock so that two processes filling the cache at
-        once both count each other's claims. Called holding ``path``'s own lock.
+        once both count each other's claims. Called holding ``path``'s download lock.
         """
         partial, _ = partial_paths(path)
         if self.limit is not None and size > self.limit:
@@ -224,13 +239,18 @@ class NodeCache:
                 continue
             fd = _try_flock(self._lock_path(base))
             if fd is None:
-                continue  # pinned by a reader or being downloaded
+                continue  # pinned by a reader
+            fetch_fd = _try_flock(self._fetch_lock_path(base))
+            if fetch_fd is None:
+                os.close(fd)
+                continue  # being downloaded
             try:
                 for p, n, _ in groups[base]:
                     p.unlink(missing_ok=True)
                     freed += n
                 log.info("cache: evicted %s", base.relative_to(self.objects))
             finally:
+                os.close(fetch_fd)
                 os.close(fd)
         if freed < need:
             log.warning("cache %s: %d bytes over its limit (%d bytes); the rest is in use", self.dir,
