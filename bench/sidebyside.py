@@ -26,6 +26,7 @@ issue's ratios with met / not met; :mod:`bench.sidereport` prints and draws.
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import tempfile
@@ -385,6 +386,7 @@ def _run_packs(cfg: SideConfig, paths: dict[str, Any], work: Path, have: dict[st
             say(f"[{rep + 1}/{cfg.repeats}] pack {name} validate={'on' if validate else 'off'}")
             out = work / "pack-out"
             shutil.rmtree(out, ignore_errors=True)
+            os.sync()  # every pack starts with no dirty pages left by the one before (writeback throttling)
             runs[(name, validate)].append(_measured(cfg, monitor, measure_pack, {
                 "name": name, "src": paths["src"], "out": str(out), "validate": validate,
                 "workers": available_cpus()}))

@@ -110,8 +110,9 @@ def byte_batch(pieces: Sequence[Any], sizes: np.ndarray, alloc: Allocator | None
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     data = batch_buffer(int(offsets[-1]), alloc)
-    for k, piece in enumerate(pieces):
-        data[offsets[k]:offsets[k + 1]] = np.frombuffer(piece, dtype=np.uint8)
+    out, bounds = memoryview(data), offsets.tolist()  # memoryview slices and Python ints: ~a memcpy per piece
+    for piece, a, b in zip(pieces, bounds, bounds[1:]):
+        out[a:b] = memoryview(piece).cast("B")
     return ByteBatch(torch.from_numpy(data), torch.from_numpy(offsets))
 
 

@@ -325,7 +325,7 @@ class ThreadLoader(PackedLoader):
                          prefetch_factor=prefetch_factor if num_workers else None, **kwargs)
         self.pin_batches = pin_memory  # pinned by the loader threads, not by DataLoader's pin thread
         self.whole_batches = whole_batches
-        self._shard_maps: dict[int, dict] = {}  # thread -> its shards' mappings, kept between epochs
+        self._shard_maps: dict[int, Any] = {}  # thread -> its ShardMaps (shard mappings, headers checked), kept between epochs
 
     def _get_iterator(self):
         from readers.threads import ThreadBatches

@@ -191,7 +191,7 @@ def _stream_jobs(loader: Any, w: int, _n: int) -> Iterator[Any]:
     batch: list = []
     try:
         if loader.whole_batches and shardbatch.supported(loader.dataset):  # whole batches, no items
-            maps = loader._shard_maps.setdefault(w, {})  # kept from epoch to epoch
+            maps = loader._shard_maps.setdefault(w, shardbatch.ShardMaps())  # kept from epoch to epoch
             for whole in shardbatch.iter_batches(loader.dataset, loader.batch_size, loader.drop_last, maps):
                 yield _pinned(loader, whole)
             return

@@ -213,6 +213,37 @@ def test_whole_batch_shard_reads_check_every_header(packed_generated, tmp_path):
         list(iter_batches(ds.with_order(shuffle=False), 4))
 
 
+def test_whole_batch_headers_are_checked_once_per_mapping(packed_generated, tmp_path, monkeypatch):
+    """Epoch 1 checks every header; later epochs through the same mappings copy data only. A shard
+    whose mapping was dropped is checked again: damage written since then is found."""
+    from readers import shardbatch
+
+    root = _copy_dataset(packed_generated["wds"], tmp_path / "wds")
+    ds = open_dataset(root, decode=False, return_index=True).with_order(shuffle=False)
+    index = spec.read_index(root)
+    n = index.num_samples
+    checked = []
+    real = shardbatch._canonical_ok
+    monkeypatch.setattr(shardbatch, "_canonical_ok", lambda h, i, z: (checked.extend(i.tolist()), real(h, i, z))[1])
+    maps = shardbatch.ShardMaps()
+    for _ in range(2):
+        seen = sum((b[-1].tolist() for b in shardbatch.iter_batches(ds, 4, maps=maps)), [])
+        assert seen == list(range(n))
+    assert sorted(checked) == list(range(n))  # every header once, none in epoch 2
+    assert len(index.meta["shards"]) >= 2
+    # one mapping at a time: each new shard drops the last, so every epoch checks every header again
+    monkeypatch.setattr(shardbatch, "MAX_MAPPED", 1)
+    shard, offset = int(index.arrays["shards"][0]), int(index.arrays["offsets"][0])
+    path = root / index.meta["shards"][shard]["name"]
+    fresh = shardbatch.ShardMaps()
+    list(shardbatch.iter_batches(ds, 4, maps=fresh))
+    with open(path, "r+b") as f:  # damage sample 0's key in place (as the kept mapping would see it)
+        f.seek(offset - 512)
+        f.write(b"9")
+    with pytest.raises(spec.DatasetFormatError, match=rf"{path.name} at byte {offset - 512}: tar header is not sample 0"):
+        list(shardbatch.iter_batches(ds, 4, maps=fresh))
+
+
 @pytest.mark.parametrize("fmt", ["lmdb", "wds"])
 def test_ranks_split_the_epoch_in_threads_as_in_processes(packed_generated, monkeypatch, fmt):
     """Under DDP (WORLD_SIZE=2) each rank's thread loader reads its own half; together, every sample."""

@@ -30,6 +30,7 @@ import os
 from typing import Any, Callable
 
 import lmdb
+import numpy as np
 
 from readers import spec
 from readers.base import LazyHandle, MapReader
@@ -158,9 +159,17 @@ class LMDBDataset(MapReader):
         if self.decode:
             return None
         idx = index_array(indices, len(self.labels))
+        sizes = self._sizes[idx]
         with self._txn() as txn:
-            views = [self._view(txn, int(i)) for i in idx]
-            batch = byte_batch(views, self._sizes[idx], alloc)
+            get, key = txn.get, spec.lmdb_key
+            try:
+                views = [get(key(i)) for i in idx.tolist()]
+            except (lmdb.Error, TypeError):
+                views = [self._view(txn, int(i)) for i in idx]  # the per-sample path names the sample
+            got = np.fromiter((-1 if v is None else len(v) for v in views), dtype=np.int64, count=len(views))
+            for k in np.flatnonzero(got != sizes):  # a missing or resized value: the per-sample error
+                self._view(txn, int(idx[k]))
+            batch = byte_batch(views, sizes, alloc)
         return finish_batch(self, batch, idx)
 
     def close(self) -> None:
