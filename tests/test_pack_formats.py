@@ -294,6 +294,37 @@ def test_lmdb_readable_by_mdb_stat(packed_real):
     assert "Page size:" in out
 
 
+def test_lmdb_map_grows_and_transactions_commit_on_their_own(tmp_path, monkeypatch):
+    """An LMDB map estimated far too small grows before it runs out (no MDB_MAP_FULL, nothing
+    replayed), transactions commit every TXN_BYTES between checkpoints, and the stored samples are
+    those of a pack with the default map."""
+    from packer.formats import lmdb as lmdb_writer
+    from readers import open_dataset
+
+    src = make_image_folder(tmp_path / "src", classes=2, per_class=20, size=(160, 120))
+    pack(src, tmp_path / "ref", PackOptions(format="lmdb", workers=1))
+    grows, commits = [], []
+    real_grow, real_commit = lmdb_writer.LmdbWriter._grow, lmdb_writer.LmdbWriter._commit
+    monkeypatch.setattr(lmdb_writer.LmdbWriter, "initial_map_size", lambda self: 64 << 10)  # 16 pages
+    monkeypatch.setattr(lmdb_writer, "_SPARE_PAGES", 4)
+    monkeypatch.setattr(lmdb_writer, "TXN_BYTES", 40 << 10)
+    monkeypatch.setattr(lmdb_writer.LmdbWriter, "_grow", lambda self, pages: (grows.append(self._map_pages),
+                                                                              real_grow(self, pages))[1])
+    monkeypatch.setattr(lmdb_writer.LmdbWriter, "_commit", lambda self: (commits.append(self._txn_bytes),
+                                                                         real_commit(self))[1])
+    pack(src, tmp_path / "out", PackOptions(format="lmdb", workers=1))
+    assert len(grows) >= 2, grows  # 16 pages, then at least twice doubled
+    assert grows == sorted(grows)
+    assert any(n >= 40 << 10 for n in commits)  # commits between checkpoints
+    ref, out = open_dataset(tmp_path / "ref", decode=False), open_dataset(tmp_path / "out", decode=False)
+    try:
+        assert len(out) == len(ref) > 30
+        assert all(out.read(i) == ref.read(i) for i in range(len(ref)))
+    finally:
+        ref.close()
+        out.close()
+
+
 @pytest.mark.slow  # subprocess
 def test_hdf5_readable_by_h5dump(packed_real):
     tool = shutil.which("h5dump")
