@@ -202,10 +202,11 @@ def checksum(data: bytes | memoryview | np.ndarray, value: int = 0) -> int:
 def file_checksum(path: str | os.PathLike, block: int = 8 << 20) -> int:
     """CRC-32 of a whole file (what ``index.json`` records under ``files_crc32``)."""
     crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            crc = zlib.crc32(chunk, crc)
-    return crc & 0xFFFFFFFF
+    buf = bytearray(block)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            crc = checksum(memoryview(buf)[:n], crc)  # ISA-L's CRC-32 when installed: ~9x zlib's speed
+    return crc
 
 
 def is_remote(path: Any) -> bool:

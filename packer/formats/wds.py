@@ -26,6 +26,7 @@ from typing import Any
 
 from packer.formats.base import FormatWriter
 from packer.images import Prepared
+from packer.output import start_writeback
 from readers import spec
 
 __all__ = ["WdsWriter"]
@@ -40,6 +41,8 @@ def _tarfile_header(name: str, size: int) -> bytes:
 
 
 # The ustar header fields after the name (tarfile's layout and spelling), fixed but for the size:
+#: Bytes written to a shard between requests to start writing them back (``start_writeback``).
+WRITEBACK_BYTES = 8 << 20
 _MODE_IDS = b"0000444\0" + b"0000000\0" * 2  # mode 0o444, uid 0, gid 0
 _MTIME = b"00000000000\0"  # mtime 0
 _REST = (b"0" + b"\0" * 100 + b"ustar\x0000" + b"\0" * 64  # type, linkname, magic+version, uname+gname
@@ -82,7 +85,7 @@ class WdsWriter(FormatWriter):
         self._path = self.root / name
         self._tmp = self._path.with_name(name + ".tmp")
         self._file = open(self._tmp, "wb", buffering=1 << 20)
-        self._pos = self._count = 0
+        self._pos = self._count = self._written_back = 0
         self._crc = 0
         self._first = None
 
@@ -90,6 +93,10 @@ class WdsWriter(FormatWriter):
         self._file.write(chunk)
         self._crc = spec.checksum(chunk, self._crc)
         self._pos += len(chunk)
+        if self._pos - self._written_back >= WRITEBACK_BYTES:  # the disk starts on it now, not at the fsync
+            self._file.flush()
+            start_writeback(self._file.fileno(), self._written_back, self._pos - self._written_back)
+            self._written_back = self._pos
 
     def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[int, int]:
         if self._file is None:
