@@ -364,9 +364,6 @@ print(json.dumps(sorted(seen)))
 
 
 @pytest.mark.slow
-# Hung once in ~4 full runs (a loader process past its 240 s; cause not found yet): one rerun so an
-# intermittent hang does not fail CI, while a repeatable failure still does. Open issue.
-@pytest.mark.flaky(reruns=1)
 def test_two_processes_share_one_cache(http_server, packed_generated, tmp_path):
     """Two loaders (2 workers each) in separate processes, one cache folder: each shard fetched once."""
     http_server.start()
