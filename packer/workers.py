@@ -103,12 +103,26 @@ def _die_with_parent(parent: int | None) -> None:
 def read_source(path: Path) -> bytes:
     """The bytes of a source image; it must be a regular file (a FIFO would block, a device never end).
     Raises OSError naming ``path``."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO must not block open
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file (it was one when the source was scanned)", str(path))
-        os.set_blocking(fd, True)
-        return f.read()
+        # Plain reads of the size fstat gives (no file object: ~15 us less per image), then to EOF in
+        # case the file grew. O_NONBLOCK does nothing to a regular file's reads.
+        parts = [os.read(fd, st.st_size + 1)]
+        while parts[-1] and (len(parts) > 1 or len(parts[0]) > st.st_size):
+            parts.append(os.read(fd, 1 << 20))
+        if len(parts) == 1 and len(parts[0]) < st.st_size:  # it shrank, or a short read: read on to EOF
+            while chunk := os.read(fd, 1 << 20):
+                parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+    except OSError as exc:
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
+    finally:
+        os.close(fd)
 
 
 def _prepare_one(rel: str) -> Outcome:
