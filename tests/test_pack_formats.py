@@ -310,8 +310,8 @@ def test_lmdb_map_grows_and_transactions_commit_on_their_own(tmp_path, monkeypat
     monkeypatch.setattr(lmdb_writer, "TXN_BYTES", 40 << 10)
     monkeypatch.setattr(lmdb_writer.LmdbWriter, "_grow", lambda self, pages: (grows.append(self._map_pages),
                                                                               real_grow(self, pages))[1])
-    monkeypatch.setattr(lmdb_writer.LmdbWriter, "_commit", lambda self: (commits.append(self._txn_bytes),
-                                                                         real_commit(self))[1])
+    monkeypatch.setattr(lmdb_writer.LmdbWriter, "_commit", lambda self, *a: (commits.append(self._txn_bytes),
+                                                                             real_commit(self, *a))[1])
     pack(src, tmp_path / "out", PackOptions(format="lmdb", workers=1))
     assert len(grows) >= 2, grows  # 16 pages, then at least twice doubled
     assert grows == sorted(grows)

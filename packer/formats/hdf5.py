@@ -24,7 +24,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 import h5py
 import numpy as np
@@ -54,11 +54,12 @@ def _h5_error(exc: Exception, path: os.PathLike) -> OSError:
     return OSError(code, f"HDF5: {str(exc).splitlines()[0]}", str(path))
 
 
-def _fsync_path(path: os.PathLike) -> None:
-    """fsync a file that h5py has open (any descriptor of the file flushes its pages)."""
-    fd = os.open(path, os.O_RDONLY)
+def _on_file(path: os.PathLike, call: Callable[[int], Any]) -> None:
+    """``call(fd)`` on a descriptor of a file h5py has open (any descriptor reaches its pages):
+    ``os.fsync`` flushes them, ``start_writeback`` starts writing them."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        os.fsync(fd)
+        call(fd)
     finally:
         os.close(fd)
 
@@ -96,11 +97,7 @@ class HDF5Writer(FormatWriter):
             raise _h5_error(exc, self.path) from exc
         self._buf.clear()
         self._buf_bytes = 0
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # any descriptor of the file will do
-        try:
-            start_writeback(fd)  # the disk works while the packer does; the checkpoint's fsync waits less
-        finally:
-            os.close(fd)
+        _on_file(self.path, start_writeback)  # the disk works while the packer does; the fsync waits less
 
     def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[int]:
         offset = self.pos
@@ -122,7 +119,7 @@ class HDF5Writer(FormatWriter):
             self.h5.flush()
         except (RuntimeError, OSError) as exc:
             raise _h5_error(exc, self.path) from exc
-        _fsync_path(self.path)
+        _on_file(self.path, os.fsync)
         self._since = 0
         return {"bytes": self.pos}
 
@@ -143,7 +140,7 @@ class HDF5Writer(FormatWriter):
             self.h5.close()
         except (RuntimeError, OSError) as exc:
             raise _h5_error(exc, self.path) from exc
-        _fsync_path(self.path)
+        _on_file(self.path, os.fsync)
         return {"storage": storage, "files": {self.path.name: self.path.stat().st_size}}
 
     def _chunk_table(self) -> str | None:

@@ -98,14 +98,8 @@ class LmdbWriter(FormatWriter):
     def _grow(self, pages: int) -> None:
         """Commit, then double the map (or more) before it could run out: a transaction that hits
         MDB_MAP_FULL is lost, and no transaction keeps its values to replay them."""
-        try:
-            self._txn.commit()  # no write transaction may be open while the map is resized
-            base = self.env.info()["last_pgno"] + 1
-            self.env.set_mapsize(max(2 * self._map_pages, 2 * (base + pages + 2 * _SPARE_PAGES)) * self._psize)
-            self._txn = self.env.begin(write=True)
-        except lmdb.Error as exc:
-            raise _lmdb_error(exc, self.root) from exc
-        self._committed()
+        used = self._base_pages + self._txn_pages  # after the commit, at most this many pages
+        self._commit(max(2 * self._map_pages, 2 * (used + pages + 2 * _SPARE_PAGES)) * self._psize)
 
     def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[()]:
         self._put(spec.lmdb_key(sample_no), prepared.data)
@@ -117,9 +111,13 @@ class LmdbWriter(FormatWriter):
     def at_checkpoint_boundary(self) -> bool:
         return self._since_checkpoint >= self.options.checkpoint_bytes
 
-    def _commit(self) -> None:
+    def _commit(self, map_size: int | None = None) -> None:
+        """Commit the open transaction and begin the next; ``map_size``: resize the map in between
+        (no write transaction may be open while it is resized)."""
         try:
             self._txn.commit()  # sync=True: durable on return
+            if map_size is not None:
+                self.env.set_mapsize(map_size)
             self._txn = self.env.begin(write=True)
         except lmdb.Error as exc:
             raise _lmdb_error(exc, self.root) from exc

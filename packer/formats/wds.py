@@ -40,9 +40,10 @@ def _tarfile_header(name: str, size: int) -> bytes:
     return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
 
 
-# The ustar header fields after the name (tarfile's layout and spelling), fixed but for the size:
 #: Bytes written to a shard between requests to start writing them back (``start_writeback``).
 WRITEBACK_BYTES = 8 << 20
+
+# The ustar header fields after the name (tarfile's layout and spelling), fixed but for the size:
 _MODE_IDS = b"0000444\0" + b"0000000\0" * 2  # mode 0o444, uid 0, gid 0
 _MTIME = b"00000000000\0"  # mtime 0
 _REST = (b"0" + b"\0" * 100 + b"ustar\x0000" + b"\0" * 64  # type, linkname, magic+version, uname+gname
