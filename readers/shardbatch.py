@@ -90,9 +90,6 @@ class ShardMaps:
         self._owner: Any = None
         self.checked = np.zeros(0, dtype=bool)
 
-    def __len__(self) -> int:
-        return len(self._maps)
-
     def bind(self, ds: Any) -> None:
         """Serve ``ds`` (the mappings and checks of another dataset's index are dropped)."""
         if self._owner is not ds._offsets:  # with_order copies share the index arrays
