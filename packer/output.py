@@ -54,7 +54,7 @@ def known_names() -> set[str]:
     return names | {n + ".tmp" for n in (spec.INDEX_NAME, spec.STATE_NAME)}
 
 
-# ---------------------------------------------------------------- the lock
+# ---------------------------------------------------------------- early writeback
 def _sync_file_range() -> Any:
     try:
         import ctypes
@@ -84,6 +84,7 @@ def start_writeback(fd: int, offset: int = 0, nbytes: int = 0) -> None:
         _SYNC_FILE_RANGE(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # a failure only loses the head start
 
 
+# ---------------------------------------------------------------- the lock
 _HELD: set[int] = set()  # descriptors of lock files this process holds
 
 
