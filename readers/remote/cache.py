@@ -191,12 +191,23 @@ class NodeCache:
         """(path, bytes, mtime) of every file in the cache, partial downloads included."""
         out = []
         for dirpath, _dirs, files in os.walk(self.objects):
+            listed = set(files)
             for f in files:
                 p = Path(dirpath, f)
                 try:
                     st = p.stat()
                 except FileNotFoundError:
-                    continue
+                    # A download completed between the listing and this stat: its .partial was renamed to
+                    # the final name, which the listing may not have. Count it there, or a reservation
+                    # made now misses a whole object and the cache goes over its limit.
+                    final = f[: -len(_SUFFIXES[0])] if f.endswith(_SUFFIXES[0]) else None
+                    if final is None or final in listed:
+                        continue  # evicted, or the final name is counted on its own
+                    p = p.with_name(final)
+                    try:
+                        st = p.stat()
+                    except FileNotFoundError:
+                        continue
                 out.append((p, st.st_size, st.st_mtime))
         return out
 
