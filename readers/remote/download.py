@@ -24,12 +24,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from readers import spec
 from readers.remote.errors import RemoteIntegrityError
 from readers.remote.store import Store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["download_ranged", "partial_paths", "file_crc32", "DEFAULT_PART_SIZE"]
+__all__ = ["download_ranged", "partial_paths", "DEFAULT_PART_SIZE"]
 
 DEFAULT_PART_SIZE = 16 << 20
 #: At most one fdatasync of the partial file per this many seconds (before recording parts).
@@ -41,16 +42,6 @@ Progress = Callable[[int, int], None]
 def partial_paths(dest: Path) -> tuple[Path, Path]:
     """(data file being filled, parts journal) of a download to ``dest``."""
     return dest.with_name(dest.name + ".partial"), dest.with_name(dest.name + ".parts")
-
-
-def file_crc32(path: Path, block: int = 8 << 20) -> int:
-    import zlib
-
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            crc = zlib.crc32(chunk, crc)
-    return crc & 0xFFFFFFFF
 
 
 def _load_journal(journal: Path, header: dict) -> set[int]:
@@ -167,7 +158,7 @@ def _verify(store: Store, name: str, partial: Path, journal: Path, size: int, cr
     if got != size:
         raise RemoteIntegrityError(f"{store.url_of(name)}: downloaded {got} bytes, expected {size}")
     if crc32 is not None:
-        actual = file_crc32(partial)
+        actual = spec.file_checksum(partial)
         if actual != crc32:
             partial.unlink(missing_ok=True)
             journal.unlink(missing_ok=True)
