@@ -48,7 +48,6 @@ STREAM_MAX_GAP = 64 << 10
 CACHE_DEPTH = 2
 #: At most this many shard files open at once (local reads in a shuffled order).
 MAX_OPEN = 4
-_crc32: Callable[[bytes], int] | None = None  # set on first use (see _fast_crc32)
 
 
 class ShardLayout(Protocol):
@@ -205,16 +204,6 @@ def _diagnose(arrays: _Arrays, shard: int, exc: Exception) -> Exception:
                                 "image data (tar headers or padding)")
 
 
-def _fast_crc32() -> Callable[[bytes], int]:
-    """zlib's CRC-32 from ISA-L when ``isal`` is installed (the ``remote`` extra: ~10x faster with
-    SIMD, the same values), else zlib's. Streaming checks every sample as it arrives."""
-    try:
-        from isal.isal_zlib import crc32
-    except ImportError:
-        return spec.checksum
-    return crc32
-
-
 class StreamedShards(_Arrays):
     """Remote shards streamed with large range requests, no local copy; samples' CRC-32 checked."""
 
@@ -223,9 +212,6 @@ class StreamedShards(_Arrays):
         super().__init__(ds)
         self.store = ds.remote.store
         self.chunk_size, self.readahead, self.max_gap = chunk_size, max(0, readahead), max_gap
-        global _crc32
-        if _crc32 is None:
-            _crc32 = _fast_crc32()
 
     def plan(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Group the positions of ``seq`` into range requests.
@@ -300,7 +286,7 @@ class StreamedShards(_Arrays):
         offset, size = int(self.offsets[i]), int(self.sizes[i])
         rel = offset - BLOCK - req_start
         sample = check_sample(data[rel:rel + BLOCK + size], i, size, self.where(shard, offset))
-        want, got = int(self.checksums[i]), _crc32(sample)
+        want, got = int(self.checksums[i]), spec.checksum(sample)  # ISA-L's CRC-32 when installed
         if got != want:
             from readers.remote.errors import RemoteIntegrityError
 
