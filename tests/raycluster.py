@@ -72,16 +72,32 @@ class RayCluster:
                                            f"--temp-dir={self.temp}", "--dashboard-agent-listen-port=0"], f"node{k}"))
         self.wait_for_nodes(nodes)
 
-    def wait_for_nodes(self, nodes: int, timeout: float = 60) -> None:
+    def wait_for_nodes(self, nodes: int, timeout: float = 90) -> None:
+        """Wait until ``nodes`` nodes are alive *and* the scheduler spreads tasks over all of them.
+
+        A node shows as alive in the GCS before the other raylets have its
+        resources, and until they do every task queues on the head node.
+        So the probe runs ``nodes`` one-CPU tasks at once, each holding its
+        CPU for a moment, until they report ``nodes`` different node IDs.
+        """
         script = ("import ray, time\nray.init(address=%r, logging_level='ERROR', log_to_driver=False)\n"
+                  "nodes, timeout = %d, %r\n"
+                  "@ray.remote(num_cpus=1)\n"
+                  "def where():\n"
+                  "    time.sleep(0.5)\n"
+                  "    return ray.get_runtime_context().get_node_id()\n"
                   "t = time.monotonic()\n"
-                  "while sum(n['Alive'] for n in ray.nodes()) != %d and time.monotonic() - t < %r:\n"
+                  "while sum(n['Alive'] for n in ray.nodes()) != nodes and time.monotonic() - t < timeout:\n"
                   "    time.sleep(0.2)\n"
-                  "print(sum(n['Alive'] for n in ray.nodes()))\n") % (self.address, nodes, timeout)
+                  "seen = set()\n"
+                  "while len(seen) < nodes and time.monotonic() - t < timeout:\n"
+                  "    seen = set(ray.get([where.remote() for _ in range(nodes)]))\n"
+                  "print(sum(n['Alive'] for n in ray.nodes()), len(seen))\n") % (self.address, nodes, timeout)
         out = subprocess.run([sys.executable, "-c", script], env=self.env, capture_output=True, text=True,
                              timeout=timeout + 60)
-        if out.stdout.strip() != str(nodes):
-            raise RuntimeError(f"the cluster did not reach {nodes} nodes: {out.stdout} {out.stderr[-2000:]}")
+        if out.stdout.strip() != f"{nodes} {nodes}":
+            raise RuntimeError(f"the cluster did not reach {nodes} nodes that run tasks (alive, used): "
+                               f"{out.stdout} {out.stderr[-2000:]}")
 
     def processes(self) -> list[psutil.Process]:
         """Every process of the cluster (the `ray start` processes and their descendants)."""
