@@ -27,8 +27,6 @@ import io
 import logging
 import mmap
 import os
-import queue
-import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -38,6 +36,7 @@ import numpy as np
 from packer.errors import OutputError, PackError, SourceError
 from packer.images import ImageOptions, Prepared, RejectedImage, prepare_image
 from packer.importers.stage import ordered_outcomes
+from packer.readahead import read_ahead
 from packer.options import PackOptions, cli_fields
 from packer.output import OutputLock, prepare_output
 from packer.pipeline import Progress, SplitResult, pack_split
@@ -128,58 +127,6 @@ def _checked(index: spec.Index, start: int) -> Iterator[tuple[int, Any, int]]:
         yield i, data, crc
 
 
-_DONE = object()
-
-
-def _read_ahead(items: Iterator[Any], depth: int = 8, batch: int = 32) -> Iterator[Any]:
-    """``items``, produced by a thread up to ``depth`` chunks of ``batch`` ahead: reading and checksumming the source
-    (system calls and zlib, which release the GIL) overlap with the writer's work in this thread.
-    An error in the thread is raised here; closing this generator stops the thread."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(chunk: list) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(chunk, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            chunk: list = []
-            for item in items:
-                chunk.append(item)
-                if len(chunk) >= batch:
-                    if not put(chunk):
-                        return
-                    chunk = []
-            if chunk and not put(chunk):
-                return
-            q.put(_DONE)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
-            q.put(exc)
-        finally:
-            items.close()
-
-    thread = threading.Thread(target=produce, name="convert-read-ahead", daemon=True)
-    thread.start()
-    try:
-        while (chunk := q.get()) is not _DONE:
-            if isinstance(chunk, BaseException):
-                raise chunk
-            yield from chunk
-    finally:
-        stop.set()
-        while thread.is_alive():  # unblock a producer waiting on a full queue, then let it finish
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                thread.join(0.05)
-
-
 # ---------------------------------------------------------------------------- turning samples into Prepared
 def _ext(data: bytes) -> str:
     return "png" if data[:8] == _PNG_SIGNATURE else "jpg"
@@ -239,7 +186,7 @@ def _prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
         samples = _checked(index, start)
         pixels_in = index.meta["storage"]["kind"] == "pixels"
         if not opts.want_pixels and not pixels_in:  # a copy: no worker would have anything to do
-            for _i, data, crc in _read_ahead(samples):
+            for _i, data, crc in read_ahead(samples, lambda item: len(item[1]), name="convert-read-ahead"):
                 yield Outcome(Prepared(data, _ext(data), 0, 0, False), crc)
             return
         items = ((data, crc) for _i, data, crc in samples)

@@ -39,6 +39,7 @@ __all__ = ["HDF5Writer"]
 #: Free space kept back before every write: libhdf5 cannot recover from a full disk (its close and
 #: its exit handler retry the failed flush and can crash the process), so the writer stops first.
 ROOM_MARGIN = 2 * HDF5_CHUNK_BYTES + (4 << 20)
+_BLOCK_BYTES = 16 * HDF5_CHUNK_BYTES  # samples are written to /images this many bytes at a time
 
 
 def _room(path: os.PathLike, nbytes: int) -> None:
@@ -80,33 +81,35 @@ class HDF5Writer(FormatWriter):
             self.images = self.h5.create_dataset("images", shape=(0,), maxshape=(None,), dtype=np.uint8,
                                                  chunks=(HDF5_CHUNK_BYTES,), track_times=False)
             self.pos = 0
-        self._buf: list[bytes] = []
-        self._buf_bytes = 0
+        # Samples are copied into one block that is written whole chunks at a time and reused: a new
+        # 16 MB buffer per write (b"".join) paid a page fault per 4 KB, 0.13-0.5 s per 5,000 images.
+        self._block = np.empty(_BLOCK_BYTES, dtype=np.uint8)
+        self._fill = 0
         self._since = 0
 
     def _drain(self) -> None:
-        if not self._buf:
+        if not self._fill:
             return
-        _room(self.path, self._buf_bytes)
-        blob = np.frombuffer(b"".join(self._buf), dtype=np.uint8)
+        _room(self.path, self._fill)
         start = self.images.shape[0]
         try:
-            self.images.resize((start + len(blob),))
-            self.images[start:] = blob
+            self.images.resize((start + self._fill,))
+            self.images[start:] = self._block[:self._fill]
         except (RuntimeError, OSError) as exc:
             raise _h5_error(exc, self.path) from exc
-        self._buf.clear()
-        self._buf_bytes = 0
+        self._fill = 0
         _on_file(self.path, start_writeback)  # the disk works while the packer does; the fsync waits less
 
     def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[int]:
-        offset = self.pos
-        self._buf.append(prepared.data)
-        self._buf_bytes += len(prepared.data)
-        self.pos += len(prepared.data)
-        self._since += len(prepared.data)
-        if self._buf_bytes >= 16 * HDF5_CHUNK_BYTES:  # write whole chunks at a time
+        offset, data = self.pos, prepared.data
+        if self._fill + len(data) > len(self._block):
             self._drain()
+            if len(data) > len(self._block):
+                self._block = np.empty(len(data), dtype=np.uint8)
+        self._block[self._fill:self._fill + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        self._fill += len(data)
+        self.pos += len(data)
+        self._since += len(data)
         return (offset,)
 
     def at_checkpoint_boundary(self) -> bool:

@@ -1,0 +1,74 @@
+"""packer.readahead.read_ahead: order, the byte bound, errors and early close."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from packer.readahead import read_ahead
+
+
+def test_every_item_in_order_from_another_thread():
+    threads = []
+
+    def items():
+        for i in range(1000):
+            threads.append(threading.get_ident())
+            yield i
+
+    assert list(read_ahead(items(), lambda i: 1)) == list(range(1000))
+    assert set(threads) == {threads[0]} and threads[0] != threading.get_ident()
+
+
+def test_the_thread_runs_no_more_than_about_max_bytes_ahead():
+    produced = []
+
+    def items():
+        for i in range(10_000):
+            produced.append(i)
+            yield b"x" * 1000
+
+    it = read_ahead(items(), len, max_bytes=64_000, chunk_items=1000)
+    next(it)
+    time.sleep(0.5)  # ample time to run to the end if nothing held it back
+    # 16 queued chunks of 4,000 bytes, one chunk in hand, one being filled: ~18 chunks of 4 items
+    assert 16 * 4 <= len(produced) <= 20 * 4, len(produced)
+    assert sum(1 for _ in it) == 9_999
+
+
+def test_an_error_comes_after_the_items_before_it():
+    def items():
+        yield from range(50)
+        raise ValueError("source broke at 50")
+
+    got = []
+    with pytest.raises(ValueError, match="source broke at 50"):
+        for i in read_ahead(items(), lambda i: 1, chunk_items=7):
+            got.append(i)
+    assert got == list(range(50))
+
+
+def test_closing_early_stops_the_thread_and_closes_the_source():
+    closed = threading.Event()
+
+    def items():
+        try:
+            i = 0
+            while True:
+                yield i
+                i += 1
+        finally:
+            closed.set()
+
+    before = threading.active_count()
+    it = read_ahead(items(), lambda i: 1, name="test-read-ahead")
+    assert [next(it) for _ in range(5)] == [0, 1, 2, 3, 4]
+    it.close()
+    assert closed.wait(5)
+    deadline = time.monotonic() + 5
+    while any(t.name == "test-read-ahead" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name == "test-read-ahead" for t in threading.enumerate())
+    assert threading.active_count() == before
