@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import h5py
+import pytest
 
 from readers import open_dataset, spec
 
@@ -38,3 +39,30 @@ def test_without_chunk_table_h5py_is_used(packed_real, tmp_path):
     assert plain.chunk_table is None and direct.chunk_table is not None
     assert all(plain.read(i) == direct.read(i) for i in range(len(plain)))
     plain.close(), direct.close()
+
+
+def test_whole_batches_read_chunks_laid_out_in_any_order(packed_real, tmp_path):
+    """get_batch copies a sample from one address when its chunks are adjacent in the file, and run
+    by run when they are not; the same file cut short is refused, naming a sample."""
+    import numpy as np
+
+    from readers.base import LazyHandle
+
+    ds = open_dataset(packed_real["hdf5"], decode=False)
+    want = [ds.read(i) for i in range(len(ds))]
+    cb, chunks = ds.chunk_bytes, ds.chunk_table
+    assert len(chunks) >= 2
+    # the same chunks, in reverse order in the file: no two logical neighbours are adjacent any more
+    raw = np.fromfile(ds.data_file, dtype=np.uint8)
+    moved = np.concatenate([raw[c:c + cb] for c in chunks[::-1]])
+    ds._chunks = np.arange(len(chunks) - 1, -1, -1, dtype=np.int64) * cb
+    ds._mapped = LazyHandle(lambda: moved)
+    starts, sizes = ds.index.arrays["offsets"], ds.index.arrays["sizes"]
+    assert (ds._addresses(starts, sizes) < 0).sum() > 0  # the run-by-run path is taken
+    images, _labels = ds.get_batch(list(range(len(ds)))[::-1])
+    assert [images.get(k) for k in range(len(ds))] == want[::-1]
+
+    ds._mapped = LazyHandle(lambda: moved[:len(moved) // 2])
+    with pytest.raises(spec.DatasetFormatError, match="sample .* cut short: the file is truncated"):
+        ds.get_batch(list(range(len(ds))))
+    ds.close()
