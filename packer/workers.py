@@ -1,4 +1,5 @@
-"""The prepare stage: read, validate and normalize each source file, in worker processes.
+"""The prepare stage: read, validate and normalize each source file, in worker processes
+(with one worker, in a thread of the writer's process).
 
 :func:`prepare` turns a source (from a position on) into an iterator of
 :class:`Outcome`, one per source file **in source order**, whatever the

@@ -39,7 +39,7 @@ __all__ = ["HDF5Writer"]
 #: Free space kept back before every write: libhdf5 cannot recover from a full disk (its close and
 #: its exit handler retry the failed flush and can crash the process), so the writer stops first.
 ROOM_MARGIN = 2 * HDF5_CHUNK_BYTES + (4 << 20)
-_BLOCK_BYTES = 16 * HDF5_CHUNK_BYTES  # samples are written to /images this many bytes at a time
+_BLOCK_BYTES = 16 * HDF5_CHUNK_BYTES  # samples are written to /images up to this many bytes at a time
 
 
 def _room(path: os.PathLike, nbytes: int) -> None:
@@ -81,8 +81,9 @@ class HDF5Writer(FormatWriter):
             self.images = self.h5.create_dataset("images", shape=(0,), maxshape=(None,), dtype=np.uint8,
                                                  chunks=(HDF5_CHUNK_BYTES,), track_times=False)
             self.pos = 0
-        # Samples are copied into one block that is written whole chunks at a time and reused: a new
-        # 16 MB buffer per write (b"".join) paid a page fault per 4 KB, 0.13-0.5 s per 5,000 images.
+        # Samples are copied into one reused block, written to /images when the next sample would not
+        # fit: a new 16 MB buffer per write (b"".join) paid a page fault per 4 KB, 0.13-0.5 s per 5,000
+        # images.
         self._block = np.empty(_BLOCK_BYTES, dtype=np.uint8)
         self._fill = 0
         self._since = 0
