@@ -6,11 +6,19 @@ writes, fsyncs at checkpoints. Whatever produces the samples (reading the
 source files, checking headers, CRC-32s) can run in those gaps when it runs
 in another thread. :func:`read_ahead` does that with a bounded queue, so
 memory stays bounded by bytes as well as by count.
+
+The thread refills in bursts: once the queue is full it waits until half of
+it has been taken. Refilled a chunk at a time, it would run beside the
+consumer's own Python work and each would wait on the other for the GIL; in
+bursts it runs mostly while the consumer is blocked outside the GIL. LMDB
+without validation, 5,000 JPEGs, warm, 6 packs each: ``put`` 0.064-0.077 s ->
+0.046-0.052 s, commits 0.27-0.32 s -> 0.24-0.26 s, 10.4-11.5k -> 12.5-13.1k
+images/s. (Half of the default 64 MB is the LMDB writer's 32 MB transaction.)
 """
 
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 from typing import Callable, Iterator, TypeVar
 
@@ -26,23 +34,26 @@ def read_ahead(items: Iterator[T], size: Callable[[T], int], *, max_bytes: int =
 
     ``size(item)`` is the item's weight in bytes; the thread hands items over
     in chunks of ``chunk_items`` or ``max_bytes / 16`` bytes, whichever comes
-    first, and keeps at most 16 chunks queued. An error in the thread is raised
-    here, after the items before it; closing this generator stops the thread
-    (and closes ``items`` there, if it is a generator).
+    first, and keeps at most 16 chunks queued; once 16 are queued, it waits
+    until no more than 8 are left. An error in the thread is raised here, after
+    the items before it; closing this generator stops the thread (and closes
+    ``items`` there, if it is a generator).
     """
     depth = 16
     chunk_bytes = max(1, max_bytes // depth)
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
+    queued: collections.deque = collections.deque()
+    changed = threading.Condition()
+    stop = False
 
     def put(chunk: object) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(chunk, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        with changed:
+            if len(queued) >= depth:
+                changed.wait_for(lambda: stop or len(queued) <= depth // 2)
+            if stop:
+                return False
+            queued.append(chunk)
+            changed.notify_all()
+            return True
 
     def produce() -> None:
         chunk: list = []
@@ -69,14 +80,20 @@ def read_ahead(items: Iterator[T], size: Callable[[T], int], *, max_bytes: int =
     thread = threading.Thread(target=produce, name=name, daemon=True)
     thread.start()
     try:
-        while (chunk := q.get()) is not _DONE:
+        while True:
+            with changed:
+                changed.wait_for(lambda: queued)
+                chunk = queued.popleft()
+                if len(queued) == depth // 2:  # a producer waiting on a full queue may go on
+                    changed.notify_all()
+            if chunk is _DONE:
+                break
             if isinstance(chunk, BaseException):
                 raise chunk
             yield from chunk
     finally:
-        stop.set()
-        while thread.is_alive():  # unblock a producer waiting on a full queue, then let it finish
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                thread.join(0.05)
+        with changed:
+            stop = True
+            queued.clear()
+            changed.notify_all()
+        thread.join()

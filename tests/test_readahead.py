@@ -38,6 +38,40 @@ def test_the_thread_runs_no_more_than_about_max_bytes_ahead():
     assert sum(1 for _ in it) == 9_999
 
 
+def _wait_until(condition, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_full_queue_is_refilled_only_once_half_of_it_is_taken():
+    produced = []
+    go = threading.Event()
+
+    def items():
+        for i in range(100):
+            produced.append(i)
+            yield i
+            if i == 0:
+                go.wait()  # the rest once item 0 has been taken: the queue is empty then
+
+    # one item per chunk: 16 chunks queued and one in hand, then nothing until 8 are left
+    it = read_ahead(items(), lambda i: 1, max_bytes=16, chunk_items=1)
+    assert next(it) == 0
+    go.set()
+    assert _wait_until(lambda: len(produced) == 18)  # items 1-16 queued, 17 in hand
+    for expected in range(1, 8):
+        assert next(it) == expected
+    time.sleep(0.3)  # ample time to refill if taking a chunk let it
+    assert len(produced) == 18
+    assert next(it) == 8  # 8 chunks left: the thread refills up to 16 again, one more in hand
+    assert _wait_until(lambda: len(produced) == 26)
+    time.sleep(0.3)
+    assert len(produced) == 26
+    assert list(it) == list(range(9, 100))
+
+
 def test_an_error_comes_after_the_items_before_it():
     def items():
         yield from range(50)
