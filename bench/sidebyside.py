@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -249,8 +250,18 @@ def measure_pack(name: str, src: str, out: str, validate: bool, workers: int, wa
     if warmup:
         run()
         shutil.rmtree(out, ignore_errors=True)
+    cpu0 = _cpu_seconds()
     seconds = run()
-    return {"images_per_s": len(folder) / seconds, "seconds": seconds, "images": len(folder)}
+    cpu = _cpu_seconds() - cpu0
+    return {"images_per_s": len(folder) / seconds, "seconds": seconds, "images": len(folder),
+            "cpu_us_per_image": 1e6 * cpu / len(folder)}
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process's threads and of its children that have ended (a pack's
+    worker pool is joined before ``pack()`` returns)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
 # --------------------------------------------------------------------------- the run
@@ -368,6 +379,8 @@ def _median_row(base: dict[str, Any], runs: list[dict[str, Any]], key: str) -> d
     row = dict(base)
     row.update({key: med(key), "runs": [r[key] for r in runs], "load": med("load"), "foreign": med("foreign"),
                 "private_mb": med("private_mb"), "mapped_mb": med("mapped_mb")})
+    if any("cpu_us_per_image" in r for r in runs):
+        row["cpu_us_per_image"] = med("cpu_us_per_image")
     return row
 
 

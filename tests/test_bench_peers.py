@@ -32,7 +32,11 @@ def test_bench_peers_quick(tmp_path):
     assert all(row["images_per_s"] > 0 for row in data["packs"])
     names = [t["target"] for t in data["targets"]]
     assert any(n.startswith("mmap pixels, 2 workers") for n in names)
-    assert sum(n.startswith("packing") for n in names) == 7 and sum(n.startswith("memory") for n in names) == 8
+    assert all(row["cpu_us_per_image"] > 0 for row in data["packs"])
+    # the validation ceiling, then each format's own ceiling, then our six packs
+    assert sum(n.startswith("packing") for n in names) == 10 and sum(n.startswith("memory") for n in names) == 8
+    assert all("of its ceiling" in t["detail"] for t in data["targets"]
+               if t["target"].startswith("packing") and ", validation on, vs" in t["target"])
     for line in ("target", "mmap pixels, 0 workers", "packing lmdb, validation off"):
         assert line in r.stdout
     assert all(("met" in line.lower() or "n/a" in line or "info" in line) for line in r.stdout.splitlines()
@@ -66,6 +70,25 @@ def test_targets_take_the_best_kind_and_say_met_or_not():
     assert mem["ratio"] == pytest.approx(1.2) and mem["met"] is False and not mem["higher_is_better"]
     assert all(t["met"] is None for n, t in got.items() if n.startswith("bytes"))  # nothing measured: n/a
     assert set(FORMATS) == {"wds", "lmdb", "hdf5"}
+
+
+def test_the_validation_ceiling_of_each_format_adds_the_packs_own_cpu_without_validation():
+    result = {"config": {"workers": 2}, "reads": [], "have": {}, "machine": {"usable_cpus": 2},
+              "ceiling": {"validate_per_core": 1600.0, "eval_transform_per_core": 900.0},
+              "packs": [{"name": "peer:lmdb", "validate": False, "images_per_s": 5000.0},
+                        {"name": "ours:lmdb", "validate": True, "images_per_s": 2000.0, "cpu_us_per_image": 900.0},
+                        {"name": "ours:lmdb", "validate": False, "images_per_s": 9000.0, "cpu_us_per_image": 80.0}]}
+    got = {t["target"]: t for t in targets(result)}
+    loose = got["packing, validation on: the ceiling (2 cores x the per-core validation rate) vs fastest plain "
+                "writer (lmdb)"]
+    assert loose["ours"] == pytest.approx(3200) and loose["met"] is None
+    own = got["packing lmdb, validation on: its ceiling (2 cores / CPU per image of validation + the pack without "
+              "it) vs fastest plain writer (lmdb)"]
+    assert own["ours"] == pytest.approx(2 / (1 / 1600 + 80e-6)) and own["met"] is None  # 2,836.9/s
+    assert own["ratio"] == pytest.approx(2836.9 / 5000, rel=1e-4)
+    on = got["packing lmdb, validation on, vs fastest plain writer (lmdb)"]
+    assert on["ratio"] == pytest.approx(0.4) and on["met"] is False and on["detail"] == "70% of its ceiling"
+    assert got["packing lmdb, validation off, vs fastest plain writer (lmdb)"]["detail"] == ""
 
 
 def test_from_json_renders_a_saved_run_without_measuring(tmp_path, capsys):
