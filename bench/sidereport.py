@@ -139,11 +139,12 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"{label:44s} {_fmt(r['samples_per_s']):>10s} {_fmt(r['private_mb']):>10s} "
                      f"{_fmt(r['mapped_mb']):>9s} {_fmt(r['load'], 1):>5s} {foreign:>7s}")
     if result["packs"]:
-        lines += ["", f"{'packer':44s} {'images/s':>10s} {'load':>5s} {'foreign':>7s}"]
+        lines += ["", f"{'packer':44s} {'images/s':>10s} {'CPU us/image':>12s} {'load':>5s} {'foreign':>7s}"]
         for r in result["packs"]:
             label = f"{r['name']} validation {'on' if r['validate'] else 'off'}"
             foreign = "-" if r["foreign"] is None else f"{r['foreign']:.0%}"
-            lines.append(f"{label:44s} {_fmt(r['images_per_s']):>10s} {_fmt(r['load'], 1):>5s} {foreign:>7s}")
+            lines.append(f"{label:44s} {_fmt(r['images_per_s']):>10s} {_fmt(r.get('cpu_us_per_image')):>12s} "
+                         f"{_fmt(r['load'], 1):>5s} {foreign:>7s}")
     c = result.get("ceiling") or {}
     if c:
         lines += ["", f"per-core ceilings: the eval transform decodes {c['eval_transform_per_core']:,.0f} images per "
@@ -222,8 +223,9 @@ def markdown(result: dict[str, Any]) -> str:
         label = f"{'**ours**' if who == 'ours' else 'peer'}: {name}"
         out.append(f"| {label} | {mode} | {zero} | {procs} | {threads} | {_fmt(max(mem)) if mem else ''} |")
     if result["packs"]:
-        out += ["", "| packer | validation | images/s |", "|---|---|---:|"]
+        out += ["", "| packer | validation | images/s | CPU µs per image |", "|---|---|---:|---:|"]
         for r in result["packs"]:
             label = f"{'**ours**' if r['name'].startswith('ours') else 'peer'}: {r['name'].split(':')[1]}"
-            out.append(f"| {label} | {'on' if r['validate'] else 'off'} | {_fmt(r['images_per_s'])} |")
+            out.append(f"| {label} | {'on' if r['validate'] else 'off'} | {_fmt(r['images_per_s'])} | "
+                       f"{_fmt(r.get('cpu_us_per_image'))} |")
     return "\n".join(out)
