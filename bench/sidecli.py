@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     d = SideConfig()
     p.add_argument("--images", type=int, default=d.images)
-    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--repeats", type=int, default=d.repeats, help="passes per read case (median)")
+    p.add_argument("--pack-repeats", type=int, default=d.pack_repeats, help="packs per packer (median)")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--workers", type=int, default=d.workers, help="worker count compared with 0 (default 2)")
     p.add_argument("--min-seconds", type=float, default=d.min_seconds, help="timed seconds per read case")
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         except (KeyError, TypeError, AttributeError) as exc:
             parser.error(f"--from-json {args.from_json}: not a result of dataset-bench --peers --json "
                          f"({type(exc).__name__}: {exc})")
-    fields = {"images": args.images, "repeats": args.repeats, "batch_size": args.batch_size,
+    fields = {"images": args.images, "repeats": args.repeats, "pack_repeats": args.pack_repeats, "batch_size": args.batch_size,
               "workers": args.workers, "min_seconds": args.min_seconds, "pack": not args.no_pack,
               "decoded": not args.no_decoded, "work_dir": args.work_dir, "torch_threads": args.torch_threads or None}
     if args.no_isolate:

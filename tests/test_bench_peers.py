@@ -91,6 +91,19 @@ def test_the_validation_ceiling_of_each_format_adds_the_packs_own_cpu_without_va
     assert got["packing lmdb, validation off, vs fastest plain writer (lmdb)"]["detail"] == ""
 
 
+def test_with_ffcv_the_decoded_target_shows_the_ceiling_beside_it():
+    reads = [_row("peer", "ffcv", "decoded", 2, "threads", 1400), _row("ours", "lmdb", "decoded", 2, "threads", 1560),
+             _row("ours", "wds", "decoded", 2, "processes", 1500), _row("peer", "ffcv", "bytes", 2, "threads", 9e4)]
+    result = {"config": {"workers": 2}, "reads": reads, "have": {"ffcv": True}, "packs": [],
+              "ceiling": {"eval_transform_per_core": 900.0, "validate_per_core": 1600.0}}
+    got = {t["target"]: t for t in targets(result)}
+    vs = got["decoded, 2 workers, best of ours vs FFCV's loader"]
+    assert vs["ratio"] == pytest.approx(1560 / 1400) and vs["met"] is False
+    ceiling = got["decoded, 2 workers: the ceiling (2 cores x our per-core transform rate) vs FFCV's loader"]
+    assert ceiling["ours"] == 1800 and ceiling["ratio"] == pytest.approx(1800 / 1400) and ceiling["met"] is None
+    assert got["bytes, 2 workers, lmdb vs FFCV thread loader"]["met"] is None  # no bytes row of ours: n/a
+
+
 def test_from_json_renders_a_saved_run_without_measuring(tmp_path, capsys):
     """--from-json: the report, Markdown and chart of a saved run (how the docs' tables are regenerated)."""
     from bench.sidecli import main
