@@ -73,8 +73,8 @@ class SideConfig:
     @classmethod
     def quick(cls, **kw: Any) -> "SideConfig":
         """Seconds, for CI: a few images, one repeat, in-process, no optional peers."""
-        base = dict(images=96, repeats=1, pack_repeats=1, batch_size=16, min_seconds=0.05, warmup=1, isolate=False, peers=(),
-                    mmap_size=64)
+        base = dict(images=96, repeats=1, pack_repeats=1, batch_size=16, min_seconds=0.05, warmup=1, isolate=False,
+                    peers=(), mmap_size=64)
         base.update(kw)
         return cls(**base)
 

@@ -64,9 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         except (KeyError, TypeError, AttributeError) as exc:
             parser.error(f"--from-json {args.from_json}: not a result of dataset-bench --peers --json "
                          f"({type(exc).__name__}: {exc})")
-    fields = {"images": args.images, "repeats": args.repeats, "pack_repeats": args.pack_repeats, "batch_size": args.batch_size,
-              "workers": args.workers, "min_seconds": args.min_seconds, "pack": not args.no_pack,
-              "decoded": not args.no_decoded, "work_dir": args.work_dir, "torch_threads": args.torch_threads or None}
+    fields = {"images": args.images, "repeats": args.repeats, "pack_repeats": args.pack_repeats,
+              "batch_size": args.batch_size, "workers": args.workers, "min_seconds": args.min_seconds,
+              "pack": not args.no_pack, "decoded": not args.no_decoded, "work_dir": args.work_dir,
+              "torch_threads": args.torch_threads or None}
     if args.no_isolate:
         fields["isolate"] = False
     if args.quick:
