@@ -82,6 +82,11 @@ class Prepared:
     source_format: str = ""  # Pillow's name for the content: "JPEG", "PNG", "GIF", ...
     repair: str = ""  # set when the stored bytes are a lossless repair of the file (what was repaired)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes stored for this sample: the pixels in pixels mode, else ``data``."""
+        return self.pixels.nbytes if self.pixels is not None else len(self.data)
+
 
 _UNSAFE_FORMATS = frozenset({"EPS"})  # Pillow shells out to Ghostscript for these
 _JPEG_FORMATS = ("JPEG", "MPO")  # MPO: multi-picture JPEG; its first image is a plain JPEG

@@ -265,7 +265,7 @@ class _WriteStage:
         locations = self.writer.append(journal.done, prep, label)
         record = {
             "labels": label, "checksums": outcome.crc, "heights": prep.height, "widths": prep.width,
-            "sizes": prep.pixels.nbytes if prep.pixels is not None else len(prep.data),
+            "sizes": prep.nbytes,
         }
         record.update(zip(self.writer.location_fields, locations, strict=True))
         self.files.add_sample(tuple(record.get(name, 0) for name in spec.RECORD_DTYPE.names), self.source.paths[pos])

@@ -159,10 +159,7 @@ def outcome_of(data: bytes, opts: ImageOptions) -> Outcome:
 
 
 def _outcome_bytes(outcome: Outcome) -> int:
-    prep = outcome.prepared
-    if prep is None:
-        return 0
-    return prep.pixels.nbytes if prep.pixels is not None else len(prep.data or b"")
+    return 0 if outcome.prepared is None else outcome.prepared.nbytes
 
 
 def _prepared(root: Path, paths: list[str], opts: ImageOptions, workers: int) -> Iterator[Outcome]:

@@ -75,7 +75,7 @@ def prepare_files(files: LocalFiles, rels: Sequence[str], opts: ImageOptions, *,
     ``payload`` and its outcome keeps ``data=b""`` (pixels are never detached)."""
     outcomes = [prepare_file(files, rel, opts) for rel in rels]
     stored = [o.prepared for o in outcomes if o.prepared is not None]
-    nbytes = sum(p.pixels.nbytes if p.pixels is not None else len(p.data) for p in stored)
+    nbytes = sum(p.nbytes for p in stored)
     if not detach:
         return PreparedChunk(outcomes, [], None, nbytes)
     spans, pieces, pos = [], [], 0
