@@ -1,6 +1,6 @@
 """``pack-dataset convert`` throughput against the raw copy rate, measured in the same run.
 
-One run: generate ``--images`` ImageNet-like JPEGs (``bench.synth``: ~480x400, ~95 KB), pack them
+One run: generate ``--images`` ImageNet-like JPEGs (``dataset_bench.synth``: ~480x400, ~95 KB), pack them
 once into wds, lmdb and hdf5 (``--no-validate``: the packing is not what is measured), read every
 data file once (warm page cache), then in each of ``--repeats`` rounds: copy each source format's
 data files raw (read all, write one file, fsync) and run every conversion through the Python API.
@@ -26,10 +26,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from bench.cache import CacheControl  # noqa: E402
-from bench.convert import ENCODED_PAIRS, data_files, format_table, measure_conversions  # noqa: E402
-from bench.machine import load_average, machine_info, machine_label  # noqa: E402
-from bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
+from dataset_bench.cache import CacheControl  # noqa: E402
+from dataset_bench.convert import ENCODED_PAIRS, data_files, format_table, measure_conversions  # noqa: E402
+from dataset_bench.machine import load_average, machine_info, machine_label  # noqa: E402
+from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from packer import PackOptions, pack  # noqa: E402
 from readers.env import available_cpus  # noqa: E402
 

@@ -17,14 +17,14 @@ In one run it:
 3. measures a torch DataLoader (``--workers`` processes, all CPUs) over a
    map-style dataset of the file bytes with the train recipe, before (Pillow
    full decode + torchvision-like crop/resize in Pillow) and after (fused),
-   each pass a fresh loader timed by ``bench.measure.measure_loader``;
+   each pass a fresh loader timed by ``dataset_bench.measure.measure_loader``;
 4. re-encodes the folder at pack-time ``--max-side`` values (None, 512, 384,
    256) with the packer's own ``prepare_image`` (what ``pack-dataset
    --max-side`` stores) and reports total bytes and the single-core
    train-transform rate.
 
-The timing (``bench.onecore``), the machine description (``bench.machine``),
-the generator (``bench.synth``) and the resize geometry (``readers.geometry``)
+The timing (``dataset_bench.onecore``), the machine description (``dataset_bench.machine``),
+the generator (``dataset_bench.synth``) and the resize geometry (``readers.geometry``)
 are the project's shared ones; this script only chooses what to compare.
 
 Usage::
@@ -53,10 +53,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.machine import load_average, machine_info  # noqa: E402
-from bench.measure import measure_loader  # noqa: E402
-from bench.onecore import per_image_rates, single_core  # noqa: E402
-from bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
+from dataset_bench.machine import load_average, machine_info  # noqa: E402
+from dataset_bench.measure import measure_loader  # noqa: E402
+from dataset_bench.onecore import per_image_rates, single_core  # noqa: E402
+from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from packer.images import ImageOptions, prepare_image  # noqa: E402
 from readers.decode import decode_rgb, decode_rgb_reduced  # noqa: E402
 from readers.geometry import resize_center_crop, resize_short_side  # noqa: E402
@@ -73,7 +73,7 @@ OUT = 224
 
 
 def make_folder(root: Path, n: int, seed: int = 0, classes: int = 10) -> list[tuple[Path, int]]:
-    """An ImageFolder of ``n`` noisy ~480x400 JPEGs (quality 90, 2% grayscale), from bench.synth."""
+    """An ImageFolder of ``n`` noisy ~480x400 JPEGs (quality 90, 2% grayscale), from dataset_bench.synth."""
     make_imagenet_like(root, n, classes, SynthOptions(noise=15.0, gray_fraction=0.02, seed=seed))
     classes_found = sorted(p.name for p in root.iterdir() if p.is_dir())
     return [(p, label) for label, c in enumerate(classes_found) for p in sorted((root / c).iterdir())]
@@ -203,7 +203,7 @@ def single_core_part(blobs: list[bytes], repeats: int, max_sides: tuple, cpu: in
 
 
 def loader_part(blobs: list[bytes], labels: list[int], workers: int, batch: int, repeats: int) -> list[dict]:
-    """The train recipe through a DataLoader, before and after; passes interleaved (bench.measure.measure_loader)."""
+    """The train recipe through a DataLoader, before and after; passes interleaved (dataset_bench.measure.measure_loader)."""
     recipes = [("before: pillow decode + pillow crop/resize", lambda: PillowTrain(0)),
                ("after: fused train transform", lambda: imagenet_train_transform(OUT))]
     runs: list[list[float]] = [[] for _ in recipes]

@@ -41,9 +41,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from bench.cache import CacheControl  # noqa: E402
-from bench.machine import load_average, machine_info, machine_label  # noqa: E402
-from bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
+from dataset_bench.cache import CacheControl  # noqa: E402
+from dataset_bench.machine import load_average, machine_info, machine_label  # noqa: E402
+from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from packer import PackOptions, pack  # noqa: E402
 from readers.env import available_cpus  # noqa: E402
 from readers.spec import FORMATS  # noqa: E402
@@ -56,7 +56,7 @@ MMAP_RESIZE = 256
 
 def make_source(root: Path, images: int, classes: int, size: tuple[int, int], quality: int, noise: float,
                 seed: int, processes: int) -> tuple[int, int]:
-    """Write ``root/n000000xx/img_xxxxxxx.JPEG`` (bench.synth); return (files, bytes)."""
+    """Write ``root/n000000xx/img_xxxxxxx.JPEG`` (dataset_bench.synth); return (files, bytes)."""
     make_imagenet_like(root, images, classes, SynthOptions(size=size, quality=quality, noise=noise, seed=seed),
                        processes=processes)
     files = source_files(root)

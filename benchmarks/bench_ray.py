@@ -1,6 +1,6 @@
 """The Ray engine against the local engine, on one machine, in one run.
 
-1. generates an ImageNet-like folder (``bench.synth``: ``--images`` JPEGs, default 2,000, ~480x400,
+1. generates an ImageNet-like folder (``dataset_bench.synth``: ``--images`` JPEGs, default 2,000, ~480x400,
    ~95 KB each) and reads it once, so the page cache is warm for every measurement;
 2. ``--cycles`` times (default 3), so that load from elsewhere on the machine spreads over all
    configurations: packs with the local engine (``workers`` 1 and 2); then, for 1 and for 2 CPUs,
@@ -52,9 +52,9 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 import psutil  # noqa: E402
 import ray  # noqa: E402
 
-from bench.cache import CacheControl  # noqa: E402
-from bench.machine import load_average, machine_info, machine_label  # noqa: E402
-from bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
+from dataset_bench.cache import CacheControl  # noqa: E402
+from dataset_bench.machine import load_average, machine_info, machine_label  # noqa: E402
+from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from packer import PackOptions, pack  # noqa: E402
 from packer.engines import tasks  # noqa: E402
 from packer.engines.io import LocalFiles  # noqa: E402

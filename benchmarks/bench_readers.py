@@ -5,14 +5,14 @@ One run on one machine measures, with the page cache warm:
 * each of our readers through ``make_loader`` with 0 and 2 workers, in two
   modes: ``decode=False`` (stored bytes, as ByteBatch tensors) and decoded
   with the ImageNet eval transform (resize 256, center crop 224, uint8);
-* the naive baseline (``bench.naive``): the original folder, PIL per file
+* the naive baseline (``dataset_bench.naive``): the original folder, PIL per file
   (open, RGB, resize, crop, float tensor), a plain ``DataLoader`` with its
   defaults;
 * the official ``webdataset`` reader over the same shards, raw bytes out
   (its usual ``to_tuple`` pipeline) and decoded with the same transform.
 
 Each figure is the median over ``--repeats`` passes, each a fresh loader
-timed by ``bench.measure.measure_loader`` (the steady rate, from the batch
+timed by ``dataset_bench.measure.measure_loader`` (the steady rate, from the batch
 by which every worker has delivered one to the last), passes interleaved
 across readers. ``dataset-bench`` measures the same readers warm and cold,
 with memory; this script adds the webdataset comparison. Usage::
@@ -37,11 +37,11 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from bench.cache import CacheControl  # noqa: E402
-from bench.machine import machine_info, machine_label  # noqa: E402
-from bench.measure import eval_transform, measure_format, measure_loader, measure_naive  # noqa: E402
-from bench.synth import generate_image_folder  # noqa: E402
-from bench.targets import dataset_target, folder_target, pack_formats  # noqa: E402
+from dataset_bench.cache import CacheControl  # noqa: E402
+from dataset_bench.machine import machine_info, machine_label  # noqa: E402
+from dataset_bench.measure import eval_transform, measure_format, measure_loader, measure_naive  # noqa: E402
+from dataset_bench.synth import generate_image_folder  # noqa: E402
+from dataset_bench.targets import dataset_target, folder_target, pack_formats  # noqa: E402
 from readers.spec import FORMATS  # noqa: E402
 
 READERS = ("naive-folder", "webdataset") + FORMATS

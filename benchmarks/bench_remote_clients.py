@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.servers import SeaweedServer  # noqa: E402
+from dataset_bench.servers import SeaweedServer  # noqa: E402
 
 MB = 1 << 20
 

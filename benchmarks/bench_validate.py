@@ -11,7 +11,7 @@ core, three ways of handling each file:
   that still reads all of its compressed data);
 * naive full decode: ``Image.open(...).load()``, what a simple packer does to validate.
 
-Each is run 3 times (interleaved, ``bench.onecore``); the median is printed,
+Each is run 3 times (interleaved, ``dataset_bench.onecore``); the median is printed,
 with ratios. File reading is not timed. Run from the repository root::
 
     python benchmarks/bench_validate.py            # 400 images
@@ -35,16 +35,16 @@ import PIL  # noqa: E402
 import simplejpeg  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from bench.machine import machine_info, machine_label  # noqa: E402
-from bench.onecore import per_image_rates, single_core  # noqa: E402
-from bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
+from dataset_bench.machine import machine_info, machine_label  # noqa: E402
+from dataset_bench.onecore import per_image_rates, single_core  # noqa: E402
+from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from packer.images import ImageOptions, prepare_image  # noqa: E402
 
 SIZE = (480, 400)  # width, height
 
 
 def make_folder(dst: Path, n: int, seed: int = 0) -> list[Path]:
-    """Write ``n`` ImageNet-like JPEGs under ``dst/<class>/`` (bench.synth) and return their paths."""
+    """Write ``n`` ImageNet-like JPEGs under ``dst/<class>/`` (dataset_bench.synth) and return their paths."""
     make_imagenet_like(dst, n, 10, SynthOptions(quality=95, noise=4.0, seed=seed))
     return sorted(dst.rglob("*.JPEG"))
 

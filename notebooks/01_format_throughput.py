@@ -17,7 +17,7 @@
 #
 # This notebook generates a small ImageNet-like folder (random crops of the photos in
 # `examples/real-images`, about 480×400 pixels and ~100 KB per JPEG), packs it into all
-# four formats, and runs `bench.run.run_benchmark` — the function behind the
+# four formats, and runs `dataset_bench.run.run_benchmark` — the function behind the
 # `dataset-bench` command — on it:
 #
 # * **samples/s and MB/s** through `readers.make_loader` for each format, for
@@ -45,11 +45,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
-from bench.machine import machine_info, machine_label
-from bench.report import format_limits, format_table, headline
-from bench.run import run_benchmark
-from bench.synth import generate_image_folder
-from bench.targets import pack_formats
+from dataset_bench.machine import machine_info, machine_label
+from dataset_bench.report import format_limits, format_table, headline
+from dataset_bench.run import run_benchmark
+from dataset_bench.synth import generate_image_folder
+from dataset_bench.targets import pack_formats
 from readers.spec import FORMATS
 
 N_IMAGES = 192      # small on purpose: the whole notebook runs in ~2 minutes on 2 cores

@@ -38,10 +38,10 @@ import numpy as np
 import torch
 from IPython.display import Markdown, display
 
-from bench.machine import machine_info, machine_label
-from bench.measure import eval_transform, measure_loader
-from bench.synth import generate_image_folder
-from bench.targets import pack_formats
+from dataset_bench.machine import machine_info, machine_label
+from dataset_bench.measure import eval_transform, measure_loader
+from dataset_bench.synth import generate_image_folder
+from dataset_bench.targets import pack_formats
 from readers import make_loader, open_dataset
 from readers.env import available_cpus
 from readers.meter import StarvationMeter

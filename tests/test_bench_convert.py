@@ -33,7 +33,7 @@ def test_bench_convert_quick(tmp_path):
 
 
 def test_chart_without_matplotlib_fails_before_measuring(monkeypatch, capsys):
-    import bench.cli
+    import dataset_bench.cli
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
@@ -41,7 +41,7 @@ def test_chart_without_matplotlib_fails_before_measuring(monkeypatch, capsys):
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured although the chart could not be drawn")
 
-    monkeypatch.setattr(bench.cli, "run_benchmark", no_measuring)
-    assert bench.cli.main(["--generate", "10", "--chart", "x.png"]) == 2
+    monkeypatch.setattr(dataset_bench.cli, "run_benchmark", no_measuring)
+    assert dataset_bench.cli.main(["--generate", "10", "--chart", "x.png"]) == 2
     err = capsys.readouterr().err
     assert "--chart needs matplotlib" in err and "pip install 'dataset-packer[bench]'" in err

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.sidebyside import FORMATS, SideConfig, read_cases
-from bench.sidereport import targets
+from dataset_bench.sidebyside import FORMATS, SideConfig, read_cases
+from dataset_bench.sidereport import targets
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_peers.py"
 
@@ -106,7 +106,7 @@ def test_with_ffcv_the_decoded_target_shows_the_ceiling_beside_it():
 
 def test_from_json_renders_a_saved_run_without_measuring(tmp_path, capsys):
     """--from-json: the report, Markdown and chart of a saved run (how the docs' tables are regenerated)."""
-    from bench.sidecli import main
+    from dataset_bench.sidecli import main
 
     reads = [_row("peer", "memmap", "pixels", 2, "processes", 1000),
              _row("ours", "mmap", "pixels", 2, "threads", 3500),

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from bench.remote import RemoteConfig, remote_report, run_remote, synthetic_wds_index, tcp_loopback_mb_s
+from dataset_bench.remote import RemoteConfig, remote_report, run_remote, synthetic_wds_index, tcp_loopback_mb_s
 from readers import open_dataset
 
 pytest_plugins = ["servers"]

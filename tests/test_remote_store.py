@@ -35,7 +35,7 @@ from readers.remote.cache import CacheFullError, NodeCache
 from readers.remote.config import is_url, parse_url, s3_settings
 from readers.remote.download import download_ranged, partial_paths
 from readers.remote.retry import classify
-from bench.servers import close_client
+from dataset_bench.servers import close_client
 from readers.remote.spans import plan_requests, prefetch_cached, read_spans
 
 pytest_plugins = ["servers"]

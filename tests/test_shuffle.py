@@ -212,9 +212,9 @@ def test_measure_loader_on_a_real_loader(packed_generated):
 
 
 def test_dataset_bench_reports_shuffle_quality_beside_throughput(packed_generated):
-    from bench.measure import measure_format
-    from bench.report import format_table
-    from bench.results import BenchResult, summarize
+    from dataset_bench.measure import measure_format
+    from dataset_bench.report import format_table
+    from dataset_bench.results import BenchResult, summarize
 
     stats = measure_format(packed_generated["wds"], mode="raw", num_workers=0, batch_size=8)
     assert stats.samples_per_s > 0 and 0 < stats.shuffle_ratio <= 1.5 and stats.displacement_ratio is not None

@@ -1,6 +1,7 @@
-"""The built wheel, installed (not editable) into a fresh virtualenv, works with no checkout around:
-``pack-dataset``, ``pack-dataset info``, ``dataset-bench --generate 200 --quick``, and
-``dataset-bench --chart`` without matplotlib fails at once, saying what to install."""
+"""The built wheel holds exactly the packages ``packer``, ``readers`` and ``dataset_bench``, and,
+installed (not editable) into a fresh virtualenv, works with no checkout around: ``pack-dataset``,
+``pack-dataset info``, ``dataset-bench --generate 200 --quick``, and ``dataset-bench --chart`` without
+matplotlib fails at once, saying what to install."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -32,15 +34,37 @@ def clean_env(bindir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> tuple[Path, dict, Path]:
-    """(bin folder of a fresh venv holding the installed wheel, its environment, a work folder outside the repo)."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"  # a copy of the checkout (bench/photos copied as files): the build leaves the repo alone
+def wheel(tmp_path_factory) -> Path:
+    """The wheel ``pip wheel`` builds from a copy of the checkout."""
+    tmp = tmp_path_factory.mktemp("build")
+    src = tmp / "src"  # a copy of the checkout (dataset_bench/photos copied as files): the build leaves the repo alone
     shutil.copytree(REPO, src, ignore=lambda d, names: [n for n in names if n in EXCLUDE or n.endswith(".egg-info")])
     build = sh([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", src],
                tmp, dict(os.environ))
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    [wheel] = list((tmp / "dist").glob("dataset_packer-*.whl"))
+    [built] = list((tmp / "dist").glob("dataset_packer-*.whl"))
+    return built
+
+
+@pytest.mark.slow
+def test_wheel_holds_exactly_three_packages(wheel):
+    """packer, readers and dataset_bench: no ``bench`` (a PyPI project of that name exists), no ``benchmarks``,
+    no tests or notebooks; the bundled photos ride along and ``dataset-bench`` points into dataset_bench."""
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        scripts = z.read(entry_points).decode()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"packer", "readers", "dataset_bench"}, sorted(top)
+    photos = [n for n in names if n.startswith("dataset_bench/photos/")]
+    assert "dataset_bench/photos/SOURCES.md" in photos and sum(n.endswith(".jpg") for n in photos) >= 10
+    assert "dataset-bench = dataset_bench.cli:main" in scripts and "pack-dataset = packer.cli:main" in scripts
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, wheel) -> tuple[Path, dict, Path]:
+    """(bin folder of a fresh venv holding the installed wheel, its environment, a work folder outside the repo)."""
+    tmp = tmp_path_factory.mktemp("wheel")
     venv.EnvBuilder(with_pip=True, system_site_packages=False).create(tmp / "venv")
     bindir = tmp / "venv" / "bin"
     env = clean_env(bindir)
@@ -57,7 +81,7 @@ def installed(tmp_path_factory) -> tuple[Path, dict, Path]:
 @pytest.mark.slow
 def test_wheel_is_a_real_install(installed):
     bindir, env, work = installed
-    r = sh([bindir / "python", "-c", "import packer, readers, bench, bench.synth as s; "
+    r = sh([bindir / "python", "-c", "import packer, readers, dataset_bench.synth as s; "
             "print(packer.__file__); print(s.BUNDLED_PHOTOS)"], work, env)
     assert r.returncode == 0, r.stderr
     for line in r.stdout.splitlines():

@@ -1,8 +1,8 @@
 """``dataset-bench``: measure the packed formats against a naive PIL ImageFolder, side by side.
 
-The command line over :func:`bench.run.run_benchmark`: it parses the
+The command line over :func:`dataset_bench.run.run_benchmark`: it parses the
 arguments, draws the progress bar, prints the report and writes the JSON and
-the chart. The only place in ``bench`` with argparse and tqdm.
+the chart. The only place in ``dataset_bench`` with argparse and tqdm.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import logging
 import sys
 from typing import Any, Callable, Sequence
 
-from bench.measure import MODES
-from bench.plan import CACHES, BenchConfig
-from bench.report import draw_chart, report_text
-from bench.run import Progress, run_benchmark
+from dataset_bench.measure import MODES
+from dataset_bench.plan import CACHES, BenchConfig
+from dataset_bench.report import draw_chart, report_text
+from dataset_bench.run import Progress, run_benchmark
 from packer import PackError, SourceError
 from readers.spec import FORMATS
 
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny run for smoke tests (48 images, one repeat)")
     p.add_argument("--remote", action="store_true", help="measure reading wds from a loopback S3 server "
                    "(SeaweedFS, started for the run): streaming, node cache epochs 1 and 2, the official "
-                   "webdataset reader over the same server, the local disk (bench.remote)")
+                   "webdataset reader over the same server, the local disk (dataset_bench.remote)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     return p
 
@@ -108,7 +108,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 class _Bar:
-    """A tqdm bar on stderr driven by :class:`bench.run.Progress` reports."""
+    """A tqdm bar on stderr driven by :class:`dataset_bench.run.Progress` reports."""
 
     def __init__(self) -> None:
         from tqdm import tqdm
@@ -139,7 +139,7 @@ def _missing_for(args: argparse.Namespace) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if "--peers" in args_list:  # the side-by-side run with the peers (its own options: --peers --help)
-        from bench.sidecli import main as peers_main
+        from dataset_bench.sidecli import main as peers_main
 
         args_list.remove("--peers")
         return peers_main(args_list)
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.remote:
-        from bench.remote import main_remote
+        from dataset_bench.remote import main_remote
 
         try:
             return main_remote(args)

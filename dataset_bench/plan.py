@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, NamedTuple
 
-from bench.measure import MODES
-from bench.targets import NAIVE
+from dataset_bench.measure import MODES
+from dataset_bench.targets import NAIVE
 from readers.spec import FORMATS
 
 __all__ = ["CACHES", "BenchConfig", "Case", "plan_cases"]
@@ -16,7 +16,7 @@ CACHES = ("warm", "cold")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What :func:`bench.run.run_benchmark` measures; see ``dataset-bench --help``."""
+    """What :func:`dataset_bench.run.run_benchmark` measures; see ``dataset-bench --help``."""
 
     src: str | None = None
     datasets: tuple[str, ...] = ()

@@ -6,7 +6,7 @@ official webdataset reader, a plain thread pool, FFCV when installed, and
 every format of ours in every mode with 0 and 2 workers, processes and
 threads), packing (ours with validation on and off against LMDB by hand,
 ``webdataset.ShardWriter`` and mosaicml-streaming's ``MDSWriter`` when
-installed) and the loaders' private memory. See ``bench/sidebyside.py``. Usage::
+installed) and the loaders' private memory. See ``dataset_bench/sidebyside.py``. Usage::
 
     dataset-bench --peers --json side.json --chart side.png   # ~15 min on 2 cores
     dataset-bench --peers --quick                             # under a minute (CI smoke test)
@@ -20,8 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-from bench.sidebyside import SideConfig, run_side_by_side
-from bench.sidereport import draw_side_chart, markdown, report, targets
+from dataset_bench.sidebyside import SideConfig, run_side_by_side
+from dataset_bench.sidereport import draw_side_chart, markdown, report, targets
 
 __all__ = ["build_parser", "main"]
 

@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bench.machine import machine_label
-from bench.plan import CACHES
-from bench.results import BenchResult
-from bench.targets import NAIVE
+from dataset_bench.machine import machine_label
+from dataset_bench.plan import CACHES
+from dataset_bench.results import BenchResult
+from dataset_bench.targets import NAIVE
 from readers.spec import FORMATS
 
 __all__ = ["format_table", "format_limits", "headline", "draw_chart", "report_text"]

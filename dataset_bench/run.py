@@ -7,17 +7,17 @@ baseline, one run on one machine measures:
   ``num_workers``, without decoding (``raw``: the stored bytes, or the stored
   pixels for ``mmap``) and decoded through the ImageNet eval transform to
   224 x 224 (``decoded``);
-* the naive baseline (:mod:`bench.naive`) with the same worker counts;
-* with a warm page cache and a cold one (:mod:`bench.cache`: every file
+* the naive baseline (:mod:`dataset_bench.naive`) with the same worker counts;
+* with a warm page cache and a cold one (:mod:`dataset_bench.cache`: every file
   evicted, eviction checked);
 * time to first batch and the PSS of the loader's processes (main + workers);
-* the machine's raw limits in the same run (:mod:`bench.limits`).
+* the machine's raw limits in the same run (:mod:`dataset_bench.limits`).
 
 Each measurement runs in a fresh process (``isolate``, the default; not
 with ``quick``), so the PSS is that loader's alone. Every figure is the
 median of ``repeats`` runs, taken repeat-major so that slow drift in the
 machine's load spreads over all cases. Samples/s is the steady rate
-(:func:`bench.measure.measure_loader`); the time to the first batch, start-up
+(:func:`dataset_bench.measure.measure_loader`); the time to the first batch, start-up
 included, is reported beside it.
 """
 
@@ -32,15 +32,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.cache import CacheControl
-from bench.isolate import run_isolated
-from bench.limits import measure_limits
-from bench.machine import CpuMonitor, load_average, load_notes, load_summary, machine_info
-from bench.measure import LoaderStats, eval_transform, measure_format, measure_naive
-from bench.plan import BenchConfig, Case, plan_cases
-from bench.results import BenchResult, add_ratios, summarize
-from bench.synth import generate_image_folder
-from bench.targets import NAIVE, Target, dataset_target, folder_target, index_source, pack_formats
+from dataset_bench.cache import CacheControl
+from dataset_bench.isolate import run_isolated
+from dataset_bench.limits import measure_limits
+from dataset_bench.machine import CpuMonitor, load_average, load_notes, load_summary, machine_info
+from dataset_bench.measure import LoaderStats, eval_transform, measure_format, measure_naive
+from dataset_bench.plan import BenchConfig, Case, plan_cases
+from dataset_bench.results import BenchResult, add_ratios, summarize
+from dataset_bench.synth import generate_image_folder
+from dataset_bench.targets import NAIVE, Target, dataset_target, folder_target, index_source, pack_formats
 from readers.spec import FORMATS
 
 __all__ = ["Progress", "run_benchmark"]
@@ -136,7 +136,7 @@ def _prepare(cfg: BenchConfig, work: Path, notes: list[str], steps: _Steps) -> t
             shutil.rmtree(src)
         steps.note(f"generating {cfg.generate} images")
         generate_image_folder(src, cfg.generate, seed=cfg.seed)
-        notes.append(f"generated {cfg.generate} ImageNet-like JPEGs with bench.synth (crops of "
+        notes.append(f"generated {cfg.generate} ImageNet-like JPEGs with dataset_bench.synth (crops of "
                      f"examples/real-images, ~480x400, noise, quality 90) in {src}")
     for p in cfg.datasets:
         t = dataset_target(p)

@@ -1,6 +1,6 @@
 """``dataset-bench --remote``: reading wds shards from a loopback S3 server, against the local disk.
 
-One run starts its own SeaweedFS on loopback (:class:`bench.servers.SeaweedServer`),
+One run starts its own SeaweedFS on loopback (:class:`dataset_bench.servers.SeaweedServer`),
 packs a generated ImageNet-like folder into wds shards on the local disk,
 uploads them, and measures in the same run, every loader with the same
 workers, batch size and ``decode=False``:
@@ -23,7 +23,7 @@ workers and their curl processes; not the server) spent per GB, and two ratios
 of epoch rates against the targets: streaming / webdataset >= 1.5 and cache
 epoch 2 / local disk >= 0.9.
 
-Every loader measurement runs in a fresh interpreter (:func:`bench.isolate.run_isolated`)
+Every loader measurement runs in a fresh interpreter (:func:`dataset_bench.isolate.run_isolated`)
 and is repeated; the median is reported.
 """
 
@@ -44,9 +44,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.isolate import run_isolated
-from bench.machine import load_average, machine_info, machine_label
-from bench.measure import measure_loader
+from dataset_bench.isolate import run_isolated
+from dataset_bench.machine import load_average, machine_info, machine_label
+from dataset_bench.measure import measure_loader
 
 __all__ = ["RemoteConfig", "RemoteResult", "run_remote", "remote_report", "TARGETS"]
 
@@ -182,7 +182,7 @@ def measure_ours(url: str, storage_options: dict[str, Any], workers: int, batch_
     Pass 1 is timed from ``open_dataset`` on (the index read over S3 included); later passes
     reuse the dataset and the loader, as a training loop's later epochs do. The client
     libraries are imported before the clock starts, as every reader module is
-    (:mod:`bench.isolate`): an import is paid once per process, not per epoch.
+    (:mod:`dataset_bench.isolate`): an import is paid once per process, not per epoch.
     """
     import s3fs  # noqa: F401 - see the docstring
 
@@ -274,7 +274,7 @@ def _upload(store: Any, folder: Path) -> tuple[int, float]:
 
 
 def _prepare(cfg: RemoteConfig, work: Path) -> tuple[Path, dict[str, Any]]:
-    from bench.synth import generate_image_folder
+    from dataset_bench.synth import generate_image_folder
     from packer import PackOptions, pack
     from readers import spec
 
@@ -296,7 +296,7 @@ def _call(cfg: RemoteConfig, fn: Callable[..., Any], **kwargs: Any) -> Any:
 
 def run_remote(cfg: RemoteConfig, progress: Callable[[str], None] | None = None) -> RemoteResult:
     """Start SeaweedFS, pack and upload, measure every row ``cfg.repeats`` times (see the module docstring)."""
-    from bench.servers import SeaweedServer
+    from dataset_bench.servers import SeaweedServer
     from readers.remote import open_store
 
     say = progress or (lambda step: None)
@@ -435,7 +435,7 @@ def remote_report(result: RemoteResult) -> str:
 
 
 def main_remote(args: Any) -> int:
-    """``dataset-bench --remote`` (called by :mod:`bench.cli`)."""
+    """``dataset-bench --remote`` (called by :mod:`dataset_bench.cli`)."""
     cfg = RemoteConfig(generate=args.generate or (200 if args.quick else 6000), src=args.src,
                        shards=4 if args.quick else 16, shard_count=args.shard_count,
                        workers=(args.workers or (2,))[-1], batch_size=args.batch_size or (16 if args.quick else 64),

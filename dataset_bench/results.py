@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.measure import LoaderStats
-from bench.targets import NAIVE
+from dataset_bench.measure import LoaderStats
+from dataset_bench.targets import NAIVE
 
 __all__ = ["BenchResult", "median", "summarize", "add_ratios"]
 
@@ -25,7 +25,8 @@ class BenchResult:
 
     A row is keyed by ``target`` (a format or ``"naive"``), ``mode``,
     ``workers`` and ``cache``; see :func:`summarize` and :func:`add_ratios`
-    for its figures.
+    for its figures. As text or a chart: :mod:`dataset_bench.report` (which
+    imports this module, never the reverse).
     """
 
     machine: dict[str, Any]
@@ -55,16 +56,6 @@ class BenchResult:
             if (r["target"], r["mode"], r["workers"], r["cache"]) == (target, mode, workers, cache):
                 return r
         return None
-
-    def table(self) -> str:
-        from bench.report import format_table
-
-        return format_table(self)
-
-    def headline(self) -> list[str]:
-        from bench.report import headline
-
-        return headline(self)
 
 
 def median(values: Sequence[float | None]) -> float | None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench.naive import NaiveImageFolder
+from dataset_bench.naive import NaiveImageFolder
 from readers.spec import FORMATS
 
 __all__ = ["NAIVE", "Target", "dataset_target", "folder_target", "pack_formats", "index_source"]

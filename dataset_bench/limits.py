@@ -12,11 +12,11 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench.cache import BLOCK, CacheControl, sequential_read
-from bench.measure import eval_transform
-from bench.naive import naive_load
-from bench.onecore import per_image_rates, single_core
-from bench.results import median
+from dataset_bench.cache import BLOCK, CacheControl, sequential_read
+from dataset_bench.measure import eval_transform
+from dataset_bench.naive import naive_load
+from dataset_bench.onecore import per_image_rates, single_core
+from dataset_bench.results import median
 
 __all__ = ["decode_rates", "measure_limits"]
 
@@ -69,8 +69,8 @@ def decode_rates(files: Sequence[str | os.PathLike], *, limit: int = 300, transf
     ``eval_transform_bytes``: the transform called on the bytes itself
     (its fused, size-aware decode), when the readers do not do that;
     ``naive_item``: the baseline's per-file work minus the file read.
-    Runs under :func:`bench.onecore.single_core` (one CPU, torch on one
-    thread, both restored after); figures as :func:`bench.onecore.per_image_rates`.
+    Runs under :func:`dataset_bench.onecore.single_core` (one CPU, torch on one
+    thread, both restored after); figures as :func:`dataset_bench.onecore.per_image_rates`.
     """
     blobs = _jpeg_sample(files, limit)
     if not blobs:

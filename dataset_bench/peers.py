@@ -5,7 +5,7 @@ persistent and with ``prefetch_factor=2`` as ours, so steady rates compare
 the per-batch work, not worker start-up):
 
 * :func:`folder_decoded` -- the naive folder: PIL per file, resize 256,
-  center crop 224, float tensor (``bench.naive``);
+  center crop 224, float tensor (``dataset_bench.naive``);
 * :func:`folder_bytes` -- the folder's files as ``bytes``;
 * :func:`memmap_pixels` -- a naive ``np.memmap`` Dataset over the same
   ``images.npy`` our ``mmap`` format wrote: one contiguous copy per sample
@@ -57,15 +57,15 @@ def _loader(ds: Any, batch_size: int, workers: int, seed: int = 0, **kw: Any) ->
 
 
 def folder_decoded(src: str | os.PathLike, batch_size: int, workers: int) -> Any:
-    """The naive folder (``bench.naive.NaiveImageFolder``), persistent workers."""
-    from bench.naive import NaiveImageFolder
+    """The naive folder (``dataset_bench.naive.NaiveImageFolder``), persistent workers."""
+    from dataset_bench.naive import NaiveImageFolder
 
     return _loader(NaiveImageFolder(src), batch_size, workers)
 
 
 class _FolderBytes:
     def __init__(self, src: str | os.PathLike) -> None:
-        from bench.naive import NaiveImageFolder
+        from dataset_bench.naive import NaiveImageFolder
 
         ds = NaiveImageFolder(src)
         self.files, self.labels = ds.files, ds.labels
@@ -138,7 +138,7 @@ def lmdb_bytes(root: str | os.PathLike, labels: np.ndarray, batch_size: int, wor
 
 
 def _wds_eval(sample: tuple[bytes, Any]) -> tuple[Any, int]:
-    from bench.measure import eval_transform
+    from dataset_bench.measure import eval_transform
 
     data, label = sample
     return eval_transform()(data), int(label)

@@ -1,4 +1,4 @@
-"""The side-by-side run (:mod:`bench.sidebyside`) as targets met / not met, tables and a chart."""
+"""The side-by-side run (:mod:`dataset_bench.sidebyside`) as targets met / not met, tables and a chart."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bench.sidebyside import FORMATS
+from dataset_bench.sidebyside import FORMATS
 
 __all__ = ["targets", "report", "draw_side_chart"]
 

@@ -27,7 +27,7 @@ from readers.env import available_cpus
 
 __all__ = ["BUNDLED_PHOTOS", "SynthOptions", "make_imagenet_like", "generate_image_folder"]
 
-#: The bundled photos (``examples/real-images``): ``bench/photos`` links to them in a checkout, and a
+#: The bundled photos (``examples/real-images``): ``dataset_bench/photos`` links to them in a checkout, and a
 #: built wheel carries them as package data, so generating works from an installed package too.
 BUNDLED_PHOTOS = Path(__file__).resolve().parent / "photos"
 _PHOTOS: dict[Path, list[Image.Image]] = {}  # per source folder, loaded once per process

@@ -15,8 +15,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from bench.machine import process_tree_pss
-from bench.naive import naive_loader
+from dataset_bench.machine import process_tree_pss
+from dataset_bench.naive import naive_loader
 
 __all__ = ["MODES", "LoaderStats", "batch_len", "measure_loader", "measure_format", "measure_naive", "eval_transform"]
 
@@ -155,7 +155,7 @@ def _loader_stats(t0: float, arrivals: list[tuple[float, int]], warmup: int, byt
 
 def measure_naive(src: str | os.PathLike, *, num_workers: int, batch_size: int, max_samples: int | None = None,
                   bytes_per_sample: float = 0.0, seed: int = 0) -> LoaderStats:
-    """The baseline: :func:`bench.naive.naive_loader` (plain ``DataLoader``: no pinning, not persistent)."""
+    """The baseline: :func:`dataset_bench.naive.naive_loader` (plain ``DataLoader``: no pinning, not persistent)."""
     return measure_loader(lambda: naive_loader(src, batch_size=batch_size, num_workers=num_workers, seed=seed),
                           bytes_per_sample=bytes_per_sample, max_samples=max_samples)
 

@@ -1,27 +1,27 @@
 """Side by side with the peers, in one run: reading, packing and memory, with each target's ratio.
 
-One run generates ImageNet-like JPEGs (``bench.synth``), packs them into our
+One run generates ImageNet-like JPEGs (``dataset_bench.synth``), packs them into our
 formats (``mmap`` at ``mmap_size`` so the naive ``np.memmap`` peer reads the
 very same pixel file), writes what the peers need (FFCV files when ``ffcv``
 imports), then measures, interleaved repeat by repeat so that load from
 elsewhere hits every case alike:
 
-* reading: every peer of :mod:`bench.peers` and every format of ours in every
+* reading: every peer of :mod:`dataset_bench.peers` and every format of ours in every
   mode (``bytes`` = ``decode=False``, ``decoded`` = the eval transform,
   ``pixels`` = mmap's stored pixels) with 0 workers and with ``workers``
   worker processes and threads. Each case runs in a fresh interpreter: a
   loader is built, ``warmup`` batches are drawn, then batches are timed over
   as many passes as fill ``min_seconds``; peak private PSS (anonymous +
   shared memory, all the loader's processes) is sampled while it runs and
-  the data files' mapped pages at the end (:mod:`bench.memory`);
+  the data files' mapped pages at the end (:mod:`dataset_bench.memory`);
 * packing: ``pack()`` per format with validation on and off, against the
-  plain writers of :mod:`bench.peers`; images/s of the whole call;
+  plain writers of :mod:`dataset_bench.peers`; images/s of the whole call;
 * the per-core decode ceiling: the eval transform on one core.
 
 Before each measurement the 1-minute load average is read and, around it, the
-share of CPU time other processes took (:class:`bench.machine.CpuMonitor`);
+share of CPU time other processes took (:class:`dataset_bench.machine.CpuMonitor`);
 both are kept with the figure. :func:`targets` turns the medians into the
-issue's ratios with met / not met; :mod:`bench.sidereport` prints and draws.
+issue's ratios with met / not met; :mod:`dataset_bench.sidereport` prints and draws.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from bench.machine import CpuMonitor, load_average, machine_info
-from bench.measure import batch_len
+from dataset_bench.machine import CpuMonitor, load_average, machine_info
+from dataset_bench.measure import batch_len
 
 __all__ = ["SideConfig", "ReadCase", "run_side_by_side", "measure_read", "measure_pack", "read_cases", "PACKERS"]
 
@@ -122,7 +122,7 @@ def read_cases(cfg: SideConfig, have: dict[str, bool]) -> list[ReadCase]:
 
 
 def _make_loader(case: ReadCase, paths: dict[str, Any], batch_size: int) -> Callable[[], Any]:
-    from bench import peers
+    from dataset_bench import peers
 
     n = case.workers
     if case.who == "peer":
@@ -141,7 +141,7 @@ def _make_loader(case: ReadCase, paths: dict[str, Any], batch_size: int) -> Call
         return makers[(case.name, case.mode)]
 
     def ours() -> Any:
-        from bench.measure import eval_transform
+        from dataset_bench.measure import eval_transform
         from readers import make_loader, open_dataset
 
         root = paths["packed"][case.name]
@@ -168,7 +168,7 @@ def measure_read(case: tuple, paths: dict[str, Any], batch_size: int, warmup: in
                  min_seconds: float) -> dict[str, Any]:
     """Build the case's loader, draw ``warmup`` batches, then time batches (over as many passes as
     it takes) until ``min_seconds`` have passed. Runs in its own process."""
-    from bench.memory import PrivatePeak
+    from dataset_bench.memory import PrivatePeak
 
     case = ReadCase(*case)
     t0 = time.perf_counter()
@@ -225,8 +225,8 @@ def measure_pack(name: str, src: str, out: str, validate: bool, workers: int, wa
     figures), a cold pack pays first-touch faults on whatever memory it draws: single cold runs of
     LMDB by hand measured 4.8k-12.9k images/s there, warm ones 12.2-12.4k.
     """
-    from bench import peers
-    from bench.naive import NaiveImageFolder
+    from dataset_bench import peers
+    from dataset_bench.naive import NaiveImageFolder
 
     who, what = name.split(":")
     folder = NaiveImageFolder(src)
@@ -271,8 +271,8 @@ def _cpu_seconds() -> float:
 
 
 def _prepare(cfg: SideConfig, work: Path, have: dict[str, bool], notes: list[str]) -> dict[str, Any]:
-    from bench.synth import generate_image_folder
-    from bench.targets import pack_formats
+    from dataset_bench.synth import generate_image_folder
+    from dataset_bench.targets import pack_formats
     from readers import spec
 
     src = generate_image_folder(work / "images", cfg.images, seed=cfg.seed)
@@ -284,8 +284,8 @@ def _prepare(cfg: SideConfig, work: Path, have: dict[str, bool], notes: list[str
                              "labels": index.labels, "lmdb": str(packed["lmdb"]),
                              "shards": sorted(str(p) for p in Path(packed["wds"]).glob("*.tar"))}
     if have.get("ffcv"):
-        from bench import peers
-        from bench.naive import NaiveImageFolder
+        from dataset_bench import peers
+        from dataset_bench.naive import NaiveImageFolder
 
         folder = NaiveImageFolder(src)
         paths["ffcv"] = {k: str(v) for k, v in peers.write_ffcv(folder.files, folder.labels, work / "ffcv").items()}
@@ -295,8 +295,8 @@ def _prepare(cfg: SideConfig, work: Path, have: dict[str, bool], notes: list[str
 
 
 def _warm(paths: dict[str, Any]) -> None:
-    from bench.cache import CacheControl
-    from bench.targets import dataset_target, folder_target
+    from dataset_bench.cache import CacheControl
+    from dataset_bench.targets import dataset_target, folder_target
 
     files = folder_target(paths["src"]).files + [f for p in paths["packed"].values() for f in dataset_target(p).files]
     files += [Path(p) for p in (paths.get("ffcv") or {}).values()]
@@ -305,7 +305,7 @@ def _warm(paths: dict[str, Any]) -> None:
 
 def _call(cfg: SideConfig, fn: Callable[..., dict], kwargs: dict[str, Any]) -> dict[str, Any]:
     if cfg.isolate:
-        from bench.isolate import run_isolated
+        from dataset_bench.isolate import run_isolated
 
         return run_isolated(fn, kwargs, torch_threads=cfg.torch_threads)
     import torch
@@ -329,8 +329,8 @@ def _validator() -> Callable[[bytes], Any]:
 def _decode_ceiling(paths: dict[str, Any], n: int = 300) -> dict[str, float]:
     """Per core (images per CPU-second, over stored JPEGs in memory): the eval transform, and the
     packer's validation of a JPEG kept as it is (every coefficient entropy-decoded)."""
-    from bench.measure import eval_transform
-    from bench.onecore import per_image_rates, single_core
+    from dataset_bench.measure import eval_transform
+    from dataset_bench.onecore import per_image_rates, single_core
     from readers import open_dataset
 
     ds = open_dataset(paths["packed"]["lmdb"], decode=False)
@@ -343,8 +343,8 @@ def _decode_ceiling(paths: dict[str, Any], n: int = 300) -> dict[str, float]:
 
 def run_side_by_side(cfg: SideConfig | None = None, *, progress: Callable[[str], None] | None = None,
                      **kw: Any) -> dict[str, Any]:
-    """The whole run; returns plain data (see :func:`bench.sidereport.report`)."""
-    from bench import peers
+    """The whole run; returns plain data (see :func:`dataset_bench.sidereport.report`)."""
+    from dataset_bench import peers
 
     cfg = replace(cfg or SideConfig(), **kw) if kw or cfg is None else cfg
     say = progress or (lambda _s: None)
