@@ -203,7 +203,8 @@ def single_core_part(blobs: list[bytes], repeats: int, max_sides: tuple, cpu: in
 
 
 def loader_part(blobs: list[bytes], labels: list[int], workers: int, batch: int, repeats: int) -> list[dict]:
-    """The train recipe through a DataLoader, before and after; passes interleaved (dataset_bench.measure.measure_loader)."""
+    """The train recipe through a DataLoader, before and after; passes interleaved
+    (dataset_bench.measure.measure_loader)."""
     recipes = [("before: pillow decode + pillow crop/resize", lambda: PillowTrain(0)),
                ("after: fused train transform", lambda: imagenet_train_transform(OUT))]
     runs: list[list[float]] = [[] for _ in recipes]

@@ -335,7 +335,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_measurement_is_the_top_layer():
-    """dataset_bench -> packer -> readers: packer and readers never import dataset_bench; readers never imports packer."""
+    """dataset_bench -> packer -> readers: packer and readers never import dataset_bench, readers never packer."""
     for pkg, forbidden in (("packer", {"dataset_bench", "bench"}), ("readers", {"dataset_bench", "bench", "packer"})):
         for path in sorted((REPO / pkg).rglob("*.py")):
             bad = _imports(path) & forbidden
