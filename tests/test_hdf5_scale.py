@@ -11,6 +11,7 @@ samples of a small pack are written into it far apart, one across the
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import subprocess
@@ -164,3 +165,18 @@ def test_verify_of_a_13_gb_hdf5_pack_finds_the_damaged_sample(packed_real, tmp_p
             f"{root}: {n} samples checked, 1 problem(s)"], r.stdout
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_bench_hdf5_chunks_quick_runs(tmp_path):
+    """benchmarks/bench_hdf5_chunks.py --quick (two sizes and the old per-chunk loop) runs and
+    agrees with the old table; it prints each time with its ratio to the previous size."""
+    out = tmp_path / "out.json"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_hdf5_chunks.py"
+    r = subprocess.run([sys.executable, "-W", "error", str(script), "--quick", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(out.read_text())
+    assert [row["chunks"] for row in rows] == [1_000, 2_000, 20_000]
+    assert rows[0]["loop_s"] is not None and rows[-1]["loop_s"] is None
+    assert r.stdout.count("\n| ") == 3 and "x |" in r.stdout, r.stdout

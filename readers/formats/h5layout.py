@@ -17,6 +17,8 @@ call, which made the table cost chunks².
 
 from __future__ import annotations
 
+import array
+
 import h5py
 import numpy as np
 
@@ -70,9 +72,9 @@ def check_images(f: h5py.File, file: str, chunk_bytes: int = spec.HDF5_CHUNK_BYT
 def chunk_table(images: h5py.Dataset, chunk_bytes: int) -> np.ndarray | None:
     """The byte offset in the file of each chunk of ``images``, in chunk order (``<i8``): one pass over
     HDF5's chunk index. None unless every chunk is stored, unfiltered and ``chunk_bytes`` long."""
-    rows: list[tuple[int, int, int, int]] = []
-    images.id.chunk_iter(lambda c: rows.append((c.chunk_offset[0], c.byte_offset, c.size, c.filter_mask)))
-    info = np.array(rows, dtype=np.int64).reshape(-1, 4)
+    rows = array.array("q")  # (logical offset, file offset, stored size, filter mask) per chunk
+    images.id.chunk_iter(lambda c: rows.extend((c.chunk_offset[0], c.byte_offset, c.size, c.filter_mask)))
+    info = np.frombuffer(rows, dtype=np.int64).reshape(-1, 4)
     info = info[np.argsort(info[:, 0], kind="stable")]
     n = -(-images.shape[0] // chunk_bytes)
     if (len(info) != n or np.any(info[:, 0] != np.arange(n, dtype=np.int64) * chunk_bytes)
