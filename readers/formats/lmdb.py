@@ -18,11 +18,11 @@ LMDB maps ``data.mdb`` into memory, and a page past the end of a truncated
 file kills the process with SIGBUS. So before the environment opens (once
 per process and file), the file must be a regular file (inside the dataset
 folder when local), at least the size index.json records, and pass
-:mod:`readers.formats.lmdbcheck` (meta pages, file length and the few pages
-near the end of the file: O(1), not a walk of the B-tree), and each value
-liblmdb returns must be as long as ``sizes.npy`` says and lie inside the
-file's mapping before it is copied out: then nothing read lies past its end.
-``verify`` checks every B-tree page (``check_data_file(..., full=True)``).
+:mod:`readers.formats.lmdbcheck`: meta pages, file length and the pages
+near the end of the file, O(1) pages (a tree of at most 256 pages is read
+whole). Every B-tree page is checked by ``verify`` (``full=True``), not in
+each reader process: see lmdbcheck for what that leaves to ``verify``. Each
+value must be as long as ``sizes.npy`` says before it is copied out of the map.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 from readers import spec
 from readers.base import LazyHandle, MapReader
 from readers.batch import Allocator, byte_batch, finish_batch, index_array
-from readers.formats.lmdbcheck import check_file, check_spans, mapped_span
+from readers.formats.lmdbcheck import check_file
 from readers.perprocess import PerProcess
 
 __all__ = ["LMDBDataset"]
@@ -56,7 +56,7 @@ _ENVS: PerProcess[dict[str, list]] = PerProcess(dict, inherited=_close_inherited
 
 def check_data_file(path: str, size: int | None, *, full: bool = False) -> None:
     """Raise DatasetFormatError unless liblmdb may map ``path`` (readers.formats.lmdbcheck): a regular
-    file of at least ``size`` bytes whose meta pages and tail pages (``full``: B-tree) stay inside it."""
+    file of at least ``size`` bytes whose meta pages and last pages (``full``: B-tree) stay inside it."""
     fd = spec.open_regular(path, "data file")
     try:
         actual = os.fstat(fd).st_size
@@ -66,16 +66,6 @@ def check_data_file(path: str, size: int | None, *, full: bool = False) -> None:
         check_file(fd, path, full=full)
     finally:
         os.close(fd)
-
-
-def _value_span(file: Callable[[], str], size: int | None) -> tuple[int, int] | None:
-    """Where the open environment maps ``file``: each value must lie inside (lmdbcheck.check_spans).
-    Without that mapping (not Linux) the whole B-tree is checked now instead, and None returned."""
-    path = file()
-    span = mapped_span(path)
-    if span is None:
-        check_data_file(path, size, full=True)
-    return span
 
 
 def _acquire(root: str, subdir: bool = True, size: int | None = None) -> lmdb.Environment:
@@ -127,11 +117,9 @@ class LMDBDataset(MapReader):
             self._fetch_data()
             file = self.file_ref(self.data_name)
             self._env = LazyHandle(functools.partial(_acquire_file, file, size), _release_by_env)
-            self._span = LazyHandle(functools.partial(_value_span, file, size))
             return
         root = os.path.realpath(self.root)
         self._env = LazyHandle(functools.partial(_acquire, root, True, size), functools.partial(_release_env, root))
-        self._span = LazyHandle(functools.partial(_value_span, self.file_ref(self.data_name), size))
 
     def _view(self, txn: Any, i: int) -> memoryview:
         """Sample ``i``'s value as a buffer into the map (nothing copied), its size checked."""
@@ -145,14 +133,11 @@ class LMDBDataset(MapReader):
         if len(value) != self._sizes[i]:
             raise spec.DatasetFormatError(f"{self.data_location} sample {i}: stored value is {len(value)} bytes, "
                                           f"{spec.array_file('sizes')} says {self._sizes[i]}: damaged")
-        check_spans([value], self._span.get(), self.data_location, [i])
         return value
 
     def _txn(self) -> Any:
         try:
-            env = self._env.get()
-            self._span.get()  # after the environment maps the file
-            return env.begin(buffers=True)
+            return self._env.get().begin(buffers=True)
         except lmdb.Error as exc:
             raise spec.DatasetFormatError(f"{self.data_location}: cannot read ({exc})") from None
 
@@ -186,11 +171,9 @@ class LMDBDataset(MapReader):
             got = np.fromiter((-1 if v is None else len(v) for v in views), dtype=np.int64, count=len(views))
             for k in np.flatnonzero(got != sizes):  # a missing or resized value: the per-sample error
                 self._view(txn, int(idx[k]))
-            check_spans(views, self._span.get(), self.data_location, idx)
             batch = byte_batch(views, sizes, alloc)
         return finish_batch(self, batch, idx)
 
     def close(self) -> None:
-        self._span.close()
         self._env.close()
         super().close()

@@ -1,4 +1,4 @@
-"""Check an LMDB file before liblmdb maps it: nothing it reads may lie past the file's end.
+"""Check an LMDB file before liblmdb maps it, so that what it reads lies inside the file.
 
 liblmdb trusts its file. It maps the whole map size (usually far larger than
 the file), so a page number, node offset or value size that points past the
@@ -6,46 +6,47 @@ end of the file makes it touch unbacked memory and the process dies with
 SIGBUS. It does check one thing itself: a page number at or beyond
 ``last_pg + 1`` (from the meta page it picks) is ``MDB_PAGE_NOTFOUND``.
 
-What a reader's ``txn.get`` can touch, and what bounds it:
+Two levels of checking:
 
-* the meta pages, and every page number below ``last_pg + 1`` (liblmdb's
-  own check), so the file must hold ``(last_pg + 1) * page_size`` bytes;
-* inside a branch or leaf page it reaches: the node pointer array and node
-  headers, a key up to 10 bytes (the packer's keys; longer keys compare
-  by their first 10 bytes) and a big value's overflow page number: at most
-  :data:`_REACH` bytes from the start of the page, whatever the page says.
-  Only a page that starts less than that before the end of the file can
-  lead outside it: those few tail pages are checked;
-* the value it returns: a buffer (py-lmdb ``buffers=True``), which the
-  reader checks lies inside the file's mapping before copying a byte
-  (:func:`mapped_span`, :func:`check_spans`).
-
-So the per-process open check (:func:`check_file`) is O(1) in the size of
-the database:
+**The open check** (:func:`check_file`, once per process and file; O(1)
+pages, whatever the size of the database):
 
 1. **Meta pages**: both must be LMDB meta pages of data version 1 with the
    same page size; liblmdb uses the one with the larger transaction id. The
    file must hold ``(last_pg + 1) * page_size`` bytes. Database flags must be
-   those of a plain database (no duplicates, no integer or reverse keys), as
-   the packer writes them.
-2. **Tail pages**: each page starting within :data:`_REACH` bytes of the end
-   of the file that liblmdb would take for a branch or leaf page must pass
-   the full page check below. The packer pads ``data.mdb`` by
-   :data:`TAIL_PAD` bytes, so for its packs there is none. When one fails
-   (it may just be the bytes of a big value, never read as a page), the
-   whole tree is checked instead, which decides.
+   those of a plain database (no duplicates, no integer or reverse keys, no
+   fixed key size), as the packer writes them.
+2. **The last pages**: inside a branch or leaf page, liblmdb reads at most
+   :data:`_REACH` bytes from the page's start whatever the page says (node
+   pointer array, node headers, up to 10 key bytes compared: the packer's
+   keys, and a big value's overflow page number). Only a page starting less
+   than that before the end of the file can make those reads leave it: each
+   such page that liblmdb would take for a branch or leaf must pass the
+   full page check below. The packer pads ``data.mdb`` with
+   :data:`TAIL_PAD` zero bytes, so for its packs there is none. When one
+   fails (it may only be the bytes of a big value, never read as a page) the
+   whole tree is checked, which decides.
+3. A tree of at most :data:`_SMALL_PAGES` pages is checked whole (bounded
+   cost: at most 1 MB read at 4 KB pages).
 
-**The full check** (``full=True``: ``pack-dataset verify``; also at open for
-a tree of at most :data:`_SMALL_PAGES` pages, and where the value check is
-not available): every branch and leaf page reachable from the root (each
-read once, with ``pread``, never mapped): the page header names its own
-number, the page is a branch or leaf, every node offset and key lies inside
-the page, every child is a page number below ``last_pg + 1`` met only once,
-the tree is at most 32 levels deep (liblmdb's cursor stack). A leaf value is
-either inside its page or, for a big value, on overflow pages that end
-before ``last_pg + 1``. It reads every branch and leaf page: ~37 MB at 1.28M
-images, the whole file for thumbnails (1.3 s at 1.28M, ~100 s at 100M), which
-is why a reader no longer runs it in every process.
+**The full check** (``full=True``: ``pack-dataset verify``): every branch
+and leaf page reachable from the root (each read once, with ``pread``,
+never mapped): the page header names its own number, the page is a branch
+or leaf, every node offset and key lies inside the page, every child is a
+page number below ``last_pg + 1`` met only once, the tree is at most 32
+levels deep (liblmdb's cursor stack). A leaf value is either inside its
+page or, for a big value, on overflow pages that end before ``last_pg + 1``.
+It reads every branch and leaf page, which for thumbnails is the whole file
+(1.3 s per process at 1.28M, ~100 s at 100M): it used to run in every
+reader process and now runs in ``verify``.
+
+What the open check leaves to ``verify``: in a tree of more than
+:data:`_SMALL_PAGES` pages, a leaf away from the end of the file whose value
+size or overflow page number was damaged (or crafted) to reach past the end
+of the file. py-lmdb touches every page of a value it returns (it prefaults
+them, inside ``txn.get`` and ``Cursor.value``), before the reader can
+compare the value's size with ``sizes.npy``: the reader process then dies
+with SIGBUS. ``pack-dataset verify`` finds and names such a page.
 
 Results are cached per process for an unchanged file (same inode, size and
 mtime), and forked DataLoader workers inherit the cache.
@@ -61,7 +62,7 @@ import numpy as np
 
 from readers import spec
 
-__all__ = ["LmdbMeta", "read_meta", "check_file", "mapped_span", "check_spans", "TAIL_PAD"]
+__all__ = ["LmdbMeta", "read_meta", "check_file", "TAIL_PAD"]
 
 _P_BRANCH, _P_LEAF, _P_META = 0x01, 0x02, 0x08
 _F_BIGDATA = 0x01
@@ -130,9 +131,8 @@ def read_meta(fd: int, path: str) -> LmdbMeta:
 
 
 def check_file(fd: int, path: str, *, full: bool = False) -> LmdbMeta:
-    """Raise DatasetFormatError naming ``path`` unless liblmdb can read the file without leaving it,
-    provided each value it returns is checked with :func:`check_spans` (O(1) pages read; ``full``:
-    every branch and leaf page, and then values need no check)."""
+    """Raise DatasetFormatError naming ``path`` unless the open check passes (module docstring: O(1)
+    pages); ``full``: every branch and leaf page (then liblmdb reads nothing past the file's end)."""
     st = os.fstat(fd)
     key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     meta = read_meta(fd, path)
@@ -166,40 +166,6 @@ def _tail_ok(fd: int, path: str, meta: LmdbMeta, size: int) -> bool:
             except spec.DatasetFormatError:
                 return False
     return True
-
-
-def mapped_span(path: str) -> tuple[int, int] | None:
-    """``(start, end)`` addresses of this process's mapping of ``path`` from its first byte to its end
-    of file (Linux ``/proc/self/maps``); None when there is not exactly one such mapping."""
-    try:
-        st = os.stat(path)
-        with open("/proc/self/maps", "rb") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}".encode()
-    starts = []
-    for line in lines:
-        parts = line.split(None, 5)
-        if len(parts) >= 5 and parts[4] == str(st.st_ino).encode() and int(parts[2], 16) == 0 \
-                and parts[3].lstrip(b"0") == dev.lstrip(b"0"):
-            starts.append(int(parts[0].split(b"-")[0], 16))
-    return (starts[0], starts[0] + st.st_size) if len(starts) == 1 else None
-
-
-def check_spans(views: list, span: tuple[int, int] | None, where: str, samples) -> None:
-    """Raise DatasetFormatError unless every buffer liblmdb returned lies inside ``span`` (the file's
-    mapping, :func:`mapped_span`); ``samples[k]`` names the sample of ``views[k]``. None: the
-    whole tree was checked (values need no check)."""
-    if span is None or not views:
-        return
-    addr = np.fromiter((np.frombuffer(v, dtype=np.uint8).ctypes.data if len(v) else span[0] for v in views),
-                       dtype=np.uint64, count=len(views))
-    size = np.fromiter((len(v) for v in views), dtype=np.uint64, count=len(views))
-    bad = _first((addr < np.uint64(span[0])) | (addr + size > np.uint64(span[1])))
-    if bad is not None:
-        raise spec.DatasetFormatError(f"{where} sample {samples[bad]}: its LMDB value ({int(size[bad])} bytes) "
-                                      "runs past the end of the file: damaged")
 
 
 def _fail(path: str, page: int, why: str) -> spec.DatasetFormatError:
