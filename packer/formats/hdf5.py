@@ -32,6 +32,7 @@ import numpy as np
 from packer.formats.base import FormatWriter, merged
 from packer.images import Prepared
 from packer.output import start_writeback
+from readers.formats.h5layout import chunk_table
 from readers.spec import DATA_FILE, HDF5_CHUNK_BYTES, HDF5_CHUNK_TABLE
 
 __all__ = ["HDF5Writer"]
@@ -154,15 +155,12 @@ class HDF5Writer(FormatWriter):
         when it straddles chunks) instead of going through the chunk B-tree and
         cache, which read a whole 1 MiB chunk per ~100 KB sample. Written only
         when every chunk is stored raw (no filters), as this writer makes them.
+        The table is built in one pass over the chunk index
+        (``readers.formats.h5layout.chunk_table``; verify checks it with the same function).
         """
-        dsid = self.images.id
-        n = dsid.get_num_chunks()
-        table = np.zeros(n, dtype="<i8")
-        for k in range(n):
-            info = dsid.get_chunk_info(k)
-            if info.filter_mask != 0 or info.size != HDF5_CHUNK_BYTES:
-                return None
-            table[info.chunk_offset[0] // HDF5_CHUNK_BYTES] = info.byte_offset
+        table = chunk_table(self.images, HDF5_CHUNK_BYTES)
+        if table is None:
+            return None
         np.save(self.root / HDF5_CHUNK_TABLE, table)
         return HDF5_CHUNK_TABLE
 

@@ -17,6 +17,10 @@ doubles the map, so a pack never meets MDB_MAP_FULL (which would lose the
 open transaction). Transactions commit every :data:`TXN_BYTES` and at every
 checkpoint; a resume first deletes what was committed past the journal's
 last checkpoint, so the samples kept always match the journal.
+
+At the end ``data.mdb`` gets ``lmdbcheck.TAIL_PAD`` (128 KiB) of zero bytes
+past the last page LMDB uses, which LMDB ignores: no page then lies near the
+end of the file, so the readers' open check reads the two meta pages only.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import lmdb
 from packer.formats.base import FormatWriter
 from packer.images import Prepared
 from readers import spec
+from readers.formats.lmdbcheck import TAIL_PAD, read_meta
 
 __all__ = ["LmdbWriter", "TXN_BYTES"]
 
@@ -72,6 +77,20 @@ def _lmdb_error(exc: Exception, root: os.PathLike) -> OSError:
     st = os.statvfs(root)
     code = errno.ENOSPC if st.f_bavail * st.f_frsize < (4 << 20) else errno.EIO
     return OSError(code, f"LMDB: {exc}", os.path.join(root, "data.mdb"))
+
+
+def _pad_tail(data: os.PathLike) -> None:
+    """Append ``TAIL_PAD`` zero bytes past the last page LMDB uses (it ignores them; the file stays
+    a plain LMDB environment): then no page lies close enough to the end of the file for a damaged
+    one to make liblmdb read past it, and a reader's open check reads the meta pages only."""
+    fd = os.open(data, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        used = read_meta(fd, str(data)).used_bytes
+        if os.fstat(fd).st_size < used + TAIL_PAD:
+            os.ftruncate(fd, used + TAIL_PAD)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class LmdbWriter(FormatWriter):
@@ -168,6 +187,7 @@ class LmdbWriter(FormatWriter):
             raise _lmdb_error(exc, self.root) from exc
         self.env.close()
         data = self.root / spec.DATA_FILE[self.format]
+        _pad_tail(data)
         return {"files": {data.name: data.stat().st_size}}
 
     def abort(self) -> None:

@@ -16,11 +16,15 @@ non-adjacent chunks), its CRC-32 checked (see docs/remote.md).
 
 Safety: ``data.h5`` and the chunk table must be regular files inside the
 dataset folder (``data.h5`` at least the size index.json records); every
-chunk table entry must leave a whole chunk inside ``data.h5``. Through
-h5py, ``/images`` must be a plain one-dimensional ``uint8`` dataset stored
-in ``data.h5`` itself: an external link, a virtual dataset or external raw
-storage (all of which make HDF5 read other files) is refused
-(``readers.formats.h5layout``).
+chunk table entry must leave a whole chunk inside ``data.h5``. With the
+chunk table, libhdf5 never parses ``data.h5`` in a reader. Without it,
+each process opens ``data.h5`` with h5py (lazily, before its first sample)
+and ``/images`` must be a plain one-dimensional ``uint8`` dataset stored in
+``data.h5`` itself, chunked and unfiltered as the packer writes it: an
+external link, a virtual dataset or external raw storage (all of which make
+HDF5 read other files), a filter (a gzip bomb inflates a whole chunk per
+sample read) or another layout is refused at that open, in one line naming
+the file, before any sample is read (``readers.formats.h5layout``).
 """
 
 from __future__ import annotations

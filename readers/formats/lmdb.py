@@ -18,9 +18,11 @@ LMDB maps ``data.mdb`` into memory, and a page past the end of a truncated
 file kills the process with SIGBUS. So before the environment opens (once
 per process and file), the file must be a regular file (inside the dataset
 folder when local), at least the size index.json records, and pass
-:mod:`readers.formats.lmdbcheck` (meta pages, file length, B-tree pages):
-then nothing liblmdb reads lies past its end. Each value must be as long as
-``sizes.npy`` says before it is copied out of the map.
+:mod:`readers.formats.lmdbcheck`: meta pages, file length and the pages
+near the end of the file, O(1) pages (a tree of at most 256 pages is read
+whole). Every B-tree page is checked by ``verify`` (``full=True``), not in
+each reader process: see lmdbcheck for what that leaves to ``verify``. Each
+value must be as long as ``sizes.npy`` says before it is copied out of the map.
 """
 
 from __future__ import annotations
@@ -52,16 +54,16 @@ def _close_inherited(envs: dict[str, list]) -> None:
 _ENVS: PerProcess[dict[str, list]] = PerProcess(dict, inherited=_close_inherited)
 
 
-def check_data_file(path: str, size: int | None) -> None:
+def check_data_file(path: str, size: int | None, *, full: bool = False) -> None:
     """Raise DatasetFormatError unless liblmdb may map ``path`` (readers.formats.lmdbcheck): a regular
-    file of at least ``size`` bytes whose meta pages and B-tree stay inside it."""
+    file of at least ``size`` bytes whose meta pages and last pages (``full``: B-tree) stay inside it."""
     fd = spec.open_regular(path, "data file")
     try:
         actual = os.fstat(fd).st_size
         if size is not None and actual < size:
             raise spec.DatasetFormatError(f"{path}: data file is {actual} bytes, {spec.INDEX_NAME} says {size}: "
                                           "it is truncated or damaged")
-        check_file(fd, path)
+        check_file(fd, path, full=full)
     finally:
         os.close(fd)
 

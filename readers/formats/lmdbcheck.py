@@ -1,4 +1,4 @@
-"""Check an LMDB file before liblmdb maps it: nothing it reads may lie past the file's end.
+"""Check an LMDB file before liblmdb maps it, so that what it reads lies inside the file.
 
 liblmdb trusts its file. It maps the whole map size (usually far larger than
 the file), so a page number, node offset or value size that points past the
@@ -6,27 +6,50 @@ end of the file makes it touch unbacked memory and the process dies with
 SIGBUS. It does check one thing itself: a page number at or beyond
 ``last_pg + 1`` (from the meta page it picks) is ``MDB_PAGE_NOTFOUND``.
 
-So before a reader opens the environment:
+Two levels of checking:
+
+**The open check** (:func:`check_file`, once per process and file; O(1)
+pages, whatever the size of the database):
 
 1. **Meta pages**: both must be LMDB meta pages of data version 1 with the
    same page size; liblmdb uses the one with the larger transaction id. The
-   file must hold ``(last_pg + 1) * page_size`` bytes.
-2. **The main database's B-tree**, every branch and leaf page reachable from
-   the root (each read once, with ``pread``, never mapped): the page header
-   names its own number, the page is a branch or leaf, every node offset and
-   key lies inside the page, every child is a page number below
-   ``last_pg + 1`` met only once, the tree is at most 32 levels deep (liblmdb's
-   cursor stack). A leaf value is either inside its page or, for a big value,
-   on overflow pages that end before ``last_pg + 1``. Database flags must be
-   those of a plain database (no duplicates, no integer or reverse keys), as
-   the packer writes them.
+   file must hold ``(last_pg + 1) * page_size`` bytes. Database flags must be
+   those of a plain database (no duplicates, no integer or reverse keys, no
+   fixed key size), as the packer writes them.
+2. **The last pages**: inside a branch or leaf page, liblmdb reads at most
+   :data:`_REACH` bytes from the page's start whatever the page says (node
+   pointer array, node headers, up to 10 key bytes compared: the packer's
+   keys, and a big value's overflow page number). Only a page starting less
+   than that before the end of the file can make those reads leave it: each
+   such page that liblmdb would take for a branch or leaf must pass the
+   full page check below. The packer pads ``data.mdb`` with
+   :data:`TAIL_PAD` zero bytes, so for its packs there is none. When one
+   fails (it may only be the bytes of a big value, never read as a page) the
+   whole tree is checked, which decides.
+3. A tree of at most :data:`_SMALL_PAGES` pages is checked whole (bounded
+   cost: at most 1 MB read at 4 KB pages).
 
-That is what makes a ``txn.get`` memory-safe (the bytes it returns may still
-be wrong: checksums and the readers' size checks catch that). Branch and
-leaf pages are about 0.03% of an ImageNet LMDB (~9,000 pages for 1.28M
-values): checking them reads ~37 MB and runs vectorized over batches of
-pages. The result is cached per process for an unchanged file (same inode,
-size and mtime), and forked DataLoader workers inherit the cache.
+**The full check** (``full=True``: ``pack-dataset verify``): every branch
+and leaf page reachable from the root (each read once, with ``pread``,
+never mapped): the page header names its own number, the page is a branch
+or leaf, every node offset and key lies inside the page, every child is a
+page number below ``last_pg + 1`` met only once, the tree is at most 32
+levels deep (liblmdb's cursor stack). A leaf value is either inside its
+page or, for a big value, on overflow pages that end before ``last_pg + 1``.
+It reads every branch and leaf page, which for thumbnails is the whole file
+(1.3 s per process at 1.28M, ~100 s at 100M): it used to run in every
+reader process and now runs in ``verify``.
+
+What the open check leaves to ``verify``: in a tree of more than
+:data:`_SMALL_PAGES` pages, a leaf away from the end of the file whose value
+size or overflow page number was damaged (or crafted) to reach past the end
+of the file. py-lmdb touches every page of a value it returns (it prefaults
+them, inside ``txn.get`` and ``Cursor.value``), before the reader can
+compare the value's size with ``sizes.npy``: the reader process then dies
+with SIGBUS. ``pack-dataset verify`` finds and names such a page.
+
+Results are cached per process for an unchanged file (same inode, size and
+mtime), and forked DataLoader workers inherit the cache.
 """
 
 from __future__ import annotations
@@ -39,7 +62,7 @@ import numpy as np
 
 from readers import spec
 
-__all__ = ["LmdbMeta", "read_meta", "check_file"]
+__all__ = ["LmdbMeta", "read_meta", "check_file", "TAIL_PAD"]
 
 _P_BRANCH, _P_LEAF, _P_META = 0x01, 0x02, 0x08
 _F_BIGDATA = 0x01
@@ -49,8 +72,17 @@ _NODE = 8  # node header: lo u16, hi u16, flags u16, ksize u16
 _P_INVALID = 2**64 - 1
 _MAX_DEPTH = 32  # liblmdb's CURSOR_STACK
 _BATCH = 1024  # pages checked per vectorized step
+#: Bytes past the start of a page that liblmdb may read taking it for a branch or leaf: pointer array
+#: (lower <= 65535), a node header at a pointer <= 65535 (8 bytes), up to 10 key bytes compared
+#: and a big value's 8-byte overflow page number.
+_REACH = 65535 + 8 + 10 + 8
+#: Zero bytes the packer appends to data.mdb (liblmdb ignores them): no page then starts within
+#: _REACH bytes of the end, so the open check reads the two meta pages and nothing else.
+TAIL_PAD = 128 << 10
+#: A tree of at most this many pages is checked whole at open (at most 1 MB read at 4 KB pages).
+_SMALL_PAGES = 256
 
-# (path, st_dev, st_ino, st_size, st_mtime_ns) of files already checked in this process
+# (path, st_dev, st_ino, st_size, st_mtime_ns, full) of files already checked in this process
 _CHECKED: set[tuple] = set()
 
 
@@ -63,6 +95,7 @@ class LmdbMeta:
     root: int  # main database's root page (P_INVALID when empty)
     flags: int  # main database flags
     entries: int
+    key_pad: int = 0  # main database md_pad: the key size liblmdb uses on LEAF2 pages (0 but for DUPFIXED)
 
     @property
     def used_bytes(self) -> int:
@@ -77,10 +110,10 @@ def _meta_page(buf: bytes, path: str, k: int) -> tuple[int, LmdbMeta, int]:
     if not flags & _P_META or magic != _MAGIC or version != _DATA_VERSION:
         raise spec.DatasetFormatError(f"{path}: not an LMDB file this reader knows (meta page {k} is damaged)")
     psize = struct.unpack_from("<I", buf, 40)[0]  # mm_dbs[FREE_DBI].md_pad holds the page size
-    db_flags = struct.unpack_from("<H", buf, 88 + 4)[0]
+    key_pad, db_flags = struct.unpack_from("<IH", buf, 88)
     entries, root = struct.unpack_from("<QQ", buf, 88 + 32)
     last_pg, txnid = struct.unpack_from("<QQ", buf, 136)
-    return psize, LmdbMeta(psize, last_pg, root, db_flags, entries), txnid
+    return psize, LmdbMeta(psize, last_pg, root, db_flags, entries, key_pad), txnid
 
 
 def read_meta(fd: int, path: str) -> LmdbMeta:
@@ -97,24 +130,42 @@ def read_meta(fd: int, path: str) -> LmdbMeta:
     return meta
 
 
-def check_file(fd: int, path: str) -> LmdbMeta:
-    """Raise DatasetFormatError naming ``path`` unless liblmdb can read the file without leaving it."""
+def check_file(fd: int, path: str, *, full: bool = False) -> LmdbMeta:
+    """Raise DatasetFormatError naming ``path`` unless the open check passes (module docstring: O(1)
+    pages); ``full``: every branch and leaf page (then liblmdb reads nothing past the file's end)."""
     st = os.fstat(fd)
     key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     meta = read_meta(fd, path)
-    if key in _CHECKED:
+    if (*key, True) in _CHECKED or (not full and (*key, False) in _CHECKED):
         return meta
     if st.st_size < meta.used_bytes:
         raise spec.DatasetFormatError(
             f"{path}: data file is {st.st_size} bytes, its LMDB meta page says the database uses "
             f"{meta.used_bytes}: the file is truncated")
-    if meta.flags != 0:
-        raise spec.DatasetFormatError(f"{path}: the LMDB database has flags {meta.flags:#x}; a packed dataset "
-                                      "is a plain database (no duplicates, integer or reverse keys)")
-    if meta.root != _P_INVALID:
+    if meta.flags != 0 or meta.key_pad != 0:
+        raise spec.DatasetFormatError(f"{path}: the LMDB database has flags {meta.flags:#x} (key size "
+                                      f"{meta.key_pad}); a packed dataset is a plain database (no duplicates, "
+                                      "integer or reverse keys)")
+    full = full or meta.last_pg < _SMALL_PAGES
+    if meta.root != _P_INVALID and (full or not _tail_ok(fd, path, meta, st.st_size)):
         _check_tree(fd, path, meta)
-    _CHECKED.add(key)
+        full = True
+    _CHECKED.add((*key, full))
     return meta
+
+
+def _tail_ok(fd: int, path: str, meta: LmdbMeta, size: int) -> bool:
+    """True when every page starting within _REACH bytes of the file's end that liblmdb would take for
+    a branch or leaf page passes the page check (False: maybe damage, maybe a big value's bytes)."""
+    first = max(2, (size - _REACH) // meta.psize + 1)
+    for p in range(first, meta.last_pg + 1):
+        flags = struct.unpack("<H", os.pread(fd, 12, p * meta.psize)[10:12])[0]
+        if flags & (_P_BRANCH | _P_LEAF):
+            try:
+                _check_pages(fd, path, meta, np.array([p], dtype=np.uint64))
+            except spec.DatasetFormatError:
+                return False
+    return True
 
 
 def _fail(path: str, page: int, why: str) -> spec.DatasetFormatError:
