@@ -86,9 +86,9 @@ def scan_bomb(width: int, height: int, refinements: int = 13) -> bytes:
     def sos(ss: int, se: int, ah: int, al: int) -> bytes:
         return _segment(0xDA, bytes([1, 1, 0x00, ss, se, (ah << 4) | al]))
 
-    dc = _Bits()
-    for _ in range(blocks):
-        dc.put(0, 1)
+    dc = _Bits()  # one "0" bit per block (every DC difference is 0): whole zero bytes, then the rest
+    dc.out += bytes(blocks // 8)
+    dc.put(0, blocks % 8)
     out += [sos(0, 0, 0, 0), dc.done()]
     runs, left = _Bits(), blocks
     while left:
