@@ -21,7 +21,12 @@ The rules (documented for users in ``docs/bad-input.md``):
   says what was removed) unless it is re-encoded anyway.
 * Rejected (:class:`RejectedImage`, one-line reason): empty, not an image,
   truncated, corrupt (JPEGs on which libjpeg-turbo reports corrupt data
-  included), or more than ``max_pixels`` pixels (checked from the header).
+  included), or too costly to decode, checked before decoding: more than
+  ``max_pixels`` pixels or more decoded bytes than :func:`max_image_bytes`
+  (from the header: size times the mode's bytes per pixel), a file larger than
+  that budget (``check_file_size``, also used before a source file is read), a
+  JPEG with more than ``readers.decode.MAX_JPEG_SCANS`` progressive scans. An
+  image that still runs the worker out of memory is rejected, not fatal.
 * Each image is decoded at most once: an unchanged JPEG is validated by a
   1/8-scale grayscale decode that still reads all its compressed data.
 """

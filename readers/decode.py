@@ -161,7 +161,7 @@ def jpeg_scans(data: bytes | bytearray | memoryview | np.ndarray, limit: int = M
     """
     buf = data if isinstance(data, (bytes, bytearray)) else bytes(memoryview(data))
     n, pos, scans = len(buf), 2, 0
-    while pos + 4 <= n and scans <= limit:
+    while pos + 2 <= n and scans <= limit:
         if buf[pos] != 0xFF or buf[pos + 1] in (0x00, 0xFF) or 0xD0 <= buf[pos + 1] <= 0xD7:
             found = _NEXT_MARKER.search(buf, pos)  # entropy-coded data (or junk) up to the next marker
             if found is None:
@@ -176,6 +176,8 @@ def jpeg_scans(data: bytes | bytearray | memoryview | np.ndarray, limit: int = M
             pos += 2
             continue
         scans += marker == 0xDA
+        if pos + 4 > n:
+            break
         pos += 2 + ((buf[pos + 2] << 8) | buf[pos + 3])
     return scans
 

@@ -272,3 +272,23 @@ def test_memory_bombs_are_rejects_under_an_address_space_limit(tmp_path):
     assert "file too large (4,294,967,296 bytes" in reasons["a/sparse.jpg"]
     assert all("\n" not in r for r in reasons.values())
     assert "2 images" in got.stdout or "4 images" in got.stdout, got.stdout
+
+
+# ---------------------------------------------------------------------------- the scan counter on any bytes
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=600), st.integers(0, 150))
+def test_scan_count_of_any_bytes_is_bounded_and_never_raises(tail, limit):
+    """Whatever follows an SOI (garbage, cut segments, lengths past the end): a count in 0..limit+1."""
+    for data in (b"\xff\xd8" + tail, b"\xff\xd8\xff\xc2\x00\x02" + tail, tail):
+        n = jpeg_scans(data, limit)
+        assert 0 <= n <= limit + 1
+        assert too_many_scans(data, limit) == (n > limit)
+
+
+def test_scan_count_stops_at_the_limit():
+    bomb = scan_bomb(16, 16)
+    assert [jpeg_scans(bomb, k) for k in (0, 1, 100, 882, 883, 5000)] == [1, 2, 101, 883, 883, 883]
