@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import EpsImagePlugin, Image
 
 from packer import images
@@ -275,10 +277,6 @@ def test_memory_bombs_are_rejects_under_an_address_space_limit(tmp_path):
 
 
 # ---------------------------------------------------------------------------- the scan counter on any bytes
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=600), st.integers(0, 150))
 def test_scan_count_of_any_bytes_is_bounded_and_never_raises(tail, limit):

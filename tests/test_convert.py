@@ -221,7 +221,7 @@ def test_info_names_what_a_dataset_was_converted_from(real_wds, tmp_path):
     assert d["reencoded"] == json.loads((real_wds / "index.json").read_text())["stats"]["reencoded"]
 
 
-# ---------------------------------------------------------------------------- names.jsonl (issue 22 item 9, issue 23 item 11)
+# ------------------------------------------------------------- names.jsonl (issue 22 item 9, issue 23 item 11)
 def _index_only(root: Path, n: int) -> spec.Index:
     """An index of ``n`` samples with a real names.jsonl and no data files (what convert's source scan reads)."""
     root.mkdir(parents=True)
