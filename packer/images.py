@@ -130,6 +130,11 @@ _TRANSPOSE = {
 _PIL_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError)
 
 
+_OUT_OF_MEMORY = ("out of memory while decoding (the image needs more memory than this process may use; "
+                  "lower --workers or --max-pixels)")
+_PIL_OUT_OF_MEMORY = ("decoder error -9", "out of memory error")  # Pillow's OSError for IMAGING_CODEC_MEMORY
+
+
 def _one_line(exc: BaseException | Warning | str) -> str:
     text = re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "data", str(exc))  # "<_io.BytesIO object at 0x..>"
     return " ".join(text.split())[:200] or type(exc).__name__
@@ -186,6 +191,8 @@ def _load(im: Image.Image) -> None:
         raise RejectedImage(f"decompression bomb ({_one_line(exc)})") from None
     except _PIL_ERRORS as exc:
         msg = _one_line(exc)
+        if msg in _PIL_OUT_OF_MEMORY:  # Pillow's decoders say IMAGING_CODEC_MEMORY so, not with MemoryError
+            raise RejectedImage(_OUT_OF_MEMORY) from None
         kind = "truncated" if "truncated" in msg or isinstance(exc, EOFError) else "corrupt"
         raise RejectedImage(f"{kind} {im.format} ({msg})") from None
 
@@ -351,18 +358,17 @@ def prepare_image(data: bytes, opts: ImageOptions) -> Prepared:
     if not data:
         raise RejectedImage("empty file (0 bytes)")
     check_file_size(len(data), opts)
-    if data[:2] == b"\xff\xd8" and too_many_scans(data):
-        raise RejectedImage(f"JPEG with more than {MAX_JPEG_SCANS} scans (each scan costs a pass over the "
-                            "whole image: a decode that can take minutes; encoders write at most ~10)")
     try:
         plain = _plain_jpeg(data, opts)  # the common case without Pillow (packer.validate_fast)
-        if plain is not None:
+        if plain is not None:  # (its scans are counted there when it is progressive)
             return plain
+        if data[:2] == b"\xff\xd8" and too_many_scans(data):
+            raise RejectedImage(f"JPEG with more than {MAX_JPEG_SCANS} scans (each scan costs a pass over the "
+                                "whole image: a decode that can take minutes; encoders write at most ~10)")
         with _strict_pillow() as caught:
             prep = _prepare(data, opts)
     except MemoryError:
-        raise RejectedImage("out of memory while decoding (the image needs more memory than this "
-                            "process may use; lower --workers or --max-pixels)") from None
+        raise RejectedImage(_OUT_OF_MEMORY) from None
     seen = [_one_line(w.message) for w in caught if not issubclass(w.category, Image.DecompressionBombWarning)]
     if seen:
         prep.note = ", ".join(filter(None, [prep.note, f"warning: {seen[0]}"]))

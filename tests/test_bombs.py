@@ -107,19 +107,30 @@ def scan_bomb(width: int, height: int, refinements: int = 13) -> bytes:
     return b"".join(out) + b"\xff\xd9"
 
 
-def float_tiff(width: int, height: int, rows: int | None = None) -> bytes:
-    """A float32 grayscale TIFF (SampleFormat 3) of zeros in one deflate strip; ``rows``: compress only
-    that many rows (a valid header for a size never decoded, without compressing gigabytes)."""
+def tiff(width: int, height: int, rows: int | None = None, *, bits: int = 32, samples: int = 1,
+         sample_format: int = 3) -> bytes:
+    """A TIFF of zeros in one deflate strip (default: float32 grayscale, SampleFormat 3); ``rows``:
+    compress only that many rows (a valid header for a size never decoded, without compressing
+    gigabytes)."""
     z, rows = zlib.compressobj(1), height if rows is None else rows
-    chunk = bytes(4 * width * 64)
-    strip = b"".join(z.compress(chunk) for _ in range(rows // 64))
-    strip += z.compress(bytes(4 * width * (rows % 64))) + z.flush()
-    tags = [(256, 4, width), (257, 4, height), (258, 3, 32), (259, 3, 8), (262, 3, 1), (273, 4, 8),
-            (277, 3, 1), (278, 4, height), (279, 4, len(strip)), (339, 3, 3)]
+    row_bytes = bits // 8 * samples * width
+    strip = b"".join(z.compress(bytes(row_bytes * 64)) for _ in range(rows // 64))
+    strip += z.compress(bytes(row_bytes * (rows % 64))) + z.flush()
+    extra = struct.pack(f"<{samples}H", *[bits] * samples) if samples > 1 else b""  # BitsPerSample values
+    extra_at = 8 + len(strip)
+    tags = [(256, 4, 1, width), (257, 4, 1, height),
+            (258, 3, samples, extra_at if samples > 1 else bits), (259, 3, 1, 8), (262, 3, 1, 2 if samples == 3 else 1),
+            (273, 4, 1, 8), (277, 3, 1, samples), (278, 4, 1, height), (279, 4, 1, len(strip)),
+            (339, 3, 1, sample_format)]
     ifd = struct.pack("<H", len(tags)) + b"".join(
-        struct.pack("<HHI", tag, kind, 1) + (struct.pack("<HH", v, 0) if kind == 3 else struct.pack("<I", v))
-        for tag, kind, v in tags) + b"\0\0\0\0"
-    return b"II*\0" + struct.pack("<I", 8 + len(strip)) + strip + ifd
+        struct.pack("<HHI", tag, kind, count)
+        + (struct.pack("<I", v) if kind == 4 or count > 1 else struct.pack("<HH", v, 0))
+        for tag, kind, count, v in tags) + b"\0\0\0\0"
+    return b"II*\0" + struct.pack("<I", extra_at + len(extra)) + strip + extra + ifd
+
+
+def float_tiff(width: int, height: int, rows: int | None = None) -> bytes:
+    return tiff(width, height, rows)
 
 
 EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n0 0 moveto 10 10 lineto stroke\nshowpage\n%%EOF\n"
@@ -251,29 +262,35 @@ def _pack_limited(src: Path, out: Path, limit: int) -> subprocess.CompletedProce
 
 @pytest.mark.slow
 def test_memory_bombs_are_rejects_under_an_address_space_limit(tmp_path):
-    """A float TIFF over the budget, a sparse 4 GB .jpg and a float TIFF within it, packed with
-    ``RLIMIT_AS`` = 1.2 GB (the packer itself takes ~0.5 GB of address space): two rejects with
-    one line each and the third stored; no traceback (exit 3: rejects)."""
+    """Packed with ``RLIMIT_AS`` = 1 GiB (the packer itself takes ~0.5 GB of address space): a float
+    TIFF over the byte budget and a sparse 4 GB .jpg are rejected before any allocation, an RGB TIFF
+    within the budget that Pillow cannot allocate (4 bytes per pixel: 708 MB) is rejected on its
+    MemoryError, and a float TIFF within the budget is converted (its conversion took ~1.1 GB).
+    Before: a MemoryError traceback ended the pack. Now: one line each in rejects.jsonl, exit 3."""
     src = tmp_path / "src" / "a"
     src.mkdir(parents=True)
     (src / "big_float.tif").write_bytes(float_tiff(13000, 13000, rows=64))  # 676 MB decoded
-    (src / "ok_float.tif").write_bytes(float_tiff(6000, 6000))  # 144 MB decoded: converting took ~1.1 GB
+    (src / "big_rgb.tif").write_bytes(tiff(13300, 13300, rows=64, bits=8, samples=3, sample_format=1))
+    (src / "ok_float.tif").write_bytes(float_tiff(6000, 6000))  # 144 MB decoded
     sparse = src / "sparse.jpg"
     with open(sparse, "wb") as f:
         f.write(scan_bomb(16, 16, refinements=0)[:-2])
         f.truncate(4 << 30)
     Image.new("RGB", (32, 32), (5, 6, 7)).save(src / "plain.jpg")
     out = tmp_path / "out"
-    got = _pack_limited(src.parent, out, int(1.2 * (1 << 30)))
+    got = _pack_limited(src.parent, out, 1 << 30)
     assert "Traceback" not in got.stderr and "MemoryError" not in got.stderr, got.stderr[-3000:]
     assert got.returncode == 3, (got.returncode, got.stderr[-2000:])
-    rejects = {json.loads(line)["path"]: json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()}
-    assert set(rejects) == {"a/big_float.tif", "a/sparse.jpg"}, rejects
-    reasons = {k: next(v for key, v in r.items() if key != "path") for k, r in rejects.items()}
-    assert "decompression bomb (13000x13000 F = 676,000,000 bytes decoded" in reasons["a/big_float.tif"]
-    assert "file too large (4,294,967,296 bytes" in reasons["a/sparse.jpg"]
-    assert all("\n" not in r for r in reasons.values())
-    assert "2 images" in got.stdout or "4 images" in got.stdout, got.stdout
+    rejects = {r["path"]: r["reason"] for r in map(json.loads, (out / "rejects.jsonl").read_text().splitlines())}
+    assert set(rejects) == {"a/big_float.tif", "a/big_rgb.tif", "a/sparse.jpg"}, rejects
+    assert rejects["a/big_float.tif"].startswith("decompression bomb (13000x13000 F = 676,000,000 bytes decoded > ")
+    assert rejects["a/big_rgb.tif"].startswith("out of memory while decoding"), rejects
+    assert rejects["a/sparse.jpg"].startswith("file too large (4,294,967,296 bytes > 536,870,910"), rejects
+    assert all("\n" not in r for r in rejects.values())
+    from readers import spec
+
+    index = spec.read_index(out)
+    assert sorted(index.names()) == ["a/ok_float.tif", "a/plain.jpg"]
 
 
 # ---------------------------------------------------------------------------- the scan counter on any bytes
@@ -290,3 +307,11 @@ def test_scan_count_of_any_bytes_is_bounded_and_never_raises(tail, limit):
 def test_scan_count_stops_at_the_limit():
     bomb = scan_bomb(16, 16)
     assert [jpeg_scans(bomb, k) for k in (0, 1, 100, 882, 883, 5000)] == [1, 2, 101, 883, 883, 883]
+
+
+def test_the_header_fast_path_leaves_a_scan_bomb_to_the_full_path():
+    """packer.validate_fast answers a size only for a JPEG stored as it is: not for a scan bomb."""
+    from packer.validate_fast import plain_jpeg_size
+
+    assert plain_jpeg_size(scan_bomb(64, 48)) is None
+    assert plain_jpeg_size(scan_bomb(64, 48, refinements=0)) == (48, 64)  # 64 scans: kept as it is
