@@ -315,3 +315,37 @@ def test_the_header_fast_path_leaves_a_scan_bomb_to_the_full_path():
 
     assert plain_jpeg_size(scan_bomb(64, 48)) is None
     assert plain_jpeg_size(scan_bomb(64, 48, refinements=0)) == (48, 64)  # 64 scans: kept as it is
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+def test_a_forged_eps_sample_is_an_error_naming_it_and_gs_never_runs(packed_generated, tmp_path, fake_gs, fmt):
+    """A dataset whose sample 3 holds EPS bytes (same length, so every index value still fits):
+    reading it names the data file and the sample, and Pillow never starts Ghostscript."""
+    import shutil
+
+    from readers import open_dataset, spec
+
+    root = tmp_path / fmt
+    shutil.copytree(packed_generated[fmt], root)
+    ds = open_dataset(root, decode=False)
+    stored = ds.read(3)
+    name = ds.shard_path(ds.shard_of(3)).name if fmt == "wds" else spec.DATA_FILE[fmt]
+    ds.close()
+    forged = (EPS + b"%" * len(stored))[:len(stored)]
+    blob = bytearray((root / name).read_bytes())
+    at = blob.find(stored)
+    blob[at:at + len(stored)] = forged
+    (root / name).write_bytes(bytes(blob))
+    ds = open_dataset(root)
+    try:
+        with pytest.raises(spec.DatasetFormatError, match=rf"{root / name} sample 3: not a JPEG or PNG image") as exc:
+            if fmt == "wds":  # a stream: samples 0-2 decode, then sample 3 stops it
+                for _ in ds:
+                    pass
+            else:
+                assert ds[2][0].shape[0] == 3
+                ds[3]
+    finally:
+        ds.close()
+    assert "\n" not in str(exc.value)
+    assert not fake_gs.exists(), fake_gs.read_text()
