@@ -18,6 +18,12 @@ What a sample becomes:
 * mmap -> mmap: the pixels (resized if ``--resize`` asks for another size).
 
 Sample order, labels, class names and ``names.jsonl`` are the source's.
+``names.jsonl`` is streamed, never held (a list of 1.28M names took 658 MB):
+checked line by line before anything is written (a line that is not a JSON
+string, or a line count that is not the sample count, is one
+:class:`~packer.errors.SourceError` naming ``names.jsonl:LINE``), then read
+again as the samples are written. Labels and sizes are read from the index
+arrays as they are needed, not copied into lists.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import mmap
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -44,7 +50,7 @@ from packer.source import Source
 from packer.workers import Outcome
 from readers import spec
 
-__all__ = ["convert", "dataset_source", "conversion_options"]
+__all__ = ["convert", "dataset_source", "close_source", "conversion_options"]
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +68,136 @@ def conversion_options(source_options: dict[str, Any], given: PackOptions) -> Pa
 
 
 def dataset_source(index: spec.Index) -> Source:
-    """A :class:`Source` whose samples are the packed dataset's, in its order."""
+    """A :class:`Source` whose samples are the packed dataset's, in its order.
+
+    Its ``paths`` are a :class:`_Names` (read from ``names.jsonl`` on demand), its labels and sizes
+    views of the index arrays: memory independent of the sample count. ``names.jsonl`` is checked
+    first, in one streaming pass. Close it with :func:`close_source`.
+    """
     meta, arrays = index.meta, index.arrays
     h = hashlib.sha256(meta["format"].encode())
     for name in ("labels", "sizes", "checksums"):
-        h.update(np.ascontiguousarray(arrays[name]).tobytes())
+        h.update(np.ascontiguousarray(arrays[name]).data)  # the buffer, not a copy of it
     details = {"dataset_format": meta["format"], "num_samples": index.num_samples,
                "original_source": meta.get("source", {}), "original_stats": meta.get("stats", {})}
-    return Source(root=index.root, classes=index.classes, paths=list(index.names()),
-                  labels=arrays["labels"].tolist(), sizes=arrays["sizes"].tolist(),
+    for _ in _read_names(index):  # every line a JSON string, one per sample: refused before any output
+        pass
+    return Source(root=index.root, classes=index.classes, paths=_Names(index),  # type: ignore[arg-type]
+                  labels=_Ints(arrays["labels"]), sizes=_Ints(arrays["sizes"]),  # type: ignore[arg-type]
                   kind="dataset", details=details, _fingerprint=h.hexdigest(),
                   order=meta.get("order") or {"kind": "source"})  # the samples keep the dataset's order
+
+
+def close_source(source: Source) -> None:
+    """Close the ``names.jsonl`` readers a :func:`dataset_source` opened (idempotent)."""
+    if isinstance(source.paths, _Names):
+        source.paths.close()
+
+
+def _read_names(index: spec.Index) -> Iterator[str]:
+    """Each sample's name from ``names.jsonl``, in order: SourceError (one line, ``file:line``) for a
+    line that is not a JSON string and for a line count that is not the index's sample count."""
+    where, n = f"{index.location}/{spec.NAMES_FILE}", index.num_samples
+    lines = index.names()
+    try:
+        i = 0
+        while True:
+            try:
+                name = next(lines)
+            except StopIteration:
+                break
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, deep nesting
+                raise SourceError(f"{where}:{i + 1}: not a JSON string ({_first_line(exc)}); "
+                                  "the dataset's names file is damaged") from None
+            if not isinstance(name, str):
+                raise SourceError(f"{where}:{i + 1}: not a JSON string (a JSON {type(name).__name__}); "
+                                  "the dataset's names file is damaged")
+            if i >= n:
+                raise SourceError(f"{where}: more lines than the {n:,} samples of the index")
+            yield name
+            i += 1
+        if i != n:
+            raise SourceError(f"{where}: {i:,} lines for the {n:,} samples of the index")
+    finally:
+        lines.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+class _Names(Sequence[str]):
+    """``names.jsonl`` as a read-only sequence, read as it is asked for: memory independent of N.
+
+    The write stage asks for ``names[pos]`` in increasing ``pos`` (twice for the same one) and
+    the journal for growing slices ``names[a:b]`` (each an iterator); each kind has its own
+    forward-only reader, restarted from the top only when asked to go back.
+    """
+
+    def __init__(self, index: spec.Index) -> None:
+        self._index, self._n = index, index.num_samples
+        self._readers: dict[str, list] = {}  # kind -> [next position, iterator, last name]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _reader(self, kind: str, pos: int) -> list:
+        state = self._readers.get(kind)
+        if state is None or state[0] > pos + (state[2] is not None):
+            if state is not None:
+                state[1].close()
+            state = self._readers[kind] = [0, _read_names(self._index), None]
+        return state
+
+    def _at(self, kind: str, pos: int) -> str:
+        state = self._reader(kind, pos)
+        if state[0] == pos + 1 and state[2] is not None:
+            return state[2]
+        while state[0] <= pos:
+            state[2] = next(state[1])
+            state[0] += 1
+        return state[2]
+
+    def __getitem__(self, key):  # type: ignore[override]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self._n)
+            if step != 1:
+                raise ValueError("names.jsonl is read in order: no slice step")
+            return (self._at("slice", pos) for pos in range(start, stop))
+        pos = key + self._n if key < 0 else key
+        if not 0 <= pos < self._n:
+            raise IndexError(key)
+        return self._at("item", pos)
+
+    def __iter__(self) -> Iterator[str]:
+        return _read_names(self._index)
+
+    def close(self) -> None:
+        for state in self._readers.values():
+            state[1].close()
+        self._readers.clear()
+
+    def __getstate__(self) -> dict:
+        return {"_index": self._index, "_n": self._n, "_readers": {}}  # open readers stay in this process
+
+
+class _Ints(Sequence[int]):
+    """An index array as a sequence of Python ints (what ``Source`` holds), without copying it into a list."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._array = array
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def __getitem__(self, key):  # type: ignore[override]
+        if isinstance(key, slice):
+            return self._array[key].tolist()
+        return int(self._array[key])
+
+    def __iter__(self) -> Iterator[int]:
+        for a in range(0, len(self._array), 4096):
+            yield from self._array[a:a + 4096].tolist()
 
 
 # ---------------------------------------------------------------------------- reading the source
@@ -245,6 +370,9 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions
             callback = progress(split, source) if progress else None
             log.info("converting %s (%s, %d samples) -> %s (%s)", index.root, index.format,
                      index.num_samples, dest, opts.format)
-            results.append(pack_split(source, dest, split, opts, WRITERS[opts.format], workers, callback,
-                                      prepare=_prepare_stage(index)))
+            try:
+                results.append(pack_split(source, dest, split, opts, WRITERS[opts.format], workers, callback,
+                                          prepare=_prepare_stage(index)))
+            finally:
+                close_source(source)
     return results

@@ -21,7 +21,12 @@ The rules (documented for users in ``docs/bad-input.md``):
   says what was removed) unless it is re-encoded anyway.
 * Rejected (:class:`RejectedImage`, one-line reason): empty, not an image,
   truncated, corrupt (JPEGs on which libjpeg-turbo reports corrupt data
-  included), or more than ``max_pixels`` pixels (checked from the header).
+  included), or too costly to decode, checked before decoding: more than
+  ``max_pixels`` pixels or more decoded bytes than :func:`max_image_bytes`
+  (from the header: size times the mode's bytes per pixel), a file larger than
+  that budget (``check_file_size``, also used before a source file is read), a
+  JPEG with more than ``readers.decode.MAX_JPEG_SCANS`` progressive scans. An
+  image that still runs the worker out of memory is rejected, not fatal.
 * Each image is decoded at most once: an unchanged JPEG is validated by a
   1/8-scale grayscale decode that still reads all its compressed data.
 """
@@ -41,13 +46,15 @@ from typing import Iterator
 
 import numpy as np
 import simplejpeg
-from PIL import Image, ImageFile, JpegImagePlugin
+from PIL import Image, ImageFile, ImageMode, JpegImagePlugin
 
 from packer.jpeg_repair import repair_header
 from packer.validate_fast import plain_jpeg_size
+from readers.decode import MAX_JPEG_SCANS, too_many_scans
 from readers.geometry import resize_center_crop
 
-__all__ = ["ImageOptions", "Prepared", "RejectedImage", "prepare_image", "DEFAULT_QUALITY", "DEFAULT_MAX_PIXELS"]
+__all__ = ["ImageOptions", "Prepared", "RejectedImage", "prepare_image", "max_image_bytes", "check_file_size",
+           "DEFAULT_QUALITY", "DEFAULT_MAX_PIXELS"]
 
 #: JPEG quality of re-encoded images (``PackOptions.quality`` and ``--quality`` default to it).
 DEFAULT_QUALITY = 90
@@ -68,6 +75,21 @@ class ImageOptions:
     want_pixels: bool = False  # return decoded RGB pixels (mmap) instead of encoded bytes
     max_pixels: int = DEFAULT_MAX_PIXELS  # decompression-bomb limit (Pillow's error threshold)
     normalize_quality: int = 95  # full-size JPEG re-encodes (CMYK, EXIF) use max(quality, this)
+
+
+def max_image_bytes(opts: ImageOptions) -> int:
+    """The memory budget of one image: its decoded pixels (declared size times bytes per pixel of its
+    mode) and its file may each take at most this: an 8-bit RGB image of ``max_pixels`` pixels."""
+    return 3 * opts.max_pixels
+
+
+def check_file_size(size: int, opts: ImageOptions) -> None:
+    """RejectedImage (one line) when a source file of ``size`` bytes is too big to be read: more than
+    :func:`max_image_bytes` (no compressed image of the allowed pixel count needs more)."""
+    limit = max_image_bytes(opts)
+    if size > limit:
+        raise RejectedImage(f"file too large ({size:,} bytes > {limit:,}, 3 bytes per pixel of max_pixels "
+                            f"{opts.max_pixels:,}); not read")
 
 
 @dataclass
@@ -106,6 +128,11 @@ _TRANSPOSE = {
 }
 # What Pillow raises for bad data (Image.open itself catches a few more and says "cannot identify").
 _PIL_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError)
+
+
+_OUT_OF_MEMORY = ("out of memory while decoding (the image needs more memory than this process may use; "
+                  "lower --workers or --max-pixels)")
+_PIL_OUT_OF_MEMORY = ("decoder error -9", "out of memory error")  # Pillow's OSError for IMAGING_CODEC_MEMORY
 
 
 def _one_line(exc: BaseException | Warning | str) -> str:
@@ -147,6 +174,15 @@ def _open(data: bytes) -> Image.Image:
         raise RejectedImage(f"corrupt {kind} header ({_one_line(exc)})") from None
 
 
+def _bytes_per_pixel(mode: str) -> int:
+    """Bytes per pixel of a Pillow mode: bands times the band's size ('F' 4, 'I;16' 2, 'RGBA' 4, 'P' 1)."""
+    try:
+        m = ImageMode.getmode(mode)
+        return max(1, len(m.bands) * np.dtype(m.typestr).itemsize)
+    except (KeyError, TypeError, ValueError):  # a mode this table does not know: count the widest
+        return 4
+
+
 def _load(im: Image.Image) -> None:
     """Full decode with Pillow (first frame)."""
     try:
@@ -155,6 +191,8 @@ def _load(im: Image.Image) -> None:
         raise RejectedImage(f"decompression bomb ({_one_line(exc)})") from None
     except _PIL_ERRORS as exc:
         msg = _one_line(exc)
+        if msg in _PIL_OUT_OF_MEMORY:  # Pillow's decoders say IMAGING_CODEC_MEMORY so, not with MemoryError
+            raise RejectedImage(_OUT_OF_MEMORY) from None
         kind = "truncated" if "truncated" in msg or isinstance(exc, EOFError) else "corrupt"
         raise RejectedImage(f"{kind} {im.format} ({msg})") from None
 
@@ -238,23 +276,51 @@ def _problems(im: Image.Image, data: bytes) -> list[str]:
     return notes
 
 
-def _to_8bit(arr: np.ndarray, mode: str) -> np.ndarray:
-    """Scale 16-bit (>> 8), 32-bit int and float images to 0..255 instead of clipping them."""
+#: Pixels converted to 8 bits per numpy step: the float64 work arrays stay ~0.5 MB whatever the image.
+_STRIP_PIXELS = 1 << 16
+
+
+def _strips(img: Image.Image) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, pixels) of consecutive horizontal strips of ``img``, ~``_STRIP_PIXELS`` each."""
+    w, h = img.size
+    rows = max(1, _STRIP_PIXELS // max(w, 1))
+    for y in range(0, h, rows):
+        yield y, np.asarray(img.crop((0, y, w, min(y + rows, h))))
+
+
+def _to_8bit(img: Image.Image, mode: str) -> Image.Image:
+    """Scale 16-bit (>> 8), 32-bit int and float images to 0..255 instead of clipping them: an L image.
+
+    Strip by strip, so the extra memory is the 8-bit result plus a few small work arrays
+    (a whole-image float64 pipeline took ~30 bytes per pixel: 5 GB for a 1 MB float TIFF).
+    """
+    out = np.empty((img.height, img.width), np.uint8)
     if mode in _SIXTEEN_BIT:
-        return (arr.astype(np.uint16) >> 8).astype(np.uint8)
-    a = np.nan_to_num(arr.astype(np.float64))
-    if mode == "I" and a.min() >= 0 and a.max() <= 65535:  # 16-bit data in a 32-bit mode
-        return (a.astype(np.uint32) >> 8).astype(np.uint8)
-    if mode == "F" and a.min() >= 0 and a.max() <= 1:
-        return np.rint(a * 255).astype(np.uint8)
-    lo, span = a.min(), (a.max() - a.min()) or 1.0  # anything else: stretch its range
-    return np.rint((a - lo) * (255 / span)).astype(np.uint8)
+        for y, s in _strips(img):
+            out[y:y + len(s)] = (s.astype(np.uint16) >> 8).astype(np.uint8)
+        return Image.fromarray(out)
+    lo, hi = math.inf, -math.inf
+    for _y, s in _strips(img):
+        a = np.nan_to_num(s.astype(np.float64))
+        lo, hi = min(lo, float(a.min())), max(hi, float(a.max()))
+
+    def convert(a: np.ndarray) -> np.ndarray:
+        if mode == "I" and lo >= 0 and hi <= 65535:  # 16-bit data in a 32-bit mode
+            return (a.astype(np.uint32) >> 8).astype(np.uint8)
+        if mode == "F" and lo >= 0 and hi <= 1:
+            return np.rint(a * 255).astype(np.uint8)
+        span = (hi - lo) or 1.0  # anything else: stretch its range
+        return np.rint((a - lo) * (255 / span)).astype(np.uint8)
+
+    for y, s in _strips(img):
+        out[y:y + len(s)] = convert(np.nan_to_num(s.astype(np.float64)))
+    return Image.fromarray(out)
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:
     mode = img.mode
     if mode in _SIXTEEN_BIT or mode in ("I", "F"):
-        img, mode = Image.fromarray(_to_8bit(np.asarray(img), mode)), "L"
+        img, mode = _to_8bit(img, mode), "L"
     try:
         if _has_alpha(img):
             white = Image.new("RGBA", img.size, (255, 255, 255, 255))
@@ -291,11 +357,18 @@ def prepare_image(data: bytes, opts: ImageOptions) -> Prepared:
     """
     if not data:
         raise RejectedImage("empty file (0 bytes)")
-    plain = _plain_jpeg(data, opts)  # the common case without Pillow (packer.validate_fast)
-    if plain is not None:
-        return plain
-    with _strict_pillow() as caught:
-        prep = _prepare(data, opts)
+    check_file_size(len(data), opts)
+    try:
+        plain = _plain_jpeg(data, opts)  # the common case without Pillow (packer.validate_fast)
+        if plain is not None:  # (its scans are counted there when it is progressive)
+            return plain
+        if data[:2] == b"\xff\xd8" and too_many_scans(data):
+            raise RejectedImage(f"JPEG with more than {MAX_JPEG_SCANS} scans (each scan costs a pass over the "
+                                "whole image: a decode that can take minutes; encoders write at most ~10)")
+        with _strict_pillow() as caught:
+            prep = _prepare(data, opts)
+    except MemoryError:
+        raise RejectedImage(_OUT_OF_MEMORY) from None
     seen = [_one_line(w.message) for w in caught if not issubclass(w.category, Image.DecompressionBombWarning)]
     if seen:
         prep.note = ", ".join(filter(None, [prep.note, f"warning: {seen[0]}"]))
@@ -333,6 +406,10 @@ def _prepare_file(data: bytes, opts: ImageOptions) -> Prepared:
     fmt, (w, h) = im.format or "", im.size
     if w * h > opts.max_pixels:
         raise RejectedImage(f"decompression bomb ({w}x{h} = {w * h:,} pixels > max_pixels {opts.max_pixels:,})")
+    need = w * h * _bytes_per_pixel(im.mode)
+    if need > max_image_bytes(opts):
+        raise RejectedImage(f"decompression bomb ({w}x{h} {im.mode} = {need:,} bytes decoded > "
+                            f"{max_image_bytes(opts):,}, 3 bytes per pixel of max_pixels {opts.max_pixels:,})")
     jpeg = fmt in _JPEG_FORMATS
     notes = _problems(im, data)
     decoded = not jpeg and bool(opts.validate or notes or opts.want_pixels or _downscaled(w, h, opts))

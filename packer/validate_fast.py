@@ -13,7 +13,8 @@ Exif block's orientation, an XMP orientation, Adobe and multi-picture markers,
 and junk between segments (which ``packer.jpeg_repair`` removes on the full path). It answers
 ``(height, width)`` only when the file is such a plain JPEG, and None for
 anything else (other formats, CMYK, 12-bit, Adobe colour transforms, MPO,
-an orientation that must be applied, a header it cannot read); then the full
+an orientation that must be applied, a header it cannot read, a progressive
+JPEG with more scans than ``readers.decode.MAX_JPEG_SCANS``); then the full
 path decides, so nothing the full path would change or reject is let through
 on the header's word. With validation on, the entropy-coded data is still
 checked in full by the caller (libjpeg-turbo's decode at 1/8 scale, luma
@@ -26,10 +27,13 @@ from __future__ import annotations
 
 import struct
 
+from readers.decode import too_many_scans
+
 __all__ = ["plain_jpeg_size", "exif_orientation"]
 
 # Start-of-frame markers (not DHT C4, JPG C8, DAC CC); C2/C6/CA/CE are progressive.
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_HUFFMAN_SEQUENTIAL = frozenset({0xC0, 0xC1})  # every other frame's scans are counted (readers.decode.jpeg_scans)
 _RST = frozenset(range(0xD0, 0xD8))  # RST0-7: no length field
 _SOS, _EOI, _DQT, _APP1, _APP2, _APP14 = 0xDA, 0xD9, 0xDB, 0xE1, 0xE2, 0xEE
 _ORIENTATION = 0x0112
@@ -103,6 +107,7 @@ def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
     size = None
     orientation = 1
     seen_exif = False
+    frame = 0
     try:
         for marker, start, end in _segments(data):
             if marker in _SOF:
@@ -111,7 +116,7 @@ def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
                 precision, height, width, components = struct.unpack_from(">BHHB", data, start)
                 if precision != 8 or components not in (1, 3) or height == 0 or width == 0:
                     return None
-                size = (height, width)
+                size, frame = (height, width), marker
             elif marker == _DQT and not _tables_fit(data, start, end):
                 return None
             elif marker == _APP1 and data[start:start + 6] == b"Exif\0\0" and not seen_exif:
@@ -131,5 +136,7 @@ def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
     except ValueError:
         return None
     if orientation in (2, 3, 4, 5, 6, 7, 8):  # must be applied: the full path re-encodes
+        return None
+    if frame not in _HUFFMAN_SEQUENTIAL and too_many_scans(data):  # a scan bomb: the full path rejects it
         return None
     return size

@@ -24,7 +24,7 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 from packer.errors import PackError
-from packer.images import ImageOptions, Prepared, RejectedImage, prepare_image
+from packer.images import ImageOptions, Prepared, RejectedImage, check_file_size, prepare_image
 from packer.readahead import read_ahead
 from packer.source import Source
 from readers import spec
@@ -102,14 +102,17 @@ def _die_with_parent(parent: int | None) -> None:
         os._exit(1)
 
 
-def read_source(path: Path) -> bytes:
+def read_source(path: Path, opts: ImageOptions | None = None) -> bytes:
     """The bytes of a source image; it must be a regular file (a FIFO would block, a device never end).
-    Raises OSError naming ``path``."""
+    Raises OSError naming ``path``; with ``opts``, RejectedImage for a file too large to read
+    (``packer.images.check_file_size``: a sparse 4 GB .jpg is not read into memory)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO must not block open
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file (it was one when the source was scanned)", str(path))
+        if opts is not None:
+            check_file_size(st.st_size, opts)
         # One plain read of the size fstat gives, plus one byte (no file object: ~15 us less per image).
         # Any other length means the file grew, shrank or the read was short: read on to EOF.
         # O_NONBLOCK does nothing to a regular file's reads.
@@ -135,7 +138,9 @@ def _prepare_one(rel: str) -> Outcome:
     """
     assert _WORKER_ROOT is not None and _WORKER_OPTS is not None
     try:
-        data = read_source(_WORKER_ROOT / rel)
+        data = read_source(_WORKER_ROOT / rel, _WORKER_OPTS)
+    except RejectedImage as exc:
+        return Outcome(None, problem=str(exc))
     except OSError as exc:
         return Outcome(None, problem=f"{_WORKER_ROOT / rel}: read error: {exc.strerror or exc}", unreadable=True)
     outcome = outcome_of(data, _WORKER_OPTS)

@@ -219,3 +219,100 @@ def test_info_names_what_a_dataset_was_converted_from(real_wds, tmp_path):
     assert d["converted_from"] == [{"format": "wds", "path": str(real_wds.resolve())}]
     assert d["source"]["kind"] == "folder" and d["source"]["images_found"] == 31
     assert d["reencoded"] == json.loads((real_wds / "index.json").read_text())["stats"]["reencoded"]
+
+
+# ------------------------------------------------------------- names.jsonl (issue 22 item 9, issue 23 item 11)
+def _index_only(root: Path, n: int) -> spec.Index:
+    """An index of ``n`` samples with a real names.jsonl and no data files (what convert's source scan reads)."""
+    root.mkdir(parents=True)
+    with open(root / spec.NAMES_FILE, "w") as f:
+        for i in range(n):
+            f.write(json.dumps(f"class_{i % 1000:04d}/n{i:08d}_{i * 7 % 100003}.JPEG") + "\n")
+    arrays = {"labels": np.arange(n, dtype=np.int32) % 1000, "sizes": np.full(n, 110_000 + 3, np.int64),
+              "checksums": np.arange(n, dtype=np.uint32)}
+    return spec.Index(root, {"format": "lmdb", "num_samples": n, "classes": [str(c) for c in range(1000)]}, arrays)
+
+
+def _source_peak(index: spec.Index) -> int:
+    """tracemalloc peak of building convert's source and walking it as the write stage does
+    (each name twice, label and size, a journal checkpoint every 1,000 samples)."""
+    import tracemalloc
+
+    from packer.convert import close_source, dataset_source
+
+    tracemalloc.start()
+    try:
+        source = dataset_source(index)
+        seen = 0
+        for pos in range(len(source.paths)):
+            assert source.paths[pos] == source.paths[pos]
+            seen += source.labels[pos] + source.sizes[pos] * 0
+            if pos % 1000 == 999:
+                source.prefix_fingerprint(pos + 1)
+        source.prefix_fingerprint(len(source.paths))
+        assert source.total_bytes == index.num_samples * 110_003
+        close_source(source)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_convert_source_memory_does_not_grow_with_the_names(tmp_path):
+    """convert held every name in a list (658 MB at 1.28M samples); now names.jsonl is streamed and
+    labels and sizes stay in their arrays: the peak at 40,000 samples is the peak at 4,000."""
+    small = _source_peak(_index_only(tmp_path / "small", 4_000))
+    big = _source_peak(_index_only(tmp_path / "big", 40_000))
+    assert big < 1.5 * small + 64 * 1024, (small, big)  # a list of names: ~10x
+
+
+def test_convert_names_are_read_in_order_and_match(tmp_path):
+    from packer.convert import close_source, dataset_source
+
+    index = _index_only(tmp_path / "ds", 2_500)
+    source = dataset_source(index)
+    try:
+        names = list(index.names())
+        assert list(source.paths) == names and len(source.paths) == 2_500
+        assert [source.paths[i] for i in (0, 1, 1, 7, 2_499, 3, -1)] == [names[i] for i in (0, 1, 1, 7, 2_499, 3, -1)]
+        assert list(source.paths[10:20]) == names[10:20] and list(source.paths[5:8]) == names[5:8]
+        assert source.labels[1_001] == 1 and list(source.labels)[:3] == [0, 1, 2]
+    finally:
+        close_source(source)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("not json at all", r"names.jsonl:3: not a JSON string \(Expecting value"),
+    ("[" * 200_000, r"names.jsonl:3: not a JSON string"),
+    ("17", r"names.jsonl:3: not a JSON string \(a JSON int\)"),
+    (None, r"names.jsonl: 4 lines for the 5 samples of the index"),
+], ids=["garbage", "deep", "int", "short"])
+def test_a_bad_names_line_is_one_line_naming_file_and_line(real_wds, tmp_path, line, message):
+    """A non-JSON line in names.jsonl gave a raw JSONDecodeError traceback; now nothing is written."""
+    from packer.errors import SourceError
+
+    src = tmp_path / "src"
+    index = _index_only(src, 5)
+    lines = (src / spec.NAMES_FILE).read_text().splitlines()
+    if line is None:
+        del lines[2]
+    else:
+        lines[2] = line
+    (src / spec.NAMES_FILE).write_text("\n".join(lines) + "\n")
+    from packer.convert import dataset_source
+
+    with pytest.raises(SourceError, match=message) as exc:
+        dataset_source(index)
+    assert str(src / spec.NAMES_FILE) in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.slow  # subprocess
+def test_a_bad_names_line_stops_convert_without_traceback(real_wds, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(real_wds, src)
+    lines = (src / spec.NAMES_FILE).read_text().splitlines()
+    lines[4] = "{broken"
+    (src / spec.NAMES_FILE).write_text("\n".join(lines) + "\n")
+    r = run("convert", src, "-f", "lmdb", "-o", tmp_path / "out")
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and f"{src / spec.NAMES_FILE}:5: not a JSON string" in r.stderr
+    assert not (tmp_path / "out").exists()

@@ -321,3 +321,93 @@ def test_shuffled_imports_read_in_the_written_order(tmp_path, quiet_datasets):
             assert label == want_label
             if original.endswith(".jpg"):
                 assert data == expected[original], (src.name, name)
+
+
+# ---------------------------------------------------------------------------- importer bombs (issue 23 item 11)
+def _tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    import tarfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("label, message", [
+    (("cls", b"500000000"), r"shard-0.tar:s1 label: class index 500,000,000 is too large: at most 1,000,000 classes"),
+    (("json", b'{"label": 500000000}'), r"shard-0.tar:s1 label: class index 500,000,000 is too large"),
+    (("json", b"[" * 200_000 + b"]" * 200_000), r"shard-0.tar:s1.json: not a label \(JSON nested too deeply"),
+], ids=["cls-500M", "json-500M", "json-200k-deep"])
+def test_label_bombs_stop_the_scan_with_one_line(tmp_path, label, message):
+    """A class index of 500M built 500M class names (MemoryError); a label nested 200,000 deep raised
+    RecursionError. Each is one SourceError naming the shard and sample, before anything is built."""
+    from packer.errors import SourceError
+    from packer.importers.wds import scan_wds
+
+    good = (REAL_IMAGES / "people" / "grace_hopper.jpg").read_bytes()
+    ext, text = label
+    shard = _tar(tmp_path / "shards" / "shard-0.tar", [
+        ("s0.jpg", good), (f"s0.{ext}", b"3" if ext == "cls" else b'{"label": 3}'),
+        ("s1.jpg", good), (f"s1.{ext}", text)])
+    with pytest.raises(SourceError, match=message) as exc:
+        scan_wds(shard.parent)
+    assert str(shard) in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_class_index_limit_grows_with_the_samples(tmp_path):
+    """More classes than a million are taken when there are as many labelled samples."""
+    from packer.importers import wds as W
+
+    good = (REAL_IMAGES / "people" / "grace_hopper.jpg").read_bytes()
+    shard = _tar(tmp_path / "shards" / "shard-0.tar", [("s0.jpg", good), ("s0.cls", b"0"),
+                                                       ("s1.jpg", good), ("s1.cls", b"2")])
+    try:
+        W.MIN_CLASS_LIMIT = 2
+        with pytest.raises(W.SourceError, match="class index 2 is too large: at most 2 classes"):
+            W.scan_wds(shard.parent)
+        W.MIN_CLASS_LIMIT = 3
+        assert W.scan_wds(shard.parent).classes == ["0", "1", "2"]
+    finally:
+        W.MIN_CLASS_LIMIT = 1_000_000
+
+
+@pytest.mark.slow  # subprocess
+def test_label_bomb_is_a_usage_error_without_traceback(tmp_path):
+    good = (REAL_IMAGES / "people" / "grace_hopper.jpg").read_bytes()
+    _tar(tmp_path / "shards" / "shard-0.tar", [("s0.jpg", good), ("s0.cls", b"500000000")])
+    r = run(tmp_path / "shards", "-f", "wds", "-o", tmp_path / "out")
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "class index 500,000,000 is too large" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("forge, message", [
+    ("label", r"row 2: label 500,000,000 is not one of the 6 classes of column 'label'"),
+    ("metadata", r"cannot read this Hugging Face dataset \(RecursionError"),
+], ids=["label-500M", "metadata-200k-deep"])
+def test_hf_forged_parquet_is_one_line(tmp_path, quiet_datasets, forge, message):
+    """A label past the ClassLabel's names (the index would name classes that do not exist), and
+    Hugging Face metadata nested 200,000 deep (RecursionError): one SourceError each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packer.errors import SourceError
+    from packer.importers.hf import scan_hf
+
+    _, ds = hf_dataset()
+    ds.select(range(4)).to_parquet(str(tmp_path / "ok.parquet"))
+    table = pq.read_table(tmp_path / "ok.parquet")
+    if forge == "label":
+        labels = table.column("label").to_pylist()
+        labels[2] = 500_000_000
+        table = table.set_column(table.schema.get_field_index("label"), "label",
+                                 pa.array(labels, type=table.schema.field("label").type))
+    else:
+        table = table.replace_schema_metadata({b"huggingface": b"[" * 200_000 + b"]" * 200_000})
+    pq.write_table(table, tmp_path / "forged.parquet")
+    with pytest.raises(SourceError, match=message) as exc:
+        scan_hf(tmp_path / "forged.parquet")
+    assert "\n" not in str(exc.value)

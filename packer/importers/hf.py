@@ -190,6 +190,9 @@ def _scan_table(split: str, table: Any) -> Source:
             name = f"{row}:{path}" if path else str(row)
             if label is None or label < 0 or (length is None and not path):
                 ignored.append(name)
+            elif label >= len(cols.classes):
+                raise SourceError(f"{table.path}: row {row}: label {label:,} is not one of the "
+                                  f"{len(cols.classes):,} classes of column {cols.label!r}")
             else:
                 paths.append(name)
                 labels.append(int(label))
@@ -238,7 +241,7 @@ def scan_hf(src: Path) -> list[tuple[str, Source]]:
     """One :class:`Source` per split of the dataset at ``src``."""
     try:
         return [(split, _scan_table(split, table)) for split, table in _tables(src)]
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, RecursionError) as exc:  # RecursionError: JSON metadata nested too deep
         if isinstance(exc, SourceError):
             raise
         raise SourceError(f"{src}: cannot read this Hugging Face dataset ({type(exc).__name__}: {exc})") from None

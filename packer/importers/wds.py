@@ -13,7 +13,12 @@ sample). A sample is taken when it has an image (``jpg``, ``jpeg``, ``png``,
 
 Class names: with string labels, the sorted set of names (labels are their
 positions, like ImageFolder's sorted class folders); with integer labels,
-``"0"``, ``"1"``, ... up to the largest. Samples keep the shards' order
+``"0"``, ``"1"``, ... up to the largest. That largest index must stay below
+``max(1,000,000, number of labelled samples)`` (:data:`MIN_CLASS_LIMIT`): more
+classes than samples means empty classes, and past a million of them a label
+like ``500000000`` is broken or hostile (it would build 500M class names); the
+import stops with one line naming the shard and member. A ``.json`` label that
+is not JSON, or nests too deeply for the parser, stops it the same way. Samples keep the shards' order
 (shards sorted by file name). Samples without an image or a label are
 counted as ignored, like non-image files in a folder. Every image then goes
 through the same validation as a folder's files.
@@ -27,19 +32,21 @@ import os
 import re
 import tarfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from packer.errors import SourceError
 from packer.importers.stage import Unreadable, bytes_stage
 from packer.source import IMAGE_EXTENSIONS, Source
 
-__all__ = ["is_wds_source", "scan_wds", "shard_files"]
+__all__ = ["is_wds_source", "scan_wds", "shard_files", "MIN_CLASS_LIMIT"]
 
 log = logging.getLogger(__name__)
 
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
 _IMAGE_EXTS = tuple(e.lstrip(".") for e in IMAGE_EXTENSIONS)
 _JSON_LABEL_KEYS = ("label", "cls", "class", "target")
+#: Integer labels may name up to max(this, number of labelled samples) classes (see the module docstring).
+MIN_CLASS_LIMIT = 1_000_000
 
 
 def shard_files(folder: Path) -> list[Path]:
@@ -68,6 +75,8 @@ def _label_of(members: dict[str, bytes], where: str) -> int | str | None:
             obj = json.loads(members["json"])
         except ValueError as exc:
             raise SourceError(f"{where}.json: not JSON ({exc})") from None
+        except RecursionError:
+            raise SourceError(f"{where}.json: not a label (JSON nested too deeply to parse)") from None
         if isinstance(obj, dict):
             for key in _JSON_LABEL_KEYS:
                 value = obj.get(key)
@@ -109,11 +118,18 @@ def _sample(tar: tarfile.TarFile, key: str, group: list) -> tuple[str, str, int,
     return key, ext, m.offset_data, m.size, small
 
 
-def _classes(raw: list[int | str], where: Path) -> tuple[list[str], list[int]]:
+def _classes(raw: list[int | str], where: Path, member: Callable[[int], str]) -> tuple[list[str], list[int]]:
+    """Class names and labels; ``member(i)``: where sample ``i``'s label was read, for messages."""
     if all(isinstance(v, int) for v in raw):
-        if any(v < 0 for v in raw):
-            raise SourceError(f"{where}: negative class index {min(raw)} in the labels")
-        return [str(i) for i in range(max(raw) + 1)], list(raw)
+        low, high = min(raw), max(raw)
+        if low < 0:
+            raise SourceError(f"{member(raw.index(low))}: negative class index {low} in the labels")
+        limit = max(MIN_CLASS_LIMIT, len(raw))
+        if high >= limit:
+            raise SourceError(f"{member(raw.index(high))}: class index {high:,} is too large: at most {limit:,} "
+                              f"classes (max of {MIN_CLASS_LIMIT:,} and the {len(raw):,} labelled samples) "
+                              "are taken from integer labels")
+        return [str(i) for i in range(high + 1)], list(raw)
     if all(isinstance(v, str) for v in raw):
         names = sorted(set(raw))
         position = {n: i for i, n in enumerate(names)}
@@ -142,7 +158,11 @@ def scan_wds(src: Path) -> Source:
                           "and a label: key.cls, or key.json with a \"label\")")
     if ignored:
         log.warning("%d sample(s) without an image or a label ignored, e.g. %s", len(ignored), ignored[0])
-    classes, labels = _classes(raw, src)
+    def member(i: int) -> str:  # "<shard path>:<key> label": sample i, whose .cls (or .json) gave the label
+        key = paths[i].partition("/")[2].rsplit(".", 1)[0]
+        return f"{shards[where[i][0]]}:{key} label"
+
+    classes, labels = _classes(raw, src, member)
     source = Source(root, classes, paths, labels, sizes, ignored=ignored, kind="wds",
                     details={"shards": len(shards), "first_shard": shards[0].name if shards else None})
     source.prepare = bytes_stage(lambda positions: _read(shards, where, sizes, positions))
