@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 from readers.remote.config import RemoteURL, s3_settings
-from readers.remote.errors import ReadOnlyStoreError, RemoteError, RemoteIntegrityError
+from readers.remote.errors import (
+    BucketNotFoundError,
+    ObjectNotFoundError,
+    ReadOnlyStoreError,
+    RemoteError,
+    RemoteIntegrityError,
+)
 from readers.remote.retry import Retrier, RetryPolicy
 from readers.remote.store import ObjectInfo, Store
 
@@ -83,6 +89,7 @@ class FsspecStore(Store):
         self.read_only = url.scheme != "s3"
         self._fs_pid: int | None = None
         self._fs: Any = None
+        self._bucket_seen = False  # the bucket answered once: a 404 is then about the object
         self._lock = threading.Lock()
         self._retrier = Retrier(self.retry, self._credential_sources)
         if url.scheme == "s3":  # validate options now (cheap), not in a worker
@@ -169,15 +176,46 @@ class FsspecStore(Store):
     def _call(self, name: str, what: str, fn: Callable[[], T]) -> T:
         return self._retrier.call(fn, self.url_of(name), what)
 
-    def _run(self, name: str, what: str, coro_fn: Callable[..., Any], *args: Any) -> Any:
+    def _run(self, name: str, what: str, coro_fn: Callable[..., Any], *args: Any, bucket_seen: bool = True) -> Any:
         """``await coro_fn(*args)`` on fsspec's loop, retried, each attempt cancelled when the call's deadline passes."""
-        from fsspec.asyn import sync
-
         def attempt(timeout_s: float) -> Any:
-            fs = self.fs
-            return sync(fs.loop, coro_fn, fs, *args, timeout=timeout_s)
+            return _sync(self.fs, coro_fn, timeout_s, *args)
 
-        return self._retrier.call(attempt, self.url_of(name), what, deadline=True)
+        try:
+            out = self._retrier.call(attempt, self.url_of(name), what, deadline=True)
+        except ObjectNotFoundError as exc:
+            if self._bucket_missing(exc):
+                raise self._no_bucket() from exc
+            raise
+        if bucket_seen and self.remote.scheme == "s3":
+            self._bucket_seen = True  # an answer about an object: the bucket is there
+        return out
+
+    def _bucket_missing(self, exc: ObjectNotFoundError | None = None) -> bool:
+        """For s3: whether the bucket itself is missing (a 404 on HEAD does not say which; ask the bucket)."""
+        if self.remote.scheme != "s3" or self._bucket_seen:
+            return False
+        if exc is not None and "no such bucket" in str(exc):
+            return True
+
+        async def head_bucket(fs: Any) -> bool:
+            try:
+                await fs._call_s3("head_bucket", Bucket=self.remote.netloc)
+            except FileNotFoundError:
+                return False
+            return True
+
+        try:
+            exists = self._retrier.call(lambda t: _sync(self.fs, head_bucket, t), self.url, "HEAD bucket",
+                                        deadline=True)
+        except RemoteError:
+            return False  # unknown (denied, down): keep the error there was
+        self._bucket_seen = exists
+        return not exists
+
+    def _no_bucket(self) -> BucketNotFoundError:
+        return BucketNotFoundError(f"{self.url}: no such bucket {self.remote.netloc!r} at {self._settings.endpoint}; "
+                                   "check the URL and the endpoint (endpoint_url, AWS_ENDPOINT_URL)")
 
     def _path(self, name: str) -> str:
         """The path fsspec takes: ``bucket/key`` for s3, the full URL for http."""
@@ -250,7 +288,10 @@ class FsspecStore(Store):
                 return []
             return [f[len(root):].lstrip("/") for f in found if f.startswith(root)]
 
-        return self._run(prefix or "", "LIST", find)
+        names = self._run(prefix or "", "LIST", find, bucket_seen=False)  # some stores list a missing bucket as empty
+        if not names and self._bucket_missing():
+            raise self._no_bucket()
+        return names
 
     def _writable(self, name: str) -> None:
         if self.read_only:
@@ -283,6 +324,12 @@ class FsspecStore(Store):
                 pass
 
         self._call(name, "DELETE", rm)
+
+
+def _sync(fs: Any, coro_fn: Callable[..., Any], timeout_s: float, *args: Any) -> Any:
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, coro_fn, fs, *args, timeout=timeout_s)
 
 
 async def _bounded(read: Callable[[int], Any], limit: int) -> bytes:

@@ -156,8 +156,14 @@ def _transient_type(e: BaseException) -> bool:
     return name in {"IncompleteRead", "ProtocolError", "RemoteDisconnected"}
 
 
+#: botocore's "found no credentials to sign with" (nothing was sent): an auth failure, said as such.
+NO_CREDENTIALS = frozenset({"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"})
+
+
 def classify(exc: BaseException) -> Failure:
     """Sort a client exception into transient / not_found / auth / client, or None when it is not the client's."""
+    if any(type(e).__name__ in NO_CREDENTIALS for e in _chain(exc)):
+        return Failure("auth", None, "NoCredentials")
     statuses = [sc for sc in (_status_and_code(e) for e in _chain(exc)) if sc != (None, None)]
     for status, code in statuses:
         if status == 404 or code in NOT_FOUND_CODES:
@@ -246,6 +252,11 @@ class Retrier:
             return ObjectNotFoundError(f"{url}: no such {what_missing} ({detail or 'HTTP 404'})")
         if failure.kind == "auth":
             where = self.credential_sources() or "the request headers given in storage_options"
+            if failure.code == "NoCredentials":
+                return RemoteAuthError(f"{url}: no credentials found ({one_line(exc)}); looked in: {where}; "
+                                       "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, an AWS profile, or pass "
+                                       "storage_options={'key': ..., 'secret': ...} (or {'anon': True} for a "
+                                       "public bucket)")
             return RemoteAuthError(f"{url}: access denied ({detail or one_line(exc)}); "
                                    f"credentials were looked for in: {where}")
         return RemoteError(f"{url}: {what} failed: {detail + '; ' if detail else ''}{one_line(exc)}")
