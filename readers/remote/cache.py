@@ -14,8 +14,8 @@ that share ``cache_dir``:
   downloaded (size, CRC-32, and the store's identity of the object: ETag and
   modification time). A cached copy is served only if it matches what the
   caller expects now: the CRC-32 the dataset's index records (no request
-  needed), or, when the index records none, the object's identity as the
-  store reports it now (one HEAD). Otherwise it is downloaded again: a
+  needed), or, when the index records none or the copy was downloaded
+  without one, the object's identity as the store reports it now (one HEAD). Otherwise it is downloaded again: a
   dataset overwritten under the same URL never yields the old bytes, or a mix;
 * no full disk surprise: before a download the free space of the cache's
   file system is checked, and running out of space while writing is one
@@ -258,8 +258,10 @@ class NodeCache:
         rec = _read_ident(path)
         if rec is None or rec.get("size") != st.st_size:
             return False  # no record of what it is (an entry from an older version, or a crash): fetch again
-        if crc32 is not None:
-            return rec.get("crc32") == crc32
+        if crc32 is not None and rec.get("crc32") is not None:
+            return rec["crc32"] == crc32
+        # Unverified (downloaded without a CRC-32, as verify does to report damage itself), or nothing to
+        # verify against: the copy must be the object the store holds now.
         return rec.get("remote") == store.stat(name).identity()
 
     # ------------------------------------------------------------ size limit
