@@ -177,7 +177,7 @@ class FsspecStore(Store):
         return self._retrier.call(fn, self.url_of(name), what)
 
     def _run(self, name: str, what: str, coro_fn: Callable[..., Any], *args: Any, bucket_seen: bool = True) -> Any:
-        """``await coro_fn(*args)`` on fsspec's loop, retried, each attempt cancelled when the call's deadline passes."""
+        """``await coro_fn(fs, *args)`` on fsspec's loop, retried; each attempt is cancelled at the call's deadline."""
         def attempt(timeout_s: float) -> Any:
             return _sync(self.fs, coro_fn, timeout_s, *args)
 
@@ -209,7 +209,8 @@ class FsspecStore(Store):
             exists = self._retrier.call(lambda t: _sync(self.fs, head_bucket, t), self.url, "HEAD bucket",
                                         deadline=True)
         except RemoteError:
-            return False  # unknown (denied, down): keep the error there was
+            self._bucket_seen = True  # cannot tell (denied, down): keep the error there was, and do not ask again
+            return False
         self._bucket_seen = exists
         return not exists
 
@@ -334,13 +335,14 @@ def _sync(fs: Any, coro_fn: Callable[..., Any], timeout_s: float, *args: Any) ->
 
 async def _bounded(read: Callable[[int], Any], limit: int) -> bytes:
     """Read a body with ``await read(n)`` until it ends or holds more than ``limit`` bytes (then ``limit + 1``)."""
-    buf = bytearray()
-    while len(buf) <= limit:
-        piece = await read(min(_PIECE, limit + 1 - len(buf)))
+    pieces, got = [], 0
+    while got <= limit:
+        piece = await read(min(_PIECE, limit + 1 - got))
         if not piece:
             break
-        buf += piece
-    return bytes(buf)
+        pieces.append(piece)
+        got += len(piece)
+    return b"".join(pieces)  # one copy, as the client's own read() of a whole body makes
 
 
 def _progress_callback(progress: Callable[[int], None]) -> Any:

@@ -10,10 +10,11 @@ and a local folder tests them without a server.
 Reads: :meth:`read` (at most ``max_bytes``: 256 MB for ``index.json``, as
 locally, :data:`MAX_READ_BYTES` for anything else unless the caller says how
 much it expects), :meth:`read_range`, :meth:`size`, :meth:`stat` (size and the
-object's identity: ETag, modification time), :meth:`exists`, :meth:`list`, and :meth:`stream` for large sequential reads (consecutive
-range requests of ``chunk_size`` bytes, the next ones fetched in the
-background while the caller consumes the current one; each chunk is retried
-on its own, so a stream survives the server going away and coming back).
+object's identity: ETag, modification time), :meth:`exists`, :meth:`list`,
+and :meth:`stream` for large sequential reads (consecutive range requests of
+``chunk_size`` bytes, the next ones fetched in the background while the
+caller consumes the current one; each chunk is retried on its own, so a
+stream survives the server going away and coming back).
 Writes: :meth:`put` (a local file; multipart above ``part_size``),
 :meth:`put_bytes`, :meth:`delete`. An object written by ``put`` appears
 whole or not at all.
