@@ -15,8 +15,9 @@ that share ``cache_dir``:
   modification time). A cached copy is served only if it matches what the
   caller expects now: the CRC-32 the dataset's index records (no request
   needed), or, when the index records none or the copy was downloaded
-  without one, the object's identity as the store reports it now (one HEAD). Otherwise it is downloaded again: a
-  dataset overwritten under the same URL never yields the old bytes, or a mix;
+  without one, the object's identity as the store reports it now (one
+  HEAD). Otherwise it is downloaded again: a dataset overwritten under the
+  same URL never yields the old bytes, or a mix;
 * no full disk surprise: before a download the free space of the cache's
   file system is checked, and running out of space while writing is one
   :class:`CacheFullError` naming the cache folder, the bytes needed and what
