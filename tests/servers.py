@@ -108,3 +108,130 @@ def http_prefix(http_server) -> tuple[Path, str]:
     folder = http_server.root / name
     folder.mkdir()
     return folder, f"{http_server.url}/{name}"
+
+
+# --------------------------------------------------------------------------- misbehaving servers
+class BadHTTPServer:
+    """A real HTTP/1.1 server on 127.0.0.1 (a free port) that misbehaves on purpose, for one test.
+
+    ``mode``:
+
+    * ``"trickle"``: answers every GET with ``Content-Length: length`` and then
+      sends one byte every ``interval_s`` (HEAD: the headers only);
+    * ``"endless"``: answers GET with 200, no Content-Length, and body bytes as
+      fast as the socket takes them, until the client goes away;
+    * ``"norange"``: serves ``body`` whole with 200 whatever the Range header says.
+
+    Any path is answered the same way, so it also stands in for an S3 endpoint
+    (``storage_options={"endpoint_url": server.url, ...}``): s3fs's signed GETs
+    and HEADs get the same misbehaviour. Every connection handler stops after
+    ``max_s`` seconds, so a test that fails never leaves it running;
+    ``bytes_sent`` counts body bytes written. Use it as a context manager.
+    """
+
+    def __init__(self, mode: str, *, body: bytes = b"", length: int = 1000, interval_s: float = 0.5,
+                 max_s: float = 30.0) -> None:
+        import socket
+        import threading
+
+        if mode not in ("trickle", "endless", "norange"):
+            raise ValueError(mode)
+        self.mode, self.body, self.length, self.interval_s, self.max_s = mode, body, length, interval_s, max_s
+        self.bytes_sent = 0
+        self.requests: list[str] = []
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._accept = threading.Thread(target=self._serve, name="bad-http-accept", daemon=True)
+
+    def __enter__(self) -> "BadHTTPServer":
+        self._accept.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._accept.join(timeout=10)
+        for t in self._threads:
+            t.join(timeout=10)
+        self._sock.close()
+
+    def _serve(self) -> None:
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # the 0.2 s accept timeout: look at the stop flag again
+                continue
+            t = threading.Thread(target=self._handle, args=(conn,), name="bad-http-conn", daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def _handle(self, conn) -> None:
+        import time
+
+        end = time.monotonic() + self.max_s
+        conn.settimeout(1.0)
+        try:
+            with conn:
+                buf = b""
+                while not self._stop.is_set() and time.monotonic() < end:
+                    while b"\r\n\r\n" not in buf:
+                        try:
+                            piece = conn.recv(65536)
+                        except TimeoutError:
+                            if self._stop.is_set() or time.monotonic() > end:
+                                return
+                            continue
+                        if not piece:
+                            return
+                        buf += piece
+                    head, buf = buf.split(b"\r\n\r\n", 1)
+                    method = head.split(b" ", 1)[0].decode()
+                    with self._lock:
+                        self.requests.append(head.split(b"\r\n", 1)[0].decode())
+                    if not self._respond(conn, method, end):
+                        return
+        except OSError:
+            return  # the client went away (what a deadline or a cap does)
+
+    def _send(self, conn, data: bytes) -> None:
+        conn.sendall(data)
+        with self._lock:
+            self.bytes_sent += len(data)
+
+    def _respond(self, conn, method: str, end: float) -> bool:
+        """Answer one request; False when the connection must close."""
+        import time
+
+        if self.mode == "norange":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: \"fixed\"\r\n\r\n" % len(self.body))
+            if method != "HEAD":
+                self._send(conn, self.body)
+            return True
+        if self.mode == "endless":
+            if method == "HEAD":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000000\r\n\r\n")
+                return True
+            conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
+            block = b"x" * (1 << 20)
+            while not self._stop.is_set() and time.monotonic() < end:
+                self._send(conn, block)
+            return False
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.length)
+        if method == "HEAD":
+            return True
+        for _ in range(self.length):
+            if self._stop.wait(self.interval_s) or time.monotonic() > end:
+                return False
+            self._send(conn, b"{")
+        return True
+
+
+@pytest.fixture
+def bad_http():
+    """:class:`BadHTTPServer` (the class: ``with bad_http("trickle", ...) as srv``)."""
+    return BadHTTPServer

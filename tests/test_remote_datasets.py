@@ -388,8 +388,13 @@ def test_two_processes_share_one_cache(http_server, packed_generated, tmp_path):
         hits = [r for r in http_server.requests() if r.method == "GET" and r.path == f"/slow/{name}/{shard['name']}"]
         assert sum(r.bytes_sent for r in hits) == shard["bytes"], f"{shard['name']} downloaded more than once"
     files = [p for p in cache.rglob("*") if p.is_file() and "objects" in p.parts]
-    assert sorted(p.name for p in files) == sorted(s["name"] for s in meta["shards"]), "no partial or extra file"
+    want = sorted(s["name"] for s in meta["shards"])
+    # each shard, and beside it the record of what it holds (what makes a stale copy detectable)
+    assert sorted(p.name for p in files) == sorted(want + [n + ".ident" for n in want]), "no partial or extra file"
     for p in files:
+        if p.name.endswith(".ident"):
+            assert json.loads(p.read_text())["size"] == (root / p.name[:-len(".ident")]).stat().st_size
+            continue
         assert p.read_bytes() == (root / p.name).read_bytes(), f"{p.name} torn or damaged"
 
 

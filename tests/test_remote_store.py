@@ -34,6 +34,7 @@ from readers.remote import (
 from readers.remote.cache import CacheFullError, NodeCache
 from readers.remote.config import is_url, parse_url, s3_settings
 from readers.remote.download import download_ranged, partial_paths
+from readers.remote.errors import BucketNotFoundError
 from readers.remote.retry import classify
 from dataset_bench.servers import close_client
 from readers.remote.spans import plan_requests, prefetch_cached, read_spans
@@ -250,7 +251,8 @@ def test_404_names_the_object(s3_server, s3_prefix, http_prefix):
                 call()
             assert isinstance(err.value, FileNotFoundError)
             assert str(err.value).startswith(f"{store.url}/train-000007.tar: no such object"), str(err.value)
-    with pytest.raises(ObjectNotFoundError, match="no such bucket"):
+    # a missing bucket is its own error (not a FileNotFoundError: "no such dataset" must not hide it)
+    with pytest.raises(BucketNotFoundError, match="no such bucket"):
         open_store("s3://no-such-bucket-here/x", s3_server.storage_options()).read("index.json")
 
 

@@ -10,6 +10,18 @@ that share ``cache_dir``:
 
 * no torn file: an object is downloaded to ``<name>.partial`` and renamed
   when complete and verified (size, and CRC-32 when the caller knows it);
+* never stale: beside each entry ``<name>.ident`` records what was
+  downloaded (size, CRC-32, and the store's identity of the object: ETag and
+  modification time). A cached copy is served only if it matches what the
+  caller expects now: the CRC-32 the dataset's index records (no request
+  needed), or, when the index records none or the copy was downloaded
+  without one, the object's identity as the store reports it now (one
+  HEAD). Otherwise it is downloaded again: a dataset overwritten under the
+  same URL never yields the old bytes, or a mix;
+* no full disk surprise: before a download the free space of the cache's
+  file system is checked, and running out of space while writing is one
+  :class:`CacheFullError` naming the cache folder, the bytes needed and what
+  to do;
 * downloaded once: a per-object download lock (``flock``) serialises
   fetches, a process that finds a download in progress waits for it and
   then uses its result;
@@ -40,28 +52,34 @@ lock files are empty and kept.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Iterator
 
 from readers.remote.config import parse_size
 from readers.remote.download import DEFAULT_PART_SIZE, Progress, download_ranged, partial_paths
 from readers.remote.errors import RemoteError, RemoteIntegrityError
-from readers.remote.store import Store
+from readers.remote.store import ObjectInfo, Store
 
 log = logging.getLogger(__name__)
 
 __all__ = ["NodeCache", "CacheFullError", "Pin"]
 
-_SUFFIXES = (".partial", ".parts")
+_SUFFIXES = (".partial", ".parts", ".ident")
+_IDENT = ".ident"
+#: Attempts of one fetch when the object changes while it is downloaded (replaced mid-download).
+_CHANGED_TRIES = 2
 
 
 class CacheFullError(RemoteError):
-    """An object larger than the whole cache limit."""
+    """No room: an object larger than the whole cache limit, or the cache's disk is full."""
 
 
 @contextlib.contextmanager
@@ -125,31 +143,82 @@ class NodeCache:
               workers: int = 4, part_size: int = DEFAULT_PART_SIZE, progress: Progress | None = None) -> Path:
         """Local path of a complete copy of ``name``, downloading it first if needed.
 
-        ``size`` and ``crc32`` (from the dataset's index) are checked on
-        download; a cached copy of another size is replaced. Not pinned: use
+        ``size`` and ``crc32`` (from the dataset's index) are what the copy
+        must be: a cached copy recorded with another size or CRC-32 (the
+        dataset was overwritten) is downloaded again; without ``crc32`` the
+        cached copy must match the object's identity (size, ETag, mtime) the
+        store reports now. Both are checked on download. Not pinned: use
         :meth:`open` to keep the entry from being evicted while it is used.
         """
         path = self.path_for(store, name)
-        if self._valid(path, size):
+        if self._valid(store, name, path, size, crc32):
             _touch(path)
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
         # Waits while another process downloads it, never behind readers' pins (see the module notes).
         with _flock(self._fetch_lock_path(path), fcntl.LOCK_EX):
-            if self._valid(path, size):
+            if self._valid(store, name, path, size, crc32):
                 _touch(path)
                 return path
-            remote_size = store.size(name)
-            if size is not None and remote_size != size:
-                raise RemoteIntegrityError(f"{store.url_of(name)}: the object holds {remote_size} bytes, the "
-                                           f"index says {size} (replaced or damaged object)")
-            path.unlink(missing_ok=True)  # a stale copy of another size
-            self._reserve(path, remote_size)
-            log.info("cache: downloading %s (%d bytes)", store.url_of(name), remote_size)
-            download_ranged(store, name, path, remote_size, crc32=crc32, workers=workers,
+            for attempt in range(1, _CHANGED_TRIES + 1):
+                info = store.stat(name)
+                if size is not None and info.size != size:
+                    raise RemoteIntegrityError(f"{store.url_of(name)}: the object holds {info.size} bytes, the "
+                                               f"index says {size} (replaced or damaged object)")
+                _ident_path(path).unlink(missing_ok=True)
+                path.unlink(missing_ok=True)  # a stale copy
+                try:
+                    self._download(store, name, path, info, crc32, workers, part_size, progress)
+                except RemoteIntegrityError:
+                    if attempt == _CHANGED_TRIES or store.stat(name).identity() == info.identity():
+                        raise
+                    log.warning("cache: %s changed while it was downloaded; downloading it again",
+                                store.url_of(name))
+                    continue
+                if crc32 is None and store.stat(name).identity() != info.identity():
+                    # Nothing to check the bytes against but the store's word: a change under us may have mixed them.
+                    path.unlink(missing_ok=True)
+                    if attempt == _CHANGED_TRIES:
+                        raise RemoteIntegrityError(f"{store.url_of(name)}: the object changed while it was "
+                                                   "downloaded, twice; try again when it is no longer being written")
+                    log.warning("cache: %s changed while it was downloaded; downloading it again",
+                                store.url_of(name))
+                    continue
+                _write_ident(path, {"size": info.size, "crc32": crc32, "remote": info.identity()})
+                _touch(path)
+                return path
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _download(self, store: Store, name: str, path: Path, info: ObjectInfo, crc32: int | None, workers: int,
+                  part_size: int, progress: Progress | None) -> None:
+        self._reserve(path, info.size)
+        self._check_free(store, name, path, info.size)
+        log.info("cache: downloading %s (%d bytes)", store.url_of(name), info.size)
+        try:
+            download_ranged(store, name, path, info.size, crc32=crc32, identity=info.identity(), workers=workers,
                             part_size=part_size, progress=progress)
-            _touch(path)
-            return path
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise self._full(store, name, path, info.size) from exc
+
+    def _check_free(self, store: Store, name: str, path: Path, size: int) -> None:
+        """CacheFullError now, before any request, when the cache's file system cannot hold the download."""
+        partial, _ = partial_paths(path)
+        try:
+            allocated = partial.stat().st_blocks * 512  # what a resumed download already wrote
+        except FileNotFoundError:
+            allocated = 0
+        if shutil.disk_usage(self.dir).free < size - allocated:
+            raise self._full(store, name, path, size)
+
+    def _full(self, store: Store, name: str, path: Path, size: int) -> CacheFullError:
+        free = shutil.disk_usage(self.dir).free
+        limit = (f"cache_limit is {self.limit} bytes: set it below the free space" if self.limit is not None
+                 else "no cache_limit is set: set one below the free space")
+        return CacheFullError(f"{self.dir}: no space left on the cache's disk for {store.url_of(name)} "
+                              f"({size} bytes needed, {free} free); {limit}, or free disk space "
+                              f"(pinned entries and read-ahead can take the cache over its limit)")
 
     @contextlib.contextmanager
     def open(self, store: Store, name: str, **fetch_kw) -> Iterator[Path]:
@@ -179,12 +248,22 @@ class NodeCache:
             os.close(fd)
 
     @staticmethod
-    def _valid(path: Path, size: int | None) -> bool:
+    def _valid(store: Store, name: str, path: Path, size: int | None, crc32: int | None) -> bool:
+        """Whether the cached copy at ``path`` is the object the caller expects now (see the module notes)."""
         try:
             st = path.stat()
         except FileNotFoundError:
             return False
-        return size is None or st.st_size == size
+        if size is not None and st.st_size != size:
+            return False
+        rec = _read_ident(path)
+        if rec is None or rec.get("size") != st.st_size:
+            return False  # no record of what it is (an entry from an older version, or a crash): fetch again
+        if crc32 is not None and rec.get("crc32") is not None:
+            return rec["crc32"] == crc32
+        # Unverified (downloaded without a CRC-32, as verify does to report damage itself), or nothing to
+        # verify against: the copy must be the object the store holds now.
+        return rec.get("remote") == store.stat(name).identity()
 
     # ------------------------------------------------------------ size limit
     def entries(self) -> list[tuple[Path, int, float]]:
@@ -283,6 +362,26 @@ class Pin:
 
     def __repr__(self) -> str:
         return f"Pin({str(self.path)!r}, {'held' if self._fd is not None else 'released'})"
+
+
+def _ident_path(path: Path) -> Path:
+    return path.with_name(path.name + _IDENT)
+
+
+def _read_ident(path: Path) -> dict | None:
+    try:
+        rec = json.loads(_ident_path(path).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _write_ident(path: Path, rec: dict) -> None:
+    """Record what the entry at ``path`` holds (written whole: a temp file renamed over the old record)."""
+    ident = _ident_path(path)
+    tmp = ident.with_name(f".{ident.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(rec, sort_keys=True))
+    os.replace(tmp, ident)
 
 
 def _touch(path: Path) -> None:

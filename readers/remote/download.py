@@ -51,7 +51,9 @@ def _load_journal(journal: Path, header: dict) -> set[int]:
     except FileNotFoundError:
         return set()
     try:
-        if json.loads(lines[0]) != header:
+        if not _same_download(json.loads(lines[0]), header):
+            log.info("%s: the parts on disk belong to another download (another version of the object, or "
+                     "other part sizes); starting over", header["url"])
             return set()
     except (json.JSONDecodeError, IndexError):
         return set()
@@ -59,10 +61,27 @@ def _load_journal(journal: Path, header: dict) -> set[int]:
     return {int(x) for x in lines[1:-1] if x.isdigit()}
 
 
+def _same_download(old: object, new: dict) -> bool:
+    """Whether a journal header describes this download: same URL, size, part size and object identity.
+
+    A CRC-32 only one side knows does not tell them apart (the caller may learn it later).
+    """
+    if not isinstance(old, dict):
+        return False
+    if any(old.get(k) != new.get(k) for k in ("url", "size", "part_size", "identity")):
+        return False
+    return old.get("crc32") is None or new.get("crc32") is None or old.get("crc32") == new.get("crc32")
+
+
 def download_ranged(store: Store, name: str, dest: str | os.PathLike, size: int, *,
-                    crc32: int | None = None, workers: int = 4, part_size: int = DEFAULT_PART_SIZE,
-                    progress: Progress | None = None) -> Path:
+                    crc32: int | None = None, identity: dict | None = None, workers: int = 4,
+                    part_size: int = DEFAULT_PART_SIZE, progress: Progress | None = None) -> Path:
     """Download object ``name`` of ``store`` (``size`` bytes) to ``dest``, resuming a previous attempt.
+
+    ``identity`` (the object's ``ObjectInfo.identity()``: size, ETag, mtime)
+    and ``crc32`` go into the ``.parts`` header with the URL and the part
+    size: parts left by a download of another version of the object (replaced
+    since) are never reused, the download starts over instead.
 
     ``progress(done_bytes, total_bytes)`` is called in this thread after each
     part (and once at the start); an exception it raises stops the download,
@@ -72,7 +91,8 @@ def download_ranged(store: Store, name: str, dest: str | os.PathLike, size: int,
     if workers < 1 or part_size < 1:
         raise ValueError(f"workers and part_size must be >= 1, got {workers}, {part_size}")
     partial, journal = partial_paths(dest)
-    header = {"url": store.url_of(name), "size": size, "part_size": part_size}
+    header = {"url": store.url_of(name), "size": size, "part_size": part_size, "crc32": crc32,
+              "identity": identity}
     nparts = -(-size // part_size)
     done = _load_journal(journal, header) if partial.exists() else set()
     dest.parent.mkdir(parents=True, exist_ok=True)

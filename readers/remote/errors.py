@@ -13,6 +13,8 @@ __all__ = [
     "RemoteAuthError",
     "RemoteUnavailableError",
     "RemoteIntegrityError",
+    "RemoteTooLargeError",
+    "BucketNotFoundError",
     "ReadOnlyStoreError",
     "one_line",
 ]
@@ -33,6 +35,15 @@ class ObjectNotFoundError(RemoteError, FileNotFoundError):
     """The object (or bucket) does not exist (HTTP 404)."""
 
 
+class BucketNotFoundError(RemoteError):
+    """The bucket itself does not exist (S3 ``NoSuchBucket``): the URL is wrong, not the dataset.
+
+    Deliberately not a ``FileNotFoundError``: code that turns a missing
+    ``index.json`` into "no such dataset" must not hide that the whole bucket
+    is missing (``info`` and ``verify`` then print this same line).
+    """
+
+
 class RemoteAuthError(RemoteError, PermissionError):
     """The server refused the credentials (HTTP 401/403). Never retried."""
 
@@ -43,6 +54,10 @@ class RemoteUnavailableError(RemoteError, ConnectionError):
 
 class RemoteIntegrityError(RemoteError):
     """Bytes arrived but are not what was expected (size or CRC-32 differs)."""
+
+
+class RemoteTooLargeError(RemoteError):
+    """A response body larger than the read accepts (an endless body, or a file that is not the dataset's)."""
 
 
 class ReadOnlyStoreError(RemoteError):

@@ -8,7 +8,12 @@ sequential GETs that streaming and caching use, the two are equally fast.
 
 The filesystem object is built lazily, once per process (s3fs refuses to be
 used across ``fork``), with the client's own retries switched off: every
-call goes through :class:`readers.remote.retry.Retrier`. Request signing,
+call goes through :class:`readers.remote.retry.Retrier`. Reads (GET, HEAD,
+LIST) run as coroutines on fsspec's event loop with the time the call has
+left as a timeout (cancelled when it runs out: the wall-clock deadline), and
+GETs read the body in pieces up to the byte cap of the read (a range: its
+length; a whole object: :func:`readers.remote.store.read_limit`), so neither
+a trickling nor an endless response holds a call or memory without bound. Request signing,
 credential lookup (environment, profiles, ``storage_options``) and multipart
 uploads are s3fs's and botocore's.
 """
@@ -22,13 +27,22 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 from readers.remote.config import RemoteURL, s3_settings
-from readers.remote.errors import ReadOnlyStoreError, RemoteError
+from readers.remote.errors import (
+    BucketNotFoundError,
+    ObjectNotFoundError,
+    ReadOnlyStoreError,
+    RemoteError,
+    RemoteIntegrityError,
+)
 from readers.remote.retry import Retrier, RetryPolicy
-from readers.remote.store import Store
+from readers.remote.store import ObjectInfo, Store
 
 __all__ = ["FsspecStore"]
 
 T = TypeVar("T")
+
+#: Bytes taken from a response body per read while filling a bounded buffer.
+_PIECE = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +89,7 @@ class FsspecStore(Store):
         self.read_only = url.scheme != "s3"
         self._fs_pid: int | None = None
         self._fs: Any = None
+        self._bucket_seen = False  # the bucket answered once: a 404 is then about the object
         self._lock = threading.Lock()
         self._retrier = Retrier(self.retry, self._credential_sources)
         if url.scheme == "s3":  # validate options now (cheap), not in a worker
@@ -161,6 +176,48 @@ class FsspecStore(Store):
     def _call(self, name: str, what: str, fn: Callable[[], T]) -> T:
         return self._retrier.call(fn, self.url_of(name), what)
 
+    def _run(self, name: str, what: str, coro_fn: Callable[..., Any], *args: Any, bucket_seen: bool = True) -> Any:
+        """``await coro_fn(fs, *args)`` on fsspec's loop, retried; each attempt is cancelled at the call's deadline."""
+        def attempt(timeout_s: float) -> Any:
+            return _sync(self.fs, coro_fn, timeout_s, *args)
+
+        try:
+            out = self._retrier.call(attempt, self.url_of(name), what, deadline=True)
+        except ObjectNotFoundError as exc:
+            if self._bucket_missing(exc):
+                raise self._no_bucket() from exc
+            raise
+        if bucket_seen and self.remote.scheme == "s3":
+            self._bucket_seen = True  # an answer about an object: the bucket is there
+        return out
+
+    def _bucket_missing(self, exc: ObjectNotFoundError | None = None) -> bool:
+        """For s3: whether the bucket itself is missing (a 404 on HEAD does not say which; ask the bucket)."""
+        if self.remote.scheme != "s3" or self._bucket_seen:
+            return False
+        if exc is not None and "no such bucket" in str(exc):
+            return True
+
+        async def head_bucket(fs: Any) -> bool:
+            try:
+                await fs._call_s3("head_bucket", Bucket=self.remote.netloc)
+            except FileNotFoundError:
+                return False
+            return True
+
+        try:
+            exists = self._retrier.call(lambda t: _sync(self.fs, head_bucket, t), self.url, "HEAD bucket",
+                                        deadline=True)
+        except RemoteError:
+            self._bucket_seen = True  # cannot tell (denied, down): keep the error there was, and do not ask again
+            return False
+        self._bucket_seen = exists
+        return not exists
+
+    def _no_bucket(self) -> BucketNotFoundError:
+        return BucketNotFoundError(f"{self.url}: no such bucket {self.remote.netloc!r} at {self._settings.endpoint}; "
+                                   "check the URL and the endpoint (endpoint_url, AWS_ENDPOINT_URL)")
+
     def _path(self, name: str) -> str:
         """The path fsspec takes: ``bucket/key`` for s3, the full URL for http."""
         if self.remote.scheme == "s3":
@@ -168,23 +225,55 @@ class FsspecStore(Store):
         return self.remote.child(name)
 
     # ------------------------------------------------------------ primitives
-    def _read(self, name: str) -> bytes:
-        return self._call(name, "GET", lambda: self.fs.cat_file(self._path(name)))
+    def _read(self, name: str, limit: int) -> bytes:
+        return self._run(name, "GET", self._get, name, None, limit)
 
     def _read_range(self, name: str, start: int, length: int) -> bytes:
-        return self._call(name, f"GET bytes {start}-{start + length - 1}",
-                          lambda: self.fs.cat_file(self._path(name), start=start, end=start + length))
+        return self._run(name, f"GET bytes {start}-{start + length - 1}", self._get, name, start, length)
 
-    def _size(self, name: str) -> int:
-        def head() -> int:
-            info = self.fs.info(self._path(name))
-            if info.get("type") == "directory":
-                raise FileNotFoundError(self._path(name))
-            if info.get("size") is None:
-                raise RemoteError(f"{self.url_of(name)}: the server does not report a size (no Content-Length)")
-            return int(info["size"])
+    async def _get(self, fs: Any, name: str, start: int | None, limit: int) -> bytes:
+        """At most ``limit + 1`` bytes of the object (from ``start``, or all of it when ``start`` is None)."""
+        if self.remote.scheme == "s3":
+            bucket, key = self.remote.netloc, self.remote.key(name)
+            rng = {"Range": f"bytes={start}-{start + limit - 1}"} if start is not None else {}
+            resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **rng)
+            body = resp["Body"]
+            try:
+                declared = resp.get("ContentLength")
+                if start is None and declared is not None and int(declared) > limit:
+                    raise self.too_large(name, limit, int(declared))
+                return await _bounded(body.read, limit)
+            finally:
+                body.close()
+        kw = dict(fs.kwargs)
+        headers = dict(kw.pop("headers", None) or {})
+        if start is not None:
+            headers["Range"] = f"bytes={start}-{start + limit - 1}"
+        session = await fs.set_session()
+        url = self._path(name)
+        async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
+            fs._raise_not_found_for_status(r, url)
+            if start is not None and r.status != 206:
+                raise RemoteIntegrityError(
+                    f"{self.url_of(name)}: asked for bytes {start}-{start + limit - 1}, the server ignored the "
+                    f"Range header (HTTP {r.status} instead of 206 Partial Content); serve the dataset from a "
+                    "server that supports range requests")
+            if start is None and r.content_length is not None and r.content_length > limit:
+                raise self.too_large(name, limit, r.content_length)
+            return await _bounded(r.content.read, limit)
 
-        return self._call(name, "HEAD", head)
+    def _stat(self, name: str) -> ObjectInfo:
+        return self._run(name, "HEAD", self._head, name)
+
+    async def _head(self, fs: Any, name: str) -> ObjectInfo:
+        info = await fs._info(self._path(name))
+        if info.get("type") == "directory":
+            raise FileNotFoundError(self._path(name))
+        if info.get("size") is None:
+            raise RemoteError(f"{self.url_of(name)}: the server does not report a size (no Content-Length)")
+        etag = info.get("ETag")
+        mtime = info.get("LastModified", info.get("Last-Modified"))
+        return ObjectInfo(int(info["size"]), etag=str(etag) if etag else None, mtime=str(mtime) if mtime else None)
 
     def _list(self, prefix: str) -> list[str]:
         base = self._path("")
@@ -193,14 +282,17 @@ class FsspecStore(Store):
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         target = f"{root}/{folder}" if folder else root
 
-        def find() -> list[str]:
+        async def find(fs: Any) -> list[str]:
             try:
-                found = self.fs.find(target)
+                found = await fs._find(target)
             except FileNotFoundError:
                 return []
             return [f[len(root):].lstrip("/") for f in found if f.startswith(root)]
 
-        return self._call(prefix or "", "LIST", find)
+        names = self._run(prefix or "", "LIST", find, bucket_seen=False)  # some stores list a missing bucket as empty
+        if not names and self._bucket_missing():
+            raise self._no_bucket()
+        return names
 
     def _writable(self, name: str) -> None:
         if self.read_only:
@@ -233,6 +325,24 @@ class FsspecStore(Store):
                 pass
 
         self._call(name, "DELETE", rm)
+
+
+def _sync(fs: Any, coro_fn: Callable[..., Any], timeout_s: float, *args: Any) -> Any:
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, coro_fn, fs, *args, timeout=timeout_s)
+
+
+async def _bounded(read: Callable[[int], Any], limit: int) -> bytes:
+    """Read a body with ``await read(n)`` until it ends or holds more than ``limit`` bytes (then ``limit + 1``)."""
+    pieces, got = [], 0
+    while got <= limit:
+        piece = await read(min(_PIECE, limit + 1 - got))
+        if not piece:
+            break
+        pieces.append(piece)
+        got += len(piece)
+    return b"".join(pieces)  # one copy, as the client's own read() of a whole body makes
 
 
 def _progress_callback(progress: Callable[[int], None]) -> Any:

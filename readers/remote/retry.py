@@ -7,17 +7,22 @@ decides, and the budget below is the whole budget:
 
 * transient (HTTP 5xx, 408, 429, S3 ``SlowDown``/``InternalError``,
   connection refused/reset/closed, timeouts, truncated bodies): retried with
-  exponential backoff and jitter, at most ``tries`` attempts and never past
-  ``budget_s`` seconds; then :class:`RemoteUnavailableError` names the URL,
-  the count, the time and the last cause;
+  exponential backoff (capped at ``max_delay_s``) and jitter until ``budget_s``
+  seconds have passed (the last wait is shortened so that one more attempt
+  starts when the budget ends; ``tries``, when set, also caps the attempts);
+  then :class:`RemoteUnavailableError` names the URL, the count, the time and
+  the last cause;
 * 404: :class:`ObjectNotFoundError` naming the object, not retried;
 * 401/403 and S3 credential errors: :class:`RemoteAuthError` saying where
   credentials were looked for, not retried;
 * anything else from the client (400, 416, ...): :class:`RemoteError`, not retried.
 
-Every request also has connect and read timeouts (set on the client), so no
-attempt waits forever and the whole call is bounded by about
-``budget_s + read_timeout_s``.
+Every request also has connect and read timeouts (set on the client), and a
+call that reads (:meth:`Retrier.call` with ``deadline=True``) has a wall-clock
+deadline of ``budget_s + read_timeout_s`` from its start over all its attempts:
+each attempt is given the time left (``fn(timeout_s)``) and is cancelled when it
+runs out, so a server trickling one byte at a time cannot keep a call alive
+past it.
 """
 
 from __future__ import annotations
@@ -58,9 +63,15 @@ CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec", "urlli
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How hard to try. Defaults: 6 tries within 30 s; 10 s connect and 30 s read timeouts."""
+    """How hard to try. Defaults: retry for 30 s; 10 s connect and 30 s read timeouts.
 
-    tries: int = 6
+    ``budget_s`` is the time transient failures are retried for (a store that
+    is back within it is ridden out); ``tries`` (None: no count limit) caps
+    the attempts as well. A reading call ends by ``deadline_s`` (``budget_s +
+    read_timeout_s``) whatever the server does.
+    """
+
+    tries: int | None = None
     budget_s: float = 30.0
     base_delay_s: float = 0.5
     max_delay_s: float = 8.0
@@ -68,16 +79,32 @@ class RetryPolicy:
     read_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.tries < 1:
-            raise ValueError(f"RetryPolicy.tries must be >= 1, got {self.tries}")
+        if self.tries is not None and self.tries < 1:
+            raise ValueError(f"RetryPolicy.tries must be >= 1 (or None), got {self.tries}")
         if self.budget_s <= 0 or self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
             raise ValueError("RetryPolicy budget and timeouts must be > 0")
+        if self.base_delay_s <= 0 or self.max_delay_s < self.base_delay_s:
+            raise ValueError("RetryPolicy delays: need 0 < base_delay_s <= max_delay_s")
+
+    @property
+    def deadline_s(self) -> float:
+        """Wall-clock limit of one reading call, all attempts and waits included."""
+        return self.budget_s + self.read_timeout_s
+
+    def describe(self) -> str:
+        """The budget as messages show it."""
+        return f"{self.tries} tries / {self.budget_s:g}s" if self.tries is not None else f"{self.budget_s:g}s"
 
     def delays(self, rng: random.Random) -> Iterator[float]:
-        """Waits between attempts: doubling from ``base_delay_s``, capped, jittered to [d/2, d]."""
-        for attempt in range(self.tries - 1):
-            d = min(self.max_delay_s, self.base_delay_s * (2 ** attempt))
+        """Waits between attempts: doubling from ``base_delay_s``, capped, jittered to [d/2, d].
+
+        ``tries - 1`` of them when ``tries`` is set, else endless (the budget's time stops the retries).
+        """
+        attempt = 0
+        while self.tries is None or attempt < self.tries - 1:
+            d = min(self.max_delay_s, self.base_delay_s * (2 ** min(attempt, 60)))
             yield rng.uniform(d / 2, d)
+            attempt += 1
 
 
 @dataclass(frozen=True)
@@ -129,8 +156,14 @@ def _transient_type(e: BaseException) -> bool:
     return name in {"IncompleteRead", "ProtocolError", "RemoteDisconnected"}
 
 
+#: botocore's "found no credentials to sign with" (nothing was sent): an auth failure, said as such.
+NO_CREDENTIALS = frozenset({"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"})
+
+
 def classify(exc: BaseException) -> Failure:
     """Sort a client exception into transient / not_found / auth / client, or None when it is not the client's."""
+    if any(type(e).__name__ in NO_CREDENTIALS for e in _chain(exc)):
+        return Failure("auth", None, "NoCredentials")
     statuses = [sc for sc in (_status_and_code(e) for e in _chain(exc)) if sc != (None, None)]
     for status, code in statuses:
         if status == 404 or code in NOT_FOUND_CODES:
@@ -165,14 +198,25 @@ class Retrier:
         cs = self._credential_sources
         return cs() if callable(cs) else cs
 
-    def call(self, fn: Callable[[], T], url: str, what: str = "GET") -> T:
+    def call(self, fn: Callable[..., T], url: str, what: str = "GET", *, deadline: bool = False) -> T:
+        """``fn()`` with retries; with ``deadline``, ``fn(timeout_s)`` gets the seconds this attempt may take.
+
+        A ``deadline`` call ends within ``policy.deadline_s`` of its start; ``fn``
+        must stop (raise a timeout) when its ``timeout_s`` runs out.
+        """
         policy, start = self.policy, time.monotonic()
+        end = start + policy.deadline_s
         delays = policy.delays(self._rng)
         attempt = 0
         while True:
             attempt += 1
             try:
-                return fn()
+                if not deadline:
+                    return fn()
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no time left of the {policy.deadline_s:g}s deadline")
+                return fn(left)
             except RemoteError:
                 raise
             except Exception as exc:  # sorted below; non-client exceptions re-raised unchanged
@@ -181,15 +225,23 @@ class Retrier:
                     raise  # a bug, not a network failure: keep the original exception
                 if failure.kind != "transient":
                     raise self._final(exc, failure, url, what) from exc
-                elapsed = time.monotonic() - start
+                now = time.monotonic()
+                elapsed, left_budget = now - start, policy.budget_s - (now - start)
+                if deadline and end - now <= 0.05:
+                    raise RemoteUnavailableError(
+                        f"{url}: {what} did not finish within its deadline of {policy.deadline_s:g}s (retry "
+                        f"budget {policy.describe()} + read timeout {policy.read_timeout_s:g}s; {attempt} "
+                        f"{'try' if attempt == 1 else 'tries'}): the server is stalled or too slow; last error: "
+                        f"{one_line(exc)}") from exc
                 delay = next(delays, None)
-                if delay is None or elapsed + delay > policy.budget_s:
+                if delay is None or left_budget <= 0.05:
                     raise RemoteUnavailableError(
                         f"{url}: {what} failed after {attempt} tries in {elapsed:.1f}s (retry budget "
-                        f"{policy.tries} tries / {policy.budget_s:g}s); last error: {one_line(exc)}"
+                        f"{policy.describe()}); last error: {one_line(exc)}"
                     ) from exc
-                log.warning("%s: %s failed (%s); retry %d/%d in %.1fs", url, what, one_line(exc, 120),
-                            attempt, policy.tries - 1, delay)
+                delay = min(delay, left_budget)  # the last attempt starts as the budget ends
+                log.warning("%s: %s failed (%s); retry %d in %.1fs (%.1fs of the %gs budget left)", url, what,
+                            one_line(exc, 120), attempt, delay, left_budget, policy.budget_s)
                 self._sleep(delay)
 
     def _final(self, exc: Exception, failure: Failure, url: str, what: str) -> RemoteError:
@@ -200,6 +252,11 @@ class Retrier:
             return ObjectNotFoundError(f"{url}: no such {what_missing} ({detail or 'HTTP 404'})")
         if failure.kind == "auth":
             where = self.credential_sources() or "the request headers given in storage_options"
+            if failure.code == "NoCredentials":
+                return RemoteAuthError(f"{url}: no credentials found ({one_line(exc)}); looked in: {where}; "
+                                       "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, an AWS profile, or pass "
+                                       "storage_options={'key': ..., 'secret': ...} (or {'anon': True} for a "
+                                       "public bucket)")
             return RemoteAuthError(f"{url}: access denied ({detail or one_line(exc)}); "
                                    f"credentials were looked for in: {where}")
         return RemoteError(f"{url}: {what} failed: {detail + '; ' if detail else ''}{one_line(exc)}")

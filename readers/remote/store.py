@@ -7,11 +7,14 @@ dataset's root, ``/``-separated. The same calls work on a local folder
 (:class:`readers.remote.fsspec_store.FsspecStore`), so code paths are shared
 and a local folder tests them without a server.
 
-Reads: :meth:`read`, :meth:`read_range`, :meth:`size`, :meth:`exists`,
-:meth:`list`, and :meth:`stream` for large sequential reads (consecutive
-range requests of ``chunk_size`` bytes, the next ones fetched in the
-background while the caller consumes the current one; each chunk is retried
-on its own, so a stream survives the server going away and coming back).
+Reads: :meth:`read` (at most ``max_bytes``: 256 MB for ``index.json``, as
+locally, :data:`MAX_READ_BYTES` for anything else unless the caller says how
+much it expects), :meth:`read_range`, :meth:`size`, :meth:`stat` (size and the
+object's identity: ETag, modification time), :meth:`exists`, :meth:`list`,
+and :meth:`stream` for large sequential reads (consecutive range requests of
+``chunk_size`` bytes, the next ones fetched in the background while the
+caller consumes the current one; each chunk is retried on its own, so a
+stream survives the server going away and coming back).
 Writes: :meth:`put` (a local file; multipart above ``part_size``),
 :meth:`put_bytes`, :meth:`delete`. An object written by ``put`` appears
 whole or not at all.
@@ -26,17 +29,48 @@ import collections
 import concurrent.futures as cf
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from readers.remote.errors import ObjectNotFoundError, RemoteError, RemoteIntegrityError
+from readers import spec
+from readers.remote.errors import ObjectNotFoundError, RemoteError, RemoteIntegrityError, RemoteTooLargeError
 
-__all__ = ["Store", "LocalStore", "RequestStats", "DEFAULT_CHUNK", "DEFAULT_PART"]
+__all__ = ["Store", "LocalStore", "RequestStats", "ObjectInfo", "DEFAULT_CHUNK", "DEFAULT_PART", "MAX_READ_BYTES",
+           "read_limit"]
 
 #: stream(): bytes per range request (large sequential GETs).
 DEFAULT_CHUNK = 16 << 20
 #: put(): multipart part size (S3's minimum is 5 MiB, maximum 10,000 parts).
 DEFAULT_PART = 64 << 20
+#: read(): the most bytes a whole-object read accepts when the caller does not say (an endless or
+#: oversized response body is refused there instead of growing the process without bound).
+MAX_READ_BYTES = 1 << 31
+
+
+def read_limit(name: str, max_bytes: int | None = None) -> int:
+    """The byte cap of ``read(name)``: ``max_bytes``, else 256 MB for index.json (as locally), else MAX_READ_BYTES."""
+    if max_bytes is not None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        return max_bytes
+    return spec.MAX_INDEX_JSON_BYTES if name.rsplit("/", 1)[-1] == spec.INDEX_NAME else MAX_READ_BYTES
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a store says about one object: its size and, where the store gives them, its ETag and mtime.
+
+    Two infos with the same ``identity()`` describe the same stored bytes as far
+    as the store can tell (an overwrite changes the ETag or the modification time).
+    """
+
+    size: int
+    etag: str | None = None
+    mtime: str | None = None
+
+    def identity(self) -> dict:
+        return {"size": self.size, "etag": self.etag, "mtime": self.mtime}
 
 
 class RequestStats:
@@ -86,11 +120,20 @@ class Store:
         return f"{type(self).__name__}({self.url!r})"
 
     # ------------------------------------------------------------ reads
-    def read(self, name: str) -> bytes:
-        """The whole object."""
-        data = self._read(name)
+    def read(self, name: str, *, max_bytes: int | None = None) -> bytes:
+        """The whole object; :class:`RemoteTooLargeError` if it holds more than its cap (see :func:`read_limit`)."""
+        limit = read_limit(name, max_bytes)
+        data = self._read(name, limit)
         self.stats.add_read(len(data))
+        if len(data) > limit:  # a primitive returns at most limit + 1 bytes
+            raise self.too_large(name, limit)
         return data
+
+    def too_large(self, name: str, limit: int, declared: int | None = None) -> RemoteTooLargeError:
+        """The error for an object bigger than the ``limit`` bytes a read accepts."""
+        what = f"declares {declared} bytes" if declared is not None else "sent more"
+        return RemoteTooLargeError(f"{self.url_of(name)}: the object {what} than the {limit} bytes this read "
+                                   f"accepts; refused (not a file of this dataset, or a misbehaving server)")
 
     def read_range(self, name: str, start: int, length: int) -> bytes:
         """Exactly ``length`` bytes from ``start``; :class:`RemoteIntegrityError` if the object ends first."""
@@ -100,17 +143,24 @@ class Store:
             return b""
         data = self._read_range(name, start, length)
         self.stats.add_read(len(data))
-        if len(data) != length:
+        if len(data) < length:
             raise RemoteIntegrityError(f"{self.url_of(name)}: asked for {length} bytes at {start}, got "
                                        f"{len(data)} (the object is shorter than expected)")
+        if len(data) > length:
+            raise RemoteIntegrityError(f"{self.url_of(name)}: asked for {length} bytes at {start}, the server "
+                                       f"sent more (it ignored or misread the Range header)")
         return data
 
     def size(self, name: str) -> int:
-        return self._size(name)
+        return self._stat(name).size
+
+    def stat(self, name: str) -> ObjectInfo:
+        """Size and identity (ETag, modification time where the store reports them) of ``name``."""
+        return self._stat(name)
 
     def exists(self, name: str) -> bool:
         try:
-            self._size(name)
+            self._stat(name)
         except FileNotFoundError:
             return False
         return True
@@ -176,13 +226,15 @@ class Store:
         """Release this process's connections (the store stays usable: they reopen on the next call)."""
 
     # ------------------------------------------------------------ primitives
-    def _read(self, name: str) -> bytes:
+    def _read(self, name: str, limit: int) -> bytes:
+        """The object's bytes, at most ``limit + 1`` of them (more than ``limit``: the caller refuses it)."""
         raise NotImplementedError
 
     def _read_range(self, name: str, start: int, length: int) -> bytes:
+        """The range's bytes, at most ``length + 1`` of them (more: the server ignored the range)."""
         raise NotImplementedError
 
-    def _size(self, name: str) -> int:
+    def _stat(self, name: str) -> ObjectInfo:
         raise NotImplementedError
 
     def _list(self, prefix: str) -> list[str]:
@@ -216,9 +268,10 @@ class LocalStore(Store):
     def _missing(self, name: str) -> ObjectNotFoundError:
         return ObjectNotFoundError(f"{self.url_of(name)}: no such file")
 
-    def _read(self, name: str) -> bytes:
+    def _read(self, name: str, limit: int) -> bytes:
         try:
-            return self._path(name).read_bytes()
+            with open(self._path(name), "rb") as f:
+                return f.read(limit + 1)
         except FileNotFoundError:
             raise self._missing(name) from None
 
@@ -239,14 +292,15 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
-    def _size(self, name: str) -> int:
+    def _stat(self, name: str) -> ObjectInfo:
         try:
             st = self._path(name).stat()
         except FileNotFoundError:
             raise self._missing(name) from None
         if not os.path.isfile(self._path(name)):
             raise self._missing(name)
-        return st.st_size
+        # A replaced file (written to a temp file and renamed) has another inode and mtime.
+        return ObjectInfo(st.st_size, etag=f"{st.st_dev}:{st.st_ino}", mtime=str(st.st_mtime_ns))
 
     def _list(self, prefix: str) -> list[str]:
         if not self.root.is_dir():
