@@ -32,6 +32,7 @@ makes an exact mid-epoch resume of an iterable dataset possible.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
@@ -70,16 +71,18 @@ def _split_ranks(order: np.ndarray, pad_from: np.ndarray, world: int, rank: int,
 
 
 def rank_indices(n: int, seed: int, epoch: int, shuffle: bool, world: int, rank: int, drop_last: bool = False,
-                 consumed: np.ndarray | None = None) -> np.ndarray:
+                 consumed: np.ndarray | None = None, perm: np.ndarray | None = None) -> np.ndarray:
     """The sample indices rank ``rank`` of ``world`` reads this epoch, in order.
 
     ``consumed``: a boolean mask of samples already delivered this epoch (a
     resume); they are left out and the rest is split over the ranks. When the
     consumed samples are the first ``G`` of this same permutation and ``G`` is a
     multiple of ``world`` (a resume with the same settings), the result equals
-    the uninterrupted rank's list from position ``G / world`` on.
+    the uninterrupted rank's list from position ``G / world`` on. ``perm``: the epoch's
+    permutation, when the caller has computed it already.
     """
-    perm = permutation(n, seed, epoch, shuffle)
+    if perm is None:
+        perm = permutation(n, seed, epoch, shuffle)
     rest = perm if consumed is None else perm[~consumed[perm]]
     return _split_ranks(rest, perm, world, rank, drop_last)
 
@@ -162,12 +165,55 @@ def shard_stream(layout: ShardLayout, order: np.ndarray) -> np.ndarray:
     return starts + np.arange(int(sizes.sum()), dtype=np.int64)
 
 
+def _stream_positions(layout: ShardLayout, order: np.ndarray, start: int, stop: int,
+                      remaining: np.ndarray | None = None, consumed: np.ndarray | None = None) -> np.ndarray:
+    """``shard_stream(layout, order)[np.arange(start, stop) % n]``, built for those positions only:
+    only the shards they fall in are expanded (O(stop - start + a shard), not O(N)).
+
+    ``consumed``: a mask of samples taken out of the stream; ``remaining``: samples each shard keeps."""
+    sizes = (layout.sizes if remaining is None else remaining)[order]
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    n = int(bounds[-1])
+    parts, pos = [], start
+    while pos < stop and n:
+        a = pos % n
+        b = min(n, a + stop - pos)
+        k0 = int(np.searchsorted(bounds, a, side="right")) - 1
+        k1 = int(np.searchsorted(bounds, b, side="left"))
+        run = shard_stream(layout, order[k0:k1])
+        if consumed is not None:
+            run = run[~consumed[run]]
+        parts.append(run[a - int(bounds[k0]):b - int(bounds[k0])])
+        pos += b - a
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _consumed_per_shard(layout: ShardLayout, consumed: np.ndarray) -> np.ndarray:
+    """How many samples of each shard ``consumed`` (a mask over all samples) marks."""
+    out = np.zeros(len(layout.sizes), dtype=np.int64)
+    full = np.flatnonzero(layout.sizes > 0)
+    firsts = layout.first[full]
+    if len(full) and firsts[0] == 0 and np.array_equal(firsts[1:], np.cumsum(layout.sizes[full])[:-1]):
+        # shards hold consecutive samples (as the packer writes them): sums per segment, no N-sized temporary
+        out[full] = np.add.reduceat(consumed.view(np.uint8), firsts, dtype=np.int64)
+    else:
+        np.add.at(out, layout.shard_of[np.flatnonzero(consumed)], 1)
+    return out
+
+
 def interleave(samples: np.ndarray, shards: np.ndarray, open_shards: int, rng: np.random.Generator) -> np.ndarray:
     """Read ``open_shards`` runs at once: each next sample comes from a random open run.
 
     A run is a maximal stretch of ``samples`` from one shard; runs keep their
     internal order (sequential reads), and a finished run is replaced by the
-    next one in ``samples``.
+    next one in ``samples``. Step ``t`` takes from open run ``int(u_t * open)``
+    (``u_t`` the generator's ``t``-th uniform, ``open`` the runs open then; a
+    finished run with none left to replace it closes and the later ones move
+    down one place).
+
+    Vectorized: while the number of open runs stays ``m``, the place each step
+    takes from is known up front, so each run's steps are found with numpy and
+    only the events (a run finishing: one per run) are visited in Python.
     """
     n = len(samples)
     if n == 0 or open_shards <= 1:
@@ -177,39 +223,75 @@ def interleave(samples: np.ndarray, shards: np.ndarray, open_shards: int, rng: n
         return samples
     bounds = np.concatenate([[0], cuts, [n]]).tolist()
     runs = list(zip(bounds[:-1], bounds[1:]))
-    pending = iter(runs[open_shards:])
-    active = [list(r) for r in runs[:open_shards]]  # [next position, end] per open run
     picks = rng.random(n)
     out = np.empty(n, dtype=np.int64)
-    for t in range(n):
-        k = int(picks[t] * len(active))
-        run = active[k]
-        out[t] = samples[run[0]]
-        run[0] += 1
-        if run[0] == run[1]:
-            nxt = next(pending, None)
-            if nxt is None:
-                active.pop(k)
-            else:
-                active[k] = list(nxt)
+    pos = [r[0] for r in runs[:open_shards]]  # per open place: next position in samples, and its end
+    end = [r[1] for r in runs[:open_shards]]
+    pending, t = len(pos), 0
+    while pos:  # one phase per number of open runs
+        m = len(pos)
+        place = (picks[t:] * m).astype(np.int64)
+        steps = [t + np.flatnonzero(place == k) for k in range(m)]  # the steps each place takes, in order
+        used = [0] * m
+        events: list[tuple[int, int]] = []
+
+        def push(k: int) -> None:
+            last = used[k] + end[k] - pos[k] - 1
+            if last < len(steps[k]):
+                heapq.heappush(events, (int(steps[k][last]), k))
+
+        for k in range(m):
+            push(k)
+        while True:
+            e, k = heapq.heappop(events)  # place k's run takes its last sample at step e
+            need = end[k] - pos[k]
+            out[steps[k][used[k]:used[k] + need]] = samples[pos[k]:end[k]]
+            used[k] += need
+            if pending < len(runs):
+                pos[k], end[k] = runs[pending]
+                pending += 1
+                push(k)
+                continue
+            for j in range(m):  # no run to replace it: the others took their steps before e
+                if j != k:
+                    took = int(np.searchsorted(steps[j], e)) - used[j]
+                    out[steps[j][used[j]:used[j] + took]] = samples[pos[j]:pos[j] + took]
+                    pos[j] += took
+            del pos[k], end[k]
+            t = e + 1
+            break
     return out
 
 
 def buffer_shuffle(samples: np.ndarray, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
     """Shuffle through a buffer of ``buffer_size``: once it is full, each incoming sample
-    replaces a random one, which is emitted; the rest is emitted shuffled at the end."""
+    replaces a random one, which is emitted; the rest is emitted shuffled at the end.
+
+    Vectorized: step ``t`` emits what the buffer place it picks last received (the sample of
+    the previous step that picked that place, or the one it started with)."""
     n = len(samples)
     if n <= 1:
         return samples
     size = min(buffer_size, n)
-    buf = samples[:size].tolist()
-    picks = rng.integers(size, size=n - size).tolist() if n > size else []
+    steps = n - size
+    picks = rng.integers(size, size=steps) if steps else np.zeros(0, dtype=np.int64)
     out = np.empty(n, dtype=np.int64)
-    for t, (i, j) in enumerate(zip(samples[size:].tolist(), picks)):
-        out[t] = buf[j]
-        buf[j] = i
+    buf = np.array(samples[:size], dtype=np.int64)
+    if steps:
+        by_place = np.argsort(picks, kind="stable")  # steps grouped by place, in time order
+        place = picks[by_place]
+        first = np.ones(steps, dtype=bool)
+        first[1:] = place[1:] != place[:-1]
+        emitted = np.empty(steps, dtype=np.int64)
+        emitted[first] = samples[place[first]]
+        later = np.flatnonzero(~first)
+        emitted[later] = samples[size + by_place[later - 1]]
+        out[by_place] = emitted
+        last = np.ones(steps, dtype=bool)
+        last[:-1] = first[1:]
+        buf[place[last]] = samples[size + by_place[last]]
     rng.shuffle(buf)
-    out[n - size:] = buf
+    out[steps:] = buf
     return out
 
 
@@ -219,16 +301,22 @@ def worker_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env: 
 
     ``consumed``: a mask of samples already delivered this epoch (a resume with
     other settings): they are removed from the stream before it is split.
+
+    Only this worker's part of the stream is built (the shard order and per-shard counts are
+    O(shards)): memory and time O(N / (ranks x workers)) plus a shard, the whole epoch never.
     """
+    remaining = None if consumed is None else layout.sizes - _consumed_per_shard(layout, consumed)
+    return _worker_order(layout, settings, epoch, env, consumed, remaining)
+
+
+def _worker_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env: WorkerEnv,
+                  consumed: np.ndarray | None, remaining: np.ndarray | None) -> np.ndarray:
     order = shard_order(len(layout.sizes), settings.seed, epoch, settings.shuffle)
-    stream = shard_stream(layout, order)
-    if consumed is not None:
-        stream = stream[~consumed[stream]]
-    n = len(stream)
+    n = int((layout.sizes if remaining is None else remaining).sum())
     start, stop = _worker_range(n, env, settings.pad)
     if n == 0 or stop <= start:
         return np.zeros(0, dtype=np.int64)
-    samples = stream[np.arange(start, stop) % n]
+    samples = _stream_positions(layout, order, start, stop, remaining, consumed)
     if not settings.shuffle:
         return samples
     rng = np.random.default_rng([settings.seed, epoch, env.rank, env.worker_id])
@@ -288,11 +376,12 @@ def shards_delivered(layout: ShardLayout, epoch: int, point: dict) -> np.ndarray
                           bool(point["drop_last"]))
     taken, _ = consumed_batches(counts, point["delivered"])
     mask = np.zeros(layout.num_samples, dtype=bool) if prior is None else prior.copy()
+    remaining = None if prior is None else layout.sizes - _consumed_per_shard(layout, prior)
     for rank in range(world):
         for w in range(workers):
             if taken[w]:
-                order = worker_order(layout, settings, epoch, WorkerEnv(rank, world, w, workers), consumed=prior)
-                mask[order[:taken[w] * point["batch_size"]]] = True
+                env = WorkerEnv(rank, world, w, workers)
+                mask[_worker_order(layout, settings, epoch, env, prior, remaining)[:taken[w] * point["batch_size"]]] = True
     return mask
 
 
