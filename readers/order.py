@@ -24,6 +24,12 @@ positions r, r+R, r+2R, ... of the padded permutation). See :func:`rank_indices`
    (:func:`buffer_shuffle`); steps 3 and 4 draw from one generator seeded with
    ``(seed, epoch, rank, worker)``.
 
+Each worker builds only its own share: the shard order (O(shards)) locates
+its slice of the stream and only the shards in it are expanded; steps 3 and 4
+are vectorized with numpy (the same output as the step-by-step definitions in
+their docstrings, pinned by ``tests/test_order_scale.py``). Memory and time
+per worker: O(N / (R x W)) plus a shard.
+
 A DataLoader with W workers delivers their batches round-robin (worker 0's
 first batch, worker 1's first, ..., skipping workers that ran out):
 :func:`round_robin` and :func:`consumed_batches` model that, which is what
@@ -380,8 +386,8 @@ def shards_delivered(layout: ShardLayout, epoch: int, point: dict) -> np.ndarray
     for rank in range(world):
         for w in range(workers):
             if taken[w]:
-                env = WorkerEnv(rank, world, w, workers)
-                mask[_worker_order(layout, settings, epoch, env, prior, remaining)[:taken[w] * point["batch_size"]]] = True
+                order = _worker_order(layout, settings, epoch, WorkerEnv(rank, world, w, workers), prior, remaining)
+                mask[order[:taken[w] * point["batch_size"]]] = True
     return mask
 
 

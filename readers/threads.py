@@ -206,7 +206,8 @@ def _run(loader: Any, jobs: Callable[[int, int], Iterable[Any]], base_seed: int)
         yield from (_check(r) for r in jobs(0, 1))
         return
     n, stop = loader.num_workers, threading.Event()
-    threads = [_Worker(ThreadWorker(w, n, base_seed + w), functools.partial(_started, loader.worker_init_fn, jobs, w, n),
+    init = loader.worker_init_fn
+    threads = [_Worker(ThreadWorker(w, n, base_seed + w), functools.partial(_started, init, jobs, w, n),
                        loader.prefetch_factor or 2, stop) for w in range(n)]
     for t in threads:
         t.start()
