@@ -322,8 +322,14 @@ def _worker_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env:
     start, stop = _worker_range(n, env, settings.pad)
     if n == 0 or stop <= start:
         return np.zeros(0, dtype=np.int64)
-    samples = _stream_positions(layout, order, start, stop, remaining, consumed)
-    if not settings.shuffle:
+    return _shuffle_share(layout, settings, epoch, env, _stream_positions(layout, order, start, stop, remaining,
+                                                                          consumed))
+
+
+def _shuffle_share(layout: ShardLayout, settings: ShardSettings, epoch: int, env: WorkerEnv,
+                   samples: np.ndarray) -> np.ndarray:
+    """Steps 3 and 4 of the module doc on worker ``env``'s slice of the stream."""
+    if not settings.shuffle or not len(samples):
         return samples
     rng = np.random.default_rng([settings.seed, epoch, env.rank, env.worker_id])
     samples = interleave(samples, layout.shard_of[samples], settings.open_shards, rng)
@@ -397,6 +403,81 @@ def is_exact(point: dict, env: WorkerEnv, settings: ShardSettings) -> bool:
             and point["num_workers"] == env.num_workers and settings_of(point) == settings)
 
 
+class _Remainder:
+    """The stream of an epoch interrupted at ``point`` (one resume, same shard order) minus what
+    was delivered, for one new worker's share, without a mask over all samples.
+
+    Old worker ``g`` (rank-major) read stream positions ``[a_g, b_g)`` (past the end they wrap
+    to the start: ``pad``) and delivered the first ``d_g`` samples of its order, all from those
+    positions. So the delivered count per old range is known by arithmetic, except where the
+    wrapped tail meets the start (a few ranges, built exactly); a new worker's share then lies
+    in a few old ranges, and only those old workers' orders are built.
+    """
+
+    def __init__(self, layout: ShardLayout, epoch: int, point: dict) -> None:
+        self.layout, self.epoch, self.old = layout, epoch, settings_of(point)
+        n, world, workers, bs = layout.num_samples, point["world_size"], point["num_workers"], point["batch_size"]
+        counts = batch_counts(worker_lengths(n, world, workers, self.old.pad), bs, bool(point["drop_last"]))
+        taken, _ = consumed_batches(counts, point["delivered"])
+        self.envs = [WorkerEnv(r, world, w, workers) for r in range(world) for w in range(workers)]
+        ranges = np.array([_worker_range(n, e, self.old.pad) for e in self.envs], dtype=np.int64).reshape(-1, 2)
+        self.took = np.minimum([taken[e.worker_id] * bs for e in self.envs], ranges[:, 1] - ranges[:, 0])
+        self.order = shard_order(len(layout.sizes), self.old.seed, epoch, self.old.shuffle)
+        self.n, self._delivered = n, {}
+        head = max(0, int(ranges[:, 1].max(initial=0)) - n)  # positions [0, head) were read twice
+        self.wrapping = [g for g in range(len(self.envs)) if ranges[g, 1] > n and self.took[g]]
+        # segments of stream positions: each old range's part before the end, then what no one read
+        lo, hi = np.minimum(ranges[:, 0], n), np.minimum(ranges[:, 1], n)
+        self.lo, self.hi = np.append(lo, hi.max(initial=0)), np.append(hi, n)
+        self.irregular = set(self.wrapping) | {g for g in range(len(self.envs)) if lo[g] < head}
+        gone = np.append(self.took, 0)
+        for g in self.irregular:
+            if self.hi[g] > self.lo[g]:
+                part = _stream_positions(layout, self.order, int(self.lo[g]), int(self.hi[g]))
+                gone[g] = int(np.isin(part, self._consumers(g)).sum())
+        self.kept = (self.hi - self.lo) - gone  # samples left per segment
+        self.kept_before = np.concatenate([[0], np.cumsum(self.kept)])
+
+    def _of(self, g: int) -> np.ndarray:
+        if g not in self._delivered:
+            order = _worker_order(self.layout, self.old, self.epoch, self.envs[g], None, None)
+            self._delivered[g] = order[:int(self.took[g])]
+        return self._delivered[g]
+
+    def _consumers(self, g: int) -> np.ndarray:
+        """Samples that may have been delivered from segment ``g``: its worker's, and the wrapping ones'."""
+        groups = {g} | (set(self.wrapping) if g in self.irregular else set())
+        return np.concatenate([self._of(k) for k in sorted(groups) if k < len(self.envs)] + [np.zeros(0, np.int64)])
+
+    def _kept(self, start: int, stop: int) -> np.ndarray:
+        """Positions [start, stop) of the remaining stream (0 <= start < stop <= its length)."""
+        k0 = int(np.searchsorted(self.kept_before, start, side="right")) - 1
+        k1 = int(np.searchsorted(self.kept_before, stop, side="left"))
+        parts = []
+        for g in range(k0, k1):
+            if self.kept[g] == 0:
+                continue
+            part = _stream_positions(self.layout, self.order, int(self.lo[g]), int(self.hi[g]))
+            if self.kept[g] < len(part):
+                part = part[~np.isin(part, self._consumers(g))]
+            parts.append(part)
+        run = np.concatenate(parts)
+        return run[start - int(self.kept_before[k0]):stop - int(self.kept_before[k0])]
+
+    def worker_order(self, settings: ShardSettings, env: WorkerEnv) -> np.ndarray:
+        n = int(self.kept_before[-1])
+        start, stop = _worker_range(n, env, settings.pad)
+        if n == 0 or stop <= start:
+            return np.zeros(0, dtype=np.int64)
+        parts, pos = [], start
+        while pos < stop:  # past the end of the remaining stream: wrap to its start
+            a = pos % n
+            b = min(n, a + stop - pos)
+            parts.append(self._kept(a, b))
+            pos += b - a
+        return _shuffle_share(self.layout, settings, self.epoch, env, np.concatenate(parts))
+
+
 def resume_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env: WorkerEnv, point: dict) -> np.ndarray:
     """What worker ``env`` delivers for the rest of an epoch interrupted at ``point``.
 
@@ -410,7 +491,9 @@ def resume_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env: 
     with the current settings: each sample once (plus padding).
     """
     if not (point.get("exact") and is_exact(point, env, settings)):
-        return worker_order(layout, settings, epoch, env, consumed=shards_delivered(layout, epoch, point))
+        if point.get("after") or (point["seed"], bool(point["shuffle"])) != (settings.seed, settings.shuffle):
+            return worker_order(layout, settings, epoch, env, consumed=shards_delivered(layout, epoch, point))
+        return _Remainder(layout, epoch, point).worker_order(settings, env)
     workers, bs = env.num_workers, point["batch_size"]
     counts = batch_counts(worker_lengths(layout.num_samples, env.world_size, workers, settings.pad), bs,
                           bool(point["drop_last"]))

@@ -158,19 +158,21 @@ def test_a_workers_order_costs_memory_in_its_share_not_the_epoch():
     assert 2.5 < peaks[800_000, 16] / peaks[200_000, 16] < 6, "memory does not grow with the share"
 
 
-def test_a_resume_at_another_world_size_builds_no_epoch_sized_order():
-    """Changed ranks: what each old worker delivered is rebuilt one old worker at a time (its share),
-    and the mask of delivered samples (1 byte per sample) is the only epoch-sized array."""
+def test_a_resume_at_another_world_size_costs_memory_in_the_shares():
+    """Changed ranks: a new worker rebuilds only the few old workers' orders its share lies in;
+    nothing the size of the epoch (not even a mask of 1 byte per sample) is built."""
     settings_ = ShardSettings(seed=1)
     peaks = {}
-    for n in (200_000, 800_000):
+    for n in (256_000, 1_024_000):
         layout = ShardLayout.from_sizes([1000] * (n // 1000))
-        point = dict(settings_.as_dict(), batch_size=64, drop_last=False, world_size=2, num_workers=8,
-                     delivered=40, exact=False)
-        peaks[n] = _peak_bytes(resume_order, layout, settings_, 3, WorkerEnv(3, 4, 7, 8), point)
-        share = n // 16  # the largest share computed: an old worker's
-        assert peaks[n] < n + 200 * share, f"{peaks[n]} B at N={n}"
-    assert peaks[800_000] / peaks[200_000] < 6
+        for old_ranks in (2, 32):  # 8 workers each: 16 or 256 old shares, half as many new ones
+            point = dict(settings_.as_dict(), batch_size=16, drop_last=False, world_size=old_ranks, num_workers=8,
+                         delivered=n // (old_ranks * 8 * 16) * 8 // 2, exact=False)
+            env = WorkerEnv(old_ranks // 2 - 1, old_ranks // 2, 5, 8)
+            peaks[n, old_ranks] = _peak_bytes(resume_order, layout, settings_, 3, env, point)
+        assert peaks[n, 2] / peaks[n, 32] > 10, f"16x smaller shares, only {peaks[n, 2] / peaks[n, 32]:.1f}x less memory"
+    assert 2.5 < peaks[1_024_000, 32] / peaks[256_000, 32] < 6
+    assert peaks[1_024_000, 32] < 0.6 * 1_024_000, "as much as a mask of one byte per sample"
 
 
 def test_an_exact_resume_builds_one_worker_share():
@@ -235,3 +237,26 @@ def test_map_exact_resume_memory_is_an_epoch_start(permutations):
     start = _peak_bytes(_rank_list, n, world, 5)
     resume = _peak_bytes(_rank_list, n, world, 5, point)
     assert resume <= 1.1 * start, f"exact resume {resume} B, an epoch start {start} B"
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(0, 25), min_size=1, max_size=12), old=st.tuples(st.integers(1, 4), st.integers(1, 3)),
+       new=st.tuples(st.integers(1, 4), st.integers(1, 3)), pads=st.tuples(st.booleans(), st.booleans()),
+       bs=st.integers(1, 6), drop_last=st.booleans(), when=st.floats(0, 1), seed=st.integers(0, 100),
+       buffers=st.tuples(st.integers(1, 9), st.integers(1, 9)))
+def test_a_resume_at_other_settings_equals_removing_the_delivered_mask(sizes, old, new, pads, bs, drop_last, when,
+                                                                       seed, buffers):
+    """The per-share resume (a few old workers' orders) gives what removing the mask of every
+    delivered sample from the whole stream gives."""
+    layout = ShardLayout.from_sizes(sizes)
+    before = ShardSettings(seed, True, buffers[0], 3, pads[0])
+    after = ShardSettings(seed, True, buffers[1], 2, pads[1])
+    counts = batch_counts(worker_lengths(layout.num_samples, old[0], old[1], before.pad), bs, drop_last)
+    point = dict(before.as_dict(), batch_size=bs, drop_last=drop_last, world_size=old[0], num_workers=old[1],
+                 delivered=int(when * sum(counts)), exact=False)
+    mask = readers.order.shards_delivered(layout, 4, point)
+    for rank in range(new[0]):
+        for w in range(new[1]):
+            env = WorkerEnv(rank, new[0], w, new[1])
+            assert np.array_equal(resume_order(layout, after, 4, env, point),
+                                  worker_order(layout, after, 4, env, consumed=mask)), (rank, w)
