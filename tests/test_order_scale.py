@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import readers.env
 import readers.order
 import readers.sampler
 from readers.env import WorkerEnv
@@ -204,12 +205,16 @@ def permutations(monkeypatch):
     return calls
 
 
-def _rank_list(n, world, rank, point=None, **kw):
-    sampler = EpochSampler(n, seed=kw.get("seed", 0), distributed=True)
-    sampler._ranks = lambda: (rank, world)  # a rank of a job, without a process group
-    sampler.set_epoch(2)
-    sampler.resume = point
-    return sampler.indices()
+def _rank_list(n, world, rank, point=None):
+    hook = readers.env.worker_env_hook
+    readers.env.worker_env_hook = lambda: WorkerEnv(rank, world, 0, 1)  # a rank of a job, without a process group
+    try:
+        sampler = EpochSampler(n, seed=0, distributed=True)
+        sampler.set_epoch(2)
+        sampler.resume = point
+        return sampler.indices()
+    finally:
+        readers.env.worker_env_hook = hook
 
 
 @pytest.mark.parametrize("n", [10_000, 100_000])
