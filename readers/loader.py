@@ -42,6 +42,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from readers import shmring
 from readers.batch import GatheredItems
 from readers.env import default_workers, die_with_parent
+from readers.order import batch_counts, worker_lengths
+from readers.registry import open_dataset
 from readers.sampler import EpochSampler
 from readers.shmring import ByteBatch
 
@@ -275,6 +277,21 @@ class PackedLoader(DataLoader):
         shmring.release_dead()  # slots of earlier loaders' workers that have exited
         return _Counted(super().__iter__(), self)
 
+    def __len__(self) -> int:
+        """Batches a whole epoch delivers on this rank, exactly.
+
+        A ``ShardDataset`` is split over the loader's workers and each worker batches its own
+        part (its last batch may be short), so the count is the sum over workers, not
+        ``ceil(len(dataset) / batch_size)`` as a plain DataLoader says. A resumed epoch
+        delivers fewer: ``len`` is always the whole epoch's (what an LR schedule is sized by)."""
+        ds = self.dataset
+        if not (isinstance(ds, IterableDataset) and hasattr(ds, "sample_order") and self.batch_size is not None):
+            return super().__len__()
+        # len(ds): this rank's samples, which its workers split as one rank of one splits them
+        lengths = worker_lengths(len(ds), 1, max(1, self.num_workers), True)
+        self._IterableDataset_len_called = total = sum(batch_counts(lengths, self.batch_size, self.drop_last))
+        return total  # (DataLoader warns if an epoch yields more than _IterableDataset_len_called)
+
     def _get_iterator(self):
         it = super()._get_iterator()
         if self.num_workers > 0:  # once the iterator is gone its workers have exited: unmap their slots
@@ -302,7 +319,7 @@ class _Counted:
         return batch
 
     def __len__(self) -> int:
-        return len(self._inner)
+        return len(self._loader)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -426,17 +443,32 @@ def make_loader(
     (:class:`ThreadLoader`: the same sampler, order, epochs, seeds and resume;
     a batch never crosses a process wall). Worth it where the per-sample work
     releases the GIL, as the readers' own does; see ``readers/threads.py``.
+    ``worker_init_fn(worker_id)`` runs in each worker, process or thread.
+
+    ``dataset``: a reader, or a path / URL, opened with ``readers.open_dataset``
+    and its defaults (call ``open_dataset`` yourself for other options).
+    ``sampler`` / ``batch_sampler`` (map-style readers): yours replaces the
+    :class:`EpochSampler` (``seed``, ``shuffle``, ``distributed`` then do not
+    apply to it; mid-epoch resume needs the EpochSampler). Other keyword
+    arguments go to ``DataLoader``.
+
+    ``len(loader)``: the batches a whole epoch delivers on this rank, exactly
+    (see :meth:`PackedLoader.__len__`).
     """
     if workers not in ("processes", "threads"):
         raise ValueError(f"workers must be 'processes' or 'threads', got {workers!r}")
+    if isinstance(dataset, (str, os.PathLike)):
+        dataset = open_dataset(dataset)
     kind, workers = workers, default_workers() if num_workers is None else num_workers
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-    sampler = None
-    if isinstance(dataset, IterableDataset):
+    sampler = kwargs.pop("sampler", None)
+    if "batch_sampler" in kwargs:  # DataLoader's rule: a batch sampler replaces all four
+        batch_size, drop_last, sampler = 1, False, None
+    elif isinstance(dataset, IterableDataset):
         if hasattr(dataset, "with_order"):
             # ShardDataset shuffles itself: the loader's seed decides, on the loader's own copy.
             dataset = dataset.with_order(shuffle=shuffle, seed=seed, distributed=distributed)
-    else:
+    elif sampler is None:
         sampler = EpochSampler(len(dataset), shuffle=shuffle is not False, seed=seed, distributed=distributed,
                                drop_last=drop_last)
     if kind == "threads":
@@ -444,7 +476,8 @@ def make_loader(
         generator.manual_seed(seed)
         loader = ThreadLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin,
                               drop_last=drop_last, collate_fn=collate_fn or collate, generator=generator,
-                              prefetch_factor=prefetch_factor, whole_batches=collate_fn is None, **kwargs)
+                              prefetch_factor=prefetch_factor, whole_batches=collate_fn is None,
+                              worker_init_fn=worker_init_fn, **kwargs)
         loader._seed, loader._distributed = seed, distributed
         return loader
     if workers > 0:

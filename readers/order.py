@@ -24,6 +24,12 @@ positions r, r+R, r+2R, ... of the padded permutation). See :func:`rank_indices`
    (:func:`buffer_shuffle`); steps 3 and 4 draw from one generator seeded with
    ``(seed, epoch, rank, worker)``.
 
+Each worker builds only its own share: the shard order (O(shards)) locates
+its slice of the stream and only the shards in it are expanded; steps 3 and 4
+are vectorized with numpy (the same output as the step-by-step definitions in
+their docstrings, pinned by ``tests/test_order_scale.py``). Memory and time
+per worker: O(N / (R x W)) plus a shard.
+
 A DataLoader with W workers delivers their batches round-robin (worker 0's
 first batch, worker 1's first, ..., skipping workers that ran out):
 :func:`round_robin` and :func:`consumed_batches` model that, which is what
@@ -32,6 +38,7 @@ makes an exact mid-epoch resume of an iterable dataset possible.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
@@ -70,16 +77,18 @@ def _split_ranks(order: np.ndarray, pad_from: np.ndarray, world: int, rank: int,
 
 
 def rank_indices(n: int, seed: int, epoch: int, shuffle: bool, world: int, rank: int, drop_last: bool = False,
-                 consumed: np.ndarray | None = None) -> np.ndarray:
+                 consumed: np.ndarray | None = None, perm: np.ndarray | None = None) -> np.ndarray:
     """The sample indices rank ``rank`` of ``world`` reads this epoch, in order.
 
     ``consumed``: a boolean mask of samples already delivered this epoch (a
     resume); they are left out and the rest is split over the ranks. When the
     consumed samples are the first ``G`` of this same permutation and ``G`` is a
     multiple of ``world`` (a resume with the same settings), the result equals
-    the uninterrupted rank's list from position ``G / world`` on.
+    the uninterrupted rank's list from position ``G / world`` on. ``perm``: the epoch's
+    permutation, when the caller has computed it already.
     """
-    perm = permutation(n, seed, epoch, shuffle)
+    if perm is None:
+        perm = permutation(n, seed, epoch, shuffle)
     rest = perm if consumed is None else perm[~consumed[perm]]
     return _split_ranks(rest, perm, world, rank, drop_last)
 
@@ -162,12 +171,55 @@ def shard_stream(layout: ShardLayout, order: np.ndarray) -> np.ndarray:
     return starts + np.arange(int(sizes.sum()), dtype=np.int64)
 
 
+def _stream_positions(layout: ShardLayout, order: np.ndarray, start: int, stop: int,
+                      remaining: np.ndarray | None = None, consumed: np.ndarray | None = None) -> np.ndarray:
+    """``shard_stream(layout, order)[np.arange(start, stop) % n]``, built for those positions only:
+    only the shards they fall in are expanded (O(stop - start + a shard), not O(N)).
+
+    ``consumed``: a mask of samples taken out of the stream; ``remaining``: samples each shard keeps."""
+    sizes = (layout.sizes if remaining is None else remaining)[order]
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    n = int(bounds[-1])
+    parts, pos = [], start
+    while pos < stop and n:
+        a = pos % n
+        b = min(n, a + stop - pos)
+        k0 = int(np.searchsorted(bounds, a, side="right")) - 1
+        k1 = int(np.searchsorted(bounds, b, side="left"))
+        run = shard_stream(layout, order[k0:k1])
+        if consumed is not None:
+            run = run[~consumed[run]]
+        parts.append(run[a - int(bounds[k0]):b - int(bounds[k0])])
+        pos += b - a
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _consumed_per_shard(layout: ShardLayout, consumed: np.ndarray) -> np.ndarray:
+    """How many samples of each shard ``consumed`` (a mask over all samples) marks."""
+    out = np.zeros(len(layout.sizes), dtype=np.int64)
+    full = np.flatnonzero(layout.sizes > 0)
+    firsts = layout.first[full]
+    if len(full) and firsts[0] == 0 and np.array_equal(firsts[1:], np.cumsum(layout.sizes[full])[:-1]):
+        # shards hold consecutive samples (as the packer writes them): sums per segment, no N-sized temporary
+        out[full] = np.add.reduceat(consumed.view(np.uint8), firsts, dtype=np.int64)
+    else:
+        np.add.at(out, layout.shard_of[np.flatnonzero(consumed)], 1)
+    return out
+
+
 def interleave(samples: np.ndarray, shards: np.ndarray, open_shards: int, rng: np.random.Generator) -> np.ndarray:
     """Read ``open_shards`` runs at once: each next sample comes from a random open run.
 
     A run is a maximal stretch of ``samples`` from one shard; runs keep their
     internal order (sequential reads), and a finished run is replaced by the
-    next one in ``samples``.
+    next one in ``samples``. Step ``t`` takes from open run ``int(u_t * open)``
+    (``u_t`` the generator's ``t``-th uniform, ``open`` the runs open then; a
+    finished run with none left to replace it closes and the later ones move
+    down one place).
+
+    Vectorized: while the number of open runs stays ``m``, the place each step
+    takes from is known up front, so each run's steps are found with numpy and
+    only the events (a run finishing: one per run) are visited in Python.
     """
     n = len(samples)
     if n == 0 or open_shards <= 1:
@@ -177,39 +229,75 @@ def interleave(samples: np.ndarray, shards: np.ndarray, open_shards: int, rng: n
         return samples
     bounds = np.concatenate([[0], cuts, [n]]).tolist()
     runs = list(zip(bounds[:-1], bounds[1:]))
-    pending = iter(runs[open_shards:])
-    active = [list(r) for r in runs[:open_shards]]  # [next position, end] per open run
     picks = rng.random(n)
     out = np.empty(n, dtype=np.int64)
-    for t in range(n):
-        k = int(picks[t] * len(active))
-        run = active[k]
-        out[t] = samples[run[0]]
-        run[0] += 1
-        if run[0] == run[1]:
-            nxt = next(pending, None)
-            if nxt is None:
-                active.pop(k)
-            else:
-                active[k] = list(nxt)
+    pos = [r[0] for r in runs[:open_shards]]  # per open place: next position in samples, and its end
+    end = [r[1] for r in runs[:open_shards]]
+    pending, t = len(pos), 0
+    while pos:  # one phase per number of open runs
+        m = len(pos)
+        place = (picks[t:] * m).astype(np.int64)
+        steps = [t + np.flatnonzero(place == k) for k in range(m)]  # the steps each place takes, in order
+        used = [0] * m
+        events: list[tuple[int, int]] = []
+
+        def push(k: int) -> None:
+            last = used[k] + end[k] - pos[k] - 1
+            if last < len(steps[k]):
+                heapq.heappush(events, (int(steps[k][last]), k))
+
+        for k in range(m):
+            push(k)
+        while True:
+            e, k = heapq.heappop(events)  # place k's run takes its last sample at step e
+            need = end[k] - pos[k]
+            out[steps[k][used[k]:used[k] + need]] = samples[pos[k]:end[k]]
+            used[k] += need
+            if pending < len(runs):
+                pos[k], end[k] = runs[pending]
+                pending += 1
+                push(k)
+                continue
+            for j in range(m):  # no run to replace it: the others took their steps before e
+                if j != k:
+                    took = int(np.searchsorted(steps[j], e)) - used[j]
+                    out[steps[j][used[j]:used[j] + took]] = samples[pos[j]:pos[j] + took]
+                    pos[j] += took
+            del pos[k], end[k]
+            t = e + 1
+            break
     return out
 
 
 def buffer_shuffle(samples: np.ndarray, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
     """Shuffle through a buffer of ``buffer_size``: once it is full, each incoming sample
-    replaces a random one, which is emitted; the rest is emitted shuffled at the end."""
+    replaces a random one, which is emitted; the rest is emitted shuffled at the end.
+
+    Vectorized: step ``t`` emits what the buffer place it picks last received (the sample of
+    the previous step that picked that place, or the one it started with)."""
     n = len(samples)
     if n <= 1:
         return samples
     size = min(buffer_size, n)
-    buf = samples[:size].tolist()
-    picks = rng.integers(size, size=n - size).tolist() if n > size else []
+    steps = n - size
+    picks = rng.integers(size, size=steps) if steps else np.zeros(0, dtype=np.int64)
     out = np.empty(n, dtype=np.int64)
-    for t, (i, j) in enumerate(zip(samples[size:].tolist(), picks)):
-        out[t] = buf[j]
-        buf[j] = i
+    buf = np.array(samples[:size], dtype=np.int64)
+    if steps:
+        by_place = np.argsort(picks, kind="stable")  # steps grouped by place, in time order
+        place = picks[by_place]
+        first = np.ones(steps, dtype=bool)
+        first[1:] = place[1:] != place[:-1]
+        emitted = np.empty(steps, dtype=np.int64)
+        emitted[first] = samples[place[first]]
+        later = np.flatnonzero(~first)
+        emitted[later] = samples[size + by_place[later - 1]]
+        out[by_place] = emitted
+        last = np.ones(steps, dtype=bool)
+        last[:-1] = first[1:]
+        buf[place[last]] = samples[size + by_place[last]]
     rng.shuffle(buf)
-    out[n - size:] = buf
+    out[steps:] = buf
     return out
 
 
@@ -219,17 +307,29 @@ def worker_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env: 
 
     ``consumed``: a mask of samples already delivered this epoch (a resume with
     other settings): they are removed from the stream before it is split.
+
+    Only this worker's part of the stream is built (the shard order and per-shard counts are
+    O(shards)): memory and time O(N / (ranks x workers)) plus a shard, the whole epoch never.
     """
+    remaining = None if consumed is None else layout.sizes - _consumed_per_shard(layout, consumed)
+    return _worker_order(layout, settings, epoch, env, consumed, remaining)
+
+
+def _worker_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env: WorkerEnv,
+                  consumed: np.ndarray | None, remaining: np.ndarray | None) -> np.ndarray:
     order = shard_order(len(layout.sizes), settings.seed, epoch, settings.shuffle)
-    stream = shard_stream(layout, order)
-    if consumed is not None:
-        stream = stream[~consumed[stream]]
-    n = len(stream)
+    n = int((layout.sizes if remaining is None else remaining).sum())
     start, stop = _worker_range(n, env, settings.pad)
     if n == 0 or stop <= start:
         return np.zeros(0, dtype=np.int64)
-    samples = stream[np.arange(start, stop) % n]
-    if not settings.shuffle:
+    return _shuffle_share(layout, settings, epoch, env, _stream_positions(layout, order, start, stop, remaining,
+                                                                          consumed))
+
+
+def _shuffle_share(layout: ShardLayout, settings: ShardSettings, epoch: int, env: WorkerEnv,
+                   samples: np.ndarray) -> np.ndarray:
+    """Steps 3 and 4 of the module doc on worker ``env``'s slice of the stream."""
+    if not settings.shuffle or not len(samples):
         return samples
     rng = np.random.default_rng([settings.seed, epoch, env.rank, env.worker_id])
     samples = interleave(samples, layout.shard_of[samples], settings.open_shards, rng)
@@ -288,10 +388,11 @@ def shards_delivered(layout: ShardLayout, epoch: int, point: dict) -> np.ndarray
                           bool(point["drop_last"]))
     taken, _ = consumed_batches(counts, point["delivered"])
     mask = np.zeros(layout.num_samples, dtype=bool) if prior is None else prior.copy()
+    remaining = None if prior is None else layout.sizes - _consumed_per_shard(layout, prior)
     for rank in range(world):
         for w in range(workers):
             if taken[w]:
-                order = worker_order(layout, settings, epoch, WorkerEnv(rank, world, w, workers), consumed=prior)
+                order = _worker_order(layout, settings, epoch, WorkerEnv(rank, world, w, workers), prior, remaining)
                 mask[order[:taken[w] * point["batch_size"]]] = True
     return mask
 
@@ -300,6 +401,81 @@ def is_exact(point: dict, env: WorkerEnv, settings: ShardSettings) -> bool:
     """True when resuming at ``point`` under ``env``/``settings`` can continue the uninterrupted order."""
     return (not point.get("after") and point["world_size"] == env.world_size
             and point["num_workers"] == env.num_workers and settings_of(point) == settings)
+
+
+class _Remainder:
+    """The stream of an epoch interrupted at ``point`` (one resume, same shard order) minus what
+    was delivered, for one new worker's share, without a mask over all samples.
+
+    Old worker ``g`` (rank-major) read stream positions ``[a_g, b_g)`` (past the end they wrap
+    to the start: ``pad``) and delivered the first ``d_g`` samples of its order, all from those
+    positions. So the delivered count per old range is known by arithmetic, except where the
+    wrapped tail meets the start (a few ranges, built exactly); a new worker's share then lies
+    in a few old ranges, and only those old workers' orders are built.
+    """
+
+    def __init__(self, layout: ShardLayout, epoch: int, point: dict) -> None:
+        self.layout, self.epoch, self.old = layout, epoch, settings_of(point)
+        n, world, workers, bs = layout.num_samples, point["world_size"], point["num_workers"], point["batch_size"]
+        counts = batch_counts(worker_lengths(n, world, workers, self.old.pad), bs, bool(point["drop_last"]))
+        taken, _ = consumed_batches(counts, point["delivered"])
+        self.envs = [WorkerEnv(r, world, w, workers) for r in range(world) for w in range(workers)]
+        ranges = np.array([_worker_range(n, e, self.old.pad) for e in self.envs], dtype=np.int64).reshape(-1, 2)
+        self.took = np.minimum([taken[e.worker_id] * bs for e in self.envs], ranges[:, 1] - ranges[:, 0])
+        self.order = shard_order(len(layout.sizes), self.old.seed, epoch, self.old.shuffle)
+        self.n, self._delivered = n, {}
+        head = max(0, int(ranges[:, 1].max(initial=0)) - n)  # positions [0, head) were read twice
+        self.wrapping = [g for g in range(len(self.envs)) if ranges[g, 1] > n and self.took[g]]
+        # segments of stream positions: each old range's part before the end, then what no one read
+        lo, hi = np.minimum(ranges[:, 0], n), np.minimum(ranges[:, 1], n)
+        self.lo, self.hi = np.append(lo, hi.max(initial=0)), np.append(hi, n)
+        self.irregular = set(self.wrapping) | {g for g in range(len(self.envs)) if lo[g] < head}
+        gone = np.append(self.took, 0)
+        for g in self.irregular:
+            if self.hi[g] > self.lo[g]:
+                part = _stream_positions(layout, self.order, int(self.lo[g]), int(self.hi[g]))
+                gone[g] = int(np.isin(part, self._consumers(g)).sum())
+        self.kept = (self.hi - self.lo) - gone  # samples left per segment
+        self.kept_before = np.concatenate([[0], np.cumsum(self.kept)])
+
+    def _of(self, g: int) -> np.ndarray:
+        if g not in self._delivered:
+            order = _worker_order(self.layout, self.old, self.epoch, self.envs[g], None, None)
+            self._delivered[g] = order[:int(self.took[g])]
+        return self._delivered[g]
+
+    def _consumers(self, g: int) -> np.ndarray:
+        """Samples that may have been delivered from segment ``g``: its worker's, and the wrapping ones'."""
+        groups = {g} | (set(self.wrapping) if g in self.irregular else set())
+        return np.concatenate([self._of(k) for k in sorted(groups) if k < len(self.envs)] + [np.zeros(0, np.int64)])
+
+    def _kept(self, start: int, stop: int) -> np.ndarray:
+        """Positions [start, stop) of the remaining stream (0 <= start < stop <= its length)."""
+        k0 = int(np.searchsorted(self.kept_before, start, side="right")) - 1
+        k1 = int(np.searchsorted(self.kept_before, stop, side="left"))
+        parts = []
+        for g in range(k0, k1):
+            if self.kept[g] == 0:
+                continue
+            part = _stream_positions(self.layout, self.order, int(self.lo[g]), int(self.hi[g]))
+            if self.kept[g] < len(part):
+                part = part[~np.isin(part, self._consumers(g))]
+            parts.append(part)
+        run = np.concatenate(parts)
+        return run[start - int(self.kept_before[k0]):stop - int(self.kept_before[k0])]
+
+    def worker_order(self, settings: ShardSettings, env: WorkerEnv) -> np.ndarray:
+        n = int(self.kept_before[-1])
+        start, stop = _worker_range(n, env, settings.pad)
+        if n == 0 or stop <= start:
+            return np.zeros(0, dtype=np.int64)
+        parts, pos = [], start
+        while pos < stop:  # past the end of the remaining stream: wrap to its start
+            a = pos % n
+            b = min(n, a + stop - pos)
+            parts.append(self._kept(a, b))
+            pos += b - a
+        return _shuffle_share(self.layout, settings, self.epoch, env, np.concatenate(parts))
 
 
 def resume_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env: WorkerEnv, point: dict) -> np.ndarray:
@@ -315,7 +491,9 @@ def resume_order(layout: ShardLayout, settings: ShardSettings, epoch: int, env: 
     with the current settings: each sample once (plus padding).
     """
     if not (point.get("exact") and is_exact(point, env, settings)):
-        return worker_order(layout, settings, epoch, env, consumed=shards_delivered(layout, epoch, point))
+        if point.get("after") or (point["seed"], bool(point["shuffle"])) != (settings.seed, settings.shuffle):
+            return worker_order(layout, settings, epoch, env, consumed=shards_delivered(layout, epoch, point))
+        return _Remainder(layout, epoch, point).worker_order(settings, env)
     workers, bs = env.num_workers, point["batch_size"]
     counts = batch_counts(worker_lengths(layout.num_samples, env.world_size, workers, settings.pad), bs,
                           bool(point["drop_last"]))

@@ -32,24 +32,41 @@ from torch.utils.data import DistributedSampler
 from readers.env import current_worker_env
 from readers.order import permutation, rank_indices
 
-__all__ = ["EpochSampler", "map_delivered"]
+__all__ = ["EpochSampler", "map_delivered", "exact_resume"]
 
 
-def map_delivered(n: int, epoch: int, point: dict[str, Any]) -> np.ndarray:
+def map_delivered(n: int, epoch: int, point: dict[str, Any], perm: np.ndarray | None = None) -> np.ndarray:
     """Mask of the samples a map-style loader had delivered this epoch at ``point`` (all ranks).
 
     ``point``: ``delivered`` batches of ``batch_size`` per rank over ``world_size`` ranks with
     ``seed``/``shuffle``/``drop_last``; ``after``: an earlier point of the same epoch this run had
     resumed from (its samples were left out of this run's lists).
+
+    Rank r took positions r, r+R, ... of the (padded or cut) list the ranks split, so together
+    the ranks took its first ``R x taken`` positions: one permutation (``perm``, when the caller
+    has it already) and a prefix, never a list per rank.
     """
-    prior = map_delivered(n, epoch, point["after"]) if point.get("after") else None
-    take = point["delivered"] * point["batch_size"]
+    if perm is None:
+        perm = permutation(n, point["seed"], epoch, bool(point["shuffle"]))
+    prior = map_delivered(n, epoch, point["after"], perm) if point.get("after") else None
+    world, take = point["world_size"], point["delivered"] * point["batch_size"]
+    rest = perm if prior is None else perm[~prior[perm]]
+    drop_last = bool(point.get("sampler_drop_last", point["drop_last"]))
+    size = len(rest) - len(rest) % world if drop_last else len(rest) + (-len(rest) % world if len(perm) else 0)
+    taken = min(world * take, size)
     mask = np.zeros(n, dtype=bool) if prior is None else prior.copy()
-    for rank in range(point["world_size"]):
-        lst = rank_indices(n, point["seed"], epoch, bool(point["shuffle"]), point["world_size"], rank,
-                           bool(point.get("sampler_drop_last", point["drop_last"])), consumed=prior)
-        mask[lst[:take]] = True
+    mask[rest[:min(taken, len(rest))]] = True
+    if taken > len(rest):  # into the padding, which repeats the permutation's start
+        mask[np.resize(perm, taken - len(rest))] = True
     return mask
+
+
+def exact_resume(point: dict[str, Any], world: int, seed: int, shuffle: bool, drop_last: bool) -> bool:
+    """True when a rank of ``world`` with these settings continues ``point`` by skipping its own
+    first ``delivered x batch_size`` samples (same ranks and order, no earlier resume)."""
+    return (not point.get("after") and point["world_size"] == world and point["seed"] == seed
+            and bool(point["shuffle"]) == shuffle
+            and bool(point.get("sampler_drop_last", point["drop_last"])) == drop_last)
 
 
 class EpochSampler(DistributedSampler):
@@ -98,9 +115,17 @@ class EpochSampler(DistributedSampler):
 
     def indices(self) -> np.ndarray:
         """This rank's sample indices for the current epoch (after the resume point, if one is set)."""
-        rank, world = self._ranks()
-        consumed = map_delivered(self.n, self.epoch, self.resume) if self.resume else None
-        return rank_indices(self.n, self.seed, self.epoch, self.shuffle, world, rank, self.drop_last, consumed)
+        rank, world, point = *self._ranks(), self.resume
+        if point and exact_resume(point, world, self.seed, self.shuffle, self.drop_last):
+            # the ranks had taken a prefix of the same list each: skip it (one permutation, as any epoch)
+            mine = rank_indices(self.n, self.seed, self.epoch, self.shuffle, world, rank, self.drop_last)
+            return mine[point["delivered"] * point["batch_size"]:]
+        perm = permutation(self.n, self.seed, self.epoch, self.shuffle)
+        consumed = None
+        if point:
+            same = point["seed"] == self.seed and bool(point["shuffle"]) == self.shuffle
+            consumed = map_delivered(self.n, self.epoch, point, perm if same else None)
+        return rank_indices(self.n, self.seed, self.epoch, self.shuffle, world, rank, self.drop_last, consumed, perm)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices().tolist())

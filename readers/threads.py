@@ -24,6 +24,9 @@ PackedLoader's); only its workers are threads, run by :class:`ThreadBatches`:
   keep one random generator per thread, seeded from it, so a seeded run
   repeats. A transform that draws from torch's or numpy's global generator
   shares it between threads and does not repeat;
+* ``worker_init_fn(w)`` runs at the start of thread ``w`` each epoch (a DataLoader runs it
+  in each worker process it starts); with ``num_workers=0`` it is not run, as a DataLoader
+  does not run it without workers;
 * an exception in a thread is raised in the caller (the same exception,
   with a note naming the batch's samples), and stopping early (``break``)
   stops the threads;
@@ -129,7 +132,7 @@ class ThreadBatches:
         # generator per epoch, so an epoch -- and a resumed one -- repeats its seeds)
         base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
         if isinstance(loader.dataset, IterableDataset):
-            self._len = _stream_len(loader)
+            self._len = len(loader)
             jobs: Callable[[int, int], Iterable[Any]] = functools.partial(_stream_jobs, loader)
         else:
             batches = list(loader._index_sampler)
@@ -157,14 +160,6 @@ class ThreadBatches:
             self._gen.close()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
-
-
-def _stream_len(loader: Any) -> int:
-    # an iterable dataset split evenly over the threads (as ShardDataset splits a rank's
-    # samples), each thread batching its own part
-    n, w = len(loader.dataset), max(1, loader.num_workers)
-    parts = [n // w + (1 if k < n % w else 0) for k in range(w)]
-    return sum(p // loader.batch_size if loader.drop_last else -(-p // loader.batch_size) for p in parts)
 
 
 def _pinned(loader: Any, batch: Any) -> Any:
@@ -211,8 +206,9 @@ def _run(loader: Any, jobs: Callable[[int, int], Iterable[Any]], base_seed: int)
         yield from (_check(r) for r in jobs(0, 1))
         return
     n, stop = loader.num_workers, threading.Event()
-    threads = [_Worker(ThreadWorker(w, n, base_seed + w), functools.partial(jobs, w, n), loader.prefetch_factor or 2,
-                       stop) for w in range(n)]
+    init = loader.worker_init_fn
+    threads = [_Worker(ThreadWorker(w, n, base_seed + w), functools.partial(_started, init, jobs, w, n),
+                       loader.prefetch_factor or 2, stop) for w in range(n)]
     for t in threads:
         t.start()
     try:
@@ -228,6 +224,20 @@ def _run(loader: Any, jobs: Callable[[int, int], Iterable[Any]], base_seed: int)
         stop.set()
         for t in threads:
             t.join(timeout=5.0)
+
+
+def _started(init: Callable[[int], None] | None, jobs: Callable[[int, int], Iterable[Any]], w: int,
+             n: int) -> Iterator[Any]:
+    """Thread ``w``'s jobs, after the loader's ``worker_init_fn(w)`` (run in that thread, as a
+    DataLoader runs it in each worker process; ``get_worker_info()`` is None there, and
+    ``readers.env.thread_worker()`` says which thread it is)."""
+    if init is not None:
+        try:
+            init(w)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
+            yield _Failed(exc, f"worker_init_fn({w})")
+            return
+    yield from jobs(w, n)
 
 
 def _check(result: Any) -> Any:

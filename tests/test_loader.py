@@ -287,6 +287,30 @@ def test_make_loader_leaves_the_callers_dataset_alone(packed_generated):
     assert orders[7] == [t[2] for t in reference], "the loader's copy does not shuffle as ShardDataset(seed=7)"
 
 
+@pytest.mark.parametrize("fmt", MAP_FORMATS)
+def test_make_loader_takes_the_callers_sampler_or_batch_sampler(packed_generated, fmt):
+    from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
+
+    ds = open_dataset(packed_generated[fmt], decode=False, return_index=True)
+    n = len(ds)
+    loader = make_loader(ds, batch_size=3, num_workers=0, sampler=DistributedSampler(ds, 2, 1, shuffle=False))
+    assert epoch(loader)[0] == list(range(1, n, 2)), "the caller's sampler was not the one used"
+    assert len(loader) == math.ceil(n / 2 / 3)
+    batches = BatchSampler(SequentialSampler(ds), 5, drop_last=True)
+    loader = make_loader(ds, num_workers=0, batch_sampler=batches)
+    assert [b[-1].tolist() for b in loader] == [list(range(k, k + 5)) for k in range(0, n - n % 5, 5)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
+def test_make_loader_opens_a_path(packed_generated, fmt):
+    root = packed_generated[fmt]
+    for where in (root, str(root)):
+        loader = make_loader(where, batch_size=BATCH, num_workers=0, seed=7)
+        labels = sum((b[1].tolist() for b in loader), [])
+        assert sorted(labels) == sorted(open_dataset(root).labels.tolist())
+        assert len(loader) == math.ceil(len(labels) / BATCH)
+
+
 # --------------------------------------------------------------------------- batches
 
 

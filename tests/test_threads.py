@@ -145,6 +145,30 @@ def test_bad_worker_kind_is_refused(packed_generated):
     assert isinstance(loader, ThreadLoader) and isinstance(loader, PackedLoader)
 
 
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+def test_worker_init_fn_runs_in_each_loader_thread(packed_generated, fmt):
+    calls = []
+
+    def init(worker_id):
+        calls.append((worker_id, thread_worker().worker_id, threading.current_thread().name))
+
+    loader = loader_for(packed_generated[fmt], 2, "threads", worker_init_fn=init)
+    assert sorted(sum(order(loader), [])) == list(range(spec.read_index(packed_generated[fmt]).num_samples))
+    assert sorted(calls) == [(0, 0, "loader-thread-0"), (1, 1, "loader-thread-1")]
+    order(loader)
+    assert len(calls) == 4, "worker_init_fn runs once per thread per epoch, as per worker process"
+
+
+def test_a_failing_worker_init_fn_reaches_the_caller(packed_generated):
+    def init(worker_id):
+        raise KeyError(f"no config for worker {worker_id}")
+
+    with pytest.raises(KeyError, match="no config for worker") as info:
+        order(loader_for(packed_generated["mmap"], 2, "threads", worker_init_fn=init))
+    assert any("worker_init_fn" in note for note in info.value.__notes__)
+    assert not _loader_threads()
+
+
 def test_perprocess_creates_one_value_for_racing_threads():
     made = []
     barrier = threading.Barrier(8)

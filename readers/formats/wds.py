@@ -24,6 +24,7 @@ the order is the same wherever the bytes come from.
 from __future__ import annotations
 
 import copy
+import ctypes
 import dataclasses
 import json
 import math
@@ -46,6 +47,8 @@ __all__ = ["ShardDataset", "epoch_plan"]
 BLOCK = spec.TAR_BLOCK
 #: Bytes of shared memory that carry a resume point (JSON) to the loader's workers, persistent ones too.
 RESUME_BYTES = 8192
+#: Passes counted per loader worker since ``set_epoch`` (worker ``rank x workers + id``, modulo this).
+PASS_SLOTS = 1024
 
 
 class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
@@ -70,6 +73,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         # resume point reach persistent workers too.
         self._epoch = multiprocessing.get_context().RawValue("q", 0)
         self._resume = multiprocessing.get_context().RawArray("c", RESUME_BYTES)
+        self._passes = multiprocessing.get_context().RawArray("q", PASS_SLOTS)
 
     # The order settings, readable and settable one by one (with_order copies before changing them).
     seed = property(lambda self: self.settings.seed, lambda self, v: self._set(seed=int(v)))
@@ -139,6 +143,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             # Plain pickling (not a worker start): shared memory cannot travel; keep the values.
             state["_epoch"] = int(self._epoch.value)
             state["_resume"] = bytes(self._resume.value)
+            state["_passes"] = None  # a copy counts its own passes
         else:
             # A spawned worker has no process group and maybe no RANK/WORLD_SIZE
             # (mp.spawn, explicit init_process_group): carry the parent's rank.
@@ -153,13 +158,21 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             shared = multiprocessing.get_context().RawArray("c", RESUME_BYTES)
             shared.value = state.get("_resume", b"")
             state["_resume"] = shared
+        if state.get("_passes") is None:
+            state["_passes"] = multiprocessing.get_context().RawArray("q", PASS_SLOTS)
         state.setdefault("_world", None)
         self.__dict__.update(state)
 
     # ------------------------------------------------------------ epochs
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch: same seed and epoch give the same order."""
+        """Choose the epoch: same seed and epoch give the same order.
+
+        Without it (a plain ``DataLoader``), each new pass of a worker over the dataset
+        starts the next epoch, as a map-style ``RandomSampler`` reshuffles each epoch:
+        pass ``k`` since the last ``set_epoch(e)`` (or since opening: ``e = 0``) reads
+        epoch ``e + k``. ``make_loader``'s loader calls this before every epoch."""
         self._epoch.value = int(epoch)
+        ctypes.memset(self._passes, 0, ctypes.sizeof(self._passes))
 
     @property
     def epoch(self) -> int:
@@ -249,8 +262,13 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return env
 
     def __iter__(self) -> Iterator[tuple]:
+        env = self._env()
+        slot = env.global_worker % PASS_SLOTS
+        passes, self._passes[slot] = self._passes[slot], self._passes[slot] + 1  # see set_epoch
+        order = self.sample_order(env) if passes == 0 else worker_order(self.layout, self.settings,
+                                                                         self.epoch + passes, env)
         # The open runs plus the shards still in the buffer: local files kept open at once.
-        pairs = wds_io.shard_io(self, keep=2 * self.open_shards + 2).samples(self.sample_order().tolist())
+        pairs = wds_io.shard_io(self, keep=2 * self.open_shards + 2).samples(order.tolist())
         try:
             for i, data in pairs:
                 yield self._item(i, data)

@@ -1,0 +1,267 @@
+"""The epoch order at scale: each loader worker builds only its own share (memory O(N / workers),
+vectorized), identical to the step-by-step definition; a map-style resume costs one permutation
+(an exact one: skipping a prefix), not one per rank.
+
+The reference functions below are the step-by-step definitions the readers used before they were
+vectorized (one Python step per sample over the whole epoch's stream): the order must stay what it
+was, so runs resume the same way across versions.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import readers.env
+import readers.order
+import readers.sampler
+from readers.env import WorkerEnv
+from readers.order import (ShardLayout, ShardSettings, batch_counts, buffer_shuffle, interleave, resume_order,
+                           shard_order, shard_stream, worker_lengths, worker_order)
+from readers.sampler import EpochSampler
+
+
+def ref_interleave(samples, shards, open_shards, rng):
+    n = len(samples)
+    if n == 0 or open_shards <= 1:
+        return samples
+    cuts = np.flatnonzero(np.diff(shards)) + 1
+    if len(cuts) == 0:
+        return samples
+    bounds = np.concatenate([[0], cuts, [n]]).tolist()
+    runs = list(zip(bounds[:-1], bounds[1:]))
+    pending, active = iter(runs[open_shards:]), [list(r) for r in runs[:open_shards]]
+    picks, out = rng.random(n), np.empty(n, dtype=np.int64)
+    for t in range(n):
+        k = int(picks[t] * len(active))
+        run = active[k]
+        out[t] = samples[run[0]]
+        run[0] += 1
+        if run[0] == run[1]:
+            nxt = next(pending, None)
+            if nxt is None:
+                active.pop(k)
+            else:
+                active[k] = list(nxt)
+    return out
+
+
+def ref_buffer_shuffle(samples, buffer_size, rng):
+    n = len(samples)
+    if n <= 1:
+        return samples
+    size = min(buffer_size, n)
+    buf = samples[:size].tolist()
+    picks = rng.integers(size, size=n - size).tolist() if n > size else []
+    out = np.empty(n, dtype=np.int64)
+    for t, (i, j) in enumerate(zip(samples[size:].tolist(), picks)):
+        out[t] = buf[j]
+        buf[j] = i
+    rng.shuffle(buf)
+    out[n - size:] = buf
+    return out
+
+
+def ref_worker_order(layout, s, epoch, env, consumed=None):
+    stream = shard_stream(layout, shard_order(len(layout.sizes), s.seed, epoch, s.shuffle))
+    if consumed is not None:
+        stream = stream[~consumed[stream]]
+    n = len(stream)
+    per_rank = -(-n // env.world_size) if s.pad else n // env.world_size
+    base, extra = divmod(per_rank, env.num_workers)
+    start = env.rank * per_rank + env.worker_id * base + min(env.worker_id, extra)
+    stop = start + base + (1 if env.worker_id < extra else 0)
+    if n == 0 or stop <= start:
+        return np.zeros(0, dtype=np.int64)
+    samples = stream[np.arange(start, stop) % n]
+    if not s.shuffle:
+        return samples
+    rng = np.random.default_rng([s.seed, epoch, env.rank, env.worker_id])
+    samples = ref_interleave(samples, layout.shard_of[samples], s.open_shards, rng)
+    return ref_buffer_shuffle(samples, s.buffer_size, rng)
+
+
+def _layout(sizes, stored_shuffled: bool) -> ShardLayout:
+    """Shards of ``sizes``; ``stored_shuffled``: their samples not stored in shard order."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if not stored_shuffled:
+        return ShardLayout.from_sizes(sizes)
+    place = np.random.default_rng(len(sizes)).permutation(len(sizes))  # shard place[k] stored k-th
+    first = np.zeros(len(sizes), dtype=np.int64)
+    first[place] = np.concatenate([[0], np.cumsum(sizes[place])[:-1]])
+    shard_of = np.empty(int(sizes.sum()), dtype=np.int32)
+    for s in range(len(sizes)):
+        shard_of[first[s]:first[s] + sizes[s]] = s
+    return ShardLayout(sizes, first, shard_of)
+
+
+@settings(max_examples=400, deadline=None)
+@given(sizes=st.lists(st.integers(1, 30), min_size=1, max_size=12), cut=st.floats(0, 1),
+       open_shards=st.integers(0, 6), buffer_size=st.integers(1, 40), seed=st.integers(0, 2**32 - 1),
+       shuffled_samples=st.booleans())
+def test_vectorized_interleave_and_buffer_equal_the_step_by_step_ones(sizes, cut, open_shards, buffer_size, seed,
+                                                                       shuffled_samples):
+    layout = ShardLayout.from_sizes(sizes)
+    samples = np.random.default_rng(seed).permutation(layout.num_samples) if shuffled_samples \
+        else np.arange(layout.num_samples)
+    samples = samples[:int(cut * len(samples))]
+    shards = layout.shard_of[samples]
+    assert np.array_equal(interleave(samples, shards, open_shards, np.random.default_rng(seed)),
+                          ref_interleave(samples, shards, open_shards, np.random.default_rng(seed)))
+    assert np.array_equal(buffer_shuffle(samples, buffer_size, np.random.default_rng(seed)),
+                          ref_buffer_shuffle(samples, buffer_size, np.random.default_rng(seed)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(0, 25), min_size=1, max_size=15), world=st.integers(1, 4),
+       workers=st.integers(1, 4), seed=st.integers(0, 1000), epoch=st.integers(0, 50), shuffle=st.booleans(),
+       pad=st.booleans(), open_shards=st.integers(1, 5), buffer_size=st.integers(1, 20),
+       consumed_share=st.sampled_from([None, 0.0, 0.3, 0.9, 1.0]), stored_shuffled=st.booleans())
+def test_worker_share_equals_the_share_of_the_whole_epoch(sizes, world, workers, seed, epoch, shuffle, pad,
+                                                           open_shards, buffer_size, consumed_share, stored_shuffled):
+    layout = _layout(sizes, stored_shuffled)
+    s = ShardSettings(seed, shuffle, buffer_size, open_shards, pad)
+    consumed = None
+    if consumed_share is not None:
+        consumed = np.random.default_rng(seed).random(layout.num_samples) < consumed_share
+    for rank in range(world):
+        for w in range(workers):
+            env = WorkerEnv(rank, world, w, workers)
+            assert np.array_equal(worker_order(layout, s, epoch, env, consumed),
+                                  ref_worker_order(layout, s, epoch, env, consumed)), (rank, w)
+
+
+def _peak_bytes(fn, *args) -> int:
+    tracemalloc.start()
+    try:
+        fn(*args)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_workers_order_costs_memory_in_its_share_not_the_epoch():
+    settings_ = ShardSettings(seed=1)
+    peaks = {}
+    for n in (200_000, 800_000):
+        layout = ShardLayout.from_sizes([1000] * (n // 1000))
+        for world, workers in ((1, 1), (2, 8)):
+            env = WorkerEnv(world - 1, world, workers - 1, workers)
+            peaks[n, world * workers] = _peak_bytes(worker_order, layout, settings_, 3, env)
+    for n in (200_000, 800_000):
+        share = n // 16
+        assert peaks[n, 16] < 200 * share, f"{peaks[n, 16]} B for a share of {share} samples"
+        assert peaks[n, 16] < peaks[n, 1] / 8, "16 workers' shares do not cost 1/16 of the epoch each"
+    assert 2.5 < peaks[800_000, 16] / peaks[200_000, 16] < 6, "memory does not grow with the share"
+
+
+def test_a_resume_at_another_world_size_costs_memory_in_the_shares():
+    """Changed ranks: a new worker rebuilds only the few old workers' orders its share lies in;
+    nothing the size of the epoch (not even a mask of 1 byte per sample) is built."""
+    settings_ = ShardSettings(seed=1)
+    peaks = {}
+    for n in (256_000, 1_024_000):
+        layout = ShardLayout.from_sizes([1000] * (n // 1000))
+        for old_ranks in (2, 32):  # 8 workers each: 16 or 256 old shares, half as many new ones
+            point = dict(settings_.as_dict(), batch_size=16, drop_last=False, world_size=old_ranks, num_workers=8,
+                         delivered=n // (old_ranks * 8 * 16) * 8 // 2, exact=False)
+            env = WorkerEnv(old_ranks // 2 - 1, old_ranks // 2, 5, 8)
+            peaks[n, old_ranks] = _peak_bytes(resume_order, layout, settings_, 3, env, point)
+        assert peaks[n, 2] / peaks[n, 32] > 10, f"16x smaller shares, only {peaks[n, 2] / peaks[n, 32]:.1f}x less memory"
+    assert 2.5 < peaks[1_024_000, 32] / peaks[256_000, 32] < 6
+    assert peaks[1_024_000, 32] < 0.6 * 1_024_000, "as much as a mask of one byte per sample"
+
+
+def test_an_exact_resume_builds_one_worker_share():
+    settings_ = ShardSettings(seed=1)
+    n = 400_000
+    layout = ShardLayout.from_sizes([1000] * (n // 1000))
+    env = WorkerEnv(1, 2, 3, 8)
+    counts = batch_counts(worker_lengths(n, 2, 8, True), 64, False)
+    point = dict(settings_.as_dict(), batch_size=64, drop_last=False, world_size=2, num_workers=8,
+                 delivered=sum(counts) // 2, exact=True)
+    assert _peak_bytes(resume_order, layout, settings_, 3, env, point) < 200 * n // 16
+
+
+# --------------------------------------------------------------------------- map-style resume
+
+
+@pytest.fixture
+def permutations(monkeypatch):
+    """Counts the epoch permutations computed (readers.order.permutation, wherever it is called from)."""
+    calls = []
+    real = readers.order.permutation
+
+    def counting(n, seed, epoch, shuffle=True):
+        calls.append(n)
+        return real(n, seed, epoch, shuffle)
+
+    monkeypatch.setattr(readers.order, "permutation", counting)
+    monkeypatch.setattr(readers.sampler, "permutation", counting)
+    return calls
+
+
+def _rank_list(n, world, rank, point=None):
+    hook = readers.env.worker_env_hook
+    readers.env.worker_env_hook = lambda: WorkerEnv(rank, world, 0, 1)  # a rank of a job, without a process group
+    try:
+        sampler = EpochSampler(n, seed=0, distributed=True)
+        sampler.set_epoch(2)
+        sampler.resume = point
+        return sampler.indices()
+    finally:
+        readers.env.worker_env_hook = hook
+
+
+@pytest.mark.parametrize("n", [10_000, 100_000])
+def test_map_resume_computes_one_permutation_whatever_the_ranks(permutations, n):
+    world, bs = 8, 32
+    whole = [_rank_list(n, world, r) for r in range(world)]
+    point = dict(seed=0, shuffle=True, drop_last=False, sampler_drop_last=False, world_size=world, batch_size=bs,
+                 delivered=10)
+    permutations.clear()
+    exact = _rank_list(n, world, 5, point)
+    assert permutations == [n], "an exact resume costs more than the epoch's one permutation"
+    assert exact.tolist() == whole[5][10 * bs:].tolist()
+    permutations.clear()
+    rest = [_rank_list(n, 3, r, point) for r in range(3)]
+    assert permutations == [n] * 3, "a resume at another world size computed a permutation per old rank"
+    delivered = np.concatenate([w[:10 * bs] for w in whole])
+    seen = np.concatenate([delivered] + rest)
+    assert set(seen.tolist()) == set(range(n)) and len(seen) - n < 3
+
+
+def test_map_exact_resume_memory_is_an_epoch_start(permutations):
+    n, world = 400_000, 8
+    point = dict(seed=0, shuffle=True, drop_last=False, sampler_drop_last=False, world_size=world, batch_size=64,
+                 delivered=100)
+    start = _peak_bytes(_rank_list, n, world, 5)
+    resume = _peak_bytes(_rank_list, n, world, 5, point)
+    assert resume <= 1.1 * start, f"exact resume {resume} B, an epoch start {start} B"
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(0, 25), min_size=1, max_size=12), old=st.tuples(st.integers(1, 4), st.integers(1, 3)),
+       new=st.tuples(st.integers(1, 4), st.integers(1, 3)), pads=st.tuples(st.booleans(), st.booleans()),
+       bs=st.integers(1, 6), drop_last=st.booleans(), when=st.floats(0, 1), seed=st.integers(0, 100),
+       buffers=st.tuples(st.integers(1, 9), st.integers(1, 9)))
+def test_a_resume_at_other_settings_equals_removing_the_delivered_mask(sizes, old, new, pads, bs, drop_last, when,
+                                                                       seed, buffers):
+    """The per-share resume (a few old workers' orders) gives what removing the mask of every
+    delivered sample from the whole stream gives."""
+    layout = ShardLayout.from_sizes(sizes)
+    before = ShardSettings(seed, True, buffers[0], 3, pads[0])
+    after = ShardSettings(seed, True, buffers[1], 2, pads[1])
+    counts = batch_counts(worker_lengths(layout.num_samples, old[0], old[1], before.pad), bs, drop_last)
+    point = dict(before.as_dict(), batch_size=bs, drop_last=drop_last, world_size=old[0], num_workers=old[1],
+                 delivered=int(when * sum(counts)), exact=False)
+    mask = readers.order.shards_delivered(layout, 4, point)
+    for rank in range(new[0]):
+        for w in range(new[1]):
+            env = WorkerEnv(rank, new[0], w, new[1])
+            assert np.array_equal(resume_order(layout, after, 4, env, point),
+                                  worker_order(layout, after, 4, env, consumed=mask)), (rank, w)
