@@ -19,7 +19,7 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("jupytext")
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-SCRIPTS = ["01_format_throughput.py", "02_loader_tuning.py"]
+SCRIPTS = ["01_format_throughput.py", "02_loader_tuning.py", "03_training_outcome.py"]
 
 
 def _load_build_script():
@@ -51,7 +51,8 @@ def _python3_kernel() -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_notebook_runs(name, tmp_path):
+def test_notebook_runs(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("NOTEBOOK_QUICK", "1")  # 03 trains at its benchmark's --quick size (the kernel inherits it)
     nb = build.from_script(NOTEBOOKS / name)
     client = nbclient.NotebookClient(nb, timeout=900, kernel_name=_python3_kernel(),
                                      resources={"metadata": {"path": str(tmp_path)}})
