@@ -123,7 +123,7 @@ class PackOutput(Protocol):
         """Pack one split into ``dest`` with ``engine``."""
 
     def close(self) -> None:
-        """After every split is packed and the lock released."""
+        """Once the lock is released, whether the pack succeeded or not."""
 
 
 class FolderOutput:
@@ -182,18 +182,21 @@ def pack(
         target = FolderOutput(Path(out))
     # The engine connects first (a cluster that cannot be reached changes nothing); then the output
     # folders are locked for the whole run, whichever engine writes them.
-    with open_engine(options) as pack_split, OutputLock() as lock:
-        target.check(lock)
-        jobs = plan(src, target.folder, options, lock=lock, role=target.role, **listing)
-        target.ready()
-        results = []
-        for split, source, dest in jobs:
-            callback = progress(split, source) if progress else None
-            log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
-            result = target.pack_split(pack_split, source, dest, split, WRITERS[options.format], callback)
-            result.note = _layout_note(jobs, split, target.folder)
-            results.append(result)
-    target.close()
+    try:
+        with open_engine(options) as pack_split, OutputLock() as lock:
+            target.check(lock)
+            jobs = plan(src, target.folder, options, lock=lock, role=target.role, **listing)
+            target.ready()
+            results = []
+            for split, source, dest in jobs:
+                callback = progress(split, source) if progress else None
+                log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes),
+                         dest)
+                result = target.pack_split(pack_split, source, dest, split, WRITERS[options.format], callback)
+                result.note = _layout_note(jobs, split, target.folder)
+                results.append(result)
+    finally:
+        target.close()  # the lock is released: what is left to tidy (a staging folder emptied by the upload)
     return results
 
 

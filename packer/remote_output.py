@@ -218,7 +218,7 @@ class StagedOutput:
 
     The caller's order: :meth:`check` (read-only, before the staging folder is locked), then
     :meth:`ready` (the staging folder is locked: ``--overwrite`` deletes the old objects), then
-    :meth:`pack_split` for each split, then :meth:`close` once the lock is released.
+    :meth:`pack_split` for each split, then :meth:`close` once the lock is released (also after an error).
     """
 
     def __init__(self, url: str, options: PackOptions, *, storage_options: dict[str, Any] | None = None,
@@ -284,7 +284,7 @@ class StagedOutput:
         return dataclasses.replace(result, out=store.url, rejects_file=rejects, repairs_file=repairs)
 
     def close(self) -> None:
-        """After a successful pack, once the lock is released: remove the empty staging folders."""
+        """Once the lock is released: remove the staging folders left empty (a failed pack's are not)."""
         for folder in [*reversed(self._staged), self.folder]:
             try:
                 folder.rmdir()
@@ -346,7 +346,11 @@ def _pack_split(store: Any, source: Any, dest: Path, split: str, options: PackOp
         if options.resume and not (dest / spec.STATE_NAME).exists() and not (dest / spec.INDEX_NAME).exists() \
                 and store.exists(spec.INDEX_NAME):
             _fetch_index(store, dest)  # the pipeline compares its settings with this pack's, as locally
-            return engine(source, dest, split, writer_cls, callback, output=output)
+            try:
+                return engine(source, dest, split, writer_cls, callback, output=output)
+            except BaseException:
+                _empty(dest)  # only copies of what the store holds
+                raise
     except OSError as exc:
         raise PackError(f"{store.url}: {exc}; re-run with --resume") from exc
     dest.mkdir(parents=True, exist_ok=True)
