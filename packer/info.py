@@ -120,7 +120,8 @@ def _incomplete(root: Path) -> dict[str, Any]:
     holder = lock_holder(root)  # a pack writing it right now: not "interrupted", nothing to resume yet
     return {
         "path": str(root), "state": "incomplete" if holder is None else "packing",
-        **({} if holder is None else {"packing_pid": holder}), "format": state.get("format"), "split": state.get("split"),
+        **({} if holder is None else {"packing_pid": holder}),
+        "format": state.get("format"), "split": state.get("split"),
         "spec_version": spec.SPEC_VERSION, "checksum": spec.CHECKSUM_ALGO,
         "samples": state.get("done", 0),  # durable as of the last checkpoint
         "source_done": state.get("next_source", 0), "source_images": source.get("images"),
