@@ -17,7 +17,7 @@ from conftest import make_image_folder
 from packer import PackOptions, pack
 from packer.errors import PackError
 from packer.info import describe, render
-from packer.output import SHARD_LOG_NAME, OutputBusyError
+from packer.output import SHARD_LOG_NAME, UPLOADS_NAME, OutputBusyError
 from readers import spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -168,3 +168,50 @@ def test_a_folder_being_packed_is_named_with_the_packing_pid(tmp_path):
         holder.wait(timeout=30)
         holder.stdout.close()
     assert describe(out)["state"] == "incomplete", "a killed holder's lock is free: the pack is resumable"
+
+
+def _bytes_written() -> int:
+    """Bytes this process has passed to write(2) so far (``wchar`` of /proc/self/io)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar in /proc/self/io")
+
+
+def test_the_upload_journal_writes_the_same_bytes_per_upload_at_any_count(tmp_path):
+    from packer.remote_output import Uploads
+
+    written = {}
+    for count in (10, 40):
+        stage = tmp_path / f"stage{count}"
+        stage.mkdir()
+        uploads = Uploads(stage)
+        before = _bytes_written()
+        for i in range(count):
+            uploads.record(f"train-{i:06d}.tar", 1_000_000 + i, 2**31 + i)
+        written[count] = _bytes_written() - before
+        uploads.close()
+    # one line appended per upload (the whole list rewritten each time: 16x for 4x the uploads)
+    assert written[40] < 4.5 * written[10], written
+
+    stage = tmp_path / "stage40"
+    with open(stage / UPLOADS_NAME, "ab") as f:
+        f.write(b'{"crc32": 7, "name": "train-000099.tar", "si')  # killed while appending
+    uploads = Uploads(stage)
+    assert len(uploads.done) == 40 and uploads.done["train-000005.tar"] == {"size": 1_000_005, "crc32": 2**31 + 5}
+    uploads.forget("train-000003.tar")
+    uploads.record("train-000040.tar", 12, 34)
+    uploads.close()
+    again = Uploads(stage)
+    assert "train-000003.tar" not in again.done and again.done["train-000040.tar"] == {"size": 12, "crc32": 34}
+    assert len(again.done) == 40
+    again.close()
+
+
+def test_the_upload_journal_of_an_earlier_version_is_read(tmp_path):
+    from packer.remote_output import Uploads
+
+    spec.write_json_atomic(tmp_path / "uploads.json", {"train-000000.tar": {"size": 5, "crc32": 6}})
+    uploads = Uploads(tmp_path)
+    assert uploads.done == {"train-000000.tar": {"size": 5, "crc32": 6}}
+    uploads.close()
