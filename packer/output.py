@@ -35,18 +35,19 @@ from packer.options import PackOptions
 from readers import spec
 
 __all__ = ["prepare_output", "OutputLock", "OutputBusyError", "LOCK_NAME", "SHARD_LOG_NAME", "UPLOADS_NAME",
-           "known_names", "leftovers", "lock_holder", "start_writeback"]
+           "UPLOADS_NAME_V1", "known_names", "leftovers", "lock_holder", "start_writeback"]
 
 #: The lock file a running pack holds inside each folder it writes.
 LOCK_NAME = ".pack-lock"
 #: A wds pack in progress: one JSON line per closed shard (``packer.formats.wds``).
 SHARD_LOG_NAME = "shard-log.jsonl"
 #: A staged ``s3://`` pack: one JSON line per object uploaded so far (``packer.remote_output``);
-#: ``uploads.json`` is the whole-dict file earlier versions rewrote after each upload.
 UPLOADS_NAME = "uploads.jsonl"
+#: ... and the JSON object earlier versions rewrote whole after each upload (still read on resume).
+UPLOADS_NAME_V1 = "uploads.json"
 #: Written by the packer beside a dataset's spec files (journal.RECORDS_NAME, LMDB's lock table, the
 #: shard log, the upload logs of a staging folder).
-_PACKER_FILES = ("records.bin", "lock.mdb", SHARD_LOG_NAME, UPLOADS_NAME, "uploads.json")
+_PACKER_FILES = ("records.bin", "lock.mdb", SHARD_LOG_NAME, UPLOADS_NAME, UPLOADS_NAME_V1)
 
 
 class OutputBusyError(OutputError):

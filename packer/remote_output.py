@@ -19,7 +19,8 @@ the same ``--resume``. On top of that:
   (size), continues the local pack from its journal and uploads the rest.
   The objects are the same as an uninterrupted pack's (tested by killing a
   real ``pack-dataset`` process with SIGKILL);
-* the staging folder is removed when the split's ``index.json`` is uploaded.
+* the staging folder is emptied when the split's ``index.json`` is uploaded,
+  and removed once the pack releases its lock.
 
 The staging folder is the pack's local output folder: ``packer.api.pack``
 checks, locks and clears it exactly as a local output (``packer.output``), so
@@ -48,7 +49,7 @@ from packer.errors import OutputError, OutputExistsError, PackError
 from packer.formats.wds import ShardLog
 from packer.journal import RECORDS_NAME, Journal
 from packer.options import PackOptions
-from packer.output import LOCK_NAME, SHARD_LOG_NAME, UPLOADS_NAME, OutputLock, leftovers
+from packer.output import LOCK_NAME, SHARD_LOG_NAME, UPLOADS_NAME, UPLOADS_NAME_V1, OutputLock, leftovers
 from packer.pipeline import SplitResult
 from readers import spec
 
@@ -58,11 +59,9 @@ __all__ = ["StagedOutput", "default_stage_dir", "UPLOADS_NAME", "STAGE_ENV"]
 
 #: Environment variable naming the staging root (``--stage-dir`` wins over it).
 STAGE_ENV = "DATASET_PACKER_STAGE"
-#: The upload journal of earlier versions: a JSON object, rewritten whole after each upload.
-_OLD_UPLOADS = "uploads.json"
 #: Never uploaded: the journal, its records, the shard log, the upload journals, LMDB's lock file (readers
 #: open it lock-free), the output lock, temp files; index.json goes last on its own.
-_LOCAL_ONLY = {spec.STATE_NAME, RECORDS_NAME, SHARD_LOG_NAME, UPLOADS_NAME, _OLD_UPLOADS, "lock.mdb", LOCK_NAME}
+_LOCAL_ONLY = {spec.STATE_NAME, RECORDS_NAME, SHARD_LOG_NAME, UPLOADS_NAME, UPLOADS_NAME_V1, "lock.mdb", LOCK_NAME}
 #: What pack-dataset writes into a dataset folder (for --overwrite's "is this ours?").
 _OURS = re.compile(r"(^|/)([^/]+\.(json|jsonl|npy|tar|mdb|h5))$")
 
@@ -98,7 +97,7 @@ class Uploads:
         self._file: IO[bytes] | None = None
         self.done: dict[str, dict[str, int]] = {}
         try:
-            old = json.loads((stage / _OLD_UPLOADS).read_text(encoding="utf-8"))
+            old = json.loads((stage / UPLOADS_NAME_V1).read_text(encoding="utf-8"))
             self.done.update(old if isinstance(old, dict) else {})
         except (OSError, ValueError):
             pass
