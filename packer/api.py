@@ -1,4 +1,13 @@
-"""``pack()``: the Python API that the ``pack-dataset`` command is a thin layer over."""
+"""``pack()``: the Python API that the ``pack-dataset`` command is a thin layer over.
+
+One orchestration for every output and engine (:func:`pack`): the engine
+connects, the output lock is taken, the source is scanned and the output
+checked, locked and (``--overwrite``) cleared by :func:`plan`, then each split
+is packed by the engine and its result built by ``packer.pipeline``. The
+output is a local folder (:class:`FolderOutput`) or an ``s3://`` prefix staged
+in a local folder (``packer.remote_output.StagedOutput``); both answer the
+same four calls.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +15,9 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-from packer.engines import open_engine
+from packer.engines import SplitPacker, open_engine
 from packer.errors import OutputError, SourceError
 from packer.formats.base import FormatWriter
 from packer.formats.hdf5 import HDF5Writer
@@ -19,10 +28,11 @@ from packer.importers import scan_import
 from packer.options import PackOptions
 from packer.output import OutputLock, prepare_output
 from packer.pipeline import Progress, SplitResult
+from packer.remote_output import StagedOutput
 from packer.source import Source, URLRoot, find_split_dirs, scan, scan_listing
 from readers import spec
 
-__all__ = ["pack", "WRITERS", "plan"]
+__all__ = ["pack", "WRITERS", "plan", "PackOutput", "FolderOutput"]
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +47,17 @@ def _split_name(path: Path) -> str:
 
 def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
          lock: OutputLock | None = None, storage_options: dict[str, Any] | None = None,
-         retry: Any = None) -> list[tuple[str, Source, Path]]:
+         retry: Any = None, role: str = "") -> list[tuple[str, Source, Path]]:
     """Scan the source and decide (split name, source, output folder) for each split.
 
     Raises SourceError / OutputError (both UsageError) before anything is written.
     With ``lock``, the output folders stay locked by it (``pack`` holds it for the
     whole run); without, they are locked only while the output is checked.
+    ``role`` says what ``out`` is in messages (a staging folder).
     """
     if spec.is_remote(src):
         jobs = [_remote_source(os.fspath(src), Path(out), storage_options, retry)]
-        prepare_output(Path(out), options, [Path(out)], lock, split_hint=jobs[0][0])
+        prepare_output(Path(out), options, [Path(out)], lock, split_hint=jobs[0][0], role=role)
         return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
     src, out = Path(src), Path(out)
     if not src.exists():
@@ -70,7 +81,7 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *
     if src.resolve().is_relative_to(out.resolve()):
         raise OutputError(f"the source {src} lies inside the output folder {out}; choose another output")
     single = jobs[0][0] if len(jobs) == 1 and jobs[0][2] == out else None
-    prepare_output(out, options, [dest for _, _, dest in jobs], lock, split_hint=single)
+    prepare_output(out, options, [dest for _, _, dest in jobs], lock, split_hint=single, role=role)
     return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
 
 
@@ -95,6 +106,48 @@ def _remote_source(url: str, out: Path, storage_options: dict[str, Any] | None,
     return _split_name(Path(store.url)), source, out
 
 
+class PackOutput(Protocol):
+    """Where :func:`pack` writes: the local folder ``plan`` checks and locks, and four steps around it."""
+
+    folder: Path  # the local folder the splits are packed into (the output, or a staging folder)
+    role: str  # what ``folder`` is, for messages ("" for the output itself)
+
+    def check(self, lock: OutputLock) -> None:
+        """Before ``plan``: read-only checks beyond the local folder's (nothing written)."""
+
+    def ready(self) -> None:
+        """After ``plan`` locked (and on overwrite cleared) the folder."""
+
+    def pack_split(self, engine: SplitPacker, source: Source, dest: Path, split: str,
+                   writer_cls: type[FormatWriter], progress: Progress | None) -> SplitResult:
+        """Pack one split into ``dest`` with ``engine``."""
+
+    def close(self) -> None:
+        """Once the lock is released, whether the pack succeeded or not."""
+
+
+class FolderOutput:
+    """A local output folder: ``plan`` does all there is to check; the engine writes the splits."""
+
+    role = ""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def check(self, lock: OutputLock) -> None:
+        pass
+
+    def ready(self) -> None:
+        pass
+
+    def pack_split(self, engine: SplitPacker, source: Source, dest: Path, split: str,
+                   writer_cls: type[FormatWriter], progress: Progress | None) -> SplitResult:
+        return engine(source, dest, split, writer_cls, progress)
+
+    def close(self) -> None:
+        pass
+
+
 def pack(
     src: str | os.PathLike,
     out: str | os.PathLike,
@@ -114,27 +167,36 @@ def pack(
     ``out`` may be an ``s3://bucket/prefix`` URL: the pack is staged locally
     and uploaded as it goes, ``index.json`` last (``packer.remote_output``;
     keyword arguments ``storage_options``, ``stage_dir``, ``retry`` and
-    ``upload_progress(split) -> callback(bytes)`` apply there only).
+    ``upload_progress(split) -> callback(bytes)`` apply there only). The
+    staging folder is locked, checked and cleared as a local output is.
     """
     options = options or PackOptions()
+    listing = {k: remote[k] for k in ("storage_options", "retry") if k in remote}  # an s3:// source's too
+    target: PackOutput
     if spec.is_remote(out):
-        from packer.remote_output import pack_remote
-
-        return pack_remote(src, os.fspath(out), options, progress=progress, **remote)
-    # an s3:// source takes storage_options and retry too
-    listing = {k: remote.pop(k) for k in ("storage_options", "retry") if k in remote} if spec.is_remote(src) else {}
-    if remote:
-        raise TypeError(f"{', '.join(sorted(remote))}: only for an s3:// output")
+        target = StagedOutput(os.fspath(out), options, **remote)
+    else:
+        unused = sorted(set(remote) - (set(listing) if spec.is_remote(src) else set()))
+        if unused:
+            raise TypeError(f"{', '.join(unused)}: only for an s3:// output")
+        target = FolderOutput(Path(out))
     # The engine connects first (a cluster that cannot be reached changes nothing); then the output
     # folders are locked for the whole run, whichever engine writes them.
-    with open_engine(options) as pack_split, OutputLock() as lock:
-        jobs = plan(src, out, options, lock=lock, **listing)
-        results = []
-        for split, source, dest in jobs:
-            callback = progress(split, source) if progress else None
-            log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes), dest)
-            results.append(pack_split(source, dest, split, WRITERS[options.format], callback))
-            results[-1].note = _layout_note(jobs, split, Path(out))
+    try:
+        with open_engine(options) as pack_split, OutputLock() as lock:
+            target.check(lock)
+            jobs = plan(src, target.folder, options, lock=lock, role=target.role, **listing)
+            target.ready()
+            results = []
+            for split, source, dest in jobs:
+                callback = progress(split, source) if progress else None
+                log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes),
+                         dest)
+                result = target.pack_split(pack_split, source, dest, split, WRITERS[options.format], callback)
+                result.note = _layout_note(jobs, split, target.folder)
+                results.append(result)
+    finally:
+        target.close()  # the lock is released: what is left to tidy (a staging folder emptied by the upload)
     return results
 
 

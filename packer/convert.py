@@ -44,7 +44,7 @@ from packer.images import ImageOptions, Prepared, RejectedImage, prepare_image
 from packer.importers.stage import ordered_outcomes
 from packer.readahead import read_ahead
 from packer.options import PackOptions, cli_fields
-from packer.output import OutputLock, prepare_output
+from packer.output import OutputLock, lock_holder, prepare_output
 from packer.pipeline import Progress, SplitResult, pack_split
 from packer.source import Source
 from packer.workers import Outcome
@@ -331,6 +331,9 @@ def _roots(src: Path) -> list[Path]:
     if splits:
         return [src / s for s in splits]
     if (src / spec.STATE_NAME).exists():
+        holder = lock_holder(src)
+        if holder is not None:
+            raise SourceError(f"{src} is being packed by pid {holder} right now; convert it once that pack ends")
         raise SourceError(f"{src}: this pack never finished; finish it with --resume before converting it")
     raise SourceError(f"{src}: not a packed dataset (no {spec.INDEX_NAME}); "
                       "to pack an image folder use 'pack-dataset pack'")

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from packer.output import lock_holder
 from readers import spec
 
 __all__ = ["describe", "render", "resume_command", "add_arguments", "run", "main"]
@@ -116,8 +117,11 @@ def _incomplete(root: Path) -> dict[str, Any]:
         raise spec.DatasetFormatError(f"{root / spec.STATE_NAME}: unreadable journal ({exc})") from exc
     size, files = _disk_usage(root)
     source = state.get("source") or {}
+    holder = lock_holder(root)  # a pack writing it right now: not "interrupted", nothing to resume yet
     return {
-        "path": str(root), "state": "incomplete", "format": state.get("format"), "split": state.get("split"),
+        "path": str(root), "state": "incomplete" if holder is None else "packing",
+        **({} if holder is None else {"packing_pid": holder}),
+        "format": state.get("format"), "split": state.get("split"),
         "spec_version": spec.SPEC_VERSION, "checksum": spec.CHECKSUM_ALGO,
         "samples": state.get("done", 0),  # durable as of the last checkpoint
         "source_done": state.get("next_source", 0), "source_images": source.get("images"),
@@ -234,12 +238,16 @@ def render(d: dict[str, Any]) -> str:
         return "\n\n".join([head] + [render(s) for s in d["splits"]])
     src = d.get("source") or {}
     lines = [d["path"], f"  state        {d['state']}"]
-    if d["state"] == "incomplete":
+    if d["state"] == "packing":
+        lines[-1] = (f"  state        being packed by pid {d['packing_pid']} (another pack-dataset is writing it "
+                     "now; wait for it to end)")
+    if d["state"] in ("incomplete", "packing"):
         total = d.get("source_images")
         of = f" of {total}" if total is not None else ""
-        lines += [f"  progress     {d['source_done']}{of} source images done at the last checkpoint, "
-                  f"{d['samples']} samples written",
-                  f"  resume with  {d['resume']}"]
+        lines.append(f"  progress     {d['source_done']}{of} source images done at the last checkpoint, "
+                     f"{d['samples']} samples written")
+        if d["state"] == "incomplete":
+            lines.append(f"  resume with  {d['resume']}")
     fmt = f"  format       {d['format']} (spec version {d['spec_version']})"
     if d.get("storage"):
         enc = ", ".join(f"{k} {v}" for k, v in (d["storage"].get("encodings") or {}).items())

@@ -18,9 +18,15 @@ the writer state), so everything past the last checkpoint is dropped.
 Resume continues only the same pack: same format, split and options (a
 difference is named, flag by flag), and the same source. "Same source"
 means the files already packed are unchanged: the journal keeps a hash of
-the source list up to its position (``source_prefix``); files after it may
-have changed (one that vanished or changed while being read stops a pack),
-and are packed as the source now is, exactly as a fresh pack of it would.
+the source list up to its position (``source_prefix``: names, sizes and
+labels, and for a folder the files' modification times, so a file rewritten
+with the same size is seen); files after it may have changed (one that
+vanished or changed while being read stops a pack), and are packed as the
+source now is, exactly as a fresh pack of it would.
+
+The journal's size does not grow with the pack: what grows (the wds shard
+list) lives in an append-only side file the writer keeps, and the writer
+state records only its length.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import numpy as np
 
 from packer.errors import PackError
 from packer.options import PackOptions, cli_fields
-from packer.output import LOCK_NAME
+from packer.output import SHARD_LOG_NAME, leftovers
 from packer.source import Source
 from readers import spec
 
@@ -97,9 +103,7 @@ class Journal:
         """
         path = out / spec.STATE_NAME
         if not os.path.lexists(path):
-            with os.scandir(out) as entries:
-                leftovers = [e.name for e in entries if e.name != LOCK_NAME]
-            if leftovers:
+            if leftovers(out):
                 raise PackError(f"{out}: nothing to resume (no {spec.STATE_NAME} journal); "
                                 "start again with --overwrite")
             return None
@@ -117,6 +121,8 @@ class Journal:
                             "resume with the same options, or start again with --overwrite")
         if state["fingerprint"] != identity["fingerprint"]:
             cls._check_prefix(out, state, source)
+        elif source is not None:
+            cls._check_times(out, state, source)
         defaults = asdict(cls(identity))  # journals written before a field existed lack it
         counters = {f.name: state.get(f.name, defaults[f.name]) for f in fields(cls) if f.name != "identity"}
         return cls(identity=identity, **counters)
@@ -136,10 +142,25 @@ class Journal:
         return state
 
     @staticmethod
+    def _check_times(out: Path, state: dict[str, Any], source: Source) -> None:
+        """The same file list: refuse if a file already packed was rewritten (its modification time)."""
+        n, prefix = state["next_source"], state.get("source_prefix")
+        if not isinstance(prefix, str) or "/" not in prefix or not 0 <= n <= len(source.paths):
+            return  # a journal of an earlier version, or a source without times
+        now = source.prefix_fingerprint(n)
+        if "/" in now and now != prefix:
+            culprit = source.changed_last(n)
+            which = f"; the one changed last is {source.root / culprit}" if culprit else ""
+            raise PackError(f"{out}: a source file already packed (one of the first {n}) was modified since: same "
+                            f"name and size, another modification time{which}; start again with --overwrite")
+
+    @staticmethod
     def _check_prefix(out: Path, state: dict[str, Any], source: Source | None) -> None:
         """The source changed: resume only if the part already packed is the same."""
         n, prefix = state["next_source"], state.get("source_prefix")
-        if source is not None and prefix and 0 <= n <= len(source.paths) and source.prefix_fingerprint(n) == prefix:
+        now = source.prefix_fingerprint(n) if source is not None and 0 <= n <= len(source.paths) else None
+        if now is not None and prefix and now.split("/")[0] == prefix.split("/")[0]:
+            Journal._check_times(out, state, source)
             log.warning("%s: the source changed after the %d files already packed; resuming with the source "
                         "as it is now", out, n)
             return
@@ -160,7 +181,7 @@ class Journal:
     @staticmethod
     def discard(out: Path) -> None:
         """Remove the journal and the records once the index is committed."""
-        for name in (RECORDS_NAME, spec.STATE_NAME, spec.STATE_NAME + ".tmp"):
+        for name in (RECORDS_NAME, SHARD_LOG_NAME, spec.STATE_NAME, spec.STATE_NAME + ".tmp"):
             (out / name).unlink(missing_ok=True)
 
 

@@ -34,12 +34,20 @@ from packer.errors import OutputError, OutputExistsError
 from packer.options import PackOptions
 from readers import spec
 
-__all__ = ["prepare_output", "OutputLock", "OutputBusyError", "LOCK_NAME", "known_names", "start_writeback"]
+__all__ = ["prepare_output", "OutputLock", "OutputBusyError", "LOCK_NAME", "SHARD_LOG_NAME", "UPLOADS_NAME",
+           "UPLOADS_NAME_V1", "known_names", "leftovers", "lock_holder", "start_writeback"]
 
 #: The lock file a running pack holds inside each folder it writes.
 LOCK_NAME = ".pack-lock"
-#: Written by the packer beside a dataset's spec files (journal.RECORDS_NAME, LMDB's lock table).
-_PACKER_FILES = ("records.bin", "lock.mdb")
+#: A wds pack in progress: one JSON line per closed shard (``packer.formats.wds``).
+SHARD_LOG_NAME = "shard-log.jsonl"
+#: A staged ``s3://`` pack: one JSON line per object uploaded so far (``packer.remote_output``);
+UPLOADS_NAME = "uploads.jsonl"
+#: ... and the JSON object earlier versions rewrote whole after each upload (still read on resume).
+UPLOADS_NAME_V1 = "uploads.json"
+#: Written by the packer beside a dataset's spec files (journal.RECORDS_NAME, LMDB's lock table, the
+#: shard log, the upload logs of a staging folder).
+_PACKER_FILES = ("records.bin", "lock.mdb", SHARD_LOG_NAME, UPLOADS_NAME, UPLOADS_NAME_V1)
 
 
 class OutputBusyError(OutputError):
@@ -117,15 +125,11 @@ class OutputLock:
 
     def probe(self, folder: Path) -> None:
         """Raise OutputBusyError if another process holds ``folder``'s lock (writes nothing)."""
-        try:
-            fd = os.open(folder / LOCK_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return  # no lock file (or unreadable: acquire will say why)
-        try:
-            self._flock(fd, folder)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+        if Path(folder) in self._held:
+            return
+        pid = lock_holder(folder)
+        if pid is not None:
+            raise OutputBusyError(_busy(folder, pid))
 
     def acquire(self, folder: Path) -> None:
         """Create ``folder`` if missing (its parent must exist), then lock it and write our pid."""
@@ -153,13 +157,8 @@ class OutputLock:
 
     @staticmethod
     def _flock(fd: int, folder: Path) -> None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            raise OutputBusyError(
-                f"{folder}: another pack-dataset (pid {pid}) is writing this folder; wait for it to end "
-                "(or stop it), then run again") from None
+        if not _try_lock(fd):
+            raise OutputBusyError(_busy(folder, _pid_in(fd)))
 
     def release_one(self, folder: Path, *, remove: bool = True) -> None:
         fd = self._held.pop(Path(folder), None)
@@ -177,6 +176,40 @@ class OutputLock:
     def release(self) -> None:
         for folder in reversed(list(self._held)):
             self.release_one(folder)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _pid_in(fd: int) -> int | str:
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else "unknown"
+
+
+def _busy(folder: Path, pid: int | str) -> str:
+    return (f"{folder}: another pack-dataset (pid {pid}) is writing this folder; wait for it to end "
+            "(or stop it), then run again")
+
+
+def lock_holder(folder: str | os.PathLike) -> int | str | None:
+    """The pid of the pack holding ``folder``'s lock right now (``"unknown"`` if it wrote none yet);
+    None when no pack holds it (no lock file, or a stale one a killed pack left). Writes nothing."""
+    try:
+        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None  # no lock file (or unreadable: acquire will say why)
+    try:
+        if _try_lock(fd):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        return _pid_in(fd)
+    finally:
+        os.close(fd)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -198,6 +231,14 @@ def _read_json(path: Path) -> Any:
 def _entries(folder: Path) -> list[os.DirEntry]:
     with os.scandir(folder) as it:
         return [e for e in it if e.name != LOCK_NAME]
+
+
+def leftovers(folder: str | os.PathLike) -> list[str]:
+    """Names in ``folder`` besides a lock file ([] for an empty or missing folder)."""
+    try:
+        return sorted(e.name for e in _entries(Path(folder)))
+    except FileNotFoundError:
+        return []
 
 
 def _shard_names(folder: Path, splits: set[str]) -> tuple[set[str], list[re.Pattern]]:
@@ -276,7 +317,7 @@ def _clear(folders: list[Path], out: Path, lock: OutputLock) -> None:
 
 # ---------------------------------------------------------------- the policy
 def prepare_output(out: Path, options: PackOptions, dests: Iterable[Path] = (), lock: OutputLock | None = None,
-                   split_hint: str | None = None) -> None:
+                   split_hint: str | None = None, role: str = "") -> None:
     """Check that ``out`` may be written, lock it (and the split folders ``dests``), clear it on overwrite.
 
     Nothing is written before every check has passed (then missing parent
@@ -284,7 +325,8 @@ def prepare_output(out: Path, options: PackOptions, dests: Iterable[Path] = (), 
     locks for the caller's whole pack; without one they are released on
     return (a check only). ``split_hint``: the split name the new pack
     writes, whose shards ``--overwrite`` may also delete when the old
-    journal cannot be read.
+    journal cannot be read. ``role`` follows ``out`` in the message that asks
+    for ``--overwrite`` or ``--resume`` (`` (the staging folder of s3://...)``).
     """
     own = lock if lock is not None else OutputLock()
     try:
@@ -295,7 +337,7 @@ def prepare_output(out: Path, options: PackOptions, dests: Iterable[Path] = (), 
         folders: list[Path] = []
         if out.exists():
             own.probe(out)
-            folders = _check_existing(out, options, split_hint)
+            folders = _check_existing(out, options, split_hint, role)
         else:  # every check passed: missing parent folders are created
             try:
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -319,7 +361,7 @@ def prepare_output(out: Path, options: PackOptions, dests: Iterable[Path] = (), 
             own.release()
 
 
-def _check_existing(out: Path, options: PackOptions, split_hint: str | None) -> list[Path]:
+def _check_existing(out: Path, options: PackOptions, split_hint: str | None, role: str = "") -> list[Path]:
     """Read-only checks of an existing output; the folders to clear (overwrite) or []."""
     try:
         empty = not _entries(out)
@@ -329,6 +371,6 @@ def _check_existing(out: Path, options: PackOptions, split_hint: str | None) -> 
         return []
     if not options.overwrite:
         raise OutputExistsError(
-            f"{out} already exists; pass --overwrite to replace it or --resume to finish an interrupted pack"
+            f"{out}{role} already exists; pass --overwrite to replace it or --resume to finish an interrupted pack"
         )
     return _check_overwrite(out, split_hint)

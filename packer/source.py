@@ -15,6 +15,7 @@ whose classes are the top folders, as torchvision's ImageFolder reads it.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import logging
 import os
@@ -23,6 +24,8 @@ import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from packer.errors import SourceError
 from readers import spec
@@ -73,7 +76,11 @@ class Source:
     #: scan position of each entry of ``paths`` (None: the scan order itself); sources read by position
     #: (``prepare`` stages of imports) follow it
     origin: list[int] | None = field(default=None, repr=False, compare=False)
-    _prefix: list | None = field(default=None, repr=False, compare=False)  # [entries hashed, sha256 state]
+    _prefix: list | None = field(default=None, repr=False, compare=False)  # [entries hashed, sha256 states]
+    #: modification time (ns) of each entry of ``paths``, as an int64 array, where the source has them (a
+    #: folder scan; None otherwise): ``prefix_fingerprint`` covers them, so ``--resume`` sees a file already
+    #: packed that was rewritten with the same size
+    mtimes: Any = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -113,10 +120,12 @@ class Source:
             raise ValueError("ordered() applies to a source in scanned order")
         if kind == "source":
             return self
-        perm = spec.order_permutation(len(self.paths), seed).tolist()
+        perm_array = spec.order_permutation(len(self.paths), seed)
+        perm = perm_array.tolist()
+        mtimes = None if self.mtimes is None else np.asarray(self.mtimes)[perm_array]
         return replace(self, paths=[self.paths[i] for i in perm], labels=[self.labels[i] for i in perm],
                        sizes=[self.sizes[i] for i in perm], _fingerprint=self.fingerprint(),
-                       order={"kind": kind, "seed": int(seed)}, origin=perm, _prefix=None)
+                       order={"kind": kind, "seed": int(seed)}, origin=perm, _prefix=None, mtimes=mtimes)
 
     def positions(self, start: int) -> list[int]:
         """Scan positions of the samples from ``start`` on, in the order they are written."""
@@ -131,12 +140,33 @@ class Source:
     def prefix_fingerprint(self, n: int) -> str:
         """Hash of the first ``n`` entries in writing order (``paths`` as they are: the resume
         check of the part already packed). Incremental: checkpoints ask for growing ``n``, so
-        the whole pack hashes each entry once."""
-        pos, h = self._prefix if self._prefix is not None and self._prefix[0] <= n else (0, hashlib.sha256())
+        the whole pack hashes each entry once.
+
+        With ``mtimes``, ``"<hash of the list>/<hash of their modification times>"``: the
+        part after the slash changes when a file is rewritten with the same size."""
+        if self._prefix is not None and self._prefix[0] <= n:
+            pos, h, t = self._prefix
+        else:
+            pos, h, t = 0, hashlib.sha256(), hashlib.sha256()
         for p, s, label in zip(self.paths[pos:n], self.sizes[pos:n], self.labels[pos:n]):
             h.update(_entry(p, s, label))
-        self._prefix = [n, h]
-        return h.copy().hexdigest()
+        if self.mtimes is not None:
+            t.update(np.ascontiguousarray(self.mtimes[pos:n], dtype="<i8").tobytes())
+        self._prefix = [n, h, t]
+        return h.copy().hexdigest() + ("" if self.mtimes is None else "/" + t.copy().hexdigest())
+
+    def changed_last(self, n: int) -> str | None:
+        """Of the first ``n`` files (a folder scan), the one whose inode changed last (``st_ctime``,
+        which a rewrite or ``os.utime`` sets to now): the likely culprit when their times differ."""
+        newest, found = -1, None
+        for rel in self.paths[:n]:
+            try:
+                ctime = os.stat(Path(self.root) / rel).st_ctime_ns
+            except OSError:
+                continue
+            if ctime > newest:
+                newest, found = ctime, rel
+        return found
 
 
 def _entry(path: str, size: int, label: int) -> bytes:
@@ -266,6 +296,7 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
     paths: list[str] = []
     labels: list[int] = []
     sizes: list[int] = []
+    mtimes = array.array("q")  # 8 bytes a file, not a Python int
     ignored: list[str] = []
     special: list[str] = []
     for label, cls in enumerate(classes):
@@ -295,6 +326,7 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
                 paths.append(rel)
                 labels.append(label)
                 sizes.append(size)
+                mtimes.append(st.st_mtime_ns)
     if special:
         log.warning("%d file(s) named like images are not regular files (FIFO, device, socket) and are "
                     "ignored: %s", len(special), ", ".join(str(root / r) for r in special[:5]))
@@ -309,7 +341,8 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
     empty = [c for i, c in enumerate(classes) if i not in used]
     if empty:
         log.warning("%d class folder(s) hold no images and keep their label: %s", len(empty), ", ".join(empty[:5]))
-    return Source(root, classes, paths, labels, sizes, ignored, skipped)
+    return Source(root, classes, paths, labels, sizes, ignored, skipped,
+                  mtimes=np.frombuffer(mtimes, dtype=np.int64) if mtimes else None)
 
 
 class URLRoot(str):

@@ -16,20 +16,109 @@ bytes) in the ``wids`` library's shard-index format, so ``wids`` opens the
 dataset for indexed (random) access without scanning the shards first. Headers carry mtime 0, uid/gid 0 and empty owner names so the same
 input gives byte-identical shards. A shard is written as ``.tmp``, fsynced and
 renamed when full: a complete-looking shard is always complete.
+
+While the pack runs, each closed shard's record (name, samples, bytes, CRC-32,
+first sample) is appended to ``shard-log.jsonl`` (:class:`ShardLog`); a
+checkpoint fsyncs it and the journal records only its length, so a checkpoint
+writes O(1) bytes however many shards came before. The log goes with the
+journal once the index (which lists every shard) is written.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tarfile
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
+from packer.errors import PackError
 from packer.formats.base import FormatWriter
 from packer.images import Prepared
-from packer.output import start_writeback
+from packer.output import SHARD_LOG_NAME, start_writeback
 from readers import spec
 
-__all__ = ["WdsWriter"]
+__all__ = ["WdsWriter", "ShardLog"]
+
+
+class ShardLog:
+    """``shard-log.jsonl``: the closed shards of a wds pack in progress, one JSON line each.
+
+    The checkpoint state is ``{"shards_closed": n, "log_bytes": b}``: the log's first ``b``
+    bytes hold the first ``n`` shards, durable. Journals of earlier versions held the whole
+    list (``{"shards": [...]}``, rewritten at every checkpoint); they still resume, and so
+    does any writer whose state is such a list (the Ray engine's).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / SHARD_LOG_NAME
+        self._file: BinaryIO | None = None
+        self._synced = -1
+
+    def resume(self, state: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """The shards ``state`` vouches for; the log is cut back to them (or rebuilt from an old journal)."""
+        if not state:
+            shards: list[dict[str, Any]] = []
+            self.path.unlink(missing_ok=True)
+        elif "shards" in state:
+            shards = list(state["shards"])
+            self.path.unlink(missing_ok=True)
+        else:
+            shards, _ = self.read(self.path.parent, state)
+            with open(self.path, "ab") as f:
+                f.truncate(int(state["log_bytes"]))
+        self._file = open(self.path, "ab")
+        if "shards" in (state or {}):
+            for shard in shards:
+                self.append(shard)
+        return shards
+
+    def append(self, shard: dict[str, Any]) -> None:
+        assert self._file is not None, "resume() opens the log"
+        self._file.write((json.dumps(shard, sort_keys=True) + "\n").encode())
+
+    def checkpoint(self, count: int) -> dict[str, Any]:
+        """Make every appended record durable; the state that vouches for them."""
+        assert self._file is not None, "resume() opens the log"
+        self._file.flush()
+        end = self._file.tell()
+        if end != self._synced:
+            os.fsync(self._file.fileno())
+            self._synced = end
+        return {"shards_closed": count, "log_bytes": end}
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    @staticmethod
+    def read(root: Path, state: dict[str, Any], since: tuple[int, int] = (0, 0)
+             ) -> tuple[list[dict[str, Any]], tuple[int, int]]:
+        """The shards of checkpoint ``state`` after the first ``since[0]`` (which end at byte
+        ``since[1]`` of the log), and the position after them: a caller that follows the
+        checkpoints reads each record once."""
+        if "shards" in state:  # an earlier journal's list, or the Ray engine's
+            return list(state["shards"][since[0]:]), (len(state["shards"]), 0)
+        path, (count, start) = root / SHARD_LOG_NAME, since
+        want, end = int(state["shards_closed"]), int(state["log_bytes"])
+        if (want, end) == (count, start):
+            return [], since
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                raw = f.read(end - start)
+        except OSError as exc:
+            raise PackError(f"{path}: cannot read the shard log of the interrupted pack ({exc.strerror or exc}); "
+                            "start again with --overwrite") from None
+        try:
+            shards = [json.loads(line) for line in raw.splitlines()]
+        except ValueError:
+            shards = []
+        if len(raw) != end - start or len(shards) != want - count or not all(isinstance(s, dict) for s in shards):
+            raise PackError(f"{path} is damaged (it should hold {want - count} more shard records in "
+                            f"{end - start} bytes); start again with --overwrite")
+        return shards, (want, end)
 
 
 def _tarfile_header(name: str, size: int) -> bytes:
@@ -72,8 +161,11 @@ class WdsWriter(FormatWriter):
     format = "wds"
     location_fields = ("offsets", "shards")
 
+    _log: ShardLog | None = None
+
     def open(self, samples: int, state: dict[str, Any] | None) -> None:
-        self.shards: list[dict[str, Any]] = list(state["shards"]) if state else []
+        self._log = ShardLog(self.root)
+        self.shards: list[dict[str, Any]] = self._log.resume(state)
         keep = {s["name"] for s in self.shards}
         for p in self.root.glob(f"{self.split}-*.tar*"):
             if p.name not in keep:
@@ -127,15 +219,18 @@ class WdsWriter(FormatWriter):
         spec.fsync_dir(self.root)
         self.shards.append({"name": self._path.name, "samples": self._count, "bytes": self._pos,
                             "crc32": self._crc, "first": self._first})
+        assert self._log is not None
+        self._log.append(self.shards[-1])
         self._just_closed = True
 
     def at_checkpoint_boundary(self) -> bool:
         return self._just_closed
 
     def checkpoint(self) -> dict[str, Any]:
-        # Only closed shards are durable; an open one is rewritten on resume.
+        # Only closed shards are durable (each fsynced as it closed); an open one is rewritten on resume.
         self._just_closed = False
-        return {"shards": self.shards}
+        assert self._log is not None
+        return self._log.checkpoint(len(self.shards))
 
     def end_samples(self) -> None:
         if self._file is not None:
@@ -143,6 +238,8 @@ class WdsWriter(FormatWriter):
 
     def finalize(self, meta: dict[str, Any], arrays: dict[str, Any]) -> dict[str, Any]:
         self.end_samples()
+        if self._log is not None:
+            self._log.close()  # the index lists the shards from now on; the journal's clean-up deletes the log
         self._write_wids_index()
         return {"shards": self.shards, "files": {s["name"]: s["bytes"] for s in self.shards},
                 "storage": {"wids_index": spec.WIDS_INDEX_NAME}}
@@ -161,6 +258,8 @@ class WdsWriter(FormatWriter):
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._log is not None:
+            self._log.close()
 
 
 #: closes every shard: two zero blocks
