@@ -228,6 +228,17 @@ def _start(target: str, args: list[Any], extra_env: dict[str, str] | None = None
                             env={**env(), **(extra_env or {})}, start_new_session=True)
 
 
+def _reap(proc: subprocess.Popen) -> None:
+    """A test that failed part-way leaves no process and no pipe behind."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if proc.stdout is not None and not proc.stdout.closed:
+        proc.communicate()
+
+
 def _workers_of(proc: subprocess.Popen, count: int = 2) -> list[int]:
     """The pids of ``proc``'s worker processes, once ``count`` of them are running and the pack is writing."""
     parent = psutil.Process(proc.pid)
@@ -308,9 +319,7 @@ def test_a_signal_to_the_process_group_stops_every_stage_alike(stage, sig):
         os.killpg(proc.pid, sig)  # Ctrl-C in a terminal, or `kill -TERM -PGID`
         _, err = proc.communicate(timeout=10)  # within seconds (convert and imports waited 60 s)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        _reap(proc)
     assert "Traceback" not in err, err  # the s3:// pool's workers printed two
     assert proc.returncode == 128 + sig, (proc.returncode, err)
     lines = error_lines(err)
@@ -334,9 +343,7 @@ def test_a_sigkilled_worker_stops_the_pack_naming_the_file_and_resume_finishes_i
         os.kill(victim, signal.SIGKILL)  # one worker, as the out-of-memory killer does
         _, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        _reap(proc)
     assert "Traceback" not in err, err
     assert proc.returncode == 1, (proc.returncode, err)
     lines = error_lines(err)
