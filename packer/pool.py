@@ -7,7 +7,7 @@ workers are forked with ``fn`` (a closure is fine).
 
 Bounded window. Items are taken from the source only while the window has
 room: at most ``max_items`` taken and not yet consumed, and at most
-``max_bytes`` of them (the items' own weight while they are out, the
+about ``max_bytes`` of them (the items' own weight while they are out, the
 results' once back, and for results still out the mean size of those seen so
 far). The producer waits for its consumer, whatever the core count.
 
@@ -107,13 +107,13 @@ def _serve(fn: Callable[[Any], Any], tasks: Any, results: Any, slot: memoryview,
                 out.append((True, fn(item)))
             except Exception as exc:  # noqa: BLE001 - raised in the main process, at this item's turn
                 out.append((False, exc))
+        slot[number] = -1  # dying from here on, it dies holding the chunk, not one item
         try:
             results.send((numbers[0], out))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:  # an unpicklable error
             results.send((numbers[0], [(ok, value if ok else RuntimeError(f"{type(value).__name__}: {value}"))
                                   for ok, value in out]))
             log.debug("an unpicklable result was replaced: %s", exc)
-        slot[number] = -1
 
 
 class _Worker:
