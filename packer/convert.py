@@ -316,7 +316,8 @@ def _prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
             return
         items = ((data, crc) for _i, data, crc in samples)
         yield from ordered_outcomes(items, _job, opts, workers,
-                                    inline=lambda item: _kept(*item) if _passes_through(item[0], opts) else None)
+                                    inline=lambda item: _kept(*item) if _passes_through(item[0], opts) else None,
+                                    describe=lambda n: f"sample {start + n} of {index.location}")
 
     return stage
 

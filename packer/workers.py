@@ -1,5 +1,5 @@
 """The prepare stage: read, validate and normalize each source file, in worker processes
-(with one worker, in a thread of the writer's process).
+(``packer.pool``; with one worker, in a thread of the writer's process).
 
 :func:`prepare` turns a source (from a position on) into an iterator of
 :class:`Outcome`, one per source file **in source order**, whatever the
@@ -11,13 +11,10 @@ prepared the samples.
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import multiprocessing
 import os
-import signal
 import stat
-import threading
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
@@ -25,11 +22,12 @@ import numpy as np
 
 from packer.errors import PackError
 from packer.images import ImageOptions, Prepared, RejectedImage, check_file_size, prepare_image
+from packer.pool import ordered_map
 from packer.readahead import read_ahead
 from packer.source import Source
 from readers import spec
 
-__all__ = ["Outcome", "PrepareStage", "prepare", "init_pool_worker", "stop_pool", "outcome_of"]
+__all__ = ["Outcome", "PrepareStage", "prepare", "outcome_of", "outcome_bytes", "read_source"]
 
 
 class Outcome(NamedTuple):
@@ -43,64 +41,6 @@ class Outcome(NamedTuple):
 
 #: (source, first source position, image options, worker count) -> outcomes from that position on
 PrepareStage = Callable[[Source, int, ImageOptions, int], Iterator[Outcome]]
-
-_WORKER_OPTS: ImageOptions | None = None
-_WORKER_ROOT: Path | None = None
-_WORKER_SEND_ORIGINALS = True
-
-
-def _init_worker(root: Path, opts: ImageOptions, send_originals: bool = True, parent: int | None = None) -> None:
-    global _WORKER_OPTS, _WORKER_ROOT, _WORKER_SEND_ORIGINALS
-    _WORKER_ROOT, _WORKER_OPTS, _WORKER_SEND_ORIGINALS = root, opts, send_originals
-    if not send_originals:  # a pool worker
-        init_pool_worker(parent)
-
-
-def init_pool_worker(parent: int | None = None) -> None:
-    """Signals of a forked pool worker (every packing pool's initializer). The CLI's SIGTERM handler
-    must not be inherited: ``Pool.terminate`` stops workers with SIGTERM and then waits for them."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stopped by the pool (or a process-group kill): quietly
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # parent gone: die quietly, no BrokenPipeError traceback
-    _die_with_parent(parent)
-
-
-def stop_pool(pool: "multiprocessing.pool.Pool", completed: bool, timeout_s: float = 30.0) -> None:
-    """Stop a packing pool without ever hanging the pack.
-
-    ``completed``: every result is in, so the workers are told to exit and are
-    joined (``close``/``join``: nothing is killed half-way). Otherwise (an error,
-    Ctrl-C, a consumer that stopped early) ``terminate`` runs in a helper thread:
-    it can wait forever on a worker killed while writing a result into its pipe,
-    so after ``timeout_s`` the workers are SIGKILLed and the pack goes on with
-    its error; the stuck thread is a daemon and ends with the process.
-    """
-    if completed:
-        pool.close()
-        pool.join()
-        return
-    stopper = threading.Thread(target=pool.terminate, name="pool-terminate", daemon=True)
-    stopper.start()
-    stopper.join(timeout_s)
-    if stopper.is_alive():
-        for proc in list(getattr(pool, "_pool", [])):
-            try:
-                os.kill(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        stopper.join(5.0)
-
-
-def _die_with_parent(parent: int | None) -> None:
-    """Linux: the kernel sends SIGKILL to this worker when the pack process dies."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the pipe to the pool still ends the worker
-        return
-    if parent is not None and os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
 
 def read_source(path: Path, opts: ImageOptions | None = None) -> bytes:
     """The bytes of a source image; it must be a regular file (a FIFO would block, a device never end).
@@ -129,23 +69,22 @@ def read_source(path: Path, opts: ImageOptions | None = None) -> bytes:
         os.close(fd)
 
 
-def _prepare_one(rel: str) -> Outcome:
-    """Runs in a worker (or in the main process when there is one worker).
+def _prepare_one(root: Path, opts: ImageOptions, send_originals: bool, rel: str) -> Outcome:
+    """Runs in a pool worker (or in a thread of the main process when there is one worker).
 
-    In a pool, an image stored unchanged comes back without its bytes
-    (``data=None``): the main process re-reads the file from the page cache,
-    which costs far less than pickling ~100 KB through a pipe.
+    In a pool (``send_originals=False``), an image stored unchanged comes back without its
+    bytes (``data=None``): the main process re-reads the file from the page cache, which
+    costs far less than pickling ~100 KB through a pipe.
     """
-    assert _WORKER_ROOT is not None and _WORKER_OPTS is not None
     try:
-        data = read_source(_WORKER_ROOT / rel, _WORKER_OPTS)
+        data = read_source(root / rel, opts)
     except RejectedImage as exc:
         return Outcome(None, problem=str(exc))
     except OSError as exc:
-        return Outcome(None, problem=f"{_WORKER_ROOT / rel}: read error: {exc.strerror or exc}", unreadable=True)
-    outcome = outcome_of(data, _WORKER_OPTS)
+        return Outcome(None, problem=f"{root / rel}: read error: {exc.strerror or exc}", unreadable=True)
+    outcome = outcome_of(data, opts)
     prep = outcome.prepared
-    if prep is not None and prep.pixels is None and not prep.changed and not _WORKER_SEND_ORIGINALS:
+    if prep is not None and prep.pixels is None and not prep.changed and not send_originals:
         prep.data = None  # type: ignore[assignment]
     return outcome
 
@@ -163,8 +102,11 @@ def outcome_of(data: bytes, opts: ImageOptions) -> Outcome:
     return Outcome(prep, spec.checksum(prep.data))
 
 
-def _outcome_bytes(outcome: Outcome) -> int:
-    return 0 if outcome.prepared is None else outcome.prepared.nbytes
+def outcome_bytes(outcome: Outcome) -> int:
+    """The bytes an outcome holds in memory (a pool's windows weigh results with it; an unchanged
+    image a worker sent back without its bytes holds none)."""
+    prep = outcome.prepared
+    return 0 if prep is None or (prep.pixels is None and prep.data is None) else prep.nbytes
 
 
 def _prepared(root: Path, paths: list[str], opts: ImageOptions, workers: int) -> Iterator[Outcome]:
@@ -172,17 +114,11 @@ def _prepared(root: Path, paths: list[str], opts: ImageOptions, workers: int) ->
         # One thread prepares while this one writes: the writer's commits, writes and fsyncs release
         # the GIL, and the source is read in those gaps (wds without validation, 5,000 JPEGs, warm:
         # 14-15k -> 19k images/s).
-        _init_worker(root, opts)
-        yield from read_ahead(map(_prepare_one, paths), _outcome_bytes, name="pack-prepare")
+        yield from read_ahead(map(partial(_prepare_one, root, opts, True), paths), outcome_bytes,
+                              name="pack-prepare")
         return
-    ctx = multiprocessing.get_context("fork")
-    pool = ctx.Pool(workers, initializer=_init_worker, initargs=(root, opts, False, os.getpid()))
-    completed = False
-    try:
-        yield from pool.imap(_prepare_one, paths, chunksize=16)
-        completed = True
-    finally:
-        stop_pool(pool, completed)
+    yield from ordered_map(partial(_prepare_one, root, opts, False), paths, workers,
+                           result_weight=outcome_bytes, describe=lambda n: str(root / paths[n]))
 
 
 def _reread(path: Path, size: int, crc: int) -> bytes:

@@ -175,3 +175,30 @@ def test_another_prepare_stage_gives_the_same_bytes(fmt, src, tmp_path):
     assert calls == [0, journal["next_source"]]  # the stage is asked to continue where the journal stops
     assert result.resumed_from == journal["next_source"] and result.images == len(source.paths)
     assert _digest(out) == _digest(tmp_path / "ref")
+
+
+# ---------------------------------------------------------------- the scan: one listing
+def test_recognizing_an_image_folder_lists_one_class_folder_not_all(tmp_path, monkeypatch):
+    """``scan_import`` rules out WebDataset split folders before the folder scan; it listed every class
+    folder to do so (a second full listing of the source: 20-25% of the scan at 1.28M images)."""
+    import os
+
+    from packer.importers import scan_import
+
+    src = make_image_folder(tmp_path / "train", classes=12, per_class=2, size=(8, 8), png_every=0)
+    listed: list[Path] = []
+    real_listdir, real_scandir = os.listdir, os.scandir
+
+    def listdir(path="."):
+        listed.append(Path(path))
+        return real_listdir(path)
+
+    def scandir(path="."):
+        listed.append(Path(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert scan_import(src) is None  # an image folder: the folder scan's to judge
+    class_folders = [p for p in listed if p.parent == src]
+    assert len(class_folders) <= 1, class_folders

@@ -1,6 +1,6 @@
 """Engines: who runs the prepare stage of a pack (``PackOptions.engine``).
 
-* ``local`` -- a process pool on this machine (``packer.workers``);
+* ``local`` -- a process pool on this machine (``packer.pool``, for every stage);
 * ``ray`` -- tasks on a Ray cluster (``packer.engines.ray``; needs the
   optional ``ray`` extra, imported only when this engine is asked for).
 

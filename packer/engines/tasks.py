@@ -16,9 +16,7 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-from functools import partial
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -26,7 +24,8 @@ import numpy as np
 from packer.engines.io import LocalFiles, LocalOutput
 from packer.formats.wds import END_OF_ARCHIVE, sample_tar
 from packer.images import ImageOptions
-from packer.workers import Outcome, outcome_of
+from packer.pool import ordered_map
+from packer.workers import Outcome, outcome_bytes, outcome_of
 from readers import spec
 
 __all__ = ["prepare_in_pool", "plan_chunks", "prepare_file", "prepare_files", "PreparedChunk", "ShardPart", "write_tar", "file_crc"]
@@ -145,22 +144,13 @@ def file_crc(output: LocalOutput, name: str) -> tuple[int, int] | None:
     return crc, size
 
 
-def _outcomes_of(files: Any, opts: ImageOptions, rels: list[str]) -> list[Outcome]:
-    return prepare_files(files, rels, opts, detach=False).outcomes
-
-
 def prepare_in_pool(files: Any, source: Any, start: int, opts: ImageOptions, workers: int,
                     chunk: int = 16) -> Iterator[Outcome]:
-    """Outcomes of ``source.paths[start:]`` in order, read through ``files`` by ``workers`` processes.
+    """Outcomes of ``source.paths[start:]`` in order, read through ``files`` by ``workers`` processes
+    (``packer.pool``; stores rebuild their client after the fork).
 
-    Closing the iterator early stops the pool at once (``with Pool`` terminates it).
+    Closing the iterator early stops the pool at once.
     """
     rels = source.paths[start:]
-    chunks = [rels[i:i + chunk] for i in range(0, len(rels), chunk)]
-    if workers <= 1:
-        for rels_ in chunks:
-            yield from _outcomes_of(files, opts, rels_)
-        return
-    with multiprocessing.get_context("fork").Pool(workers) as pool:  # stores rebuild their client after fork
-        for outcomes in pool.imap(partial(_outcomes_of, files, opts), chunks):
-            yield from outcomes
+    yield from ordered_map(lambda rel: prepare_file(files, rel, opts), rels, workers, chunk=chunk,
+                           result_weight=outcome_bytes, describe=lambda n: files.where(rels[n]))

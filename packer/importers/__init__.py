@@ -32,15 +32,21 @@ def _holds_shards(folder: Path) -> bool:
 
 
 def _wds_splits(src: Path) -> list[Path]:
-    """Sub-folders of ``src`` holding .tar shards, when those are all it holds (``train/``, ``val/``)."""
+    """Sub-folders of ``src`` holding .tar shards, when those are all it holds (``train/``, ``val/``).
+
+    The first sub-folder without shards rules the layout out: an image folder's class folders are
+    not all listed here (that was a second full listing of the source before its scan), only one.
+    """
     if not src.is_dir() or _holds_shards(src):
         return []
     try:
         subdirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
     except OSError:
         return []
-    with_shards = [d for d in subdirs if _holds_shards(d)]
-    return with_shards if with_shards and len(with_shards) == len(subdirs) else []
+    for d in subdirs:
+        if not _holds_shards(d):
+            return []
+    return subdirs
 
 
 def source_kind(src: Path) -> str:
