@@ -661,7 +661,7 @@ class Schema:
             if not isinstance(e, dict) or not {"name", "type"} <= e.keys() or e.keys() - {"name", "type", "classes"}:
                 raise DatasetFormatError(f"{where}: fields[{i}] must be {{\"name\": ..., \"type\": ...[, \"classes\"]}}")
             try:
-                classes = _classes_from_json(e["classes"], f"{where} field {e['name']!r}") if "classes" in e else None
+                classes = _classes_from_json(e["classes"], f"{where}: field {e['name']!r}") if "classes" in e else None
                 fields.append(Field(e["name"], parse_type(e["type"], e["name"]), classes))
             except FieldTypeError as exc:
                 raise DatasetFormatError(f"{where}: {exc}") from None
