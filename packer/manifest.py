@@ -115,6 +115,9 @@ def _csv_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
             header = next(reader, None)
             if not header:
                 raise SourceError(f"{path}: empty CSV file (the first line must name the columns)")
+            if len(set(header)) != len(header):
+                dup = next(c for c in header if header.count(c) > 1)
+                raise SourceError(f"{path}: column names repeat ({dup!r} is given {header.count(dup)} times)")
             yield 0, dict.fromkeys(header, None)  # column order
             for cells in reader:
                 if not cells:
@@ -209,7 +212,8 @@ def _json_kind(value: Any) -> str | None:
 
 
 _KIND_TYPE = {"int": "int", "float": "float", "text": "text", "bool": "uint8", "json": "json"}
-_MERGE = {frozenset({"int", "float"}): "float", frozenset({"bool", "int"}): "int", frozenset({"bool", "float"}): "float"}
+_MERGE = {frozenset({"int", "float"}): "float", frozenset({"bool", "int"}): "int",
+          frozenset({"bool", "float"}): "float"}
 
 
 class _Column:

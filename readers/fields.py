@@ -659,7 +659,8 @@ class Schema:
         fields = []
         for i, e in enumerate(entries):
             if not isinstance(e, dict) or not {"name", "type"} <= e.keys() or e.keys() - {"name", "type", "classes"}:
-                raise DatasetFormatError(f"{where}: fields[{i}] must be {{\"name\": ..., \"type\": ...[, \"classes\"]}}")
+                raise DatasetFormatError(f"{where}: fields[{i}] must be "
+                                         f"{{\"name\": ..., \"type\": ...[, \"classes\": ...]}}")
             try:
                 classes = _classes_from_json(e["classes"], f"{where}: field {e['name']!r}") if "classes" in e else None
                 fields.append(Field(e["name"], parse_type(e["type"], e["name"]), classes))
