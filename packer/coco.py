@@ -138,35 +138,29 @@ def _default_images_dir(path: Path) -> Path | None:
 def _column(anns: list[dict[str, Any]], key: str, dtype: Any, default: Any, path: Path) -> np.ndarray:
     """One numeric value per annotation; a SourceError naming the first annotation without a usable one."""
     try:
-        if default is None:
-            return np.fromiter((a[key] for a in anns), dtype=dtype, count=len(anns))
-        return np.fromiter((a.get(key, default) for a in anns), dtype=dtype, count=len(anns))
+        values = [a[key] for a in anns] if default is None else [a.get(key, default) for a in anns]
+        arr = np.array(values)  # numbers only: no dtype given, so "3" or None is not quietly converted
+        kinds = "biuf" if np.dtype(dtype).kind == "f" else "iu"  # ids: integers, not 3.0 or 3.7
+        if arr.dtype.kind in kinds and arr.ndim == 1 and len(arr) == len(anns):
+            return arr.astype(dtype)
     except (KeyError, TypeError, ValueError, OverflowError):
         pass
     for i, a in enumerate(anns):  # the slow path, only to name the culprit
-        v = a.get(key, default) if isinstance(a, dict) else None
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
+        v = a.get(key, default)
+        want = (int, float) if np.dtype(dtype).kind == "f" else int
+        if not isinstance(v, want) or isinstance(v, bool):
             raise SourceError(f"{path}: {_ann(a, i)}: {key!r} is {'missing' if v is None else repr(v)}; "
-                              f"expected a number")
+                              f"expected {'a number' if want is not int else 'an integer'}")
     raise SourceError(f"{path}: annotations: {key!r} values do not fit {np.dtype(dtype).name}")
 
 
-def _float32(values: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):  # a coordinate past 3.4e38 becomes inf, as float32 holds it
-        return np.ascontiguousarray(values, dtype=np.float32)
-
-
-def _ann(a: Any, i: int) -> str:
-    return f"annotation id {a['id']}" if isinstance(a, dict) and "id" in a else f"annotation #{i} (no id)"
-
-
 def _boxes(anns: list[dict[str, Any]], path: Path) -> np.ndarray:
+    if not anns:
+        return np.zeros((0, 4), np.float64)
     try:
-        boxes = np.array([a["bbox"] for a in anns], dtype=np.float64)
-        if len(anns) == 0:
-            return np.zeros((0, 4), np.float64)
-        if boxes.ndim == 2 and boxes.shape[1] == 4:
-            return boxes
+        boxes = np.array([a["bbox"] for a in anns])
+        if boxes.dtype.kind in "iuf" and boxes.ndim == 2 and boxes.shape[1] == 4:
+            return boxes.astype(np.float64)
     except (KeyError, TypeError, ValueError):
         pass
     for i, a in enumerate(anns):
@@ -176,6 +170,15 @@ def _boxes(anns: list[dict[str, Any]], path: Path) -> np.ndarray:
             what = "missing" if b is None else f"{b!r:.60} (expected [x, y, width, height])"
             raise SourceError(f"{path}: {_ann(a, i)}: bbox is {what}")
     raise SourceError(f"{path}: annotations: bbox values are not numbers")  # pragma: no cover - caught above
+
+
+def _float32(values: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # a coordinate past 3.4e38 becomes inf, as float32 holds it
+        return np.ascontiguousarray(values, dtype=np.float32)
+
+
+def _ann(a: Any, i: int) -> str:
+    return f"annotation id {a['id']}" if isinstance(a, dict) and "id" in a else f"annotation #{i} (no id)"
 
 
 def read_coco(path: str | os.PathLike, images: str | os.PathLike | None = None) -> CocoInstances:
