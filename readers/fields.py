@@ -119,6 +119,9 @@ class FieldType:
     """
 
     fixed: ClassVar[bool] = False
+    #: fixed types: the numpy dtype and shape of one sample's value (None for the others)
+    dtype: np.dtype | None = None
+    shape: tuple[int | None, ...] | None = None
     #: the WebDataset extension(s) the member of this type can have
     extensions: tuple[str, ...] = ()
 
