@@ -13,6 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from packer import manifest as manifest_mod
 from packer.errors import SourceError, UsageError
@@ -396,3 +398,30 @@ def test_parquet_column_of_an_unsupported_type(photos):
     pq.write_table(pa.table({"image": ["images/ocelot.jpg"], "when": pa.array([1], pa.timestamp("s"))}), path)
     with pytest.raises(SourceError, match=r"column 'when' has Parquet type timestamp\[m?s\], which no field type"):
         read_manifest(path)
+
+
+# ------------------------------------------------------------------------------------- property test
+_cells = st.tuples(
+    st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\r\x00"), max_size=12),
+    st.integers(-2**63, 2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(table=st.lists(_cells, min_size=1, max_size=8), kind=st.sampled_from(["csv", "jsonl", "parquet"]))
+def test_any_table_reads_back_exactly(photos, table, kind):
+    """Whatever the text, ints and floats, every kind of manifest gives back the same values."""
+    rows = [{"image": "images/ocelot.jpg", "t": t, "i": i, "f": f} for t, i, f in table]
+    path = photos / f"prop.{kind}"
+    if kind == "csv":
+        _write_csv(path, rows, columns=("image", "t", "i", "f"))
+    elif kind == "jsonl":
+        _write_jsonl(path, rows)
+    else:
+        pq.write_table(pa.table({"image": [r["image"] for r in rows], "t": [r["t"] for r in rows],
+                                 "i": pa.array([r["i"] for r in rows], pa.int64()),
+                                 "f": pa.array([r["f"] for r in rows], pa.float64())}), path)
+    m = read_manifest(path, fields="t:text,i:int,f:float")
+    got = _good(m)
+    assert [r.values for r in got] == [{"t": t, "i": i, "f": f} for t, i, f in table]
