@@ -301,8 +301,9 @@ class BytesType(FieldType):
 class NumericType(FieldType):
     """A numeric scalar (``shape == ()``) or array; ``shape[0] is None`` for a varying leading dim.
 
-    Decoded form: a Python ``int``/``float`` for scalars, a C-contiguous writable ``np.ndarray``
-    of exactly ``dtype`` (little-endian) and the shape for arrays.
+    Decoded form: a Python ``int``/``float`` for scalars, a C-contiguous ``np.ndarray`` of exactly
+    ``dtype`` (little-endian) and the shape for arrays. ``check`` returns the array it is given
+    when that already is one (no copy); ``decode`` and ``from_row`` return new writable arrays.
     """
 
     def __init__(self, dtype: str | np.dtype, shape: Iterable[int | None] = ()) -> None:
@@ -417,21 +418,20 @@ class NumericType(FieldType):
                 if not np.isfinite(arr).all() or (arr != np.floor(arr)).any():
                     bad = arr[~np.isfinite(arr) | (arr != np.floor(arr))].flat[0]
                     raise self._bad(field, f"{bad} is not an integer")
-            if arr.size and arr.dtype.kind != "b":
+            if arr.size and arr.dtype.kind != "b" and arr.dtype != self.dtype:
                 info = np.iinfo(self.dtype)
-                lo, hi = arr.min().item(), arr.max().item()
-                lo, hi = int(lo), int(hi)
+                lo, hi = int(arr.min().item()), int(arr.max().item())
                 if lo < info.min or hi > info.max:
                     raise self._bad(field, f"{lo if lo < info.min else hi} is out of range [{info.min}, {info.max}]")
-            out = arr.astype(self.dtype)
+            out = arr.astype(self.dtype, copy=False)
         else:
             with np.errstate(over="ignore", invalid="ignore"):
-                out = arr.astype(self.dtype)
-            if arr.size:
+                out = arr.astype(self.dtype, copy=False)
+            if arr.size and arr.dtype != self.dtype:
                 over = np.isinf(out) & np.isfinite(arr)
                 if over.any():
                     raise self._bad(field, f"{arr[over].flat[0]} is out of range for {self.dtype.name}")
-        return np.ascontiguousarray(out)
+        return np.ascontiguousarray(out)  # no copy when the value already is that array
 
     # ---- rows (fixed types) and blobs
     def to_row(self, value: Any, field: str = "?") -> np.ndarray:

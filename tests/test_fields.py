@@ -437,3 +437,11 @@ def test_official_webdataset_reader_decodes_members(tmp_path, real_images):
                 assert value.dtype == want.dtype and np.array_equal(value, want)
             else:
                 assert f.type.check(value) == want
+
+
+def test_check_keeps_an_array_of_the_right_dtype_without_a_copy():
+    a = np.zeros((3, 4), np.float32)
+    assert parse_type("float32[*,4]").check(a) is a
+    b = np.zeros((3, 4), np.float64)
+    out = parse_type("float32[*,4]").check(b)
+    assert out.dtype == np.float32 and not np.shares_memory(out, b)
