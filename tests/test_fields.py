@@ -8,6 +8,7 @@ import json
 import math
 import tarfile
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -445,3 +446,18 @@ def test_check_keeps_an_array_of_the_right_dtype_without_a_copy():
     b = np.zeros((3, 4), np.float64)
     out = parse_type("float32[*,4]").check(b)
     assert out.dtype == np.float32 and not np.shares_memory(out, b)
+
+
+_PHOTOS = sorted(p for p in (Path(__file__).resolve().parent.parent / "examples" / "real-images").rglob("*")
+                 if p.suffix in (".jpg", ".png"))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(_PHOTOS), st.binary(max_size=16))
+def test_image_round_trips(photo, tail):
+    """Any bundled photo (with junk after its end, which is kept): same bytes back, extension by content."""
+    data = photo.read_bytes() + tail
+    t = parse_type("image")
+    assert t.decode(t.encode(data, "image")) == data
+    ext, member = t.to_member(data)
+    assert ext == photo.suffix[1:] and member == data and t.from_member(member) == data
