@@ -125,14 +125,29 @@ def source_stream(n: int, seed: int, source: int, start: int, count: int, shuffl
     return run[start - first * n:start - first * n + count]
 
 
+def _stream_start(n: int, count: int, epoch: int) -> int:
+    """Where epoch ``epoch`` starts in a source's stream when it takes ``count`` of its ``n``
+    samples per epoch: epochs never straddle two passes (so no sample repeats within an epoch
+    while ``count <= n``). ``count <= n``: ``k = n // count`` epochs share a pass, in disjoint
+    stretches (the pass's last ``n - k x count`` samples are skipped: each pass is a new
+    permutation, so a different few each time); ``count > n``: each epoch starts a new pass
+    and takes ``ceil(count / n)`` of them."""
+    if count <= n:
+        k = n // count
+        return (epoch // k) * n + (epoch % k) * count
+    return epoch * math.ceil(count / n) * n
+
+
 def epoch_draw(sizes: Sequence[int], counts: Sequence[int], seed: int, epoch: int, shuffle: bool = True,
                replacement: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """An epoch of ``sum(counts)`` samples, ``counts[j]`` from source ``j`` of ``sizes[j]`` samples.
 
     Returns ``(source, sample)``: per position of the epoch, the source and the sample index in
-    that source. Without replacement, source ``j`` gives positions ``[e x c_j, (e + 1) x c_j)``
-    of its :func:`source_stream`: an epoch continues where the previous one stopped, and a
-    source repeats a sample only after all of its samples came (then a new pass, a new shuffle).
+    that source. Without replacement, source ``j`` gives ``c_j`` consecutive positions of its
+    :func:`source_stream`, from where the previous epoch stopped in the same pass when the
+    rest of the pass holds ``c_j`` (else from the next pass: :func:`_stream_start`): within an
+    epoch a source repeats a sample only when its share exceeds it (then its next pass, a new
+    shuffle), and over the epochs its samples come equally often.
     With replacement: ``c_j`` draws, uniform over the source, seeded by ``(seed, source, epoch)``.
     The sources are interleaved by a random permutation of the epoch's positions seeded by
     ``(seed, epoch)`` (``shuffle=False``: evenly, by ``(t + 1/2) / c_j``), so every share of the
@@ -153,7 +168,7 @@ def epoch_draw(sizes: Sequence[int], counts: Sequence[int], seed: int, epoch: in
         if replacement:
             part = np.random.default_rng([int(seed), j, int(epoch), 0x4E91]).integers(int(n), size=c)
         else:
-            part = source_stream(int(n), seed, j, int(epoch) * c, c, shuffle)
+            part = source_stream(int(n), seed, j, _stream_start(int(n), c, int(epoch)), c, shuffle)
         sample[which == j] = part
     return which, sample
 
