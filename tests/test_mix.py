@@ -195,3 +195,23 @@ def test_bad_arguments(packed_generated):
         make_loader(mix([(ds, 1.0)]), num_workers=0, samples_per_epoch=3)
     with pytest.raises(ValueError, match="samples_per_epoch must be >= 1"):
         make_loader(ds, num_workers=0, samples_per_epoch=0)
+
+
+def test_resume_with_other_batch_size_or_workers_delivers_the_rest_once(packed_generated):
+    ref = _loader(packed_generated, samples=34)
+    whole = Counter(_pairs(_epoch(ref)))
+    del ref
+    first = _loader(packed_generated, samples=34)
+    got = []
+    for b in first:
+        got.append(b)
+        if len(got) == 2:
+            break
+    state = first.state_dict()
+    del first
+    for workers, kind, batch in ((0, "processes", 4), (2, "threads", 5)):
+        other = _loader(packed_generated, workers, kind, batch=batch, samples=34)
+        other.load_state_dict(state)
+        rest = _epoch(other)
+        assert Counter(_pairs(got) + _pairs(rest)) == whole, (workers, batch)
+        del other

@@ -151,3 +151,24 @@ def test_bad_subsets_say_what_is_wrong(packed_generated):
     with pytest.raises(ValueError, match="take subsets of the sources"):
         subset(mix([(ds, 1.0)]), fraction=0.5)
     del ds
+
+
+def test_wds_subset_reads_each_shard_front_to_back(packed_generated):
+    """The shard-based order runs on the kept samples: a worker's samples of one shard come in
+    their order in the shard, and only kept ones."""
+    from readers.env import WorkerEnv
+
+    ds = _open(packed_generated, "wds")
+    sub = subset(ds, indices=np.arange(1, 28, 3)).with_order(seed=1)
+    sub.open_shards = 1  # one shard at a time, then the buffer: no buffer, to see the read order
+    sub.buffer_size = 1
+    seen = []
+    for w in range(2):
+        order = sub.sample_order(WorkerEnv(0, 1, w, 2))
+        seen += order.tolist()
+        shards = np.asarray([ds.shard_of(i) for i in order])
+        for s in set(shards.tolist()):
+            mine = order[shards == s]
+            assert np.all(np.diff(mine) > 0), f"shard {s} not read front to back: {mine}"
+    assert sorted(seen) == list(range(1, 28, 3))
+    del ds, sub
