@@ -51,6 +51,25 @@ def _size(dataset: Any) -> int:
     return int(layout.num_samples) if layout is not None else len(dataset)
 
 
+#: Reader settings that decide what an item is: the sources of a mixture must agree on them.
+ITEM_SETTINGS = ("decode", "return_index", "image")
+
+
+def _check_same_items(sources: Sequence[Any]) -> None:
+    def settings(ds: Any) -> dict[str, Any]:
+        base = getattr(ds, "dataset", ds)  # a Subset: its reader's
+        return {k: getattr(base, k) for k in ITEM_SETTINGS if hasattr(base, k)}
+
+    first = settings(sources[0])
+    for j, ds in enumerate(sources[1:], 1):
+        other = settings(ds)
+        differ = [k for k in first if k in other and first[k] != other[k]]
+        if differ:
+            k = differ[0]
+            raise ValueError(f"mix: source {j} has {k}={other[k]!r} but source 0 has {k}={first[k]!r}: "
+                             "open the sources with the same decode / return_index / image settings")
+
+
 class Mixture(torch.utils.data.Dataset):
     """Sources read as one map-style dataset; see the module docstring and :func:`mix`."""
 
@@ -60,6 +79,7 @@ class Mixture(torch.utils.data.Dataset):
             if getattr(ds, "sources", None) is not None:
                 raise ValueError("mix: a source is itself a mixture; list its sources instead")
         self.sources = list(sources)
+        _check_same_items(self.sources)
         self.weights = tuple(float(w) for w in weights)
         sizes = tuple(_size(ds) for ds in self.sources)
         #: What an epoch is made of (the EpochSampler's ``spec``).

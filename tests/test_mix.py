@@ -193,6 +193,8 @@ def test_bad_arguments(packed_generated):
         make_loader(ds, num_workers=0, replacement=True)
     with pytest.raises(ValueError, match="its own samples_per_epoch"):
         make_loader(mix([(ds, 1.0)]), num_workers=0, samples_per_epoch=3)
+    with pytest.raises(ValueError, match="source 1 has decode=True but source 0 has decode=False"):
+        mix([(ds, 1.0), (open_dataset(packed_generated["wds"]), 1.0)])
     with pytest.raises(ValueError, match="samples_per_epoch must be >= 1"):
         make_loader(ds, num_workers=0, samples_per_epoch=0)
 
