@@ -169,7 +169,7 @@ class EpochSampler(DistributedSampler):
         """This rank's sample indices for the current epoch (after the resume point, if one is set)."""
         if self.spec is None:
             return self._positions(self.resume)
-        return self.spec.draw(self.seed, self.epoch, self.shuffle)[1][self._positions(self.resume)]
+        return self._drawn()[1][self._positions(self.resume)]
 
     def sources(self, point: dict[str, Any] | None = None) -> np.ndarray:
         """The source of each sample of this rank's epoch after ``point`` (None: the whole epoch),
@@ -177,7 +177,15 @@ class EpochSampler(DistributedSampler):
         positions = self._positions(point)
         if self.spec is None:
             return np.zeros(len(positions), dtype=np.int64)
-        return self.spec.draw(self.seed, self.epoch, self.shuffle)[0][positions]
+        return self._drawn()[0][positions]
+
+    def _drawn(self) -> tuple[np.ndarray, np.ndarray]:
+        """The spec's draw for this epoch, kept until the seed, epoch or order changes."""
+        key = (self.spec, self.seed, self.epoch, self.shuffle)
+        cached = getattr(self, "_draw_cache", None)
+        if cached is None or cached[0] != key:
+            cached = self._draw_cache = (key, *self.spec.draw(self.seed, self.epoch, self.shuffle))
+        return cached[1], cached[2]
 
     def _positions(self, point: dict[str, Any] | None) -> np.ndarray:
         """This rank's positions in the epoch's list (with a spec: the drawn list, taken in order;
@@ -204,5 +212,5 @@ class EpochSampler(DistributedSampler):
     def permutation(self) -> np.ndarray:
         """The epoch's order of all samples, before the split over ranks."""
         if self.spec is not None:
-            return self.spec.draw(self.seed, self.epoch, self.shuffle)[1]
+            return self._drawn()[1]
         return permutation(self.n, self.seed, self.epoch, self.shuffle)
