@@ -13,6 +13,8 @@ import pytest
 from readers import make_loader, mix, open_dataset
 from readers.order import epoch_draw, shares
 
+pytest_plugins = ["servers"]  # http_server (nginx), for the remote source
+
 WORKERS = [(0, "processes"), pytest.param(2, "processes", marks=pytest.mark.slow), (2, "threads")]
 WIDS = ["0", "2p", "2t"]
 
@@ -217,3 +219,37 @@ def test_resume_with_other_batch_size_or_workers_delivers_the_rest_once(packed_g
         rest = _epoch(other)
         assert Counter(_pairs(got) + _pairs(rest)) == whole, (workers, batch)
         del other
+
+
+@pytest.mark.slow  # starts nginx
+def test_a_remote_wds_source_mixes_with_a_local_one(http_server, packed_generated, stored_bytes):
+    import shutil
+    import uuid
+
+    http_server.start()
+    name = f"mix-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(packed_generated["wds"], http_server.root / name / "wds")
+    remote = open_dataset(f"{http_server.url}/{name}/wds", decode=False, return_index=True)
+    local = open_dataset(packed_generated["lmdb"], decode=False, return_index=True)
+    both = mix([(local, 0.75), (remote, 0.25)], samples_per_epoch=32, return_source=True, seed=1)
+    loader = make_loader(both, batch_size=4, num_workers=0)
+    batches = list(loader)
+    pairs = _pairs(batches)
+    assert Counter(s for s, _ in pairs) == {0: 24, 1: 8} and len(batches) == len(loader)
+    remote_samples = [i for s, i in pairs if s == 1]
+    assert len(set(remote_samples)) == 8
+    for b in batches:
+        for k, (s, i) in enumerate(zip(b[3].tolist(), b[2].tolist())):
+            root = packed_generated["wds" if s == 1 else "lmdb"]
+            assert b[0].get(k) == stored_bytes(root, i), (s, i)
+    first = make_loader(both, batch_size=4, num_workers=0)
+    list(first)
+    got = [next(iter(first))]
+    state = first.state_dict()
+    epoch1 = _pairs(got)  # the first batch of epoch 1, then a resume from there
+    again = make_loader(both, batch_size=4, num_workers=0)
+    again.load_state_dict(state)
+    ref = make_loader(both, batch_size=4, num_workers=0)
+    list(ref)
+    assert epoch1 + _pairs(list(again)) == _pairs(list(ref))
+    del loader, first, again, ref, both, remote, local
