@@ -17,6 +17,10 @@ __all__ = [
     "MemmapDataset",
     "open_dataset",
     "make_loader",
+    "mix",
+    "Mixture",
+    "subset",
+    "Subset",
 ]
 
 _LAZY = {
@@ -26,6 +30,10 @@ _LAZY = {
     "MemmapDataset": "readers.formats.mmap",
     "open_dataset": "readers.registry",
     "make_loader": "readers.loader",
+    "mix": "readers.mixture",
+    "Mixture": "readers.mixture",
+    "subset": "readers.subsets",
+    "Subset": "readers.subsets",
 }
 
 

@@ -44,7 +44,7 @@ from readers.batch import GatheredItems
 from readers.env import default_workers, die_with_parent
 from readers.order import batch_counts, worker_lengths
 from readers.registry import open_dataset
-from readers.sampler import EpochSampler
+from readers.sampler import EpochSampler, EpochSpec
 from readers.shmring import ByteBatch
 
 __all__ = ["make_loader", "PackedLoader", "ThreadLoader", "EpochSampler", "ByteBatch", "collate", "shm_check", "ShmSpace",
@@ -195,15 +195,19 @@ class PackedLoader(DataLoader):
     def _run_settings(self) -> dict[str, Any]:
         """What decides this loader's order, as a resume point records it."""
         ds, iterable = self.dataset, isinstance(self.dataset, IterableDataset)
+        num_samples = len(getattr(ds, "labels", ()))
         if iterable and hasattr(ds, "settings"):
             env = ds._env()
             world, extra = env.world_size, ds.settings.as_dict()
+            num_samples = ds.layout.num_samples  # a subset: its samples
         else:
             sampler = self.sampler
             world = sampler.num_replicas if isinstance(sampler, EpochSampler) else 1
+            spec = getattr(sampler, "spec", None)
             extra = {"seed": getattr(sampler, "seed", self._seed), "shuffle": getattr(sampler, "shuffle", False),
-                     "sampler_drop_last": bool(getattr(sampler, "drop_last", False))}
-        return {"kind": "shards" if iterable else "map", "num_samples": len(getattr(ds, "labels", ())),
+                     "sampler_drop_last": bool(getattr(sampler, "drop_last", False)),
+                     "epoch_spec": None if spec is None else spec.as_dict()}
+        return {"kind": "shards" if iterable else "map", "num_samples": num_samples,
                 "batch_size": self.batch_size, "drop_last": self.drop_last, "world_size": world,
                 "num_workers": max(1, self.num_workers), **extra}
 
@@ -229,6 +233,11 @@ class PackedLoader(DataLoader):
             if state[key] != here[key]:
                 raise ValueError(f"the saved loader state is for {key} {state[key]!r}; this loader has "
                                  f"{here[key]!r}: resume with the same dataset and reader")
+        if state.get("epoch_spec") != here.get("epoch_spec"):
+            raise ValueError(f"the saved loader state is for epochs of {_spec_text(state.get('epoch_spec'))}; this "
+                             f"loader's are {_spec_text(here.get('epoch_spec'))}: the mixture's weights or sources "
+                             "or samples_per_epoch changed, so the saved epoch cannot be continued; "
+                             "start the next epoch with loader.set_epoch(state['epoch'] + 1) instead")
         if state["finished"]:
             self.set_epoch(state["epoch"] + 1)
         elif state["delivered"] == 0 and not state.get("after"):
@@ -236,6 +245,21 @@ class PackedLoader(DataLoader):
         else:
             self.set_epoch(state["epoch"])
             self._pending = dict(state)
+
+    def source_counts(self) -> list[int]:
+        """Samples of each source of a mixture (one source otherwise) this rank has delivered in
+        the epoch in progress (or the one that just finished); after a resume with unchanged
+        settings, counting the batches delivered before it, after a resume with other settings,
+        from the resume on. Computed from the epoch's order, not by looking at the batches."""
+        sampler = self.sampler
+        if not isinstance(sampler, EpochSampler):
+            raise TypeError("source_counts needs the EpochSampler of a map-style reader or a mixture")
+        spec = sampler.spec
+        k = 1 if spec is None else len(spec.sizes)
+        taken = self._delivered * (self.batch_size or 1)
+        if not self._started:
+            return [0] * k
+        return np.bincount(sampler.sources(self._resume)[:taken], minlength=k).tolist()
 
     # ------------------------------------------------------------ epochs
     def _next_epoch(self) -> dict[str, Any] | None:
@@ -297,6 +321,14 @@ class PackedLoader(DataLoader):
         if self.num_workers > 0:  # once the iterator is gone its workers have exited: unmap their slots
             weakref.finalize(it, shmring.release_dead).atexit = False
         return it
+
+
+def _spec_text(spec: dict[str, Any] | None) -> str:
+    if spec is None:
+        return "one pass over the dataset"
+    what = "drawn with replacement" if spec["replacement"] else "without replacement"
+    return f"{sum(spec['counts'])} samples ({'+'.join(map(str, spec['counts']))} from sources of " \
+           f"{'+'.join(map(str, spec['sizes']))} samples, {what})"
 
 
 class _Counted:
@@ -421,6 +453,8 @@ def make_loader(
     multiprocessing_context: Any = None,
     worker_init_fn: Callable[[int], None] | None = None,
     workers: str = "processes",
+    samples_per_epoch: int | None = None,
+    replacement: bool = False,
     **kwargs: Any,
 ) -> PackedLoader:
     """Build a :class:`PackedLoader` over a reader from ``readers``; every setting overridable.
@@ -454,11 +488,33 @@ def make_loader(
 
     ``len(loader)``: the batches a whole epoch delivers on this rank, exactly
     (see :meth:`PackedLoader.__len__`).
+
+    ``samples_per_epoch``: epochs of that many samples (all ranks together) instead of one
+    pass: shorter ones take the next stretch of an endless shuffled stream (the next epoch
+    continues where this one stopped), longer ones go on with the next pass, a new shuffle;
+    ``replacement=True`` draws them uniformly with replacement. A ``ShardDataset`` with
+    ``samples_per_epoch`` is read as a one-source ``readers.mix`` (random access). A
+    :class:`readers.mixture.Mixture` brings its own epochs (``mix(..., samples_per_epoch=)``)
+    and its ``seed``, when given, decides its order. See docs/training.md.
     """
     if workers not in ("processes", "threads"):
         raise ValueError(f"workers must be 'processes' or 'threads', got {workers!r}")
     if isinstance(dataset, (str, os.PathLike)):
         dataset = open_dataset(dataset)
+    spec: EpochSpec | None = getattr(dataset, "spec", None)
+    if spec is not None and samples_per_epoch is not None:
+        raise ValueError("make_loader: a mixture sets its own samples_per_epoch (readers.mix(..., samples_per_epoch=))")
+    if samples_per_epoch is not None and isinstance(dataset, IterableDataset):
+        from readers.mixture import mix
+
+        dataset = mix([(dataset, 1.0)], samples_per_epoch=samples_per_epoch, replacement=replacement)
+        spec = dataset.spec
+    elif samples_per_epoch is not None:
+        spec = EpochSpec.of((len(dataset),), (1.0,), samples_per_epoch, replacement)
+    elif replacement and spec is None:
+        raise ValueError("make_loader: replacement=True needs samples_per_epoch")
+    if getattr(dataset, "sources", None) is not None and getattr(dataset, "seed", None) is not None:
+        seed = int(dataset.seed)  # the mixture's own seed
     kind, workers = workers, default_workers() if num_workers is None else num_workers
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     sampler = kwargs.pop("sampler", None)
@@ -470,7 +526,9 @@ def make_loader(
             dataset = dataset.with_order(shuffle=shuffle, seed=seed, distributed=distributed)
     elif sampler is None:
         sampler = EpochSampler(len(dataset), shuffle=shuffle is not False, seed=seed, distributed=distributed,
-                               drop_last=drop_last)
+                               drop_last=drop_last, spec=spec)
+    elif spec is not None:
+        raise ValueError("make_loader: samples_per_epoch and mixtures need make_loader's own sampler, not sampler=")
     if kind == "threads":
         generator = torch.Generator()
         generator.manual_seed(seed)

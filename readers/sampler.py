@@ -19,20 +19,63 @@ out and the rest is split over the current ranks. With unchanged settings
 that is exactly the uninterrupted rank's list from where it stopped (the
 delivered samples are a prefix of the permutation); with another world size
 or batch size every remaining sample still comes once (plus padding).
+
+Epochs of a set length and mixtures (``spec``, an :class:`EpochSpec`): the
+epoch is the list of :func:`readers.order.epoch_draw` (``samples_per_epoch``
+samples of one dataset, or of several sources laid end to end in the index
+space of a :class:`readers.mixture.Mixture`); the split over ranks and the resume
+then work on positions of that list exactly as above on a permutation (the
+list is already shuffled, so the positions are taken in order).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 from torch.utils.data import DistributedSampler
 
 from readers.env import current_worker_env
-from readers.order import permutation, rank_indices
+from readers.order import epoch_draw, permutation, rank_indices, shares
 
-__all__ = ["EpochSampler", "map_delivered", "exact_resume"]
+__all__ = ["EpochSampler", "EpochSpec", "map_delivered", "exact_resume"]
+
+
+@dataclass(frozen=True)
+class EpochSpec:
+    """What an epoch is made of: ``counts[j]`` samples of source ``j`` (``sizes[j]`` samples; the
+    sources lie end to end in the dataset's index space), drawn with or without ``replacement``."""
+
+    sizes: tuple[int, ...]
+    counts: tuple[int, ...]
+    replacement: bool = False
+
+    @classmethod
+    def of(cls, sizes: tuple[int, ...], weights: tuple[float, ...], samples_per_epoch: int | None,
+           replacement: bool = False) -> "EpochSpec":
+        """``samples_per_epoch`` (default: all samples of all sources) split by ``weights``."""
+        if any(int(n) <= 0 for n in sizes):
+            raise ValueError(f"every source needs at least one sample, got sizes {list(sizes)}")
+        total = sum(int(n) for n in sizes) if samples_per_epoch is None else int(samples_per_epoch)
+        if total < 1:
+            raise ValueError(f"samples_per_epoch must be >= 1, got {samples_per_epoch}")
+        return cls(tuple(int(n) for n in sizes), tuple(int(c) for c in shares(weights, total)), bool(replacement))
+
+    @property
+    def length(self) -> int:
+        return sum(self.counts)
+
+    def as_dict(self) -> dict[str, Any]:
+        """As a resume point records it (a loader refuses a state saved with another spec)."""
+        return {"sizes": list(self.sizes), "counts": list(self.counts), "replacement": self.replacement}
+
+    def draw(self, seed: int, epoch: int, shuffle: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``(source, index)`` per position of the epoch; ``index`` in the dataset's index space."""
+        which, sample = epoch_draw(self.sizes, self.counts, seed, epoch, shuffle, self.replacement)
+        offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        return which, offsets[which] + sample
 
 
 def map_delivered(n: int, epoch: int, point: dict[str, Any], perm: np.ndarray | None = None) -> np.ndarray:
@@ -78,10 +121,14 @@ class EpochSampler(DistributedSampler):
     """
 
     def __init__(self, n: int, shuffle: bool = True, seed: int = 0, *, distributed: bool | None = None,
-                 drop_last: bool = False) -> None:
+                 drop_last: bool = False, spec: EpochSpec | None = None) -> None:
         # No DistributedSampler.__init__: it insists on a process group or explicit ranks now.
         self.n, self.shuffle, self.seed, self.epoch, self.drop_last = int(n), bool(shuffle), int(seed), 0, drop_last
-        self.dataset = range(self.n)
+        #: An epoch other than one pass over ``range(n)`` (``samples_per_epoch``, a mixture), or None.
+        self.spec = spec
+        if spec is not None and sum(spec.sizes) != self.n:
+            raise ValueError(f"the epoch spec covers {sum(spec.sizes)} samples, the dataset has {self.n}")
+        self.dataset = range(self.length)
         self.distributed = distributed
         #: A resume point for the next iteration (``PackedLoader`` sets and clears it), or None.
         self.resume: dict[str, Any] | None = None
@@ -103,8 +150,13 @@ class EpochSampler(DistributedSampler):
     @property
     def num_samples(self) -> int:  # type: ignore[override]
         """Samples per rank in a whole epoch."""
-        world = self.num_replicas
-        return self.n // world if self.drop_last else math.ceil(self.n / world)
+        world, n = self.num_replicas, self.length
+        return n // world if self.drop_last else math.ceil(n / world)
+
+    @property
+    def length(self) -> int:
+        """Samples in a whole epoch, all ranks together (before padding)."""
+        return self.n if self.spec is None else self.spec.length
 
     @property
     def total_size(self) -> int:  # type: ignore[override]
@@ -115,17 +167,41 @@ class EpochSampler(DistributedSampler):
 
     def indices(self) -> np.ndarray:
         """This rank's sample indices for the current epoch (after the resume point, if one is set)."""
-        rank, world, point = *self._ranks(), self.resume
+        if self.spec is None:
+            return self._positions(self.resume)
+        return self._drawn()[1][self._positions(self.resume)]
+
+    def sources(self, point: dict[str, Any] | None = None) -> np.ndarray:
+        """The source of each sample of this rank's epoch after ``point`` (None: the whole epoch),
+        in order; all 0 without a mixture."""
+        positions = self._positions(point)
+        if self.spec is None:
+            return np.zeros(len(positions), dtype=np.int64)
+        return self._drawn()[0][positions]
+
+    def _drawn(self) -> tuple[np.ndarray, np.ndarray]:
+        """The spec's draw for this epoch, kept until the seed, epoch or order changes."""
+        key = (self.spec, self.seed, self.epoch, self.shuffle)
+        cached = getattr(self, "_draw_cache", None)
+        if cached is None or cached[0] != key:
+            cached = self._draw_cache = (key, *self.spec.draw(self.seed, self.epoch, self.shuffle))
+        return cached[1], cached[2]
+
+    def _positions(self, point: dict[str, Any] | None) -> np.ndarray:
+        """This rank's positions in the epoch's list (with a spec: the drawn list, taken in order;
+        else: ``range(n)``, shuffled), after ``point``."""
+        rank, world = self._ranks()
+        n, shuffle = (self.n, self.shuffle) if self.spec is None else (self.spec.length, False)
         if point and exact_resume(point, world, self.seed, self.shuffle, self.drop_last):
             # the ranks had taken a prefix of the same list each: skip it (one permutation, as any epoch)
-            mine = rank_indices(self.n, self.seed, self.epoch, self.shuffle, world, rank, self.drop_last)
+            mine = rank_indices(n, self.seed, self.epoch, shuffle, world, rank, self.drop_last)
             return mine[point["delivered"] * point["batch_size"]:]
-        perm = permutation(self.n, self.seed, self.epoch, self.shuffle)
+        perm = permutation(n, self.seed, self.epoch, shuffle)
         consumed = None
         if point:
-            same = point["seed"] == self.seed and bool(point["shuffle"]) == self.shuffle
-            consumed = map_delivered(self.n, self.epoch, point, perm if same else None)
-        return rank_indices(self.n, self.seed, self.epoch, self.shuffle, world, rank, self.drop_last, consumed, perm)
+            same = (point["seed"] == self.seed and bool(point["shuffle"]) == self.shuffle) or self.spec is not None
+            consumed = map_delivered(n, self.epoch, point, perm if same else None)
+        return rank_indices(n, self.seed, self.epoch, shuffle, world, rank, self.drop_last, consumed, perm)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices().tolist())
@@ -135,4 +211,6 @@ class EpochSampler(DistributedSampler):
 
     def permutation(self) -> np.ndarray:
         """The epoch's order of all samples, before the split over ranks."""
+        if self.spec is not None:
+            return self._drawn()[1]
         return permutation(self.n, self.seed, self.epoch, self.shuffle)

@@ -69,6 +69,8 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         self._shard_first = np.array([s["first"] for s in shards], dtype=np.int64)
         self.layout = ShardLayout(self.shard_sizes, self._shard_first, self._shard_of)
         self._world: tuple[int, int] | None = None  # (rank, world) forced by with_order(distributed=False)
+        #: A subset (``with_samples``): the sample indices it keeps, by shard, else None (all samples).
+        self.kept: np.ndarray | None = None
         # Shared with loader workers (inherited at start), so set_epoch and a
         # resume point reach persistent workers too.
         self._epoch = multiprocessing.get_context().RawValue("q", 0)
@@ -105,6 +107,31 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         elif distributed is True:
             other._world = None
         return other
+
+    def with_samples(self, kept: np.ndarray) -> "ShardDataset":
+        """A copy that reads only the samples ``kept`` (indices of this dataset's index; see
+        ``readers.subset``), in the same shard-based order: the order of ``readers.order`` runs on
+        the kept samples (position ``j`` of a shard's kept samples is the ``j``-th kept one in it),
+        so shuffle, ranks, workers, resume and ``len`` count only them."""
+        kept = np.unique(np.asarray(kept, dtype=np.int64))
+        kept = kept[np.argsort(self._shard_of[kept], kind="stable")]  # by shard, front to back within one
+        other = copy.copy(self)
+        other.kept = kept
+        shard_of = self._shard_of[kept].astype(np.int32)
+        sizes = np.bincount(shard_of, minlength=len(self.shard_sizes)).astype(np.int64)
+        first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        other.layout = ShardLayout(sizes, first, shard_of)
+        return other
+
+    def _real(self, order: np.ndarray) -> np.ndarray:
+        """Sample indices of the index from positions in the order's space (a subset's kept list)."""
+        return order if self.kept is None else self.kept[order]
+
+    def get(self, i: int) -> tuple:
+        """The item of sample ``i`` (of a subset: its ``i``-th kept sample), read by random access
+        (as ``readers.mix`` reads a wds source)."""
+        real = int(self._real(np.asarray([i]))[0])
+        return self._item(real, self.read(real))
 
     # ------------------------------------------------------------ shards
     def shard_of(self, i: int) -> int:
@@ -161,6 +188,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         if state.get("_passes") is None:
             state["_passes"] = multiprocessing.get_context().RawArray("q", PASS_SLOTS)
         state.setdefault("_world", None)
+        state.setdefault("kept", None)
         self.__dict__.update(state)
 
     # ------------------------------------------------------------ epochs
@@ -179,7 +207,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return int(self._epoch.value)
 
     def samples_per_rank(self, world_size: int = 1) -> int:
-        n = int(self.shard_sizes.sum())
+        n = self.layout.num_samples
         return math.ceil(n / world_size) if self.pad else n // world_size
 
     def resume_at(self, point: dict[str, Any] | None) -> None:
@@ -211,8 +239,8 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         epoch = self.epoch if epoch is None else epoch
         point = self.resume_point()
         if point is None:
-            return worker_order(self.layout, self.settings, epoch, env)
-        return resume_order(self.layout, self.settings, epoch, env, point)
+            return self._real(worker_order(self.layout, self.settings, epoch, env))
+        return self._real(resume_order(self.layout, self.settings, epoch, env, point))
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (all workers together)."""
@@ -265,8 +293,8 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         env = self._env()
         slot = env.global_worker % PASS_SLOTS
         passes, self._passes[slot] = self._passes[slot], self._passes[slot] + 1  # see set_epoch
-        order = self.sample_order(env) if passes == 0 else worker_order(self.layout, self.settings,
-                                                                         self.epoch + passes, env)
+        order = self.sample_order(env) if passes == 0 else self._real(worker_order(self.layout, self.settings,
+                                                                                    self.epoch + passes, env))
         # The open runs plus the shards still in the buffer: local files kept open at once.
         pairs = wds_io.shard_io(self, keep=2 * self.open_shards + 2).samples(order.tolist())
         try:
