@@ -27,6 +27,7 @@ from readers.checks import check_index
 from readers.compose import accepts_bytes, warn_if_fused_lost
 from readers.decode import DecodeError, decode_rgb
 from readers.perprocess import PerProcess
+from readers.resolve import resolve_index
 
 __all__ = ["PackedDataset", "MapReader", "LazyHandle", "to_chw", "IMAGE_KINDS"]
 
@@ -89,14 +90,7 @@ class PackedDataset:
         """
         if image not in IMAGE_KINDS:
             raise ValueError(f"image must be one of {IMAGE_KINDS}, got {image!r}")
-        if isinstance(source, spec.Index):
-            index = source
-        elif spec.is_remote(source):
-            from readers.remote import read_index
-
-            index = read_index(source, storage_options, retry)
-        else:
-            index = spec.read_index(source)
+        index = resolve_index(source, storage_options, retry)
         check_index(index)  # every value a read is computed from is bounded before any data file opens
         if index.format != self.format:
             raise spec.DatasetFormatError(
