@@ -49,7 +49,8 @@ def to_chw(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(chw)
 
 
-#: A reader's lazily opened, per-process file handle (the one per-process idiom, readers.perprocess).
+#: Deprecated alias of :class:`readers.perprocess.PerProcess`, kept only while
+#: ``readers/formats/hdf5.py`` imports it (remove it with that import).
 LazyHandle = PerProcess
 
 

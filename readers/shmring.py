@@ -39,11 +39,11 @@ import mmap
 import multiprocessing.util
 import os
 import time
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
-import torch
 
+from readers.batch import ByteBatch, new_byte_batch  # ByteBatch re-exported: it was defined here
 from readers.perprocess import PerProcess
 
 __all__ = ["ByteBatch", "ShmSlots", "available", "release_dead"]
@@ -51,19 +51,6 @@ __all__ = ["ByteBatch", "ShmSlots", "available", "release_dead"]
 HEADER = 64  # bytes: one flag per slot, at most 64 slots
 _SHM_DIR = "/dev/shm"
 _ATTACHED: dict[str, mmap.mmap] = {}  # main process: name -> mapping
-
-
-class ByteBatch(NamedTuple):
-    """A batch of encoded samples: ``data[offsets[k]:offsets[k+1]]`` is sample k."""
-
-    data: torch.Tensor  # uint8, all samples back to back
-    offsets: torch.Tensor  # int64, len B + 1
-
-    def __len__(self) -> int:  # type: ignore[override]
-        return len(self.offsets) - 1
-
-    def get(self, k: int) -> bytes:
-        return self.data[int(self.offsets[k]):int(self.offsets[k + 1])].cpu().numpy().tobytes()  # also after .to(device)
 
 
 def available() -> bool:
@@ -94,10 +81,15 @@ def _rebuild(name: str, fd: int, slot: int, capacity: int, offsets: np.ndarray, 
             os.close(opened)
     total = int(offsets[-1])
     start = HEADER + slot * capacity
-    data = np.empty(total, dtype=np.uint8)
+    batch, data = new_byte_batch(offsets, _private)
     data[:] = np.frombuffer(mm, dtype=np.uint8, count=total, offset=start)
     mm[slot] = 0  # free the slot for the worker
-    return (ByteBatch(torch.from_numpy(data), torch.from_numpy(offsets)), *rest)
+    return (batch, *rest)
+
+
+def _private(nbytes: int) -> np.ndarray:
+    """A fresh buffer the received batch owns (the slot is reused by the worker right after)."""
+    return np.empty(nbytes, dtype=np.uint8)
 
 
 def _pid_of(name: str) -> int:

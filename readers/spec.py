@@ -51,6 +51,7 @@ from readers.safeio import (
     check_member_name,
     checksum,
     file_checksum,
+    map_file,
     map_npy,
     member_path,
     open_data_file,
@@ -103,11 +104,14 @@ __all__ = [
     "FILES_CRC_KEY",
     "file_checksum",
     "is_remote",
+    "REMOTE_SCHEMES",
     "recorded_files",
     "parse_location",
     "UnsupportedLocationError",
     "open_data_file",
     "read_range",
+    "map_file",
+    "map_npy",
 ]
 
 NAMES_FILE = "names.jsonl"

@@ -20,7 +20,7 @@ import torch
 from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers import spec
-from readers.base import LazyHandle
+from readers.perprocess import PerProcess
 from readers.formats.wds import ShardDataset
 from readers.registry import READERS, open_dataset
 from readers.spec import FORMATS, DatasetFormatError, IncompleteDatasetError
@@ -363,8 +363,8 @@ def test_multi_split_folder_lists_splits(tmp_path):
 # --------------------------------------------------------------------------- lazy handles
 
 
-def _handles(ds) -> list[LazyHandle]:
-    return [v for v in vars(ds).values() if isinstance(v, LazyHandle)]
+def _handles(ds) -> list[PerProcess]:
+    return [v for v in vars(ds).values() if isinstance(v, PerProcess)]
 
 
 def _first(ds):

@@ -39,11 +39,10 @@ from readers import spec
 from readers.base import PackedDataset
 from readers.env import WorkerEnv, current_worker_env
 from readers.formats import wds_io
-from readers.order import ShardLayout, ShardSettings, epoch_plan, resume_order, worker_order
+from readers.order import ShardLayout, ShardSettings, resume_order, worker_order
 
-__all__ = ["ShardDataset", "epoch_plan"]
+__all__ = ["ShardDataset"]
 
-BLOCK = spec.TAR_BLOCK
 #: Bytes of shared memory that carry a resume point (JSON) to the loader's workers, persistent ones too.
 RESUME_BYTES = 8192
 
@@ -103,6 +102,21 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return other
 
     # ------------------------------------------------------------ shards
+    @property
+    def sample_shards(self) -> np.ndarray:
+        """Per sample: which shard (position in ``shard_names``) holds it (the ``shards`` index array)."""
+        return self._shard_of
+
+    @property
+    def sample_offsets(self) -> np.ndarray:
+        """Per sample: the byte position of its data in its shard (the ``offsets`` index array)."""
+        return self._offsets
+
+    @property
+    def sample_sizes(self) -> np.ndarray:
+        """Per sample: its stored size in bytes (the ``sizes`` index array)."""
+        return self._sizes
+
     def shard_of(self, i: int) -> int:
         """Which shard (position in ``shard_names``) holds sample ``i``."""
         return int(self._shard_of[i])
@@ -206,23 +220,6 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return self.samples_per_rank(self._env().world_size)
 
     # ------------------------------------------------------------ reading
-    def _stream(self, order: np.ndarray, start: int, stop: int) -> Iterator[int]:
-        """Sample indices at stream positions [start, stop), wrapping past the end."""
-        n = int(self.shard_sizes.sum())
-        if n == 0:
-            return
-        bounds = np.concatenate([[0], np.cumsum(self.shard_sizes[order])])
-        pos = start
-        while pos < stop:
-            p = pos % n
-            k = int(np.searchsorted(bounds, p, side="right") - 1)
-            shard = int(order[k])
-            within_start = p - int(bounds[k])
-            take = min(int(self.shard_sizes[shard]) - within_start, stop - pos)
-            first = int(self._shard_first[shard]) + within_start
-            yield from range(first, first + take)
-            pos += take
-
     def read_from(self, fd: int, shard: int, i: int) -> bytes:
         """Stored bytes of sample ``i`` from the open shard ``fd``, checking its tar header."""
         return wds_io.LocalShards(self).pread(fd, shard, i)
