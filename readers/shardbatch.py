@@ -46,7 +46,7 @@ def supported(dataset: Any) -> bool:
             and getattr(dataset, "remote", None) is None and hasattr(dataset, "sample_order"))
 
 
-def _canonical_ok(headers: np.ndarray, idx: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+def canonical_ok(headers: np.ndarray, idx: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Per row: the header is this writer's exact spelling of sample ``idx``'s member of ``sizes`` bytes."""
     digits = (idx[:, None] // _POW10) % 10 + 48
     name_ok = np.all(headers[:, :10] == digits, axis=1) & (headers[:, 10] == 46)  # "<key>."
@@ -138,7 +138,7 @@ def _read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray) -> tuple:
         out[at:at + size] = view[start:start + size]
     if todo.any():
         rows = np.flatnonzero(todo)
-        ok = _canonical_ok(headers[rows], idx[rows], sizes[rows])
+        ok = canonical_ok(headers[rows], idx[rows], sizes[rows])
         for k in rows[~ok]:
             _check_one(ds, headers[k], data[offsets[k]:offsets[k + 1]], int(idx[k]), int(shards[k]),
                        int(starts[k]))

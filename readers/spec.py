@@ -26,7 +26,16 @@ A folder packed from a source that holds split folders (``train/``,
 ``val/``) has one such dataset folder per split and no ``index.json`` of
 its own.
 
-Nothing in this module imports torch: the packer and command-line tools use it.
+Index arrays are mapped read-only, not read into memory (:func:`readers.safeio.map_npy`):
+every process and loader worker that opens the dataset shares the page cache's copy, and each
+array's CRC-32 is still compared with the one ``index.json`` records (streamed over the mapping).
+A re-pack renames new arrays over the old ones, so a mapped array never changes under a reader.
+
+This module is the on-disk contract. Safe I/O of a dataset's files (names inside the folder,
+regular files only, checked sizes and range reads, mappings) is :mod:`readers.safeio`, and
+where a dataset lives (path, ``file://``, ``s3://``, ``http(s)://``; other schemes refused) is
+:mod:`readers.location`; both are re-exported here. Nothing in this module imports torch: the
+packer and command-line tools use it.
 """
 
 from __future__ import annotations
