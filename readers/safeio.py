@@ -283,7 +283,8 @@ def map_pages(fd: int, size: int) -> Any:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     buf = (ctypes.c_ubyte * size).from_address(addr)
-    weakref.finalize(buf, libc.munmap, addr, size)
+    # Not at interpreter exit: a thread still running then may read the array (the OS unmaps it anyway).
+    weakref.finalize(buf, libc.munmap, addr, size).atexit = False
     return buf
 
 
