@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -52,6 +52,12 @@ def to_chw(arr: np.ndarray) -> torch.Tensor:
 #: Deprecated alias of :class:`readers.perprocess.PerProcess`, kept only while
 #: ``readers/formats/hdf5.py`` imports it (remove it with that import).
 LazyHandle = PerProcess
+
+
+class _IndexArray(NamedTuple):
+    """In a pickled reader: "this attribute is the index's array ``name``" (sent once, with the index)."""
+
+    name: str
 
 
 def _remote_local(remote: Any, name: str) -> str:
@@ -168,6 +174,26 @@ class PackedDataset:
         return functools.partial(_remote_local, self.remote, name)
 
     # ------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict[str, Any]:
+        """The attributes, with the index's arrays named rather than copied: a local index pickles
+        as its folder (:meth:`readers.spec.Index.__reduce__`) and the receiving process maps the
+        same files again, so a spawned worker holds no private copy of them."""
+        state = self.__dict__.copy()
+        index = state.get("index")
+        if index is not None:
+            names = {id(a): name for name, a in index.arrays.items()}
+            for key, value in state.items():
+                if isinstance(value, np.ndarray) and id(value) in names:
+                    state[key] = _IndexArray(names[id(value)])
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        index = state.get("index")
+        for key, value in state.items():
+            if isinstance(value, _IndexArray):
+                state[key] = index.arrays[value.name]
+        self.__dict__.update(state)
+
     def close(self) -> None:
         """Close this process's handles (safe to call more than once)."""
         remote = getattr(self, "remote", None)

@@ -51,6 +51,8 @@ __all__ = [
     "map_file",
     "map_npy",
     "mapped_checksum",
+    "file_identity",
+    "FileChanged",
     "map_pages",
     "parse_npy",
     "NPY_HEADER_LIMIT",
@@ -288,16 +290,32 @@ def map_pages(fd: int, size: int) -> Any:
     return buf
 
 
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """(device, inode, size, mtime in ns): the same tuple later means the same, unchanged file."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class FileChanged(Exception):
+    """:func:`map_npy` was given the identity the file had, and it has another now."""
+
+
 def map_npy(path: str | os.PathLike, dtype: np.dtype, length: int | None = None, *, crc32: int | None = None,
-            what: str = "array", limit: int | None = None) -> np.ndarray:
-    """The 1-D ``.npy`` array at ``path``, mapped read-only (shared page cache, no private copy).
+            what: str = "array", limit: int | None = None,
+            identity: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+    """The 1-D ``.npy`` array at ``path``, mapped read-only (shared page cache, no private copy),
+    and the file's :func:`file_identity`.
 
     When ``crc32`` is given the whole file's CRC-32 must equal it (streamed over the
     mapping, :data:`CRC_CHUNK` bytes at a time); then the strict parse of :func:`parse_npy`.
+    ``identity``: the file must still be that one (:class:`FileChanged` otherwise), as when a
+    process maps again what another one mapped and checked.
     """
     fd = open_regular(path, what)
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if identity is not None and file_identity(st) != tuple(identity):
+            raise FileChanged(str(path))
+        size = st.st_size
         if limit is not None and size > limit:
             raise DatasetFormatError(f"{path}: {what} is {size} bytes, more than the {limit} it can be")
         if size == 0:
@@ -313,7 +331,7 @@ def map_npy(path: str | os.PathLike, dtype: np.dtype, length: int | None = None,
             f"{path}: checksum differs from the one {INDEX_NAME} records: the array is damaged or was edited")
     array = parse_npy(path, memoryview(mapped).cast("B"), dtype, length, what=what)
     array.flags.writeable = False
-    return array
+    return array, file_identity(st)
 
 
 def mapped_checksum(buf: Any, chunk: int = CRC_CHUNK) -> int:

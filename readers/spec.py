@@ -44,7 +44,7 @@ import concurrent.futures as cf
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -59,6 +59,7 @@ from readers.safeio import (
     IncompleteDatasetError,
     check_member_name,
     checksum,
+    FileChanged,
     file_checksum,
     map_file,
     map_npy,
@@ -248,6 +249,16 @@ class Index:
     meta: dict[str, Any]
     arrays: dict[str, np.ndarray]
     store: Any = None  # readers.remote.Store for a remote dataset, None for a local folder
+    #: Local mapped arrays: name -> identity of the file mapped (readers.safeio.file_identity).
+    sources: Mapping[str, tuple[int, int, int, int]] | None = field(default=None, compare=False, repr=False)
+
+    def __reduce__(self) -> tuple:
+        """Pickled (a spawned loader worker, DDP): a local index travels as its folder and metadata,
+        and the receiving process maps the same files again -- no copy of the arrays in the pickle
+        nor in the process's private memory. Remote and unmapped indexes travel whole."""
+        if self.store is None and self.sources is not None:
+            return _reopen_index, (str(self.root), self.meta, dict(self.sources))
+        return Index, (self.root, self.meta, self.arrays, self.store, self.sources)
 
     @property
     def location(self) -> str:
@@ -282,7 +293,24 @@ class Index:
                 yield json.loads(line)
 
 
-def _load_array(root: Path, name: str, expected_len: int, recorded: Any) -> np.ndarray:
+def _reopen_index(root: str, meta: dict[str, Any], sources: dict[str, tuple[int, int, int, int]]) -> Index:
+    """Unpickle a local :class:`Index`: map the files the sending process mapped and checked. Files
+    that are no longer those (another machine, a re-pack) are read and checked again; an index
+    that changed meanwhile is refused rather than mixed with the sender's view of it."""
+    n = meta["num_samples"]
+    try:
+        arrays = {name: map_npy(member_path(root, array_file(name), "index array"), ARRAY_DTYPES[name], n,
+                                what="index array", identity=ident)[0] for name, ident in sources.items()}
+    except FileChanged:
+        index = read_index(root)
+        if index.meta != meta:
+            raise DatasetFormatError(f"{root}: the dataset changed since this reader was made "
+                                     "(re-packed?): open it again") from None
+        return index
+    return Index(root=Path(root), meta=meta, arrays=arrays, sources=sources)
+
+
+def _load_array(root: Path, name: str, expected_len: int, recorded: Any) -> tuple[np.ndarray, tuple]:
     """Index array ``name``: a regular file inside ``root``, mapped read-only (page cache shared by
     every process, no private copy), its checksum (when index.json records one) streamed over the
     mapping, then a strict parse (nothing is allocated from what its header claims)."""
@@ -361,8 +389,9 @@ def read_index(root: str | os.PathLike | Any) -> Index:
     buf = read_regular(member_path(root, INDEX_NAME, "index"), "index", limit=MAX_INDEX_JSON_BYTES)
     meta = _parse_meta(buf, path)
     n, recorded = meta["num_samples"], _recorded(meta, path)
-    arrays = {name: _load_array(root, name, n, recorded and recorded[name]) for name in REQUIRED_ARRAYS[meta["format"]]}
-    return Index(root=root, meta=meta, arrays=arrays)
+    loaded = {name: _load_array(root, name, n, recorded and recorded[name]) for name in REQUIRED_ARRAYS[meta["format"]]}
+    return Index(root=root, meta=meta, arrays={k: v[0] for k, v in loaded.items()},
+                 sources={k: v[1] for k, v in loaded.items()})
 
 
 def _recorded(meta: dict[str, Any], path: Path | str) -> dict[str, Any] | None:

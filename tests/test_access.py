@@ -288,3 +288,62 @@ def test_remote_files_and_verify_read_recorded_sizes_one_way(packed_generated):
 
 def recorded_pair(meta: dict, name: str) -> tuple:
     return spec.recorded_files(meta)[name]
+
+
+# ---------------------------------------------------------------------------- pickled readers (spawn workers)
+@pytest.mark.parametrize("fmt", ["wds", "lmdb", "hdf5", "mmap"])
+def test_a_pickled_reader_maps_its_index_again_instead_of_carrying_it(packed_generated, fmt):
+    """What a spawned (or forkserver) loader worker receives: the folder and metadata, not the
+    arrays; the worker maps the same files (page cache), so no worker holds a private copy."""
+    import pickle
+
+    from readers import open_dataset
+
+    ds = open_dataset(packed_generated[fmt], decode=False)
+    try:
+        blob = pickle.dumps(ds)
+        arrays_bytes = sum(a.nbytes for a in ds.index.arrays.values())
+        assert arrays_bytes > 0
+        for name, arr in ds.index.arrays.items():
+            assert arr.tobytes() not in blob or arr.nbytes < 64, f"{name} travelled in the pickle"
+        other = pickle.loads(blob)
+        try:
+            assert other.labels is other.index.labels and other.index.arrays.keys() == ds.index.arrays.keys()
+            for name, arr in other.index.arrays.items():
+                assert _mapping_of(arr.__array_interface__["data"][0]) == os.path.realpath(
+                    Path(packed_generated[fmt]) / spec.array_file(name)), name
+                assert np.array_equal(arr, ds.index.arrays[name])
+            a, b = other.read(0), ds.read(0)
+            assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+        finally:
+            other.close()
+    finally:
+        ds.close()
+
+
+def test_unpickling_after_a_repack_reads_the_new_index_or_refuses(tmp_path):
+    import pickle
+
+    root = _synthetic_wds_index(tmp_path / "ds", 1000)
+    blob = pickle.dumps(spec.read_index(root))
+    arrays = {name: np.arange(1000, dtype=spec.ARRAY_DTYPES[name]) for name in spec.REQUIRED_ARRAYS["wds"]}
+    spec.write_index(root, {"format": "wds", "num_samples": 1000, "classes": ["a"], "shards": []}, arrays)
+    again = pickle.loads(blob)  # same metadata, new files: read and checked again
+    assert again.arrays["labels"].tolist() == list(range(1000))
+    spec.write_index(root, {"format": "wds", "num_samples": 1000, "classes": ["b"], "shards": []}, arrays)
+    with pytest.raises(spec.DatasetFormatError, match="changed since this reader was made"):
+        pickle.loads(blob)
+
+
+@pytest.mark.slow  # a pack, twice
+def test_a_leftover_array_temp_file_does_not_block_overwrite(tmp_path):
+    """Arrays are written as <name>.npy.tmp and renamed: one left by a killed pack is the pack's own file."""
+    from conftest import make_image_folder
+    from packer import PackOptions, pack
+
+    src = make_image_folder(tmp_path / "src", classes=2, per_class=2)
+    out = tmp_path / "out"
+    pack(src, out, PackOptions(format="lmdb", workers=1))
+    (out / (spec.array_file("labels") + ".tmp")).write_bytes(b"half an array")
+    pack(src, out, PackOptions(format="lmdb", workers=1, overwrite=True))
+    assert spec.read_index(out).num_samples == 4

@@ -146,7 +146,8 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return self.location_of(self.shard_names[self.shard_of(i)])
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
+        state = super().__getstate__()  # the index's arrays by name (mapped again on arrival)
+        state.pop("layout", None)  # holds the shards array: rebuilt from it in __setstate__
         from multiprocessing import context
 
         if context.get_spawning_popen() is None:
@@ -168,7 +169,8 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             shared.value = state.get("_resume", b"")
             state["_resume"] = shared
         state.setdefault("_world", None)
-        self.__dict__.update(state)
+        super().__setstate__(state)
+        self.layout = ShardLayout(self.shard_sizes, self._shard_first, self._shard_of)
 
     # ------------------------------------------------------------ epochs
     def set_epoch(self, epoch: int) -> None:
