@@ -32,10 +32,7 @@ def parse_size(text: str | int) -> int:
 
 def parse_positive_size(text: str | int) -> int:
     """:func:`parse_size`, at least 1 byte."""
-    value = parse_size(text)
-    if value < 1:
-        raise ValueError(f"must be at least 1 byte, got {text!r}")
-    return value
+    return _parse_size(text, minimum=1)
 
 
 def parse_positive(text: str) -> int:

@@ -243,7 +243,7 @@ def lmdb_key(index: int) -> bytes:
 
 @dataclass(frozen=True)
 class Index:
-    """A dataset's metadata plus its per-sample arrays (loaded eagerly, small)."""
+    """A dataset's metadata plus its per-sample arrays (local: mapped read-only from the .npy files)."""
 
     root: Path | str  # a local folder, or the URL of a remote one (then ``store`` is set)
     meta: dict[str, Any]

@@ -26,19 +26,20 @@ __all__ = ["parse_size", "format_size", "UNITS"]
 #: unit letter -> bytes (binary)
 UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
-_SIZE = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)([kmgtp]?)(i?b?)$")
+_SIZE = re.compile(r"^(-?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)([kmgtp]?)(i?b?)$")
 _EXAMPLES = "e.g. 256MB, 1GiB, 500k, 4096"
 
 
-def parse_size(value: int | float | str) -> int:
-    """Bytes from ``"256MB"`` (256 * 2**20), ``"1GiB"``, ``"1.5T"``, ``"500k"``, ``4096`` or an int."""
+def parse_size(value: int | float | str, minimum: int = 0) -> int:
+    """Bytes from ``"256MB"`` (256 * 2**20), ``"1GiB"``, ``"1.5T"``, ``"500k"``, ``4096`` or an int;
+    at least ``minimum`` bytes."""
     if isinstance(value, bool):
         raise ValueError(f"not a size: {value!r} ({_EXAMPLES})")
     if isinstance(value, (int, float)):
         number, scale = float(value), 1
         if isinstance(value, int):
-            if value < 0:
-                raise ValueError(f"size must be >= 0 bytes, got {value}")
+            if value < minimum:
+                raise ValueError(f"must be at least {minimum} byte{'s' if minimum != 1 else ''}, got {value!r}")
             if value >= 2**63:
                 raise ValueError(f"not a size: {value!r} (a number of bytes below 8 EiB, {_EXAMPLES})")
             return value
@@ -50,10 +51,12 @@ def parse_size(value: int | float | str) -> int:
         number, scale = float(m.group(1)), UNITS[m.group(2)]
     else:
         raise ValueError(f"not a size: {value!r} ({_EXAMPLES})")
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"not a size: {value!r} (a number of bytes >= 0, {_EXAMPLES})")
+    if not math.isfinite(number):
+        raise ValueError(f"not a size: {value!r} ({_EXAMPLES})")
     if number * scale >= 2**63:
         raise ValueError(f"not a size: {value!r} (a number of bytes below 8 EiB, {_EXAMPLES})")
+    if int(number * scale) < minimum:
+        raise ValueError(f"must be at least {minimum} byte{'s' if minimum != 1 else ''}, got {value!r}")
     return int(number * scale)
 
 

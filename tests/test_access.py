@@ -94,9 +94,12 @@ def test_one_size_parser_with_binary_units():
         assert parse("256MB") == parse("256MiB") == parse("256m") == 256 * 2**20 == 268_435_456
         assert parse("200GB") == 200 * 2**30 and parse("1.5GiB") == 3 * 2**29 and parse("500k") == 500 * 1024
         assert parse("2T") == 2 * 2**40 and parse(4096) == parse("4096") == 4096 and parse(" 1 kb ") == 1024
-        for bad in ("lots", "5ib", "-1MB", "1e30GB", "inf", True):
-            with pytest.raises(ValueError, match="size"):
+        for bad in ("lots", "5ib", "1e30GB", "inf", True):
+            with pytest.raises(ValueError, match="not a size"):
                 parse(bad)
+        for negative in ("-1MB", "-1", -5):
+            with pytest.raises(ValueError, match="must be at least 0 bytes"):
+                parse(negative)
     for n in (1, 1000, 1024, 256 * 2**20, 3 * 2**30, 12345):
         assert parse_size(format_size(n)) == n
 
