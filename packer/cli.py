@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from packer.errors import PackerError, PackError, UsageError
 from packer.options import Flag, PackOptions, cli_fields
+from readers.location import UnsupportedLocationError, parse_location
 from readers.spec import DatasetFormatError
 
 __all__ = ["main", "build_parser", "build_main_parser", "COMMANDS",
@@ -108,7 +109,7 @@ def _add_options(p: argparse.ArgumentParser, command: str, output_help: str) -> 
             target = groups[flag.exclusive_group]
         _add_option(target, f, flag)
         if f.name == "format":  # listed right after --format, as --help always showed it
-            p.add_argument("-o", "--output", type=output_location if command == "pack" else Path,
+            p.add_argument("-o", "--output", type=output_location if command == "pack" else local_location,
                            help=output_help.replace("output folder", "output folder, or s3://bucket/prefix")
                            if command == "pack" else output_help)
     if command == "pack":
@@ -124,7 +125,7 @@ def _pack_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _convert_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", type=Path, help="a packed dataset folder (or a folder of split datasets)")
+    p.add_argument("src", type=local_location, help="a packed dataset folder (or a folder of split datasets)")
     _add_options(p, "convert", "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
 
 
@@ -243,10 +244,22 @@ def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def output_location(text: str) -> Path | str:
-    """``-o``: a local folder (Path), or a remote URL kept as text (``Path`` would fold ``s3://`` to ``s3:/``)."""
-    from readers.spec import is_remote
+    """``SRC`` / ``-o``: a local folder (Path; ``file:///abs`` too), or a remote URL kept as text (``Path``
+    would fold ``s3://`` to ``s3:/``). Another scheme (``gs://``, ``az://``, ...) is a usage error (exit 2)
+    naming it and the schemes served (readers.location): it never becomes a local folder named ``gs:``."""
+    try:
+        return parse_location(text)
+    except UnsupportedLocationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
-    return text if is_remote(text) else Path(text)
+
+def local_location(text: str) -> Path:
+    """``convert``'s SRC and ``-o``: a local folder (``file:///abs`` too); a URL is a usage error."""
+    location = output_location(text)
+    if isinstance(location, str):
+        raise argparse.ArgumentTypeError(f"{text}: convert reads and writes local folders only "
+                                         "(pack-dataset pack uploads to s3://)")
+    return location
 
 
 def _upload_bar_factory(quiet: bool):

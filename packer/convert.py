@@ -341,8 +341,10 @@ def _roots(src: Path) -> list[Path]:
 
 
 def _read(root: Path) -> spec.Index:
+    from readers.resolve import resolve_index
+
     try:
-        return spec.read_index(root)
+        return resolve_index(root)
     except (spec.DatasetFormatError, OSError) as exc:
         raise SourceError(str(exc)) from None
 

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from packer.output import lock_holder
 from readers import spec
+from readers.resolve import resolve_index
 
 __all__ = ["describe", "render", "resume_command", "add_arguments", "run", "main"]
 
@@ -155,7 +156,7 @@ def describe_remote(url: str, storage_options: dict[str, Any] | None = None) -> 
 
     store = open_store(url, storage_options)
     if store.exists(spec.INDEX_NAME):
-        index = spec.read_index(store)
+        index = resolve_index(store)
         return _complete(url, index, _recorded_usage(index.meta))
     roots = remote_roots(url, storage_options)
     if roots != [url]:
@@ -170,13 +171,13 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises FileNotFoundError / ``spec.DatasetFormatError`` when ``path`` is neither.
     """
-    if isinstance(path, str) and spec.is_remote(path):
-        return describe_remote(path)
-    root = Path(path)
+    root = spec.parse_location(path)  # file:// is a local path; unsupported schemes: ValueError
+    if isinstance(root, str):
+        return describe_remote(root)
     if not root.exists():
         raise FileNotFoundError(f"{root}: no such dataset folder")
     if (root / spec.INDEX_NAME).is_file():
-        return _complete(root, spec.read_index(root))
+        return _complete(root, resolve_index(root))
     if (root / spec.STATE_NAME).is_file():
         return _incomplete(root)
     splits = sorted(p for p in root.iterdir() if p.is_dir()
@@ -281,7 +282,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _path_or_url(text: str) -> Path | str:
-    return text if spec.is_remote(text) else Path(text)
+    """``PATH``: a local folder (``file://`` too) or a remote URL; other schemes: a usage error (exit 2)."""
+    try:
+        return spec.parse_location(text)
+    except spec.UnsupportedLocationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:

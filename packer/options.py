@@ -9,12 +9,13 @@ the field definitions (image-rule defaults come from ``packer.images``).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 from packer.images import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, ImageOptions
 from readers.spec import DEFAULT_ORDER, FORMATS, ORDER_KINDS
+from readers.units import format_size
+from readers.units import parse_size as _parse_size
 
 __all__ = ["PackOptions", "ENGINES", "Flag", "cli_fields", "DEFAULT_SHARD_SIZE", "parse_size", "format_size",
            "parse_positive"]
@@ -22,42 +23,16 @@ __all__ = ["PackOptions", "ENGINES", "Flag", "cli_fields", "DEFAULT_SHARD_SIZE",
 #: who prepares the images: this machine's process pool, or a Ray cluster (``packer.engines``)
 ENGINES = ("local", "ray")
 DEFAULT_SHARD_SIZE = 256 * 1024 * 1024  # 256 MiB: large sequential reads, ~2.5k ImageNet images
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
-          "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
 
 def parse_size(text: str | int) -> int:
-    """Parse ``"256MB"``, ``"1GiB"``, ``"500k"`` or a plain byte count."""
-    if isinstance(text, int):
-        return text
-    s = text.strip().lower().replace(" ", "")
-    num = s.rstrip("kmgibKMGIB")
-    unit = s[len(num):]
-    if unit not in _UNITS or not num:
-        raise ValueError(f"not a size: {text!r} (use e.g. 256MB, 1GB, 500k)")
-    try:
-        value = float(num)
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (use e.g. 256MB, 1GB, 500k)") from None
-    if not math.isfinite(value) or value * _UNITS[unit] >= 2**63:
-        raise ValueError(f"not a size: {text!r} (a finite number of bytes below 8 EiB, e.g. 256MB)")
-    return int(value * _UNITS[unit])
+    """Parse ``"256MB"``, ``"1GiB"``, ``"500k"`` or a plain byte count (binary units: :mod:`readers.units`)."""
+    return _parse_size(text)
 
 
 def parse_positive_size(text: str | int) -> int:
     """:func:`parse_size`, at least 1 byte."""
-    value = parse_size(text)
-    if value < 1:
-        raise ValueError(f"must be at least 1 byte, got {text!r}")
-    return value
-
-
-def format_size(n: int) -> str:
-    """The shortest spelling that :func:`parse_size` reads back as ``n`` (``256MB``, ``500k``)."""
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("k", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)
+    return _parse_size(text, minimum=1)
 
 
 def parse_positive(text: str) -> int:

@@ -59,7 +59,8 @@ def known_names() -> set[str]:
     names = {spec.INDEX_NAME, spec.STATE_NAME, spec.NAMES_FILE, spec.REJECTS_NAME, spec.HDF5_CHUNK_TABLE,
              LOCK_NAME, *_PACKER_FILES, *spec.DATA_FILE.values(), *(spec.array_file(a) for a in spec.ARRAY_DTYPES)}
     names |= {getattr(spec, n) for n in ("REPAIRS_NAME", "WIDS_INDEX_NAME") if hasattr(spec, n)}
-    return names | {n + ".tmp" for n in (spec.INDEX_NAME, spec.STATE_NAME)}
+    # temp files renamed into place: index.json, the journal, and each index array (spec.write_index)
+    return names | {n + ".tmp" for n in (spec.INDEX_NAME, spec.STATE_NAME, *map(spec.array_file, spec.ARRAY_DTYPES))}
 
 
 # ---------------------------------------------------------------- early writeback

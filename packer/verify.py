@@ -23,34 +23,16 @@ import argparse
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
+from packer.verify_report import Problem, VerifyReport, check_sample, check_shard_array, reason
 from readers import spec
 from readers.checks import data_files
+from readers.location import UnsupportedLocationError
+from readers.resolve import resolve_index
 
 __all__ = ["Problem", "VerifyReport", "verify", "main", "add_arguments", "run"]
-
-
-@dataclass(frozen=True)
-class Problem:
-    where: str  # file (and sample) that is damaged
-    what: str  # one-line reason
-
-
-@dataclass
-class VerifyReport:
-    root: Path
-    samples: int = 0
-    problems: list[Problem] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # not damage: facts worth saying (no array checksums)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 def _file_crc(fd: int) -> tuple[int, int]:
@@ -63,13 +45,13 @@ def _file_crc(fd: int) -> tuple[int, int]:
 
 def _verify_wds(ds, report: VerifyReport, tick: Callable[[int], None]) -> None:
     checksums = ds.index.arrays["checksums"]
-    _check_shard_array(ds, report)
+    check_shard_array(ds, report)
     for k, shard in enumerate(ds.meta["shards"]):
         path = ds.shard_path(k)
         try:
             fd = ds.open_shard(k)
         except spec.DatasetFormatError as exc:
-            report.problems.append(Problem(str(path), _reason(exc, path)))
+            report.problems.append(Problem(str(path), reason(exc, path)))
             tick(int(shard["samples"]))
             continue
         try:
@@ -79,37 +61,10 @@ def _verify_wds(ds, report: VerifyReport, tick: Callable[[int], None]) -> None:
             elif crc != shard["crc32"]:
                 report.problems.append(Problem(str(path), "shard checksum differs from the index"))
             for i in ds.samples_of_shard(k):
-                _check_sample(report, f"{path} sample {i}", lambda: ds.read_from(fd, k, i), checksums[i])
+                check_sample(report, f"{path} sample {i}", lambda: ds.read_from(fd, k, i), checksums[i])
                 tick(1)
         finally:
             os.close(fd)
-
-
-def _reason(exc: Exception, path: Path) -> str:
-    """The error's message without the leading path (the report line names it already)."""
-    text = str(exc)
-    prefix = f"{path}: "
-    return text[len(prefix):] if text.startswith(prefix) else text
-
-
-def _check_shard_array(ds, report: VerifyReport) -> None:
-    """The shards array (random access) must agree with index.json's shard list (iteration)."""
-    expected = np.repeat(np.arange(len(ds.shard_sizes)), ds.shard_sizes)
-    if not np.array_equal(ds.index.arrays["shards"], expected):
-        report.problems.append(Problem(str(ds.root / spec.array_file("shards")),
-                                       f"disagrees with the shard list in {spec.INDEX_NAME}"))
-
-
-def _check_sample(report: VerifyReport, where: str, read: Callable[[], object], expected: int) -> None:
-    report.samples += 1
-    try:
-        data = read()
-    except (spec.DatasetFormatError, OSError) as exc:
-        report.problems.append(Problem(where, f"unreadable: {exc}"))
-        return
-    buf = np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data
-    if spec.checksum(buf) != int(expected):
-        report.problems.append(Problem(where, "checksum mismatch: stored bytes changed since packing"))
 
 
 def _check_data_files(ds, report: VerifyReport) -> bool:
@@ -121,7 +76,7 @@ def _check_data_files(ds, report: VerifyReport) -> bool:
         try:
             fd = spec.open_member(root, name, "data file")
         except spec.DatasetFormatError as exc:
-            report.problems.append(Problem(str(path), _reason(exc, path)))
+            report.problems.append(Problem(str(path), reason(exc, path)))
             ok = False
             continue
         try:
@@ -134,7 +89,7 @@ def _check_data_files(ds, report: VerifyReport) -> bool:
 
                 check_data_file(str(path), None, full=True)  # every B-tree page (readers check O(1) pages)
         except spec.DatasetFormatError as exc:
-            report.problems.append(Problem(str(path), _reason(exc, path)))
+            report.problems.append(Problem(str(path), reason(exc, path)))
             ok = False
         finally:
             os.close(fd)
@@ -196,21 +151,18 @@ def verify(path: str | os.PathLike | spec.Index,
     damaged sample or file. Raises DatasetFormatError when the index itself is unusable.
     Remote datasets: see :mod:`packer.verify_remote` (``storage_options``, and
     ``download_progress(done, total)`` for the data file download of lmdb/hdf5/mmap)."""
-    if not isinstance(path, spec.Index) and spec.is_remote(path):
-        from readers.remote import read_index
-
-        path = read_index(path, storage_options)
-    if isinstance(path, spec.Index) and path.store is not None:
+    index = resolve_index(path, storage_options)
+    if index.store is not None:
         from packer.verify_remote import verify_remote
         from readers.checks import check_index
 
-        check_index(path)  # the same range checks as a local dataset, before any data is read
-        report = VerifyReport(path.root)
-        verify_remote(path, report, progress or (lambda n: None), download_progress, Problem)
+        check_index(index)  # the same range checks as a local dataset, before any data is read
+        report = VerifyReport(index.root)
+        verify_remote(index, report, progress or (lambda n: None), download_progress)
         return report
     from readers.registry import open_dataset  # imports torch: not needed for `pack-dataset --help`
 
-    ds = open_dataset(path, decode=False)
+    ds = open_dataset(index, decode=False)
     root = ds.root
     report = VerifyReport(root)
     if spec.ARRAYS_KEY not in ds.meta:
@@ -223,7 +175,7 @@ def verify(path: str | os.PathLike | spec.Index,
         elif _check_data_files(ds, report):
             checksums = ds.index.arrays["checksums"]
             for i in range(len(ds)):
-                _check_sample(report, f"{ds.data_file} sample {i}", lambda: ds.read(i), checksums[i])
+                check_sample(report, f"{ds.data_file} sample {i}", lambda: ds.read(i), checksums[i])
                 tick(1)
         else:
             tick(len(ds))
@@ -233,7 +185,11 @@ def verify(path: str | os.PathLike | spec.Index,
 
 
 def _location(text: str) -> Path | str:
-    return text if spec.is_remote(text) else Path(text)
+    """``PATH``: a local folder (``file://`` too) or a remote URL; other schemes: a usage error."""
+    try:
+        return spec.parse_location(text)
+    except UnsupportedLocationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _roots(path: Path | str) -> list[Path | str]:
@@ -244,14 +200,6 @@ def _roots(path: Path | str) -> list[Path | str]:
     if not os.path.lexists(path / spec.INDEX_NAME) and spec.find_splits(path):
         return [path / s for s in spec.find_splits(path)]
     return [path]
-
-
-def _read_index(root: Path | str) -> spec.Index:
-    if isinstance(root, str):
-        from readers.remote import read_index
-
-        return read_index(root)
-    return spec.read_index(root)
 
 
 def _download_bar(quiet: bool) -> Callable[[int, int], None] | None:
@@ -275,7 +223,7 @@ def _download_bar(quiet: bool) -> Callable[[int, int], None] | None:
 
 def _verify_one(root: Path | str, quiet: bool) -> int:
     try:
-        index = _read_index(root)
+        index = resolve_index(root)
     except (spec.DatasetFormatError, OSError) as exc:
         print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
         return 1
@@ -317,7 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``pack-dataset verify`` with parsed arguments; returns the exit code."""
+    """``pack-dataset verify`` with parsed arguments; returns the exit code (1: damage found, 2: no
+    dataset there -- a missing path, as ``info``, ``convert`` and ``pack`` say it)."""
+    if isinstance(args.path, Path) and not os.path.lexists(args.path):
+        print(f"pack-dataset verify: error: {args.path}: no such dataset folder", file=sys.stderr)
+        return 2
     try:
         roots = _roots(args.path)
     except OSError as exc:  # unreadable folder; remote: unreachable, refused credentials

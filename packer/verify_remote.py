@@ -17,6 +17,7 @@ from __future__ import annotations
 import tempfile
 from typing import Any, Callable
 
+from packer.verify_report import VerifyReport, check_sample, check_shard_array
 from readers import spec
 from readers.formats import wds_io
 from readers.registry import READERS
@@ -41,63 +42,58 @@ def remote_roots(url: str, storage_options: dict[str, Any] | None = None) -> lis
     return [store.url_of(s) for s in splits] or [url]
 
 
-def verify_remote(index: spec.Index, report: Any, tick: Tick, download_progress: Callable[[int, int], None] | None,
-                  problem: type) -> None:
-    """Fill ``report`` (a :class:`packer.verify.VerifyReport`) for the remote dataset of ``index``."""
+def verify_remote(index: spec.Index, report: VerifyReport, tick: Tick,
+                  download_progress: Callable[[int, int], None] | None) -> None:
+    """Fill ``report`` for the remote dataset of ``index``."""
     if index.format == "wds":
         ds = READERS["wds"](index, decode=False)
         try:
-            from packer.verify import _check_shard_array
-
-            _check_shard_array(ds, report)
+            check_shard_array(ds, report)
             for k in range(len(ds.shard_names)):
-                _verify_shard(ds, k, report, tick, problem)
+                _verify_shard(ds, k, report, tick)
         finally:
             ds.close()
         return
     with tempfile.TemporaryDirectory(prefix="dataset-packer-verify-") as tmp:
-        if _fetch_data_file(index, tmp, report, download_progress, problem):
+        if _fetch_data_file(index, tmp, report, download_progress):
             _verify_samples(index, tmp, report, tick)
         else:
             tick(index.num_samples)
 
 
-def _fetch_data_file(index: spec.Index, tmp: str, report: Any, download_progress: Any, problem: type) -> bool:
+def _fetch_data_file(index: spec.Index, tmp: str, report: VerifyReport, download_progress: Any) -> bool:
     """Download the data file into ``tmp``'s cache, unverified; record size/CRC problems. False: cannot read it."""
     from readers.remote.cache import NodeCache
 
     store, name = index.store, spec.DATA_FILE[index.format]
-    want_size = index.meta.get("files", {}).get(name)
+    want_size, want_crc = spec.recorded_files(index.meta).get(name, (None, None))
     where = store.url_of(name)
     try:
         size = store.size(name)
     except FileNotFoundError:
-        report.problems.append(problem(where, "data file is missing"))
+        report.problem(where, "data file is missing")
         return False
     if want_size is not None and size != want_size:
-        report.problems.append(problem(where, f"file is {size} bytes, index says {want_size}"))
+        report.problem(where, f"file is {size} bytes, index says {want_size}")
         return False
     path = NodeCache(tmp).fetch(store, name, size=size, progress=download_progress)
-    want_crc = index.meta.get(spec.FILES_CRC_KEY, {}).get(name)
-    if want_crc is not None and spec.file_checksum(path) != int(want_crc):
-        report.problems.append(problem(where, "file checksum differs from the index"))
+    if want_crc is not None and spec.file_checksum(path) != want_crc:
+        report.problem(where, "file checksum differs from the index")
     return True
 
 
-def _verify_samples(index: spec.Index, tmp: str, report: Any, tick: Tick) -> None:
-    from packer.verify import _check_sample
-
+def _verify_samples(index: spec.Index, tmp: str, report: VerifyReport, tick: Tick) -> None:
     ds = READERS[index.format](index, decode=False, cache_dir=tmp)  # finds the copy just downloaded
     try:
         checksums = index.arrays["checksums"]
         for i in range(len(ds)):
-            _check_sample(report, f"{ds.data_location} sample {i}", lambda: ds.read(i), checksums[i])
+            check_sample(report, f"{ds.data_location} sample {i}", lambda: ds.read(i), checksums[i])
             tick(1)
     finally:
         ds.close()
 
 
-def _verify_shard(ds: Any, k: int, report: Any, tick: Tick, problem: type) -> None:
+def _verify_shard(ds: Any, k: int, report: VerifyReport, tick: Tick) -> None:
     """Stream shard ``k`` once: whole-object size and CRC, and each sample's header and CRC on the way."""
     from readers.remote.errors import RemoteIntegrityError
 
@@ -107,11 +103,11 @@ def _verify_shard(ds: Any, k: int, report: Any, tick: Tick, problem: type) -> No
     try:
         size = store.size(name)
     except FileNotFoundError:
-        report.problems.append(problem(where, "shard object is missing"))
+        report.problem(where, "shard object is missing")
         tick(len(samples))
         return
     if size != shard["bytes"]:
-        report.problems.append(problem(where, f"shard is {size} bytes, index says {shard['bytes']}"))
+        report.problem(where, f"shard is {size} bytes, index says {shard['bytes']}")
     arrays = wds_io.LocalShards(ds)  # only for its arrays and messages
     crc, window, window_start = 0, bytearray(), 0  # window holds object bytes [window_start, ...)
     todo = iter(samples)
@@ -122,7 +118,7 @@ def _verify_shard(ds: Any, k: int, report: Any, tick: Tick, problem: type) -> No
         while i is not None and int(arrays.offsets[i] + arrays.sizes[i]) <= window_start + len(window):
             rel = int(arrays.offsets[i]) - spec.TAR_BLOCK - window_start
             _check_cut(report, arrays, k, i, bytes(window[rel:rel + spec.TAR_BLOCK + int(arrays.sizes[i])]),
-                       problem, RemoteIntegrityError)
+                       RemoteIntegrityError)
             tick(1)
             i = next(todo, None)
             if i is not None:  # drop what lies before the next sample
@@ -134,21 +130,21 @@ def _verify_shard(ds: Any, k: int, report: Any, tick: Tick, problem: type) -> No
             window.clear()
     while i is not None:  # past the end of a short object
         report.samples += 1
-        report.problems.append(problem(f"{where} sample {i}", "unreadable: the shard object ends before it"))
+        report.problem(f"{where} sample {i}", "unreadable: the shard object ends before it")
         tick(1)
         i = next(todo, None)
     if size == shard["bytes"] and crc != shard["crc32"]:
-        report.problems.append(problem(where, "shard checksum differs from the index"))
+        report.problem(where, "shard checksum differs from the index")
 
 
-def _check_cut(report: Any, arrays: Any, k: int, i: int, blob: bytes, problem: type, integrity: type) -> None:
+def _check_cut(report: VerifyReport, arrays: Any, k: int, i: int, blob: bytes, integrity: type) -> None:
     report.samples += 1
     size = int(arrays.sizes[i])
     where = f"{arrays.ds.shard_location(k)} sample {i}"
     try:
         data = wds_io.check_sample(blob, i, size, arrays.where(k, int(arrays.offsets[i])))
     except (spec.DatasetFormatError, integrity) as exc:
-        report.problems.append(problem(where, f"unreadable: {exc}"))
+        report.problem(where, f"unreadable: {exc}")
         return
     if spec.checksum(data) != int(arrays.checksums[i]):
-        report.problems.append(problem(where, "checksum mismatch: stored bytes changed since packing"))
+        report.problem(where, "checksum mismatch: stored bytes changed since packing")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from readers.checks import check_index
 from readers.compose import accepts_bytes, warn_if_fused_lost
 from readers.decode import DecodeError, decode_rgb
 from readers.perprocess import PerProcess
+from readers.resolve import resolve_index
 
 __all__ = ["PackedDataset", "MapReader", "LazyHandle", "to_chw", "IMAGE_KINDS"]
 
@@ -48,8 +49,15 @@ def to_chw(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(chw)
 
 
-#: A reader's lazily opened, per-process file handle (the one per-process idiom, readers.perprocess).
+#: Deprecated alias of :class:`readers.perprocess.PerProcess`, kept only while
+#: ``readers/formats/hdf5.py`` imports it (remove it with that import).
 LazyHandle = PerProcess
+
+
+class _IndexArray(NamedTuple):
+    """In a pickled reader: "this attribute is the index's array ``name``" (sent once, with the index)."""
+
+    name: str
 
 
 def _remote_local(remote: Any, name: str) -> str:
@@ -89,14 +97,7 @@ class PackedDataset:
         """
         if image not in IMAGE_KINDS:
             raise ValueError(f"image must be one of {IMAGE_KINDS}, got {image!r}")
-        if isinstance(source, spec.Index):
-            index = source
-        elif spec.is_remote(source):
-            from readers.remote import read_index
-
-            index = read_index(source, storage_options, retry)
-        else:
-            index = spec.read_index(source)
+        index = resolve_index(source, storage_options, retry)
         check_index(index)  # every value a read is computed from is bounded before any data file opens
         if index.format != self.format:
             raise spec.DatasetFormatError(
@@ -173,6 +174,26 @@ class PackedDataset:
         return functools.partial(_remote_local, self.remote, name)
 
     # ------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict[str, Any]:
+        """The attributes, with the index's arrays named rather than copied: a local index pickles
+        as its folder (:meth:`readers.spec.Index.__reduce__`) and the receiving process maps the
+        same files again, so a spawned worker holds no private copy of them."""
+        state = self.__dict__.copy()
+        index = state.get("index")
+        if index is not None:
+            names = {id(a): name for name, a in index.arrays.items()}
+            for key, value in state.items():
+                if isinstance(value, np.ndarray) and id(value) in names:
+                    state[key] = _IndexArray(names[id(value)])
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        index = state.get("index")
+        for key, value in state.items():
+            if isinstance(value, _IndexArray):
+                state[key] = index.arrays[value.name]
+        self.__dict__.update(state)
+
     def close(self) -> None:
         """Close this process's handles (safe to call more than once)."""
         remote = getattr(self, "remote", None)

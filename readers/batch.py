@@ -13,31 +13,75 @@ in one call, straight into the batch's own buffer, and returns what
 * ``images`` a ``uint8`` ``[B, 3, H, W]`` tensor for pixels -- for ``mmap``
   a ``channels_last`` view of the stored HWC rows, which
   ``readers.prefetch.DevicePrefetcher`` takes as it is -- or a
-  :class:`readers.shmring.ByteBatch` for ``decode=False``.
+  :class:`ByteBatch` for ``decode=False``.
 
 A reader returns None from ``get_batch`` when it has no whole-batch path for
 its settings (a transform, samples of different shapes); the loaders then
-fall back to ``__getitems__`` + collate. ``readers.threads`` and
-``readers.batched`` (worker processes) call it.
+fall back to ``__getitems__`` + collate. ``readers.threads`` and the
+loader's collate in worker processes (``readers.loader.Collate``) call it.
+
+Every :class:`ByteBatch` is built by :func:`new_byte_batch` (or
+:func:`byte_batch`, which copies pieces into one).
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from readers.perprocess import PerProcess
-from readers.shmring import ByteBatch
 
-__all__ = ["index_array", "finish_batch", "byte_batch", "Allocator", "BufferPool", "batch_buffer"]
+__all__ = ["ByteBatch", "index_array", "finish_batch", "byte_offsets", "new_byte_batch", "byte_batch", "shared_tensor", "Allocator",
+           "BufferPool", "batch_buffer"]
 
-#: ``alloc(nbytes) -> uint8 numpy array`` of at least that many bytes: where a batch is written
-#: (a fresh array by default; a reusable shared-memory slot in a worker process).
-Allocator = Callable[[int], np.ndarray]
+#: ``alloc(nbytes) -> uint8 numpy array`` (or uint8 tensor) of at least that many bytes: where a batch
+#: is written (this process's pool by default; a reusable shared-memory slot in a worker process).
+Allocator = Callable[[int], Any]
+
+
+class ByteBatch(NamedTuple):
+    """A batch of encoded samples: ``data[offsets[k]:offsets[k+1]]`` is sample k."""
+
+    data: torch.Tensor  # uint8, all samples back to back
+    offsets: torch.Tensor  # int64, len B + 1
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return len(self.offsets) - 1
+
+    def get(self, k: int) -> bytes:
+        return self.data[int(self.offsets[k]):int(self.offsets[k + 1])].cpu().numpy().tobytes()  # also after .to(device)
+
+
+def shared_tensor(nbytes: int) -> torch.Tensor:
+    """An :data:`Allocator` for a loader worker: an empty uint8 tensor in shared memory (sending
+    it to the main process copies nothing; an empty segment: nothing copied yet)."""
+    return torch.empty(nbytes, dtype=torch.uint8).share_memory_()
+
+
+def byte_offsets(sizes: Any) -> np.ndarray:
+    """``offsets`` of a ByteBatch of samples of ``sizes`` bytes: int64, ``[0, s0, s0+s1, ...]``."""
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return offsets
+
+
+def new_byte_batch(offsets: np.ndarray, alloc: Allocator | None = None) -> tuple[ByteBatch, np.ndarray]:
+    """The one ByteBatch builder: an unfilled batch whose sample k goes to ``data[offsets[k]:offsets[k+1]]``.
+
+    Returns the batch and its data as a uint8 numpy array to write into (the same memory).
+    ``alloc`` gives the memory (default: this process's :class:`BufferPool`); it may return a
+    numpy array or a tensor (a shared-memory one in a loader worker stays shared).
+    """
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    n = int(offsets[-1])
+    buf = (alloc or _fresh)(n)[:n]
+    if isinstance(buf, torch.Tensor):
+        return ByteBatch(buf, torch.from_numpy(offsets)), buf.numpy()
+    return ByteBatch(torch.from_numpy(buf), torch.from_numpy(offsets)), buf
 
 
 class BufferPool:
@@ -105,15 +149,14 @@ def batch_buffer(nbytes: int, alloc: Allocator | None = None) -> np.ndarray:
     return (alloc or _fresh)(nbytes)[:nbytes]
 
 
-def byte_batch(pieces: Sequence[Any], sizes: np.ndarray, alloc: Allocator | None = None) -> ByteBatch:
-    """Copy ``pieces`` (buffers of ``sizes`` bytes each) back to back into one ByteBatch."""
-    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    data = batch_buffer(int(offsets[-1]), alloc)
+def byte_batch(pieces: Sequence[Any], sizes: Any = None, alloc: Allocator | None = None) -> ByteBatch:
+    """Copy ``pieces`` (buffers of ``sizes`` bytes each; default their lengths) back to back into one ByteBatch."""
+    offsets = byte_offsets([memoryview(p).nbytes for p in pieces] if sizes is None else sizes)
+    batch, data = new_byte_batch(offsets, alloc)
     out, bounds = memoryview(data), offsets.tolist()  # memoryview slices and Python ints: ~a memcpy per piece
     for piece, a, b in zip(pieces, bounds, bounds[1:]):
         out[a:b] = memoryview(piece).cast("B")
-    return ByteBatch(torch.from_numpy(data), torch.from_numpy(offsets))
+    return batch
 
 
 class GatheredItems:

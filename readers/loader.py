@@ -40,7 +40,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from readers import shmring
-from readers.batch import GatheredItems
+from readers.batch import GatheredItems, byte_batch, shared_tensor
 from readers.env import default_workers, die_with_parent
 from readers.order import batch_counts, worker_lengths
 from readers.registry import open_dataset
@@ -56,15 +56,7 @@ log = logging.getLogger(__name__)
 def _collate_bytes(items: Sequence[Any]) -> ByteBatch:
     """Pack encoded samples into one uint8 tensor, written straight into shared memory
     when running in a loader worker (so sending it to the main process copies nothing)."""
-    offsets = np.zeros(len(items) + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in items], out=offsets[1:])
-    data = torch.empty(int(offsets[-1]), dtype=torch.uint8)
-    if get_worker_info() is not None:
-        data.share_memory_()  # empty segment: no copy yet
-    view = data.numpy()
-    for k, b in enumerate(items):
-        view[offsets[k]:offsets[k + 1]] = np.frombuffer(b, dtype=np.uint8)
-    return ByteBatch(data, torch.from_numpy(offsets))
+    return byte_batch(items, alloc=shared_tensor if get_worker_info() is not None else None)
 
 
 def _collate_images(images: Sequence[Any]) -> Any:

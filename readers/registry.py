@@ -10,6 +10,7 @@ from readers.formats.hdf5 import HDF5Dataset
 from readers.formats.lmdb import LMDBDataset
 from readers.formats.mmap import MemmapDataset
 from readers.formats.wds import ShardDataset
+from readers.resolve import resolve_index
 
 __all__ = ["READERS", "open_dataset"]
 
@@ -31,20 +32,16 @@ def open_dataset(path: str | os.PathLike | spec.Index, *, storage_options: dict[
     Keyword arguments go to the reader (``transform=``, ``decode=``, and for
     ``wds`` ``shuffle=``, ``seed=``, ``buffer_size=``, ``pad=``).
 
+    ``file:///abs/path`` is the local folder ``/abs/path``; other schemes (``gs://``, ...) raise
+    :class:`readers.location.UnsupportedLocationError` (a ``ValueError``).
+
     Remote datasets: ``path`` is ``s3://bucket/prefix`` or ``http(s)://host/path``;
     ``storage_options`` (s3fs's: ``endpoint_url``, ``key``, ``secret``, ...;
     the ``AWS_*`` environment fills in the rest), ``retry`` (a
     :class:`readers.remote.RetryPolicy`), and for the reader ``cache_dir``,
     ``cache_limit`` (``"200GB"``) and ``progress``. See docs/remote.md.
     """
-    if isinstance(path, spec.Index):
-        index = path
-    elif spec.is_remote(path):
-        from readers.remote import read_index
-
-        index = read_index(path, storage_options, retry)
-    else:
-        index = spec.read_index(path)
+    index = resolve_index(path, storage_options, retry)
     try:
         cls = READERS[index.format]
     except KeyError:

@@ -23,21 +23,18 @@ mapped; a remote dataset (streamed or cached) is read sample by sample.
 
 from __future__ import annotations
 
-import mmap
 import os
 from typing import Any, Iterator
 
 import numpy as np
-import torch
 
 from readers import spec
-from readers.batch import batch_buffer, finish_batch
+from readers.batch import byte_offsets, finish_batch, new_byte_batch
 from readers.formats import wds_io
-from readers.shmring import ByteBatch
 
 __all__ = ["supported", "iter_batches", "ShardMaps"]
 
-BLOCK = spec.TAR_BLOCK
+BLOCK = spec.TAR_BLOCK  # 512-byte tar header in front of each sample
 _POW10 = 10 ** np.arange(9, -1, -1, dtype=np.int64)  # the ten digits of a key
 _POW8_11 = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 _POW8_6 = 8 ** np.arange(5, -1, -1, dtype=np.int64)
@@ -49,7 +46,7 @@ def supported(dataset: Any) -> bool:
             and getattr(dataset, "remote", None) is None and hasattr(dataset, "sample_order"))
 
 
-def _canonical_ok(headers: np.ndarray, idx: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+def canonical_ok(headers: np.ndarray, idx: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Per row: the header is this writer's exact spelling of sample ``idx``'s member of ``sizes`` bytes."""
     digits = (idx[:, None] // _POW10) % 10 + 48
     name_ok = np.all(headers[:, :10] == digits, axis=1) & (headers[:, 10] == 46)  # "<key>."
@@ -92,9 +89,9 @@ class ShardMaps:
 
     def bind(self, ds: Any) -> None:
         """Serve ``ds`` (the mappings and checks of another dataset's index are dropped)."""
-        if self._owner is not ds._offsets:  # with_order copies share the index arrays
+        if self._owner is not ds.sample_offsets:  # with_order copies share the index arrays
             self._maps.clear()
-            self._owner, self.checked = ds._offsets, np.zeros(len(ds._offsets), dtype=bool)
+            self._owner, self.checked = ds.sample_offsets, np.zeros(len(ds.sample_offsets), dtype=bool)
 
     def get(self, ds: Any, shard: int) -> np.ndarray:
         """The mapping of ``shard`` (opened now if needed), as a uint8 array."""
@@ -105,12 +102,10 @@ class ShardMaps:
         if len(self._maps) >= MAX_MAPPED:
             dropped = next(iter(self._maps))
             del self._maps[dropped]
-            self.checked[ds._shard_of == dropped] = False
+            self.checked[ds.sample_shards == dropped] = False
         fd = ds.open_shard(shard)  # a regular file inside the dataset folder, as for per-sample reads
         try:
-            size = os.fstat(fd).st_size
-            m = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8) if size else np.zeros(
-                0, dtype=np.uint8)
+            m = spec.map_file(fd)
         finally:
             os.close(fd)
         self._maps[shard] = m
@@ -119,14 +114,13 @@ class ShardMaps:
 
 def _read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray) -> tuple:
     maps.bind(ds)
-    sizes = ds._sizes[idx].astype(np.int64)
-    offsets = np.zeros(len(idx) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    data = batch_buffer(int(offsets[-1]))
+    sizes = ds.sample_sizes[idx].astype(np.int64)
+    offsets = byte_offsets(sizes)
+    batch, data = new_byte_batch(offsets)
     todo = ~maps.checked[idx]  # samples whose header this mapping has not checked yet
     headers = np.empty((len(idx), BLOCK), dtype=np.uint8)
-    shards = ds._shard_of[idx]
-    starts = ds._offsets[idx]
+    shards = ds.sample_shards[idx]
+    starts = ds.sample_offsets[idx]
     # Memoryview slices, Python ints and the current shard's mapping held across samples: per sample
     # this loop is one memcpy of the bytes (and of the header, the first time) and little else.
     out, heads = memoryview(data), memoryview(headers).cast("B")
@@ -144,12 +138,12 @@ def _read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray) -> tuple:
         out[at:at + size] = view[start:start + size]
     if todo.any():
         rows = np.flatnonzero(todo)
-        ok = _canonical_ok(headers[rows], idx[rows], sizes[rows])
+        ok = canonical_ok(headers[rows], idx[rows], sizes[rows])
         for k in rows[~ok]:
             _check_one(ds, headers[k], data[offsets[k]:offsets[k + 1]], int(idx[k]), int(shards[k]),
                        int(starts[k]))
         maps.checked[idx[rows]] = True
-    return finish_batch(ds, ByteBatch(torch.from_numpy(data), torch.from_numpy(offsets)), idx)
+    return finish_batch(ds, batch, idx)
 
 
 def iter_batches(ds: Any, batch_size: int, drop_last: bool = False,

@@ -39,31 +39,19 @@ import mmap
 import multiprocessing.util
 import os
 import time
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
-import torch
 
+from readers.batch import ByteBatch, new_byte_batch  # ByteBatch re-exported: it was defined here
 from readers.perprocess import PerProcess
 
 __all__ = ["ByteBatch", "ShmSlots", "available", "release_dead"]
 
 HEADER = 64  # bytes: one flag per slot, at most 64 slots
 _SHM_DIR = "/dev/shm"
-_ATTACHED: dict[str, mmap.mmap] = {}  # main process: name -> mapping
-
-
-class ByteBatch(NamedTuple):
-    """A batch of encoded samples: ``data[offsets[k]:offsets[k+1]]`` is sample k."""
-
-    data: torch.Tensor  # uint8, all samples back to back
-    offsets: torch.Tensor  # int64, len B + 1
-
-    def __len__(self) -> int:  # type: ignore[override]
-        return len(self.offsets) - 1
-
-    def get(self, k: int) -> bytes:
-        return self.data[int(self.offsets[k]):int(self.offsets[k + 1])].cpu().numpy().tobytes()  # also after .to(device)
+#: Main process: segment name -> its mapping (the segments of live workers; see release_dead).
+ATTACHED: dict[str, mmap.mmap] = {}
 
 
 def available() -> bool:
@@ -73,7 +61,7 @@ def available() -> bool:
 def _open_segment(name: str, fd: int) -> int:
     """Open the worker's segment: its memfd through /proc, or the named /dev/shm file."""
     if fd >= 0:
-        return os.open(f"/proc/{_pid_of(name)}/fd/{fd}", os.O_RDWR)
+        return os.open(f"/proc/{pid_of(name)}/fd/{fd}", os.O_RDWR)
     path = os.path.join(_SHM_DIR, name)
     opened = os.open(path, os.O_RDWR)
     os.unlink(path)  # both sides have it open; the name is no longer needed
@@ -82,40 +70,46 @@ def _open_segment(name: str, fd: int) -> int:
 
 def _rebuild(name: str, fd: int, slot: int, capacity: int, offsets: np.ndarray, rest: tuple) -> tuple:
     """Runs in the receiving process: copy the slot out, free it, return a plain batch."""
-    mm = _ATTACHED.get(name)
+    mm = ATTACHED.get(name)
     if mm is None:
-        for old in [n for n in _ATTACHED if n.rsplit("-", 1)[0] == name.rsplit("-", 1)[0]]:
-            _ATTACHED.pop(old).close()  # the worker moved to a bigger segment
+        for old in [n for n in ATTACHED if n.rsplit("-", 1)[0] == name.rsplit("-", 1)[0]]:
+            ATTACHED.pop(old).close()  # the worker moved to a bigger segment
         release_dead()
         opened = _open_segment(name, fd)
         try:
-            mm = _ATTACHED[name] = mmap.mmap(opened, HEADER + capacity * _slots_of(opened, capacity))
+            mm = ATTACHED[name] = mmap.mmap(opened, HEADER + capacity * _slots_of(opened, capacity))
         finally:
             os.close(opened)
     total = int(offsets[-1])
     start = HEADER + slot * capacity
-    data = np.empty(total, dtype=np.uint8)
+    batch, data = new_byte_batch(offsets, _private)
     data[:] = np.frombuffer(mm, dtype=np.uint8, count=total, offset=start)
     mm[slot] = 0  # free the slot for the worker
-    return (ByteBatch(torch.from_numpy(data), torch.from_numpy(offsets)), *rest)
+    return (batch, *rest)
 
 
-def _pid_of(name: str) -> int:
+def _private(nbytes: int) -> np.ndarray:
+    """A fresh buffer the received batch owns (the slot is reused by the worker right after)."""
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+def pid_of(name: str) -> int:
+    """The pid of the worker that owns the segment ``name``."""
     return int(name.split("-")[2])  # dataset-packer-<pid>-<id>-<generation>
 
 
 def release_dead() -> int:
     """Unmap the segments of workers that have exited (a finished loader's); return how many."""
     dead = []
-    for name in _ATTACHED:
+    for name in ATTACHED:
         try:
-            os.kill(_pid_of(name), 0)
+            os.kill(pid_of(name), 0)
         except ProcessLookupError:
             dead.append(name)
         except PermissionError:
             pass
     for name in dead:
-        _ATTACHED.pop(name).close()
+        ATTACHED.pop(name).close()
     return len(dead)
 
 

@@ -26,23 +26,51 @@ A folder packed from a source that holds split folders (``train/``,
 ``val/``) has one such dataset folder per split and no ``index.json`` of
 its own.
 
-Nothing in this module imports torch: the packer and command-line tools use it.
+Index arrays are mapped read-only, not read into memory (:func:`readers.safeio.map_npy`):
+every process and loader worker that opens the dataset shares the page cache's copy, and each
+array's CRC-32 is still compared with the one ``index.json`` records (streamed over the mapping).
+A re-pack renames new arrays over the old ones, so a mapped array never changes under a reader.
+
+This module is the on-disk contract. Safe I/O of a dataset's files (names inside the folder,
+regular files only, checked sizes and range reads, mappings) is :mod:`readers.safeio`, and
+where a dataset lives (path, ``file://``, ``s3://``, ``http(s)://``; other schemes refused) is
+:mod:`readers.location`; both are re-exported here. Nothing in this module imports torch: the
+packer and command-line tools use it.
 """
 
 from __future__ import annotations
 
-import ast
 import concurrent.futures as cf
 import io
 import json
 import os
-import stat
-import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import numpy as np
+
+# Safe I/O and locations live in their own modules; their names stay importable from here.
+from readers.location import REMOTE_SCHEMES, UnsupportedLocationError, is_remote, parse_location
+from readers.safeio import (
+    INDEX_NAME,
+    NPY_HEADER_LIMIT,
+    DatasetFormatError,
+    IncompleteDatasetError,
+    check_member_name,
+    checksum,
+    FileChanged,
+    file_checksum,
+    map_file,
+    map_npy,
+    member_path,
+    open_data_file,
+    open_member,
+    open_regular,
+    parse_npy,
+    read_range,
+    read_regular,
+)
 
 __all__ = [
     "INDEX_NAME",
@@ -86,9 +114,16 @@ __all__ = [
     "FILES_CRC_KEY",
     "file_checksum",
     "is_remote",
+    "REMOTE_SCHEMES",
+    "recorded_files",
+    "parse_location",
+    "UnsupportedLocationError",
+    "open_data_file",
+    "read_range",
+    "map_file",
+    "map_npy",
 ]
 
-INDEX_NAME = "index.json"
 NAMES_FILE = "names.jsonl"
 #: A pack in progress (or interrupted) leaves this journal beside its data.
 STATE_NAME = "pack-state.json"
@@ -97,8 +132,6 @@ FORMATS = ("wds", "lmdb", "hdf5", "mmap")
 CHECKSUM_ALGO = "crc32"
 #: index.json key: data file name -> CRC-32 of the whole file (beside ``files``: name -> bytes).
 FILES_CRC_KEY = "files_crc32"
-#: URL schemes read through ``readers.remote`` (kept here so a local path never imports it).
-REMOTE_SCHEMES = ("s3", "http", "https")
 
 # Explicit little-endian dtypes so an index written on one machine reads the
 # same on any other. int64 for byte positions (ImageNet is ~140 GB, far past
@@ -180,44 +213,22 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:06d}.tar"
 
 
-class DatasetFormatError(ValueError):
-    """The folder is not a dataset this version can read."""
-
-
-class IncompleteDatasetError(DatasetFormatError):
-    """The folder holds a pack that never finished (no ``index.json``)."""
-
-
-try:  # ISA-L's CRC-32 (carry-less multiply): the same function as zlib's, ~30x faster here
-    from isal.isal_zlib import crc32 as _crc32
-except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the same values
-    _crc32 = zlib.crc32
-
-
-def checksum(data: bytes | memoryview | np.ndarray, value: int = 0) -> int:
-    """CRC-32 (zlib's polynomial) of ``data``; chain calls by passing the previous value."""
-    return _crc32(data, value) & 0xFFFFFFFF
-
-
-def file_checksum(path: str | os.PathLike, block: int = 8 << 20) -> int:
-    """CRC-32 of a whole file (what ``index.json`` records under ``files_crc32``)."""
-    crc = 0
-    buf = bytearray(block)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            crc = checksum(memoryview(buf)[:n], crc)  # ISA-L's CRC-32 when installed: ~9x zlib's speed
-    return crc
-
-
-def is_remote(path: Any) -> bool:
-    """True for an ``s3://``, ``http://`` or ``https://`` location, or a remote ``Store``.
-
-    Plain string parsing: deciding that a path is local imports nothing.
-    """
-    if hasattr(path, "read_range") and not isinstance(path, (str, os.PathLike)):
-        return True
-    text = os.fspath(path) if isinstance(path, os.PathLike) else path
-    return isinstance(text, str) and "://" in text and text.split("://", 1)[0].lower() in REMOTE_SCHEMES
+def recorded_files(meta: Mapping[str, Any]) -> dict[str, tuple[int | None, int | None]]:
+    """Data file name -> (bytes, CRC-32) as ``index.json`` records them: ``files`` and
+    :data:`FILES_CRC_KEY`, and for wds each shard's entry (``bytes``, ``crc32``). A value an
+    older index lacks is None. What a download, a cached copy or ``verify`` is checked against."""
+    out: dict[str, tuple[int | None, int | None]] = {}
+    crcs = meta.get(FILES_CRC_KEY) or {}
+    for name, size in (meta.get("files") or {}).items():
+        out[name] = (int(size), int(crcs[name]) if crcs.get(name) is not None else None)
+    for name, crc in crcs.items():
+        out.setdefault(name, (None, int(crc)))
+    for shard in meta.get("shards") or []:
+        size, crc = out.get(shard["name"], (None, None))
+        out[shard["name"]] = (size if size is not None else int(shard["bytes"]),
+                              crc if crc is not None else (int(shard["crc32"]) if shard.get("crc32") is not None
+                                                           else None))
+    return out
 
 
 def wds_key(index: int) -> str:
@@ -232,12 +243,22 @@ def lmdb_key(index: int) -> bytes:
 
 @dataclass(frozen=True)
 class Index:
-    """A dataset's metadata plus its per-sample arrays (loaded eagerly, small)."""
+    """A dataset's metadata plus its per-sample arrays (local: mapped read-only from the .npy files)."""
 
     root: Path | str  # a local folder, or the URL of a remote one (then ``store`` is set)
     meta: dict[str, Any]
     arrays: dict[str, np.ndarray]
     store: Any = None  # readers.remote.Store for a remote dataset, None for a local folder
+    #: Local mapped arrays: name -> identity of the file mapped (readers.safeio.file_identity).
+    sources: Mapping[str, tuple[int, int, int, int]] | None = field(default=None, compare=False, repr=False)
+
+    def __reduce__(self) -> tuple:
+        """Pickled (a spawned loader worker, DDP): a local index travels as its folder and metadata,
+        and the receiving process maps the same files again -- no copy of the arrays in the pickle
+        nor in the process's private memory. Remote and unmapped indexes travel whole."""
+        if self.store is None and self.sources is not None:
+            return _reopen_index, (str(self.root), self.meta, dict(self.sources))
+        return Index, (self.root, self.meta, self.arrays, self.store, self.sources)
 
     @property
     def location(self) -> str:
@@ -272,21 +293,49 @@ class Index:
                 yield json.loads(line)
 
 
-def _load_array(root: Path, name: str, expected_len: int, recorded: Any) -> np.ndarray:
-    """Load index array ``name``: a regular file inside ``root``, its checksum (when index.json
-    records one), then a strict parse (nothing is allocated from what its header claims)."""
+def _reopen_index(root: str, meta: dict[str, Any], sources: dict[str, tuple[int, int, int, int]]) -> Index:
+    """Unpickle a local :class:`Index`: map the files the sending process mapped and checked. Files
+    that are no longer those (another machine, a re-pack) are read and checked again; an index
+    that changed meanwhile is refused rather than mixed with the sender's view of it."""
+    n = meta["num_samples"]
+    try:
+        arrays = {name: map_npy(member_path(root, array_file(name), "index array"), ARRAY_DTYPES[name], n,
+                                what="index array", identity=ident)[0] for name, ident in sources.items()}
+    except FileChanged:
+        index = read_index(root)
+        if index.meta != meta:
+            raise DatasetFormatError(f"{root}: the dataset changed since this reader was made "
+                                     "(re-packed?): open it again") from None
+        return index
+    return Index(root=Path(root), meta=meta, arrays=arrays, sources=sources)
+
+
+def _load_array(root: Path, name: str, expected_len: int, recorded: Any) -> tuple[np.ndarray, tuple]:
+    """Index array ``name``: a regular file inside ``root``, mapped read-only (page cache shared by
+    every process, no private copy), its checksum (when index.json records one) streamed over the
+    mapping, then a strict parse (nothing is allocated from what its header claims)."""
     path = member_path(root, array_file(name), "index array")
     want = ARRAY_DTYPES[name]
-    buf = read_regular(path, "index array", limit=_NPY_HEADER_LIMIT + 16 + expected_len * want.itemsize)
-    return _array_from_bytes(path, name, buf, expected_len, recorded)
+    return map_npy(path, want, expected_len, crc32=_recorded_crc(path, recorded), what="index array",
+                   limit=NPY_HEADER_LIMIT + 16 + expected_len * want.itemsize)
+
+
+def _recorded_crc(where: Path | str, recorded: Any) -> int | None:
+    """The CRC-32 index.json records for one array (None: none recorded, an older pack)."""
+    if recorded is None:
+        return None
+    if not isinstance(recorded, dict) or type(recorded.get("crc32")) is not int:
+        raise DatasetFormatError(
+            f"{where}: checksum differs from the one {INDEX_NAME} records: the array is damaged or was edited")
+    return recorded["crc32"]
 
 
 def _array_from_bytes(where: Path | str, name: str, buf: bytearray, expected_len: int, recorded: Any) -> np.ndarray:
-    """An index array from its file's bytes: checksum (when recorded), then the strict parse."""
-    if recorded is not None:
-        if not isinstance(recorded, dict) or recorded.get("crc32") != checksum(buf):
-            raise DatasetFormatError(
-                f"{where}: checksum differs from the one {INDEX_NAME} records: the array is damaged or was edited")
+    """An index array from its file's bytes (a remote dataset's): checksum (when recorded), then the strict parse."""
+    want = _recorded_crc(where, recorded)
+    if want is not None and want != checksum(buf):
+        raise DatasetFormatError(
+            f"{where}: checksum differs from the one {INDEX_NAME} records: the array is damaged or was edited")
     return parse_npy(where, buf, ARRAY_DTYPES[name], expected_len, what="index array")
 
 
@@ -311,12 +360,12 @@ def read_index(root: str | os.PathLike | Any) -> Index:
     existed have none and still open). What the values mean is checked by
     :func:`readers.checks.check_index`, which every reader runs.
     """
-    if is_remote(root):
-        if isinstance(root, (str, os.PathLike)):
-            raise ValueError(f"{root} is a URL: open it with readers.open_dataset(url, storage_options=...) "
-                             "or readers.remote.read_index(url, storage_options=...)")
+    if not isinstance(root, (str, os.PathLike)) and is_remote(root):
         return _read_index_store(root)
-    root = Path(root)
+    root = parse_location(root)  # file:// -> its path; gs:// and other schemes: UnsupportedLocationError
+    if isinstance(root, str):
+        raise ValueError(f"{root} is a URL: open it with readers.open_dataset(url, storage_options=...) "
+                         "or readers.remote.read_index(url, storage_options=...)")
     path = root / INDEX_NAME
     if not root.exists():
         raise FileNotFoundError(f"{root}: no such dataset folder")
@@ -340,8 +389,9 @@ def read_index(root: str | os.PathLike | Any) -> Index:
     buf = read_regular(member_path(root, INDEX_NAME, "index"), "index", limit=MAX_INDEX_JSON_BYTES)
     meta = _parse_meta(buf, path)
     n, recorded = meta["num_samples"], _recorded(meta, path)
-    arrays = {name: _load_array(root, name, n, recorded and recorded[name]) for name in REQUIRED_ARRAYS[meta["format"]]}
-    return Index(root=root, meta=meta, arrays=arrays)
+    loaded = {name: _load_array(root, name, n, recorded and recorded[name]) for name in REQUIRED_ARRAYS[meta["format"]]}
+    return Index(root=root, meta=meta, arrays={k: v[0] for k, v in loaded.items()},
+                 sources={k: v[1] for k, v in loaded.items()})
 
 
 def _recorded(meta: dict[str, Any], path: Path | str) -> dict[str, Any] | None:
@@ -374,137 +424,6 @@ def _parse_meta(raw: bytes | bytearray, path: Path | str) -> dict[str, Any]:
     if type(n) is not int or not 0 <= n <= MAX_SAMPLES:
         raise DatasetFormatError(f"{path}: num_samples must be a whole number in 0..{MAX_SAMPLES}, got {n!r}")
     return meta
-
-
-# ---------------------------------------------------------------- which files a dataset may read
-# One rule for every reader and for verify: a dataset names only files inside
-# its own folder. Names are relative paths without "..", "." or empty parts
-# (remote datasets apply check_member_name to keys under their prefix); on a
-# local disk the resolved path must stay inside the resolved folder (no
-# symlink leaves it), and only regular files are opened, without blocking.
-
-def check_member_name(name: Any, what: str = "file") -> str:
-    """``name`` if a dataset may use it for one of its files; DatasetFormatError otherwise."""
-    if not isinstance(name, str) or not name:
-        raise DatasetFormatError(f"{what} name {name!r} is not a file name")
-    if name.startswith("/") or "\\" in name or "\0" in name or any(
-            part in ("", ".", "..") for part in name.split("/")):
-        raise DatasetFormatError(
-            f"{what} name {name!r} is not a plain relative path inside the dataset folder "
-            "(absolute paths, '..', '.' and empty parts are refused)")
-    return name
-
-
-def member_path(root: str | os.PathLike, name: Any, what: str = "file") -> Path:
-    """``root / name`` after checking that it names a file inside ``root`` (symlinks resolved)."""
-    path = Path(root) / check_member_name(name, f"{root}: {what}")
-    real_root, real = os.path.realpath(root), os.path.realpath(path)
-    if real != real_root and not real.startswith(real_root.rstrip("/") + "/"):
-        raise DatasetFormatError(f"{path}: {what} leads outside the dataset folder (to {real}); refusing to read it")
-    return path
-
-
-def open_regular(path: str | os.PathLike, what: str = "file") -> int:
-    """A read-only descriptor of ``path``, which must be a regular file.
-
-    Opened with ``O_NONBLOCK`` so that a FIFO or a device in its place can
-    never block, then ``fstat`` must say regular file. Raises
-    DatasetFormatError naming ``path`` otherwise (missing, unreadable, special).
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise DatasetFormatError(f"{path}: {what} is missing") from None
-    except OSError as exc:
-        raise DatasetFormatError(f"{path}: cannot open {what} ({exc.strerror or exc})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
-            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else \
-            "not a regular file"
-        raise DatasetFormatError(f"{path}: {what} is {kind}, not a regular file")
-    os.set_blocking(fd, True)  # no effect on a regular file's reads; plain descriptor from here on
-    return fd
-
-
-def read_regular(path: str | os.PathLike, what: str = "file", *, limit: int | None = None) -> bytearray:
-    """The whole content of the regular file ``path`` (see :func:`open_regular`), at most ``limit`` bytes."""
-    fd = open_regular(path, what)
-    try:
-        size = os.fstat(fd).st_size
-        if limit is not None and size > limit:
-            raise DatasetFormatError(f"{path}: {what} is {size} bytes, more than the {limit} it can be")
-        buf = bytearray(size)
-        view, got = memoryview(buf), 0
-        while got < size:
-            k = os.readv(fd, [view[got:]])
-            if k == 0:
-                raise DatasetFormatError(f"{path}: {what} shrank while it was read")
-            got += k
-        return buf
-    except OSError as exc:
-        raise DatasetFormatError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
-
-
-def open_member(root: str | os.PathLike, name: str, what: str = "data file", size: int | None = None) -> int:
-    """Descriptor of the dataset file ``root/name``: inside the folder, regular, and (when
-    ``size`` is given, as index.json records it) at least ``size`` bytes long: a truncated
-    file is refused before anything maps it (a longer one is for ``verify`` to report)."""
-    path = member_path(root, name, what)
-    fd = open_regular(path, what)
-    actual = os.fstat(fd).st_size
-    if size is not None and actual < size:
-        os.close(fd)
-        raise DatasetFormatError(f"{path}: {what} is {actual} bytes, {INDEX_NAME} says {size}: "
-                                 "it is truncated or damaged")
-    return fd
-
-
-_NPY_MAGIC = b"\x93NUMPY"
-_NPY_HEADER_LIMIT = 1 << 16
-
-
-def parse_npy(path: str | os.PathLike, buf: bytearray, dtype: np.dtype, length: int | None = None, *,
-              what: str = "array") -> np.ndarray:
-    """The 1-D array of ``dtype`` that the .npy bytes ``buf`` hold (a writable view, no copy).
-
-    Stricter than ``numpy.load``: the header must say exactly ``dtype``, C
-    order and a 1-D shape (of ``length`` entries when given), and the file
-    must hold exactly that many bytes after it; nothing is allocated from
-    what the header claims.
-    """
-    def bad(why: str) -> DatasetFormatError:
-        return DatasetFormatError(f"{path}: {what} is damaged ({why})")
-
-    if bytes(buf[:6]) != _NPY_MAGIC or len(buf) < 10:
-        raise bad("not a .npy file")
-    major = buf[6]
-    if major == 1:
-        hlen, start = int.from_bytes(buf[8:10], "little"), 10
-    elif major in (2, 3):
-        hlen, start = int.from_bytes(buf[8:12], "little"), 12
-    else:
-        raise bad(f".npy format version {major}")
-    if hlen > _NPY_HEADER_LIMIT or start + hlen > len(buf):
-        raise bad("header runs past the end of the file")
-    try:
-        header = ast.literal_eval(bytes(buf[start:start + hlen]).decode("utf-8" if major == 3 else "latin1"))
-        shape, fortran, descr = header["shape"], header["fortran_order"], np.dtype(header["descr"])
-    except Exception as exc:  # noqa: BLE001 - any malformed header (SyntaxError, KeyError, TypeError, ...)
-        raise bad(f"unreadable header: {type(exc).__name__}") from None
-    if descr != dtype or fortran is not False:
-        raise DatasetFormatError(f"{path}: {what} has dtype {descr}, expected {dtype}")
-    if not (isinstance(shape, tuple) and len(shape) == 1 and type(shape[0]) is int and shape[0] >= 0):
-        raise bad(f"shape {shape!r} is not one dimension")
-    if length is not None and shape[0] != length:
-        raise DatasetFormatError(f"{path}: {what} holds {shape[0]} entries, {INDEX_NAME} says {length} samples")
-    data = start + hlen
-    if len(buf) - data != shape[0] * dtype.itemsize:
-        raise bad(f"{len(buf) - data} data bytes for {shape[0]} entries of {dtype.itemsize}")
-    return np.frombuffer(buf, dtype=dtype, count=shape[0], offset=data)
 
 
 def _read_index_store(store: Any) -> Index:
@@ -591,10 +510,15 @@ def save_array(root: str | os.PathLike, name: str, values: Any) -> np.ndarray:
 
 def _save_array(root: Path, name: str, values: Any) -> tuple[np.ndarray, dict[str, int]]:
     arr, data = _npy_bytes(name, values)
-    with open(root / array_file(name), "wb") as f:
+    path = root / array_file(name)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    # Renamed over, never rewritten in place: a reader that has the old array mapped keeps its inode
+    # (writing into a mapped file would change, or cut short, what that reader sees).
+    os.replace(tmp, path)
     return arr, {"crc32": checksum(data), "bytes": len(data)}
 
 

@@ -186,3 +186,51 @@ def test_info_on_something_else(tmp_path):
     (tmp_path / "x").mkdir()
     r = run("info", tmp_path / "x")
     assert r.returncode == 2 and "not a packed dataset" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------------------- locations and exit codes
+@pytest.mark.parametrize("scheme", ["gs", "az"])
+def test_pack_to_an_unsupported_scheme_is_a_usage_error_and_writes_nothing(src, tmp_path, scheme):
+    work = tmp_path / "cwd"
+    work.mkdir()
+    r = run(src, "-f", "wds", "-o", f"{scheme}://b/x", "-q", cwd=work)
+    assert r.returncode == 2, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert f"{scheme}://b/x: the {scheme}:// scheme is not supported" in last
+    assert "s3://" in last and "file://" in last and "Traceback" not in r.stderr
+    assert list(work.iterdir()) == [], "nothing may be written (it used to write ./gs:/b/x/)"
+
+
+def test_pack_to_a_file_url_writes_that_absolute_folder(src, tmp_path):
+    work, out = tmp_path / "cwd", tmp_path / "out" / "wds"
+    work.mkdir()
+    r = run(src, "-f", "wds", "-o", f"file://{out}", "-q", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert spec.read_index(out).num_samples == 12
+    assert list(work.iterdir()) == [], "it used to write ./file:/abs/path"
+    assert run("verify", f"file://{out}", "-q").returncode == 0
+    assert json.loads(run("info", f"file://{out}", "--json").stdout)["samples"] == 12
+
+
+@pytest.mark.parametrize("command,url", [("verify", "gs://b/x"), ("info", "az://c/x"), ("verify", "hf://d/x"),
+                                         ("info", "hf://d/x"), ("convert", "gs://b/x"), ("pack", "gs://b/src")])
+def test_reading_an_unsupported_scheme_is_a_usage_error(command, url, tmp_path):
+    args = [command, url] + (["-f", "lmdb", "-o", tmp_path / "o"] if command in ("convert", "pack") else [])
+    r = run(*args, cwd=tmp_path)
+    scheme = url.split("://")[0]
+    assert r.returncode == 2, r.stderr
+    assert f"the {scheme}:// scheme is not supported" in r.stderr and "no such dataset folder" not in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_verify_of_a_missing_path_is_exit_2_like_info_convert_and_pack(tmp_path):
+    missing = tmp_path / "nothing-here"
+    codes = {
+        "verify": run("verify", missing),
+        "info": run("info", missing),
+        "convert": run("convert", missing, "-f", "lmdb", "-o", tmp_path / "o"),
+        "pack": run("pack", missing, "-f", "lmdb", "-o", tmp_path / "p"),
+    }
+    assert {k: r.returncode for k, r in codes.items()} == dict.fromkeys(codes, 2), {k: r.stderr for k, r in codes.items()}
+    assert f"{missing}: no such dataset folder" in codes["verify"].stderr
+    assert all("Traceback" not in r.stderr for r in codes.values())

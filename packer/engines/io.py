@@ -141,20 +141,7 @@ class StoreOutput:
 
 
 def list_objects(store: Any) -> dict[str, int]:
-    """``name -> size`` of every object under the store's prefix, in one listing (paged by the client).
-
-    ``Store.list`` gives names only, and a HEAD per object would cost a round trip
-    per image; an S3 listing carries the sizes, so this asks the store's fsspec
-    filesystem for them, through the store's retries.
-    """
-    root = store._path("").rstrip("/")  # noqa: SLF001 -- the store's own bucket/key spelling
-
-    def find() -> dict[str, int]:
-        try:
-            found = store.fs.find(root, detail=True)
-        except FileNotFoundError:
-            return {}
-        return {path[len(root):].lstrip("/"): int(info.get("size") or 0) for path, info in found.items()
-                if path.startswith(root + "/") and info.get("type") != "directory"}
-
-    return store._call("", "LIST", find)  # noqa: SLF001
+    """``name -> size`` of every object under the store's prefix, in one listing (``Store.list`` gives
+    names only, and a HEAD per object would cost a round trip per image): the store's public
+    ``list_sizes`` (:class:`readers.remote.fsspec_store.FsspecStore`)."""
+    return store.list_sizes()

@@ -36,13 +36,11 @@ from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
-import torch
 
 from readers import spec
 from readers.base import LazyHandle, MapReader
-from readers.batch import Allocator, batch_buffer, finish_batch, index_array
+from readers.batch import Allocator, byte_offsets, finish_batch, index_array, new_byte_batch
 from readers.formats.h5layout import check_images
-from readers.shmring import ByteBatch
 
 __all__ = ["HDF5Dataset"]
 
@@ -218,9 +216,8 @@ class HDF5Dataset(MapReader):
             return None
         idx = index_array(indices, len(self.labels))
         sizes = self._sizes[idx]
-        offsets = np.zeros(len(idx) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        data = batch_buffer(int(offsets[-1]), alloc)
+        offsets = byte_offsets(sizes)
+        batch, data = new_byte_batch(offsets, alloc)
         mapped = self._mapped.get()
         starts = self._offsets[idx]
         addrs = self._addresses(starts, sizes)
@@ -235,7 +232,7 @@ class HDF5Dataset(MapReader):
                 out[a:b] = src[addr:addr + b - a]
             else:  # spans chunks that are not adjacent in the file
                 self._copy_out(mapped, int(idx[k]), int(starts[k]), data[a:b])
-        return finish_batch(self, ByteBatch(torch.from_numpy(data), torch.from_numpy(offsets)), idx)
+        return finish_batch(self, batch, idx)
 
     def _addresses(self, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         """The file address of each sample /images[start:start+size] that lies in one chunk or two

@@ -35,7 +35,7 @@ import lmdb
 import numpy as np
 
 from readers import spec
-from readers.base import LazyHandle, MapReader
+from readers.base import MapReader
 from readers.batch import Allocator, byte_batch, finish_batch, index_array
 from readers.formats.lmdbcheck import check_file
 from readers.perprocess import PerProcess
@@ -57,12 +57,8 @@ _ENVS: PerProcess[dict[str, list]] = PerProcess(dict, inherited=_close_inherited
 def check_data_file(path: str, size: int | None, *, full: bool = False) -> None:
     """Raise DatasetFormatError unless liblmdb may map ``path`` (readers.formats.lmdbcheck): a regular
     file of at least ``size`` bytes whose meta pages and last pages (``full``: B-tree) stay inside it."""
-    fd = spec.open_regular(path, "data file")
+    fd = spec.open_data_file(path, size)
     try:
-        actual = os.fstat(fd).st_size
-        if size is not None and actual < size:
-            raise spec.DatasetFormatError(f"{path}: data file is {actual} bytes, {spec.INDEX_NAME} says {size}: "
-                                          "it is truncated or damaged")
         check_file(fd, path, full=full)
     finally:
         os.close(fd)
@@ -116,10 +112,10 @@ class LMDBDataset(MapReader):
         if self.remote is not None:
             self._fetch_data()
             file = self.file_ref(self.data_name)
-            self._env = LazyHandle(functools.partial(_acquire_file, file, size), _release_by_env)
+            self._env = PerProcess(functools.partial(_acquire_file, file, size), _release_by_env)
             return
         root = os.path.realpath(self.root)
-        self._env = LazyHandle(functools.partial(_acquire, root, True, size), functools.partial(_release_env, root))
+        self._env = PerProcess(functools.partial(_acquire, root, True, size), functools.partial(_release_env, root))
 
     def _view(self, txn: Any, i: int) -> memoryview:
         """Sample ``i``'s value as a buffer into the map (nothing copied), its size checked."""

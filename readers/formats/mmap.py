@@ -30,9 +30,9 @@ import numpy.lib.format as npformat
 import torch
 
 from readers import spec
-from readers.base import LazyHandle, MapReader
-from readers.batch import Allocator, batch_buffer, finish_batch, index_array
-from readers.shmring import ByteBatch
+from readers.base import MapReader
+from readers.batch import Allocator, finish_batch, index_array, new_byte_batch
+from readers.perprocess import PerProcess
 
 __all__ = ["MemmapDataset"]
 
@@ -40,12 +40,8 @@ __all__ = ["MemmapDataset"]
 def _open_flat(file: Callable[[], str], size: int | None = None) -> np.ndarray:
     """Map the pixel file read-only, from a descriptor checked first (no second open)."""
     path = file()
-    fd = spec.open_regular(path, "data file")
+    fd = spec.open_data_file(path, size)
     try:
-        actual = os.fstat(fd).st_size
-        if size is not None and actual < size:
-            raise spec.DatasetFormatError(f"{path}: data file is {actual} bytes, {spec.INDEX_NAME} says {size}: "
-                                          "it is truncated or damaged")
         head = io.BytesIO(os.pread(fd, spec.MMAP_HEADER_BYTES, 0))
         try:
             version = npformat.read_magic(head)
@@ -54,7 +50,7 @@ def _open_flat(file: Callable[[], str], size: int | None = None) -> np.ndarray:
             count = math.prod(shape)
         except Exception as exc:  # noqa: BLE001 - a crafted header raises many types (ValueError, TokenError, ...)
             raise spec.DatasetFormatError(f"{path}: not a complete .npy file ({type(exc).__name__}: {exc})") from None
-        data = actual - spec.MMAP_HEADER_BYTES
+        data = os.fstat(fd).st_size - spec.MMAP_HEADER_BYTES
         if dtype != np.uint8 or fortran or head.tell() != spec.MMAP_HEADER_BYTES or count != data:
             raise spec.DatasetFormatError(
                 f"{path}: not the pixel file this reader expects ({spec.MMAP_HEADER_BYTES}-byte header, then "
@@ -82,7 +78,7 @@ class MemmapDataset(MapReader):
         if self.remote is None:  # a symlink leaving the folder is refused before anything opens it
             spec.member_path(self.root, self.data_name, "data file")
         size = (self.meta.get("files") or {}).get(self.data_name)
-        self._map = LazyHandle(functools.partial(_open_flat, self.file_ref(self.data_name), size))
+        self._map = PerProcess(functools.partial(_open_flat, self.file_ref(self.data_name), size))
 
     def read(self, i: int) -> np.ndarray:
         h, w = int(self._heights[i]), int(self._widths[i])
@@ -148,15 +144,15 @@ class MemmapDataset(MapReader):
         idx = index_array(indices, len(self.labels))
         shape = rows.shape[1:]
         nbytes = int(np.prod(shape))
-        out = batch_buffer(len(idx) * nbytes, alloc).reshape(len(idx), *shape)
+        batch, flat = new_byte_batch(np.arange(len(idx) + 1, dtype=np.int64) * nbytes, alloc)
+        out = flat.reshape(len(idx), *shape)
         # mode="clip": the indices are checked already, and with the default "raise" numpy writes
         # through a temporary buffer when given `out` (measured: 2.5x slower)
         np.take(rows, idx, axis=0, out=out, mode="clip")
         if self.decode:
             images: Any = torch.from_numpy(out).permute(0, 3, 1, 2)
         else:
-            images = ByteBatch(torch.from_numpy(out.reshape(-1)),
-                               torch.arange(len(idx) + 1, dtype=torch.int64) * nbytes)
+            images = batch
         return finish_batch(self, images, idx)
 
     def _convert(self, data: np.ndarray) -> Any:

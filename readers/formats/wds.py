@@ -40,11 +40,10 @@ from readers import spec
 from readers.base import PackedDataset
 from readers.env import WorkerEnv, current_worker_env
 from readers.formats import wds_io
-from readers.order import ShardLayout, ShardSettings, epoch_plan, resume_order, worker_order
+from readers.order import ShardLayout, ShardSettings, resume_order, worker_order
 
-__all__ = ["ShardDataset", "epoch_plan"]
+__all__ = ["ShardDataset"]
 
-BLOCK = spec.TAR_BLOCK
 #: Bytes of shared memory that carry a resume point (JSON) to the loader's workers, persistent ones too.
 RESUME_BYTES = 8192
 #: Passes counted per loader worker since ``set_epoch`` (worker ``rank x workers + id``, modulo this).
@@ -117,11 +116,15 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         kept = kept[np.argsort(self._shard_of[kept], kind="stable")]  # by shard, front to back within one
         other = copy.copy(self)
         other.kept = kept
+        other.layout = self._kept_layout(kept)
+        return other
+
+    def _kept_layout(self, kept: np.ndarray) -> ShardLayout:
+        """The shard layout of the samples ``kept`` (sorted by shard), as ``readers.order`` sees them."""
         shard_of = self._shard_of[kept].astype(np.int32)
         sizes = np.bincount(shard_of, minlength=len(self.shard_sizes)).astype(np.int64)
         first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        other.layout = ShardLayout(sizes, first, shard_of)
-        return other
+        return ShardLayout(sizes, first, shard_of)
 
     def _real(self, order: np.ndarray) -> np.ndarray:
         """Sample indices of the index from positions in the order's space (a subset's kept list)."""
@@ -134,6 +137,21 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return self._item(real, self.read(real))
 
     # ------------------------------------------------------------ shards
+    @property
+    def sample_shards(self) -> np.ndarray:
+        """Per sample: which shard (position in ``shard_names``) holds it (the ``shards`` index array)."""
+        return self._shard_of
+
+    @property
+    def sample_offsets(self) -> np.ndarray:
+        """Per sample: the byte position of its data in its shard (the ``offsets`` index array)."""
+        return self._offsets
+
+    @property
+    def sample_sizes(self) -> np.ndarray:
+        """Per sample: its stored size in bytes (the ``sizes`` index array)."""
+        return self._sizes
+
     def shard_of(self, i: int) -> int:
         """Which shard (position in ``shard_names``) holds sample ``i``."""
         return int(self._shard_of[i])
@@ -163,7 +181,8 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return self.location_of(self.shard_names[self.shard_of(i)])
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
+        state = super().__getstate__()  # the index's arrays by name (mapped again on arrival)
+        state.pop("layout", None)  # holds the shards array: rebuilt from it in __setstate__
         from multiprocessing import context
 
         if context.get_spawning_popen() is None:
@@ -189,7 +208,9 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             state["_passes"] = multiprocessing.get_context().RawArray("q", PASS_SLOTS)
         state.setdefault("_world", None)
         state.setdefault("kept", None)
-        self.__dict__.update(state)
+        super().__setstate__(state)
+        self.layout = (ShardLayout(self.shard_sizes, self._shard_first, self._shard_of) if self.kept is None
+                       else self._kept_layout(self.kept))
 
     # ------------------------------------------------------------ epochs
     def set_epoch(self, epoch: int) -> None:
@@ -247,23 +268,6 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return self.samples_per_rank(self._env().world_size)
 
     # ------------------------------------------------------------ reading
-    def _stream(self, order: np.ndarray, start: int, stop: int) -> Iterator[int]:
-        """Sample indices at stream positions [start, stop), wrapping past the end."""
-        n = int(self.shard_sizes.sum())
-        if n == 0:
-            return
-        bounds = np.concatenate([[0], np.cumsum(self.shard_sizes[order])])
-        pos = start
-        while pos < stop:
-            p = pos % n
-            k = int(np.searchsorted(bounds, p, side="right") - 1)
-            shard = int(order[k])
-            within_start = p - int(bounds[k])
-            take = min(int(self.shard_sizes[shard]) - within_start, stop - pos)
-            first = int(self._shard_first[shard]) + within_start
-            yield from range(first, first + take)
-            pos += take
-
     def read_from(self, fd: int, shard: int, i: int) -> bytes:
         """Stored bytes of sample ``i`` from the open shard ``fd``, checking its tar header."""
         return wds_io.LocalShards(self).pread(fd, shard, i)

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
 from readers import spec
 
-__all__ = ["ShardLayout", "LocalShards", "CachedShards", "StreamedShards", "shard_io", "check_sample",
+__all__ = ["LocalShards", "CachedShards", "StreamedShards", "shard_io", "check_sample",
            "STREAM_CHUNK", "STREAM_READAHEAD", "CACHE_DEPTH"]
 
 BLOCK = spec.TAR_BLOCK
@@ -48,17 +48,6 @@ STREAM_MAX_GAP = 64 << 10
 CACHE_DEPTH = 2
 #: At most this many shard files open at once (local reads in a shuffled order).
 MAX_OPEN = 4
-
-
-class ShardLayout(Protocol):
-    """What the I/O classes need from ``ShardDataset``: the index arrays and shard names."""
-
-    shard_names: list[str]
-    remote: Any
-
-    def location_of(self, name: str) -> str: ...
-
-    def shard_path(self, shard: int) -> Any: ...
 
 
 def _octal(field: bytes) -> int:
@@ -104,7 +93,10 @@ class _Arrays:
 
     def pread(self, fd: int, shard: int, i: int) -> bytes:
         offset, size = int(self.offsets[i]), int(self.sizes[i])
-        return check_sample(os.pread(fd, BLOCK + size, offset - BLOCK), i, size, self.where(shard, offset))
+        where = self.where(shard, offset)
+        blob = spec.read_range(fd, offset - BLOCK, BLOCK + size,
+                               lambda: f"{where()}: shard ends early (sample {i}): truncated or damaged")
+        return check_sample(blob, i, size, where)
 
 
 class LocalShards(_Arrays):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from readers.location import parse_location
 from readers.remote.config import RemoteURL, is_url, parse_size, parse_url
 from readers.remote.errors import (
     ObjectNotFoundError,
@@ -59,16 +60,14 @@ def open_store(location: str | os.PathLike, storage_options: Mapping[str, Any] |
     environment variables fill in what they leave out. ``retry`` bounds
     retries and timeouts (default: 6 tries within 30 s).
     """
-    text = os.fspath(location)
-    if isinstance(text, str) and text.startswith("file://"):
-        text = text[len("file://"):]
-    if not is_url(text):
+    parsed = parse_location(location)  # the one path-or-URL parser: gs:// and the like are refused here
+    if not isinstance(parsed, str):
         if storage_options:
             raise ValueError(f"{location}: storage_options only apply to s3:// and http(s):// URLs")
-        return LocalStore(text)
+        return LocalStore(str(parsed))
     from readers.remote.fsspec_store import FsspecStore
 
-    return FsspecStore(parse_url(text), storage_options, retry)
+    return FsspecStore(parse_url(parsed), storage_options, retry)
 
 
 def read_index(location: str | os.PathLike | Store, storage_options: Mapping[str, Any] | None = None,

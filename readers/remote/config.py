@@ -18,15 +18,14 @@ and the AWS CLI read it: ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``,
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-__all__ = ["RemoteURL", "is_url", "parse_url", "S3Settings", "s3_settings", "parse_size", "REMOTE_SCHEMES"]
+from readers.location import REMOTE_SCHEMES, is_url  # the one URL parser (readers.location)
 
-REMOTE_SCHEMES = ("s3", "http", "https")
+__all__ = ["RemoteURL", "is_url", "parse_url", "S3Settings", "s3_settings", "parse_size", "REMOTE_SCHEMES"]
 
 _ALIASES = {
     "aws_access_key_id": "key",
@@ -36,14 +35,6 @@ _ALIASES = {
     "aws_session_token": "token",
     "session_token": "token",
 }
-
-
-def is_url(path: Any) -> bool:
-    """True for ``s3://``, ``http://`` and ``https://`` paths (what the remote layer reads)."""
-    text = os.fspath(path) if isinstance(path, os.PathLike) else path
-    if not isinstance(text, str) or "://" not in text:
-        return False
-    return text.split("://", 1)[0].lower() in REMOTE_SCHEMES
 
 
 @dataclass(frozen=True)
@@ -143,18 +134,8 @@ def describe_credential_sources(opts: Mapping[str, Any], env: Mapping[str, str])
 
 
 # --------------------------------------------------------------------------- sizes
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)
-
-
 def parse_size(value: int | float | str) -> int:
-    """Bytes from ``200GB`` (10**9), ``200GiB`` (2**30), ``1.5T``, ``4096`` or an int."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value < 0:
-            raise ValueError(f"size must be >= 0, got {value}")
-        return int(value)
-    m = _SIZE_RE.match(str(value))
-    if not m:
-        raise ValueError(f"cannot read {value!r} as a size (examples: 200GB, 500MiB, 1073741824)")
-    number, unit, binary = float(m.group(1)), m.group(2).lower(), bool(m.group(3))
-    power = "kmgtp".index(unit) + 1 if unit else 0
-    return int(number * (1024 if binary else 1000) ** power)
+    """Bytes from ``200GB``, ``200GiB``, ``1.5T``, ``4096`` or an int: binary units (:mod:`readers.units`)."""
+    from readers.units import parse_size as parse
+
+    return parse(value)

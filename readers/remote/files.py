@@ -28,15 +28,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from readers.perprocess import PerProcess
+from readers.spec import recorded_files
 from readers.remote.cache import NodeCache, Pin
 from readers.remote.store import Store
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RemoteFiles"]
-
-#: index.json key for whole-file CRC-32s (readers.spec.FILES_CRC_KEY; repeated to keep imports one-way light).
-_FILES_CRC_KEY = "files_crc32"
 
 Progress = Callable[[int, int], None]
 
@@ -58,12 +56,9 @@ class RemoteFiles:
     def __init__(self, store: Store, meta: Mapping[str, Any], cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None) -> None:
         self.store = store
-        self.sizes: dict[str, int] = {k: int(v) for k, v in (meta.get("files") or {}).items()}
-        self.crcs: dict[str, int] = {k: int(v) for k, v in (meta.get(_FILES_CRC_KEY) or {}).items()}
-        for shard in meta.get("shards") or []:
-            self.sizes.setdefault(shard["name"], int(shard["bytes"]))
-            if shard.get("crc32") is not None:
-                self.crcs.setdefault(shard["name"], int(shard["crc32"]))
+        recorded = recorded_files(meta)  # the one reading of the sizes and CRC-32s index.json records
+        self.sizes: dict[str, int] = {k: size for k, (size, _) in recorded.items() if size is not None}
+        self.crcs: dict[str, int] = {k: crc for k, (_, crc) in recorded.items() if crc is not None}
         if cache_limit is not None and cache_dir is None:
             raise ValueError("cache_limit needs cache_dir (the folder the cache lives in)")
         self._cache = NodeCache(cache_dir, cache_limit) if cache_dir is not None else None

@@ -294,6 +294,21 @@ class FsspecStore(Store):
             raise self._no_bucket()
         return names
 
+    def list_sizes(self) -> dict[str, int]:
+        """``name -> size`` of every object under the prefix, in one listing (paged by the client),
+        through this store's retries: an S3 listing carries the sizes, a HEAD per object would not."""
+        root = self._path("").rstrip("/")
+
+        def find() -> dict[str, int]:
+            try:
+                found = self.fs.find(root, detail=True)
+            except FileNotFoundError:
+                return {}
+            return {path[len(root):].lstrip("/"): int(info.get("size") or 0) for path, info in found.items()
+                    if path.startswith(root + "/") and info.get("type") != "directory"}
+
+        return self._call("", "LIST", find)
+
     def _writable(self, name: str) -> None:
         if self.read_only:
             raise ReadOnlyStoreError(f"{self.url_of(name)}: {self.remote.scheme}:// datasets are read-only "
