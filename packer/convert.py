@@ -303,7 +303,7 @@ def _kept(data: np.ndarray, crc: int) -> Outcome:
     return Outcome(Prepared(b"", "rgb", h, w, False, pixels=np.ascontiguousarray(data)), crc)
 
 
-def _prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
+def prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
     """A prepare stage (``packer.workers.PrepareStage``) that reads the packed dataset ``index``."""
 
     def stage(source: Source, start: int, opts: ImageOptions, workers: int) -> Iterator[Outcome]:
@@ -378,7 +378,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions
                      index.num_samples, dest, opts.format)
             try:
                 results.append(pack_split(source, dest, split, opts, WRITERS[opts.format], workers, callback,
-                                          prepare=_prepare_stage(index)))
+                                          prepare=prepare_stage(index)))
             finally:
                 close_source(source)
     return results

@@ -147,7 +147,7 @@ def _formats() -> tuple[str, ...]:
 
 
 @contextmanager
-def _strict_pillow() -> Iterator[list[warnings.WarningMessage]]:
+def strict_pillow() -> Iterator[list[warnings.WarningMessage]]:
     """Pillow may not accept truncated files; its warnings are recorded, not emitted."""
     saved = ImageFile.LOAD_TRUNCATED_IMAGES
     ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -317,7 +317,7 @@ def _to_8bit(img: Image.Image, mode: str) -> Image.Image:
     return Image.fromarray(out)
 
 
-def _to_rgb(img: Image.Image) -> Image.Image:
+def to_rgb(img: Image.Image) -> Image.Image:
     mode = img.mode
     if mode in _SIXTEEN_BIT or mode in ("I", "F"):
         img, mode = _to_8bit(img, mode), "L"
@@ -365,8 +365,8 @@ def prepare_image(data: bytes, opts: ImageOptions) -> Prepared:
         if data[:2] == b"\xff\xd8" and too_many_scans(data):
             raise RejectedImage(f"JPEG with more than {MAX_JPEG_SCANS} scans (each scan costs a pass over the "
                                 "whole image: a decode that can take minutes; encoders write at most ~10)")
-        with _strict_pillow() as caught:
-            prep = _prepare(data, opts)
+        with strict_pillow() as caught:
+            prep = prepare_with_pillow(data, opts)
     except MemoryError:
         raise RejectedImage(_OUT_OF_MEMORY) from None
     seen = [_one_line(w.message) for w in caught if not issubclass(w.category, Image.DecompressionBombWarning)]
@@ -388,7 +388,7 @@ def _plain_jpeg(data: bytes, opts: ImageOptions) -> Prepared | None:
     return Prepared(data, "jpg", h, w, False, source_format="JPEG")
 
 
-def _prepare(data: bytes, opts: ImageOptions) -> Prepared:
+def prepare_with_pillow(data: bytes, opts: ImageOptions) -> Prepared:
     """A JPEG with junk between its header segments is repaired losslessly first (``packer.jpeg_repair``)."""
     fixed = repair_header(data) if data[:2] == b"\xff\xd8" else None
     if fixed is None:
@@ -440,7 +440,7 @@ def _prepare_file(data: bytes, opts: ImageOptions) -> Prepared:
             min_w, min_h = min_h, min_w
         sampling = JpegImagePlugin.get_sampling(im)  # keep 4:4:4 / 4:2:2 / 4:2:0 (-1: default)
         im = _jpeg_image(data, im, min_w, min_h, strict=opts.validate)
-    rgb = _to_rgb(im)
+    rgb = to_rgb(im)
     if orientation in _TRANSPOSE:
         rgb = rgb.transpose(_TRANSPOSE[orientation])
     if opts.want_pixels and opts.resize:

@@ -109,7 +109,7 @@ def outcome_bytes(outcome: Outcome) -> int:
     return 0 if prep is None or (prep.pixels is None and prep.data is None) else prep.nbytes
 
 
-def _prepared(root: Path, paths: list[str], opts: ImageOptions, workers: int) -> Iterator[Outcome]:
+def prepared_outcomes(root: Path, paths: list[str], opts: ImageOptions, workers: int) -> Iterator[Outcome]:
     if workers <= 1:
         # One thread prepares while this one writes: the writer's commits, writes and fsyncs release
         # the GIL, and the source is read in those gaps (wds without validation, 5,000 JPEGs, warm:
@@ -145,7 +145,7 @@ def prepare(source: Source, start: int, opts: ImageOptions, workers: int) -> Ite
         # result between processes (measured: 1 process 0.36-0.44x raw copy speed,
         # a 2-worker pool 0.29-0.35x). The writer's process does it all, in two threads.
         workers = 1
-    outcomes = _prepared(source.root, source.paths[start:], opts, workers)
+    outcomes = prepared_outcomes(source.root, source.paths[start:], opts, workers)
     try:
         for pos, outcome in enumerate(outcomes, start=start):
             if outcome.prepared is not None and outcome.prepared.data is None:

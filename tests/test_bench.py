@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import io
 import json
 import os
@@ -318,73 +317,3 @@ def test_quick_cli_end_to_end(tmp_path, capsys):
     assert set(data["limits"]["sequential_read"]) == {"naive", "wds", "lmdb", "hdf5", "mmap"}
     assert data["limits"]["decode_single_core"]["pil_decode"]["images_per_s"] > 0
     assert out_png.stat().st_size > 10_000
-
-
-# --------------------------------------------------------------------------- the layers
-
-
-def _imports(path: Path) -> set[str]:
-    """Top-level package names a module imports (``import x.y``, ``from x.y import z``), lazy imports included."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names
-
-
-def test_measurement_is_the_top_layer():
-    """dataset_bench -> packer -> readers: packer and readers never import dataset_bench, readers never packer."""
-    for pkg, forbidden in (("packer", {"dataset_bench", "bench"}), ("readers", {"dataset_bench", "bench", "packer"})):
-        for path in sorted((REPO / pkg).rglob("*.py")):
-            bad = _imports(path) & forbidden
-            assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"
-
-
-def _module_graph(pkg: str) -> dict[str, set[str]]:
-    """``pkg``'s modules and, for each, the modules of ``pkg`` it imports (module-level or inside functions)."""
-    root = REPO / pkg
-    modules = {".".join((pkg, *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
-               for p in root.rglob("*.py")}
-    graph = {}
-    for path in root.rglob("*.py"):
-        name = ".".join((pkg, *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
-        deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                deps |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
-            elif isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names}
-        graph[name] = {d for d in deps if d in modules and d not in (pkg, name)}
-    return graph
-
-
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle of ``graph`` as a path (first module repeated at the end), or None."""
-    state: dict[str, int] = {}
-
-    def visit(m: str, trail: list[str]) -> list[str] | None:
-        state[m] = 1
-        for d in sorted(graph[m]):
-            if state.get(d) == 1:
-                return trail[trail.index(d):] + [m, d] if d in trail else [m, d]
-            if d not in state and (found := visit(d, trail + [m])):
-                return found
-        state[m] = 2
-        return None
-
-    return next((c for m in sorted(graph) if m not in state and (c := visit(m, [])) is not None), None)
-
-
-def test_cycle_scan_sees_a_function_level_import():
-    assert _cycle({"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": set()}) == ["p.a", "p.b", "p.c", "p.a"]
-    assert _cycle({"p.a": {"p.b"}, "p.b": set()}) is None
-
-
-def test_dataset_bench_modules_import_without_cycles():
-    """No import cycle among dataset_bench's modules, function-level imports included (results <-> report was one)."""
-    graph = _module_graph("dataset_bench")
-    assert {"dataset_bench.results", "dataset_bench.report", "dataset_bench.cli"} <= set(graph)
-    assert "dataset_bench.results" in graph["dataset_bench.report"]  # the edge the scan must see
-    assert _cycle(graph) is None, " -> ".join(_cycle(graph))

@@ -241,7 +241,7 @@ def test_float_conversion_works_in_strips():
     img = Image.fromarray(arr, "F")
     tracemalloc.start()
     try:
-        out = images._to_rgb(img)
+        out = images.to_rgb(img)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -134,7 +134,7 @@ def test_interrupted_conversion_resumes_to_the_same_output(real_wds, tmp_path, m
 
     reference = tmp_path / "reference"
     convert(real_wds, reference, opts(fmt, shard_count=3, checkpoint_bytes=1))
-    real_stage = conv._prepare_stage
+    real_stage = conv.prepare_stage
 
     def failing_stage(index):
         stage = real_stage(index)
@@ -148,7 +148,7 @@ def test_interrupted_conversion_resumes_to_the_same_output(real_wds, tmp_path, m
         return run_stage
 
     out = tmp_path / "out"
-    monkeypatch.setattr(conv, "_prepare_stage", failing_stage)
+    monkeypatch.setattr(conv, "prepare_stage", failing_stage)
     with pytest.raises(PackError):
         convert(real_wds, out, opts(fmt, shard_count=3, checkpoint_bytes=1))
     monkeypatch.undo()

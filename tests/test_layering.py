@@ -1,5 +1,5 @@
-"""The shape of the code: imports flow one way (bench -> packer -> readers -> readers.spec), no
-import cycle anywhere in ``packer/``, ``readers/`` and ``bench/`` (function-level imports
+"""The shape of the code: imports flow one way (dataset_bench -> packer -> readers -> readers.spec), no
+import cycle anywhere in ``packer/``, ``readers/`` and ``dataset_bench/`` (function-level imports
 included), and no module reads another module's ``_private`` names.
 
 An AST scan of the source files: nothing is imported or run.
@@ -11,31 +11,13 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("packer", "readers", "bench")
+PACKAGES = ("packer", "readers", "dataset_bench")
 
-#: Cycles still present on this branch, each fixed by another change (issue 21): api <-> remote_output,
-#: engines/ray <-> ray_wds, bench/results <-> report. An entry that is no longer a cycle fails the
+#: Cycles still present on this branch, each fixed by another change (issue 21): engines/ray <-> ray_wds.
+#: An entry that is no longer a cycle fails the
 #: test, so the list shrinks to nothing (then delete it).
 KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"packer.api", "packer.remote_output"}),
     frozenset({"packer.engines", "packer.engines.ray", "packer.engines.ray_wds"}),
-    frozenset({"bench.results", "bench.report"}),
-}
-
-
-#: Private names still read across modules on this branch, each removed by another change (issue 21):
-#: ``packer.remote_output`` imports ``_looks_like_ours``, which ``packer.output`` no longer has (the
-#: crash of a re-run ``s3://`` pack). An entry no longer found fails the test (then delete it).
-KNOWN_PRIVATE_READS = {
-    "packer/remote_output.py: from packer.output import _looks_like_ours",
-    # tests of other parts that still reach into the module they test (issue 21: "no module or test")
-    "tests/test_pack_formats.py: from packer.formats.wds import _header",
-    "tests/test_tar_header.py: from packer.formats.wds import _header",
-    "tests/test_tar_header.py: from packer.formats.wds import _tarfile_header",
-    "tests/test_reliability_pack.py: packer.workers._prepared",
-    "tests/test_convert.py: packer.convert._prepare_stage",
-    "tests/test_validate_fast.py: from packer.images import _prepare",
-    "tests/test_validate_fast.py: from packer.images import _strict_pillow",
 }
 
 
@@ -145,14 +127,14 @@ def test_no_import_cycles_in_packer_readers_bench():
 
 
 def test_imports_flow_one_way():
-    """readers never imports packer or bench; packer never imports bench; readers.spec and the
+    """readers never imports packer or dataset_bench; packer never imports dataset_bench; readers.spec and the
     modules under it (locations, safe I/O) import nothing of readers but each other."""
     edges = import_graph(_modules())
     for mod, deps in edges.items():
         if mod.startswith("readers"):
-            assert not {d for d in deps if d.startswith(("packer", "bench"))}, mod
+            assert not {d for d in deps if d.startswith(("packer", "dataset_bench"))}, mod
         if mod.startswith("packer"):
-            assert not {d for d in deps if d.startswith("bench")}, mod
+            assert not {d for d in deps if d.startswith("dataset_bench")}, mod
     bottom = {"readers.spec", "readers.safeio", "readers.location", "readers.units"}
     for mod in bottom:
         assert edges[mod] <= bottom, f"{mod} imports {edges[mod] - bottom}"
@@ -204,15 +186,7 @@ def test_private_scan_finds_private_reads(tmp_path):
     assert [line.split(": ", 1)[1] for line in lines] == ["from readers.spec import _hidden", "readers.spec._other"]
 
 
-def _without_line(entry: str) -> str:
-    where, what = entry.split(": ", 1)
-    return f"{where.rsplit(':', 1)[0]}: {what}"
-
-
 def test_no_module_or_test_reads_another_modules_private_names():
     tests = {f"tests.{p.stem}": p for p in sorted((ROOT / "tests").glob("*.py"))}
-    found = {_without_line(e) for e in private_reads({**_modules(), **tests})}
-    new = sorted(found - KNOWN_PRIVATE_READS)
-    assert not new, "modules read other modules' _private names:\n" + "\n".join(new)
-    gone = sorted(KNOWN_PRIVATE_READS - found)
-    assert not gone, f"no longer read: remove {gone} from KNOWN_PRIVATE_READS"
+    found = private_reads({**_modules(), **tests})
+    assert not found, "modules read other modules' _private names:\n" + "\n".join(found)

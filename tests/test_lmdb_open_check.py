@@ -85,9 +85,9 @@ def test_the_open_check_reads_the_same_pages_at_any_size(tmp_path, monkeypatch):
         sizes[n] = (meta.last_pg, padded, unpadded, full)
     (small_pages, small_padded, small_unpadded, small_full), (big_pages, big_padded, big_unpadded, big_full) = \
         sizes[10_000], sizes[40_000]
-    assert big_pages > 3 * small_pages > 3 * lmdbcheck._SMALL_PAGES
+    assert big_pages > 3 * small_pages > 3 * lmdbcheck.SMALL_PAGES
     assert small_padded == big_padded == (2, 2 * 152), sizes  # the two meta pages, nothing else
-    assert small_unpadded[0] == big_unpadded[0] <= 2 + 2 * (lmdbcheck._REACH // 4096 + 1), sizes
+    assert small_unpadded[0] == big_unpadded[0] <= 2 + 2 * (lmdbcheck.REACH // 4096 + 1), sizes
     assert big_full[1] >= big_pages * 4096 * 0.9 and big_full[1] > 3 * small_full[1], sizes  # verify: all
 
 
@@ -154,7 +154,7 @@ def test_damage_that_would_read_past_the_file_is_found_by_verify_and_near_the_en
     root = tmp_path / "ds"
     _dataset(root, packed_generated["lmdb"], 8_000)
     data = root / spec.DATA_FILE["lmdb"]
-    assert data.stat().st_size > lmdbcheck.TAIL_PAD + 1.3 * lmdbcheck._SMALL_PAGES * 4096  # not read whole at open
+    assert data.stat().st_size > lmdbcheck.TAIL_PAD + 1.3 * lmdbcheck.SMALL_PAGES * 4096  # not read whole at open
     index = spec.read_index(root)
     arrays = {name: np.array(a) for name, a in index.arrays.items()}
     fd = os.open(data, os.O_RDONLY)
@@ -174,7 +174,7 @@ def test_damage_that_would_read_past_the_file_is_found_by_verify_and_near_the_en
         arrays["sizes"][sample] = size
     else:
         page, _ = _rightmost_leaf(blob)
-        assert len(blob) - page * psize < lmdbcheck._REACH
+        assert len(blob) - page * psize < lmdbcheck.REACH
         struct.pack_into("<H", blob, page * psize + 16, 0xFFF0)  # node 0 at byte 65520 of the page
     data.write_bytes(bytes(blob))
     spec.write_index(root, dict(index.meta, files={data.name: len(blob)}), arrays)

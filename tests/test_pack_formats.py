@@ -39,7 +39,7 @@ from PIL import Image
 
 from conftest import make_image_folder
 from packer import PackOptions, pack
-from packer.formats.wds import WdsWriter, _header
+from packer.formats.wds import WdsWriter, tar_header
 from packer.images import Prepared
 from packer.output import SHARD_LOG_NAME
 from readers import spec
@@ -517,7 +517,7 @@ _names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789._-", min_size=1,
 @settings(max_examples=60, deadline=None)
 @given(name=_names, size=st.integers(0, 8**11 - 1))
 def test_tar_header_parses_back(name, size):
-    block = _header(name, size)
+    block = tar_header(name, size)
     assert len(block) == 512
     info = tarfile.TarInfo.frombuf(block, "utf-8", "strict")  # checks the header checksum
     assert (info.name, info.size, info.mode, info.mtime, info.uid, info.gid) == (name, size, 0o444, 0, 0, 0)

@@ -140,7 +140,7 @@ def test_a_file_overwritten_after_validation_is_not_stored(tmp_path, monkeypatch
 
     src = make_image_folder(tmp_path / "src", classes=2, per_class=8, png_every=0)
     victim = "class_01/img_002.JPEG"
-    real = workers._prepared
+    real = workers.prepared_outcomes
 
     def racing(root, paths, opts, n):
         for rel, outcome in zip(paths, real(root, paths, opts, n)):
@@ -150,7 +150,7 @@ def test_a_file_overwritten_after_validation_is_not_stored(tmp_path, monkeypatch
                 (root / rel).write_bytes(bytes(data))
             yield outcome
 
-    monkeypatch.setattr(workers, "_prepared", racing)
+    monkeypatch.setattr(workers, "prepared_outcomes", racing)
     out = tmp_path / "out"
     opts = dict(format="lmdb", workers=2, checkpoint_bytes=4096)
     with pytest.raises(PackError, match=rf"{victim} changed while it was being packed \(same size, other bytes\);"

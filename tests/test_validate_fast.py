@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from packer.images import ImageOptions, RejectedImage, _prepare, _strict_pillow, prepare_image
+from packer.images import ImageOptions, RejectedImage, prepare_with_pillow, strict_pillow, prepare_image
 from packer.validate_fast import exif_orientation, plain_jpeg_size
 
 
@@ -49,8 +49,8 @@ def outcome(fn, data: bytes, opts: ImageOptions):
 
 
 def full_path(data: bytes, opts: ImageOptions):
-    with _strict_pillow():  # as prepare_image runs it: Pillow's warnings recorded, not raised
-        return _prepare(data, opts)  # the Pillow path, no fast path in front
+    with strict_pillow():  # as prepare_image runs it: Pillow's warnings recorded, not raised
+        return prepare_with_pillow(data, opts)  # the Pillow path, no fast path in front
 
 
 CASES = {

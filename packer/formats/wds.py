@@ -121,7 +121,7 @@ class ShardLog:
         return shards, (want, end)
 
 
-def _tarfile_header(name: str, size: int) -> bytes:
+def tarfile_header(name: str, size: int) -> bytes:
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = size, 0o444, 0
     info.uid = info.gid = 0
@@ -140,14 +140,14 @@ _REST = (b"0" + b"\0" * 100 + b"ustar\x0000" + b"\0" * 64  # type, linkname, mag
 _FIXED_SUM = sum(_MODE_IDS) + sum(_MTIME) + sum(_REST) + 8 * ord(" ")  # the checksum field counts as spaces
 
 
-def _header(name: str, size: int) -> bytes:
+def tar_header(name: str, size: int) -> bytes:
     """The 512-byte ustar header ``tarfile`` (Python 3.11+) writes for a regular file ``name`` of ``size``
     bytes with mode 0o444, mtime 0, uid/gid 0 and no owner names, built directly: tarfile's path costs
     ~40 us per header (a tenth of a sample's cost when converting), and its bytes vary between Python
     versions (device fields), while these do not."""
     raw = name.encode("utf-8")
     if len(raw) > 100 or size >= 8**11:  # a long name (prefix field) or a huge file: tarfile's own rules
-        return _tarfile_header(name, size)
+        return tarfile_header(name, size)
     size_field = b"%011o\0" % size
     checksum = _FIXED_SUM + sum(raw) + sum(size_field)
     return raw.ljust(100, b"\0") + _MODE_IDS + size_field + _MTIME + b"%06o\0 " % checksum + _REST
@@ -200,8 +200,8 @@ class WdsWriter(FormatWriter):
         offset = self._pos + spec.TAR_BLOCK
         cls = str(label).encode()
         # one write and one checksum call per sample: the header, the image, its padding, the label
-        self._emit(b"".join((_header(f"{key}.{prepared.ext}", size), prepared.data, _pad(size),
-                             _header(f"{key}.cls", len(cls)), cls, _pad(len(cls)))))
+        self._emit(b"".join((tar_header(f"{key}.{prepared.ext}", size), prepared.data, _pad(size),
+                             tar_header(f"{key}.cls", len(cls)), cls, _pad(len(cls)))))
         self._count += 1
         shard = len(self.shards)
         limit = self.options.shard_count
@@ -272,4 +272,4 @@ def sample_tar(sample_no: int, ext: str, size: int, label: int) -> tuple[bytes, 
     this class (the Ray engine's tasks); tests check both give the same bytes."""
     key = spec.wds_key(sample_no)
     cls = str(label).encode()
-    return _header(f"{key}.{ext}", size), _pad(size) + _header(f"{key}.cls", len(cls)) + cls + _pad(len(cls))
+    return tar_header(f"{key}.{ext}", size), _pad(size) + tar_header(f"{key}.cls", len(cls)) + cls + _pad(len(cls))

@@ -17,7 +17,7 @@ pages, whatever the size of the database):
    those of a plain database (no duplicates, no integer or reverse keys, no
    fixed key size), as the packer writes them.
 2. **The last pages**: inside a branch or leaf page, liblmdb reads at most
-   :data:`_REACH` bytes from the page's start whatever the page says (node
+   :data:`REACH` bytes from the page's start whatever the page says (node
    pointer array, node headers, up to 10 key bytes compared: the packer's
    keys, and a big value's overflow page number). Only a page starting less
    than that before the end of the file can make those reads leave it: each
@@ -26,7 +26,7 @@ pages, whatever the size of the database):
    :data:`TAIL_PAD` zero bytes, so for its packs there is none. When one
    fails (it may only be the bytes of a big value, never read as a page) the
    whole tree is checked, which decides.
-3. A tree of at most :data:`_SMALL_PAGES` pages is checked whole (bounded
+3. A tree of at most :data:`SMALL_PAGES` pages is checked whole (bounded
    cost: at most 1 MB read at 4 KB pages).
 
 **The full check** (``full=True``: ``pack-dataset verify``): every branch
@@ -41,7 +41,7 @@ It reads every branch and leaf page, which for thumbnails is the whole file
 reader process and now runs in ``verify``.
 
 What the open check leaves to ``verify``: in a tree of more than
-:data:`_SMALL_PAGES` pages, a leaf away from the end of the file whose value
+:data:`SMALL_PAGES` pages, a leaf away from the end of the file whose value
 size or overflow page number was damaged (or crafted) to reach past the end
 of the file. py-lmdb touches every page of a value it returns (it prefaults
 them, inside ``txn.get`` and ``Cursor.value``), before the reader can
@@ -75,12 +75,12 @@ _BATCH = 1024  # pages checked per vectorized step
 #: Bytes past the start of a page that liblmdb may read taking it for a branch or leaf: pointer array
 #: (lower <= 65535), a node header at a pointer <= 65535 (8 bytes), up to 10 key bytes compared
 #: and a big value's 8-byte overflow page number.
-_REACH = 65535 + 8 + 10 + 8
+REACH = 65535 + 8 + 10 + 8
 #: Zero bytes the packer appends to data.mdb (liblmdb ignores them): no page then starts within
-#: _REACH bytes of the end, so the open check reads the two meta pages and nothing else.
+#: REACH bytes of the end, so the open check reads the two meta pages and nothing else.
 TAIL_PAD = 128 << 10
 #: A tree of at most this many pages is checked whole at open (at most 1 MB read at 4 KB pages).
-_SMALL_PAGES = 256
+SMALL_PAGES = 256
 
 # (path, st_dev, st_ino, st_size, st_mtime_ns, full) of files already checked in this process
 _CHECKED: set[tuple] = set()
@@ -146,7 +146,7 @@ def check_file(fd: int, path: str, *, full: bool = False) -> LmdbMeta:
         raise spec.DatasetFormatError(f"{path}: the LMDB database has flags {meta.flags:#x} (key size "
                                       f"{meta.key_pad}); a packed dataset is a plain database (no duplicates, "
                                       "integer or reverse keys)")
-    full = full or meta.last_pg < _SMALL_PAGES
+    full = full or meta.last_pg < SMALL_PAGES
     if meta.root != _P_INVALID and (full or not _tail_ok(fd, path, meta, st.st_size)):
         _check_tree(fd, path, meta)
         full = True
@@ -155,9 +155,9 @@ def check_file(fd: int, path: str, *, full: bool = False) -> LmdbMeta:
 
 
 def _tail_ok(fd: int, path: str, meta: LmdbMeta, size: int) -> bool:
-    """True when every page starting within _REACH bytes of the file's end that liblmdb would take for
+    """True when every page starting within REACH bytes of the file's end that liblmdb would take for
     a branch or leaf page passes the page check (False: maybe damage, maybe a big value's bytes)."""
-    first = max(2, (size - _REACH) // meta.psize + 1)
+    first = max(2, (size - REACH) // meta.psize + 1)
     for p in range(first, meta.last_pg + 1):
         flags = struct.unpack("<H", os.pread(fd, 12, p * meta.psize)[10:12])[0]
         if flags & (_P_BRANCH | _P_LEAF):
