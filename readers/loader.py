@@ -100,16 +100,13 @@ class Collate:
         self.ring = shmring.ShmSlots(slots) if shmring.available() else None
 
     def __call__(self, batch: Sequence[tuple]) -> Any:
-        if isinstance(batch, GatheredItems):  # the reader read the whole batch: nothing per sample
-            return batch.gather()
-        if (self.ring is not None and batch and isinstance(batch[0][0], (bytes, bytearray))
-                and get_worker_info() is not None):
-            columns = list(zip(*batch))
-            rest = tuple(torch.as_tensor(c, dtype=torch.int64) for c in columns[1:])
-            packed = self.ring.pack(columns[0], rest)
+        if (self.ring is not None and batch and not isinstance(batch, GatheredItems)
+                and isinstance(batch[0][0], (bytes, bytearray)) and get_worker_info() is not None):
+            images, *rest = zip(*batch)
+            packed = self.ring.pack(images, tuple(torch.as_tensor(c, dtype=torch.int64) for c in rest))
             if packed is not None:
                 return packed
-        return collate(batch)
+        return collate(batch)  # whole-batch reads, decoded images, the main process
 
 
 STATE_VERSION = 1
