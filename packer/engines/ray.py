@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import ray
 import ray.exceptions
 
-from packer.engines import tasks
+import packer.engines.tasks as tasks
 from packer.engines.io import LocalFiles, LocalOutput
 from packer.engines.ray_wds import DeferredBytes, RayWdsWriter
 from packer.errors import PackError, UsageError
