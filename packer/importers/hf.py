@@ -229,11 +229,14 @@ def _read(table: Any, rows: list[int], positions: list[int], opts: ImageOptions)
 def _image_bytes(image: dict, base: Path, opts: ImageOptions) -> Any:
     """An image's bytes, embedded in the table or read from the file it names (not read when the file
     is over the byte budget: ``packer.workers.read_source``)."""
-    try:
-        if image.get("bytes") is not None:
+    if image.get("bytes") is not None:
+        try:
             check_file_size(len(image["bytes"]), opts)  # before it goes to a worker
-            return image["bytes"]
-        path = _resolve(image["path"], base)
+        except RejectedImage as exc:
+            return str(exc)
+        return image["bytes"]
+    path = _resolve(image["path"], base)
+    try:
         return read_source(path, opts)
     except RejectedImage as exc:
         return str(exc)
