@@ -295,3 +295,44 @@ def test_driver_sigkill_then_resume_finishes_identical(big_src, cluster, tmp_pat
     assert resumed >= 150  # the chunks written before the kill were skipped
     assert _files(out) == _files(reference) if fmt == "wds" else _same_content(out, reference)
     assert subprocess.run([*CLI, "verify", str(out), "-q"]).returncode == 0
+
+
+JOURNAL_BYTES = """
+    import json, sys
+    from pathlib import Path
+    from packer import PackOptions, pack
+    from readers import spec
+    address, *pairs = sys.argv[1:]
+    write, sizes = spec.write_json_atomic, []
+
+    def counted(path, obj):  # the size of pack-state.json after each time the pack writes it
+        write(path, obj)
+        if Path(path).name == spec.STATE_NAME:
+            sizes.append(Path(path).stat().st_size)
+
+    spec.write_json_atomic = counted
+    found = {}
+    for src, out in zip(pairs[::2], pairs[1::2]):
+        sizes.clear()
+        [done] = pack(src, out, PackOptions(format="wds", engine="ray", ray_address=address, shard_count=1,
+                                            checkpoint_bytes=1))
+        found[len(json.loads((Path(out) / spec.INDEX_NAME).read_text())["shards"])] = list(sizes)
+    print(json.dumps(found))
+"""
+
+
+def test_a_ray_wds_checkpoint_writes_as_many_journal_bytes_at_40_shards_as_at_10(cluster, tmp_path):
+    """The journal records the shard log's length, as the local engine's does, not every shard so far."""
+    cluster.scale(1)
+    args = []
+    for shards in (10, 40):
+        src = make_image_folder(tmp_path / f"src{shards}" / "train", classes=2, per_class=shards // 2,
+                                size=(24, 24), png_every=0)
+        args += [str(src), str(tmp_path / f"out{shards}")]
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(JOURNAL_BYTES), cluster.address, *args],
+                          env=cluster.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    written = {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+    assert len(written[10]) >= 10 and len(written[40]) >= 40  # a checkpoint at every closed shard
+    assert max(written[40]) - max(written[10]) < 64, (max(written[10]), max(written[40]))
+    assert sum(written[40]) < 4.5 * sum(written[10]), (sum(written[10]), sum(written[40]))

@@ -5,6 +5,7 @@ The engine on a real cluster is tested in test_ray_engine.py (slow).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -130,10 +131,58 @@ def test_ray_wds_layout_is_the_local_writers(tmp_path_factory, sizes, chunk, sha
         writer.checkpoint()
     assert locations[local] == locations[remote]  # offsets and shard numbers
     assert local.finalize({}, {}) == remote.finalize({}, {})  # shard records: names, counts, bytes, CRCs
-    files = sorted(p.name for p in local_root.iterdir() if p.name != SHARD_LOG_NAME)  # the local writer's journal
-    assert sorted(p.name for p in ray_root.iterdir()) == files
+    files = sorted(p.name for p in local_root.iterdir())
+    assert sorted(p.name for p in ray_root.iterdir()) == files  # shards, wids index and both writers' shard logs
     for name in files:
         assert (ray_root / name).read_bytes() == (local_root / name).read_bytes()
+
+
+def _checkpoint_sizes(root: Path, shards: int) -> list[int]:
+    """The journal bytes of each checkpoint of a Ray wds pack of ``shards`` one-sample shards."""
+    root.mkdir()
+    payload = np.frombuffer(b"x" * 100, dtype=np.uint8)
+    writer = RayWdsWriter(root, "s", PackOptions(format="wds", shard_count=1, checkpoint_bytes=1), 0,
+                          session=InProcess({"p": payload}))
+    writer.open(shards, None)
+    sizes = []
+    for i in range(shards):
+        writer.append(i, Prepared(data=DeferredBytes(100, "p", 0), ext="jpg", height=1, width=1, changed=False), 0)
+        if writer.at_checkpoint_boundary():
+            sizes.append(len(json.dumps(writer.checkpoint())))
+    assert len(writer.finalize({}, {})["shards"]) == shards
+    return sizes
+
+
+def test_a_ray_wds_checkpoint_writes_as_many_journal_bytes_at_40_shards_as_at_10(tmp_path):
+    """The Ray writer journals the shard log's length, as WdsWriter does, not the list of every shard
+    (~110 bytes more at each shard closed: quadratic over a pack)."""
+    sizes = {n: _checkpoint_sizes(tmp_path / str(n), n) for n in (10, 40)}
+    assert len(sizes[10]) == 10 and len(sizes[40]) == 40  # a checkpoint at every closed shard
+    assert max(sizes[40]) - max(sizes[10]) < 8, (max(sizes[10]), max(sizes[40]))
+    assert sum(sizes[40]) < 4.5 * sum(sizes[10]), (sum(sizes[10]), sum(sizes[40]))
+    log = (tmp_path / "40" / SHARD_LOG_NAME).read_text().splitlines()
+    assert [json.loads(line)["name"] for line in log] == [spec.shard_name("s", k) for k in range(40)]
+
+
+def test_a_ray_wds_pack_resumes_from_its_shard_log(tmp_path):
+    """Resume reads the shards back from the log the checkpoint vouches for; a record after it is dropped."""
+    payloads = {"p": np.frombuffer(b"x" * 100, dtype=np.uint8)}
+    opts = PackOptions(format="wds", shard_count=1, checkpoint_bytes=1)
+    writer = RayWdsWriter(tmp_path, "s", opts, 0, session=InProcess(payloads))
+    writer.open(3, None)
+    for i in range(3):
+        writer.append(i, Prepared(data=DeferredBytes(100, "p", 0), ext="jpg", height=1, width=1, changed=False), 0)
+        if i == 1:
+            state = writer.checkpoint()
+    writer.checkpoint()  # the third shard: in the log, not vouched for by ``state``
+    writer.abort()
+    assert state == {"shards_closed": 2, "log_bytes": len(b"".join(
+        (tmp_path / SHARD_LOG_NAME).read_bytes().splitlines(keepends=True)[:2]))}
+    resumed = RayWdsWriter(tmp_path, "s", opts, 0, session=InProcess(payloads))
+    resumed.open(3, state)
+    assert [s["name"] for s in resumed.shards] == ["s-000000.tar", "s-000001.tar"]
+    assert not (tmp_path / "s-000002.tar").exists()  # written after the checkpoint: rewritten
+    resumed.abort()
 
 
 def test_resume_rejects_a_damaged_shard(tmp_path):
@@ -147,12 +196,15 @@ def test_resume_rejects_a_damaged_shard(tmp_path):
     session = InProcess({})
     writer = RayWdsWriter(tmp_path, "s", PackOptions(format="wds"), 0, session=session)
     writer.open(1, {"shards": [record]})  # intact: kept; the stray temp file is removed
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s-000000.tar"]
+    writer.abort()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s-000000.tar", SHARD_LOG_NAME]
     with open(tmp_path / "s-000000.tar", "r+b") as f:
         f.seek(600)
         f.write(b"y")
+    damaged = RayWdsWriter(tmp_path, "s", PackOptions(format="wds"), 0, session=session)
     with pytest.raises(PackError, match=r"s-000000\.tar, written before the interruption, no longer matches"):
-        RayWdsWriter(tmp_path, "s", PackOptions(format="wds"), 0, session=session).open(1, {"shards": [record]})
+        damaged.open(1, {"shards_closed": 1, "log_bytes": (tmp_path / SHARD_LOG_NAME).stat().st_size})
+    damaged.abort()  # as the pipeline does after a failed open: the log is closed
 
 
 # ---------------------------------------------------------------- options and imports

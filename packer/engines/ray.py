@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import ray
 import ray.exceptions
 
-from packer.engines import tasks
+import packer.engines.tasks as tasks
 from packer.engines.io import LocalFiles, LocalOutput
 from packer.engines.ray_wds import DeferredBytes, RayWdsWriter
 from packer.errors import PackError, UsageError
@@ -78,9 +78,11 @@ class ChunkSummary(NamedTuple):
 
 
 @ray.remote(num_cpus=1, max_retries=MAX_RETRIES)
-def prepare_chunk(files: LocalFiles, rels: list[str], opts: ImageOptions, detach: bool):
-    """Prepare one chunk; ``detach`` (wds): two returns, the summary and the stored bytes."""
-    done = tasks.prepare_files(files, rels, opts, detach=detach)
+def prepare_chunk(files: LocalFiles, rels: list[str], opts: ImageOptions, detach: bool,
+                  sizes: list[int] | None = None):
+    """Prepare one chunk (``sizes``: the files' as scanned, checked against the byte budget before a
+    read); ``detach`` (wds): two returns, the summary and the stored bytes."""
+    done = tasks.prepare_files(files, rels, opts, detach=detach, sizes=sizes)
     summary = ChunkSummary(done.outcomes, done.spans, done.nbytes, ray.get_runtime_context().get_node_id())
     return (summary, done.payload) if detach else summary
 
@@ -219,10 +221,11 @@ class RaySession:
             raise PackError(f"{what}: the Ray cluster could not finish it ({type(exc).__name__}: "
                             f"{_one_line(exc)}); re-run with --resume") from None
 
-    def submit_chunk(self, files: LocalFiles, rels: list[str], opts: ImageOptions, detach: bool) -> list[Any]:
+    def submit_chunk(self, files: LocalFiles, rels: list[str], sizes: list[int], opts: ImageOptions,
+                     detach: bool) -> list[Any]:
         if detach:
-            return list(prepare_chunk.options(num_returns=2).remote(files, rels, opts, True))
-        return [prepare_chunk.remote(files, rels, opts, False)]
+            return list(prepare_chunk.options(num_returns=2).remote(files, rels, opts, True, sizes))
+        return [prepare_chunk.remote(files, rels, opts, False, sizes)]
 
     def write_shard(self, output: LocalOutput, name: str, parts: list[tasks.ShardPart], refs: list[Any]) -> Any:
         return write_shard.remote(output, name, parts, *refs)
@@ -265,7 +268,9 @@ class _ChunkStage:
             while True:
                 while len(pending) < self._window(biggest) and (chunk := next(todo, None)) is not None:
                     a, b = chunk
-                    pending.append((a, b, self.session.submit_chunk(files_ref, source.paths[a:b], opts, self.detach)))
+                    submitted = self.session.submit_chunk(files_ref, source.paths[a:b], source.sizes[a:b], opts,
+                                                          self.detach)
+                    pending.append((a, b, submitted))
                 if not pending:
                     return
                 a, b, refs = pending.popleft()

@@ -13,8 +13,11 @@ with the same layout function as ``WdsWriter``, fsyncs it and publishes it
 under its final name.
 
 Durability. A checkpoint waits for every shard dispatched so far, so the
-journal lists only shards that exist whole, with their CRC-32 as the task
-computed it. Checkpoints happen when a shard closes and at least
+shard log (:class:`~packer.formats.wds.ShardLog`, ``shard-log.jsonl``, as
+the local writer keeps it) lists only shards that exist whole, with their
+CRC-32 as the task computed it; the journal records only how much of the
+log to trust, so a checkpoint writes O(1) journal bytes however many shards
+came before. Checkpoints happen when a shard closes and at least
 ``checkpoint_bytes`` were dispatched since the last one (waiting costs the
 driver one shard's write; prepare tasks keep running meanwhile). On resume,
 every journaled shard is read back (in tasks) and checked against its
@@ -25,20 +28,33 @@ split is deleted and rewritten.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from packer.engines.io import LocalOutput
 from packer.engines.tasks import ShardPart
 from packer.errors import PackError
-from packer.formats.wds import END_OF_ARCHIVE, WdsWriter
+from packer.formats.wds import END_OF_ARCHIVE, ShardLog, WdsWriter
 from packer.images import Prepared
 from packer.options import PackOptions
 from readers import spec
 
-if TYPE_CHECKING:
-    from packer.engines.ray import RaySession
+__all__ = ["DeferredBytes", "RayWdsWriter", "ShardTasks"]
 
-__all__ = ["DeferredBytes", "RayWdsWriter"]
+
+class ShardTasks(Protocol):
+    """What the writer asks of the engine (``packer.engines.ray.RaySession`` provides it)."""
+
+    def write_shard(self, output: Any, name: str, parts: list[ShardPart], refs: list[Any]) -> Any:
+        """Start a task that writes shard ``name`` from ``parts``; a handle for :meth:`shard_written`."""
+
+    def shard_written(self, task: Any) -> dict[str, Any]:
+        """Wait for a ``write_shard`` task; the record of the shard it wrote."""
+
+    def file_crcs(self, output: Any, names: list[str]) -> list[tuple[int, int] | None]:
+        """(CRC-32, size) of each file of ``output`` named, or None where it is missing."""
+
+    def cancel(self, tasks: list[Any]) -> None:
+        """Cancel tasks that are still running."""
 
 
 class DeferredBytes:
@@ -78,17 +94,19 @@ class RayWdsWriter(WdsWriter):
     """WdsWriter's decisions and finish, with the shard bytes written by Ray tasks."""
 
     def __init__(self, root: Path, split: str, options: PackOptions, estimated_bytes: int, *,
-                 session: RaySession, output: Any = None) -> None:
+                 session: ShardTasks, output: Any = None) -> None:
         super().__init__(root, split, options, estimated_bytes)
         self.session = session
         self.output = output if output is not None else LocalOutput(root)  # or a StoreOutput (s3://)
 
     def open(self, samples: int, state: dict[str, Any] | None) -> None:
-        self.shards: list[dict[str, Any]] = list(state["shards"]) if state else []
+        self._file = None  # no shard file is open here: tasks write them (WdsWriter.abort's test)
+        self._pending: list[tuple[Any, dict[str, Any]]] = []  # (task, the record it must return)
+        self._log = ShardLog(self.root)  # abort() closes it, also when the check below fails
+        self.shards: list[dict[str, Any]] = self._log.resume(state)
         self._check_written(self.shards)
         self.output.remove_except(f"{self.split}-*.tar*", {s["name"] for s in self.shards})
         self._open: _OpenShard | None = None
-        self._pending: list[tuple[Any, dict[str, Any]]] = []  # (task, the record it must return)
         self._closed = len(self.shards)
         self._since = 0  # shard bytes dispatched since the last checkpoint
         self._just_closed = False
@@ -145,9 +163,10 @@ class RayWdsWriter(WdsWriter):
                 raise PackError(f"{self.output.where(expect['name'])}: internal error, the task wrote "
                                 f"{record} where {expect} was laid out")
             self.shards.append(record)
+            self._log.append(record)
         self._since = 0
         self._just_closed = False
-        return {"shards": list(self.shards)}
+        return self._log.checkpoint(len(self.shards))
 
     def end_samples(self) -> None:
         if self._open is not None:
@@ -163,3 +182,4 @@ class RayWdsWriter(WdsWriter):
     def abort(self) -> None:
         self.session.cancel([task for task, _ in self._pending])
         self._pending = []
+        super().abort()

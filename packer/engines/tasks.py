@@ -23,7 +23,7 @@ import numpy as np
 
 from packer.engines.io import LocalFiles, LocalOutput
 from packer.formats.wds import END_OF_ARCHIVE, sample_tar
-from packer.images import ImageOptions
+from packer.images import ImageOptions, RejectedImage, check_file_size
 from packer.pool import ordered_map
 from packer.workers import Outcome, outcome_bytes, outcome_of
 from readers import spec
@@ -51,10 +51,15 @@ def plan_chunks(sizes: Sequence[int], start: int, images: int, max_bytes: int) -
     return [(max(a, start), b) for a, b in chunks if b > start]
 
 
-def prepare_file(files: LocalFiles, rel: str, opts: ImageOptions) -> Outcome:
-    """Read, validate and normalize one source file, as a local pool worker does."""
+def prepare_file(files: LocalFiles, rel: str, opts: ImageOptions, size: int | None = None) -> Outcome:
+    """Read, validate and normalize one source file, as a local pool worker does. ``size``: its size as
+    the scan found it (an object store's listing): over the byte budget, it is rejected unread."""
     try:
+        if size is not None:
+            check_file_size(size, opts)
         data = files.read(rel)
+    except RejectedImage as exc:
+        return Outcome(None, problem=str(exc))
     except OSError as exc:
         return Outcome(None, problem=f"{files.where(rel)}: read error: {exc.strerror or exc}", unreadable=True)
     return outcome_of(data, opts)
@@ -69,10 +74,13 @@ class PreparedChunk(NamedTuple):
     nbytes: int  # bytes stored (encoded bytes or pixels) by this chunk
 
 
-def prepare_files(files: LocalFiles, rels: Sequence[str], opts: ImageOptions, *, detach: bool) -> PreparedChunk:
-    """The outcomes of ``rels`` in order. ``detach``: each stored byte string moves into
-    ``payload`` and its outcome keeps ``data=b""`` (pixels are never detached)."""
-    outcomes = [prepare_file(files, rel, opts) for rel in rels]
+def prepare_files(files: LocalFiles, rels: Sequence[str], opts: ImageOptions, *, detach: bool,
+                  sizes: Sequence[int] | None = None) -> PreparedChunk:
+    """The outcomes of ``rels`` in order (``sizes``: theirs, as scanned; see :func:`prepare_file`).
+    ``detach``: each stored byte string moves into ``payload`` and its outcome keeps ``data=b""``
+    (pixels are never detached)."""
+    known = sizes if sizes is not None else [None] * len(rels)
+    outcomes = [prepare_file(files, rel, opts, size) for rel, size in zip(rels, known, strict=True)]
     stored = [o.prepared for o in outcomes if o.prepared is not None]
     nbytes = sum(p.nbytes for p in stored)
     if not detach:
@@ -147,10 +155,12 @@ def file_crc(output: LocalOutput, name: str) -> tuple[int, int] | None:
 def prepare_in_pool(files: Any, source: Any, start: int, opts: ImageOptions, workers: int,
                     chunk: int = 16) -> Iterator[Outcome]:
     """Outcomes of ``source.paths[start:]`` in order, read through ``files`` by ``workers`` processes
-    (``packer.pool``; stores rebuild their client after the fork).
+    (``packer.pool``; stores rebuild their client after the fork). An object whose listed size
+    (``source.sizes``) is over the byte budget is rejected without a GET.
 
     Closing the iterator early stops the pool at once.
     """
     rels = source.paths[start:]
-    yield from ordered_map(lambda rel: prepare_file(files, rel, opts), rels, workers, chunk=chunk,
-                           result_weight=outcome_bytes, describe=lambda n: files.where(rels[n]))
+    sizes = source.sizes[start:]
+    yield from ordered_map(lambda n: prepare_file(files, rels[n], opts, sizes[n]), range(len(rels)), workers,
+                           chunk=chunk, result_weight=outcome_bytes, describe=lambda n: files.where(rels[n]))

@@ -46,8 +46,8 @@ class ShardLog:
 
     The checkpoint state is ``{"shards_closed": n, "log_bytes": b}``: the log's first ``b``
     bytes hold the first ``n`` shards, durable. Journals of earlier versions held the whole
-    list (``{"shards": [...]}``, rewritten at every checkpoint); they still resume, and so
-    does any writer whose state is such a list (the Ray engine's).
+    list (``{"shards": [...]}``, rewritten at every checkpoint); they still resume (the Ray
+    engine's ``RayWdsWriter`` wrote such lists too, and now keeps this log as well).
     """
 
     def __init__(self, root: Path) -> None:
@@ -98,7 +98,7 @@ class ShardLog:
         """The shards of checkpoint ``state`` after the first ``since[0]`` (which end at byte
         ``since[1]`` of the log), and the position after them: a caller that follows the
         checkpoints reads each record once."""
-        if "shards" in state:  # an earlier journal's list, or the Ray engine's
+        if "shards" in state:  # an earlier version's journal (either engine's) listed every shard
             return list(state["shards"][since[0]:]), (len(state["shards"]), 0)
         path, (count, start) = root / SHARD_LOG_NAME, since
         want, end = int(state["shards_closed"]), int(state["log_bytes"])

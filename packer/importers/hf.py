@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from packer.errors import SourceError
+from packer.images import ImageOptions, RejectedImage, check_file_size
 from packer.importers.stage import Unreadable, bytes_stage
 from packer.source import Source
+from packer.workers import read_source
 
 __all__ = ["is_hf_source", "scan_hf"]
 
@@ -204,7 +206,7 @@ def _scan_table(split: str, table: Any) -> Source:
     source = Source(table.path, cols.classes, paths, labels, sizes, ignored=ignored, kind="hf",
                     details={"split": split, "image_column": cols.image, "label_column": cols.label,
                              "rows": table.rows})
-    source.prepare = bytes_stage(lambda positions: _read(table, rows, positions))
+    source.prepare = bytes_stage(lambda positions, opts: _read(table, rows, positions, opts))
     return source
 
 
@@ -215,22 +217,29 @@ def _file_size(path: str, base: Path) -> int:
         return 0
 
 
-def _read(table: Any, rows: list[int], positions: list[int]) -> Iterator[Any]:
+def _read(table: Any, rows: list[int], positions: list[int], opts: ImageOptions) -> Iterator[Any]:
     """The image bytes of the samples at ``positions`` (scan positions), in that order (a rejection
-    reason when an image's bytes and file are missing)."""
+    reason when an image's bytes and file are missing, or over the byte budget)."""
     for a in range(0, len(positions), _BATCH):
         wanted = [rows[p] for p in positions[a:a + _BATCH]]
         for image in table.take(wanted, table.columns.image):
-            yield _image_bytes(image or {}, table.path)
+            yield _image_bytes(image or {}, table.path, opts)
 
 
-def _image_bytes(image: dict, base: Path) -> Any:
+def _image_bytes(image: dict, base: Path, opts: ImageOptions) -> Any:
+    """An image's bytes, embedded in the table or read from the file it names (not read when the file
+    is over the byte budget: ``packer.workers.read_source``)."""
     if image.get("bytes") is not None:
+        try:
+            check_file_size(len(image["bytes"]), opts)  # before it goes to a worker
+        except RejectedImage as exc:
+            return str(exc)
         return image["bytes"]
     path = _resolve(image["path"], base)
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return read_source(path, opts)
+    except RejectedImage as exc:
+        return str(exc)
     except FileNotFoundError:
         return f"image file {path} not found"
     except OSError as exc:

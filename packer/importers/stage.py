@@ -54,13 +54,14 @@ def _apply(fn: Callable[[Any, ImageOptions], Outcome], opts: ImageOptions, item:
     return fn(item, opts)
 
 
-def bytes_stage(read: Callable[[list[int]], Iterator[Any]]) -> Callable[..., Iterator[Outcome]]:
-    """A prepare stage over ``read(positions)``: the items at those scan positions, in that order, each
-    the image's bytes, a ``str`` (reject it with this reason) or an :class:`Unreadable`. The stage
-    asks for ``source.positions(start)``: the written order, shuffled or not."""
+def bytes_stage(read: Callable[[list[int], ImageOptions], Iterator[Any]]) -> Callable[..., Iterator[Outcome]]:
+    """A prepare stage over ``read(positions, opts)``: the items at those scan positions, in that order,
+    each the image's bytes, a ``str`` (reject it with this reason) or an :class:`Unreadable`. ``read``
+    rejects an item over ``opts``' byte budget (``packer.images.check_file_size``) before it reads it.
+    The stage asks for ``source.positions(start)``: the written order, shuffled or not."""
 
     def stage(source: Any, start: int, opts: ImageOptions, workers: int) -> Iterator[Outcome]:
-        items = read(source.positions(start))
+        items = read(source.positions(start), opts)
         try:
             yield from ordered_outcomes(items, prepare_bytes, opts, workers,
                                         describe=lambda n: f"{source.root}/{source.paths[start + n]}")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from packer.errors import SourceError
+from packer.images import ImageOptions, RejectedImage, check_file_size
 from packer.importers.stage import Unreadable, bytes_stage
 from packer.source import IMAGE_EXTENSIONS, Source
 
@@ -165,16 +166,23 @@ def scan_wds(src: Path) -> Source:
     classes, labels = _classes(raw, src, member)
     source = Source(root, classes, paths, labels, sizes, ignored=ignored, kind="wds",
                     details={"shards": len(shards), "first_shard": shards[0].name if shards else None})
-    source.prepare = bytes_stage(lambda positions: _read(shards, where, sizes, positions))
+    source.prepare = bytes_stage(lambda positions, opts: _read(shards, where, sizes, positions, opts))
     return source
 
 
-def _read(shards: list[Path], where: list[tuple[int, int]], sizes: list[int], positions: list[int]) -> Iterator[Any]:
-    """The image bytes of the samples at ``positions`` (scan positions), in that order."""
+def _read(shards: list[Path], where: list[tuple[int, int]], sizes: list[int], positions: list[int],
+          opts: ImageOptions) -> Iterator[Any]:
+    """The image bytes of the samples at ``positions`` (scan positions), in that order; a member whose
+    header declares more than the byte budget is a reject, not read."""
     fd, open_k = None, -1
     try:
         for pos in positions:
             k, offset = where[pos]
+            try:
+                check_file_size(sizes[pos], opts)
+            except RejectedImage as exc:
+                yield str(exc)
+                continue
             if k != open_k:
                 if fd is not None:
                     os.close(fd)

@@ -58,7 +58,8 @@ def open_store(location: str | os.PathLike, storage_options: Mapping[str, Any] |
     ``storage_options`` are s3fs's (``endpoint_url``, ``key``, ``secret``, ...)
     for s3, fsspec HTTP's (``headers``, ``client_kwargs``) for http; the AWS
     environment variables fill in what they leave out. ``retry`` bounds
-    retries and timeouts (default: 6 tries within 30 s).
+    retries and timeouts (default :class:`RetryPolicy`: transient failures retried for 30 s,
+    no count limit; 10 s connect and 30 s read timeouts; see ``readers.remote.retry``).
     """
     parsed = parse_location(location)  # the one path-or-URL parser: gs:// and the like are refused here
     if not isinstance(parsed, str):
