@@ -13,13 +13,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("packer", "readers", "dataset_bench")
 
-#: Cycles still present on this branch, each fixed by another change (issue 21): engines/ray <-> ray_wds.
-#: An entry that is no longer a cycle fails the
-#: test, so the list shrinks to nothing (then delete it).
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"packer.engines", "packer.engines.ray", "packer.engines.ray_wds"}),
-}
-
 
 def _modules(packages=PACKAGES) -> dict[str, Path]:
     out = {}
@@ -119,11 +112,8 @@ def test_cycle_scan_finds_a_function_level_cycle(tmp_path):
 def test_no_import_cycles_in_packer_readers_bench():
     modules = _modules()
     assert {"packer.cli", "readers.spec"} <= set(modules), "the scan must see the packages"
-    found = set(cycles(import_graph(modules)))
-    new = [sorted(c) for c in found - KNOWN_CYCLES]
-    assert not new, f"import cycles (function-level imports included): {new}"
-    fixed = [sorted(c) for c in KNOWN_CYCLES - found]
-    assert not fixed, f"no longer cyclic: remove {fixed} from KNOWN_CYCLES"
+    found = [sorted(c) for c in cycles(import_graph(modules))]
+    assert not found, f"import cycles (function-level imports included): {found}"
 
 
 def test_imports_flow_one_way():
