@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 import struct
 import warnings
 import zlib
@@ -52,6 +51,7 @@ from packer.jpeg_repair import repair_header
 from packer.validate_fast import plain_jpeg_size
 from readers.decode import MAX_JPEG_SCANS, too_many_scans
 from readers.geometry import resize_center_crop
+from readers.messages import one_line
 
 __all__ = ["ImageOptions", "Prepared", "RejectedImage", "prepare_image", "max_image_bytes", "check_file_size",
            "DEFAULT_QUALITY", "DEFAULT_MAX_PIXELS"]
@@ -135,11 +135,6 @@ _OUT_OF_MEMORY = ("out of memory while decoding (the image needs more memory tha
 _PIL_OUT_OF_MEMORY = ("decoder error -9", "out of memory error")  # Pillow's OSError for IMAGING_CODEC_MEMORY
 
 
-def _one_line(exc: BaseException | Warning | str) -> str:
-    text = re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "data", str(exc))  # "<_io.BytesIO object at 0x..>"
-    return " ".join(text.split())[:200] or type(exc).__name__
-
-
 @cache
 def _formats() -> tuple[str, ...]:
     Image.init()
@@ -165,13 +160,13 @@ def _open(data: bytes) -> Image.Image:
     try:
         return Image.open(io.BytesIO(data), formats=_formats())
     except Image.DecompressionBombError as exc:
-        raise RejectedImage(f"decompression bomb ({_one_line(exc)})") from None
+        raise RejectedImage(f"decompression bomb ({one_line(exc, 200)})") from None
     except Image.UnidentifiedImageError:
         if kind == "image":
             raise RejectedImage("not an image (content matches no supported format)") from None
         raise RejectedImage(f"corrupt {kind} header (unreadable)") from None
     except _PIL_ERRORS as exc:
-        raise RejectedImage(f"corrupt {kind} header ({_one_line(exc)})") from None
+        raise RejectedImage(f"corrupt {kind} header ({one_line(exc, 200)})") from None
 
 
 def _bytes_per_pixel(mode: str) -> int:
@@ -188,9 +183,9 @@ def _load(im: Image.Image) -> None:
     try:
         im.load()
     except Image.DecompressionBombError as exc:
-        raise RejectedImage(f"decompression bomb ({_one_line(exc)})") from None
+        raise RejectedImage(f"decompression bomb ({one_line(exc, 200)})") from None
     except _PIL_ERRORS as exc:
-        msg = _one_line(exc)
+        msg = one_line(exc, 200)
         if msg in _PIL_OUT_OF_MEMORY:  # Pillow's decoders say IMAGING_CODEC_MEMORY so, not with MemoryError
             raise RejectedImage(_OUT_OF_MEMORY) from None
         kind = "truncated" if "truncated" in msg or isinstance(exc, EOFError) else "corrupt"
@@ -219,7 +214,7 @@ def _decode_jpeg(data: bytes, colorspace: str, min_w: int, min_h: int, strict: b
     try:
         return simplejpeg.decode_jpeg(data, colorspace, min_height=min_h, min_width=min_w, strict=strict)
     except (ValueError, OSError) as exc:
-        msg = _one_line(exc)
+        msg = one_line(exc, 200)
         kind = ("truncated JPEG" if "Premature end" in msg
                 else "corrupt JPEG data" if "Corrupt JPEG" in msg else "cannot decode JPEG")
         raise RejectedImage(f"{kind} ({msg})") from None
@@ -327,7 +322,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
             return Image.alpha_composite(white, img.convert("RGBA")).convert("RGB")
         return img if mode == "RGB" else img.convert("RGB")
     except ValueError as exc:
-        raise RejectedImage(f"unsupported pixel mode {mode} ({_one_line(exc)})") from None
+        raise RejectedImage(f"unsupported pixel mode {mode} ({one_line(exc, 200)})") from None
 
 
 def _downscaled(w: int, h: int, opts: ImageOptions) -> tuple[int, int] | None:
@@ -369,7 +364,7 @@ def prepare_image(data: bytes, opts: ImageOptions) -> Prepared:
             prep = prepare_with_pillow(data, opts)
     except MemoryError:
         raise RejectedImage(_OUT_OF_MEMORY) from None
-    seen = [_one_line(w.message) for w in caught if not issubclass(w.category, Image.DecompressionBombWarning)]
+    seen = [one_line(w.message, 200) for w in caught if not issubclass(w.category, Image.DecompressionBombWarning)]
     if seen:
         prep.note = ", ".join(filter(None, [prep.note, f"warning: {seen[0]}"]))
     return prep

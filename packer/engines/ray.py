@@ -55,6 +55,7 @@ from packer.pipeline import Progress, SplitResult, pack_split
 from packer.source import Source
 from packer.workers import Outcome
 from readers.env import available_cpus
+from readers.messages import one_line
 
 __all__ = ["RaySession", "RaySplitResult", "MAX_CHUNK_BYTES", "MAX_RETRIES"]
 
@@ -109,11 +110,6 @@ class RaySplitResult(SplitResult):
         if self.nodes:
             text += f" [ray: {self.nodes} node{'s' * (self.nodes != 1)}, {self.cpus} CPUs]"
         return text
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
 
 
 def _cluster_address(address: str | None) -> str | None:
@@ -172,7 +168,7 @@ class RaySession:
             try:
                 ray.init(address=address, **kwargs)
             except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as exc:
-                raise UsageError(f"cannot connect to the Ray cluster at {address or 'auto'}: {_one_line(exc)}") from None
+                raise UsageError(f"cannot connect to the Ray cluster at {address or 'auto'}: {one_line(exc, 300)}") from None
         try:
             yield cls(options)
         finally:
@@ -215,11 +211,11 @@ class RaySession:
             cause = exc.cause
             if isinstance(cause, OSError):
                 raise cause from None
-            raise PackError(f"{what}: a Ray task failed: {type(cause).__name__}: {_one_line(cause)}; "
+            raise PackError(f"{what}: a Ray task failed: {one_line(cause, 300, kind=True)}; "
                             "re-run with --resume") from None
         except ray.exceptions.RayError as exc:
             raise PackError(f"{what}: the Ray cluster could not finish it ({type(exc).__name__}: "
-                            f"{_one_line(exc)}); re-run with --resume") from None
+                            f"{one_line(exc, 300)}); re-run with --resume") from None
 
     def submit_chunk(self, files: LocalFiles, rels: list[str], sizes: list[int], opts: ImageOptions,
                      detach: bool) -> list[Any]:

@@ -7,6 +7,8 @@ file errors handles these too; :class:`ObjectNotFoundError` is also a
 
 from __future__ import annotations
 
+from readers.messages import one_line  # re-exported: the stores quote errors with it
+
 __all__ = [
     "RemoteError",
     "ObjectNotFoundError",
@@ -62,10 +64,3 @@ class RemoteTooLargeError(RemoteError):
 
 class ReadOnlyStoreError(RemoteError):
     """A write to a store that only reads (plain HTTP)."""
-
-
-def one_line(exc: BaseException, limit: int = 240) -> str:
-    """``exc`` as a short single line: its type and the first line of its message."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -232,16 +232,16 @@ class Retrier:
                         f"{url}: {what} did not finish within its deadline of {policy.deadline_s:g}s (retry "
                         f"budget {policy.describe()} + read timeout {policy.read_timeout_s:g}s; {attempt} "
                         f"{'try' if attempt == 1 else 'tries'}): the server is stalled or too slow; last error: "
-                        f"{one_line(exc)}") from exc
+                        f"{one_line(exc, kind=True)}") from exc
                 delay = next(delays, None)
                 if delay is None or left_budget <= 0.05:
                     raise RemoteUnavailableError(
                         f"{url}: {what} failed after {attempt} tries in {elapsed:.1f}s (retry budget "
-                        f"{policy.describe()}); last error: {one_line(exc)}"
+                        f"{policy.describe()}); last error: {one_line(exc, kind=True)}"
                     ) from exc
                 delay = min(delay, left_budget)  # the last attempt starts as the budget ends
                 log.warning("%s: %s failed (%s); retry %d in %.1fs (%.1fs of the %gs budget left)", url, what,
-                            one_line(exc, 120), attempt, delay, left_budget, policy.budget_s)
+                            one_line(exc, 120, kind=True), attempt, delay, left_budget, policy.budget_s)
                 self._sleep(delay)
 
     def _final(self, exc: Exception, failure: Failure, url: str, what: str) -> RemoteError:
@@ -253,10 +253,10 @@ class Retrier:
         if failure.kind == "auth":
             where = self.credential_sources() or "the request headers given in storage_options"
             if failure.code == "NoCredentials":
-                return RemoteAuthError(f"{url}: no credentials found ({one_line(exc)}); looked in: {where}; "
+                return RemoteAuthError(f"{url}: no credentials found ({one_line(exc, kind=True)}); looked in: {where}; "
                                        "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, an AWS profile, or pass "
                                        "storage_options={'key': ..., 'secret': ...} (or {'anon': True} for a "
                                        "public bucket)")
-            return RemoteAuthError(f"{url}: access denied ({detail or one_line(exc)}); "
+            return RemoteAuthError(f"{url}: access denied ({detail or one_line(exc, kind=True)}); "
                                    f"credentials were looked for in: {where}")
-        return RemoteError(f"{url}: {what} failed: {detail + '; ' if detail else ''}{one_line(exc)}")
+        return RemoteError(f"{url}: {what} failed: {detail + '; ' if detail else ''}{one_line(exc, kind=True)}")
