@@ -168,7 +168,8 @@ class RaySession:
             try:
                 ray.init(address=address, **kwargs)
             except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as exc:
-                raise UsageError(f"cannot connect to the Ray cluster at {address or 'auto'}: {one_line(exc, 300)}") from None
+                raise UsageError(f"cannot connect to the Ray cluster at {address or 'auto'}: "
+                                 f"{one_line(exc, 300)}") from None
         try:
             yield cls(options)
         finally:

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Iterator
 
 from readers.remote.config import parse_size
-from readers.remote.download import DEFAULT_PART_SIZE, Progress, download_ranged, partial_paths
+from readers.remote.download import DEFAULT_PART_SIZE, TransferProgress, download_ranged, partial_paths
 from readers.remote.errors import RemoteError, RemoteIntegrityError
 from readers.remote.store import ObjectInfo, Store
 
@@ -140,7 +140,7 @@ class NodeCache:
 
     # ------------------------------------------------------------ fetch
     def fetch(self, store: Store, name: str, *, size: int | None = None, crc32: int | None = None,
-              workers: int = 4, part_size: int = DEFAULT_PART_SIZE, progress: Progress | None = None) -> Path:
+              workers: int = 4, part_size: int = DEFAULT_PART_SIZE, progress: TransferProgress | None = None) -> Path:
         """Local path of a complete copy of ``name``, downloading it first if needed.
 
         ``size`` and ``crc32`` (from the dataset's index) are what the copy
@@ -190,7 +190,7 @@ class NodeCache:
         raise AssertionError("unreachable")  # the loop returns or raises
 
     def _download(self, store: Store, name: str, path: Path, info: ObjectInfo, crc32: int | None, workers: int,
-                  part_size: int, progress: Progress | None) -> None:
+                  part_size: int, progress: TransferProgress | None) -> None:
         self._reserve(path, info.size)
         self._check_free(store, name, path, info.size)
         log.info("cache: downloading %s (%d bytes)", store.url_of(name), info.size)

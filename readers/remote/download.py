@@ -36,7 +36,8 @@ DEFAULT_PART_SIZE = 16 << 20
 #: At most one fdatasync of the partial file per this many seconds (before recording parts).
 SYNC_EVERY_S = 1.0
 
-Progress = Callable[[int, int], None]
+#: ``progress(bytes done, bytes in all)`` of a download (readers.remote.cache and .files pass it on)
+TransferProgress = Callable[[int, int], None]
 
 
 def partial_paths(dest: Path) -> tuple[Path, Path]:
@@ -75,7 +76,7 @@ def _same_download(old: object, new: dict) -> bool:
 
 def download_ranged(store: Store, name: str, dest: str | os.PathLike, size: int, *,
                     crc32: int | None = None, identity: dict | None = None, workers: int = 4,
-                    part_size: int = DEFAULT_PART_SIZE, progress: Progress | None = None) -> Path:
+                    part_size: int = DEFAULT_PART_SIZE, progress: TransferProgress | None = None) -> Path:
     """Download object ``name`` of ``store`` (``size`` bytes) to ``dest``, resuming a previous attempt.
 
     ``identity`` (the object's ``ObjectInfo.identity()``: size, ETag, mtime)
@@ -120,7 +121,7 @@ def _part_bytes(i: int, size: int, part_size: int) -> int:
 
 
 def _fetch_parts(store: Store, name: str, fd: int, journal: Path, size: int, part_size: int,
-                 todo: list[int], workers: int, progress: Progress | None) -> None:
+                 todo: list[int], workers: int, progress: TransferProgress | None) -> None:
     done_bytes = size - sum(_part_bytes(i, size, part_size) for i in todo)
     if progress is not None:
         progress(done_bytes, size)

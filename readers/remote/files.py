@@ -25,19 +25,17 @@ import shutil
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from readers.perprocess import PerProcess
 from readers.spec import recorded_files
 from readers.remote.cache import NodeCache, Pin
+from readers.remote.download import TransferProgress
 from readers.remote.store import Store
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RemoteFiles"]
-
-Progress = Callable[[int, int], None]
-
 
 def _release_pins(pins: dict[str, Pin]) -> None:
     for pin in pins.values():
@@ -87,7 +85,7 @@ class RemoteFiles:
     def url_of(self, name: str) -> str:
         return self.store.url_of(name)
 
-    def fetch(self, name: str, progress: Progress | None = None) -> Path:
+    def fetch(self, name: str, progress: TransferProgress | None = None) -> Path:
         """Local path of a complete, verified copy of ``name`` (downloaded now if needed; not pinned)."""
         return self.cache().fetch(self.store, name, size=self.sizes.get(name), crc32=self.crcs.get(name),
                                   progress=progress)
