@@ -53,7 +53,8 @@ def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], *, torch_thread
     fd, out = tempfile.mkstemp(prefix="dataset-bench-", suffix=".pkl")
     os.close(fd)
     try:
-        proc = subprocess.run([python or sys.executable, "-c", "from dataset_bench.isolate import child_main; child_main()", out],
+        proc = subprocess.run([python or sys.executable, "-c",
+                               "from dataset_bench.isolate import child_main; child_main()", out],
                               input=pickle.dumps((fn, kwargs, torch_threads)), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, check=False, env=_child_env() if python else None)
         try:

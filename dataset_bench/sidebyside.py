@@ -166,7 +166,8 @@ def _make_loader(case: ReadCase, paths: dict[str, Any], batch_size: int) -> Call
         decoded = case.mode == "decoded"
         prepared = paths.get("peer", {}).get(case.name)
         makers.update({
-            ("dali", case.mode): lambda: peers.dali_loader(paths["shards"], len(paths["labels"]), batch_size, n, decoded),
+            ("dali", case.mode): lambda: peers.dali_loader(paths["shards"], len(paths["labels"]), batch_size, n,
+                                                           decoded),
             ("spdl", case.mode): lambda: peers.spdl_loader(paths["files"], paths["labels"], batch_size, n, decoded),
             ("grain", case.mode): lambda: peers.grain_loader(prepared, batch_size, n, decoded),
             ("lance", case.mode): lambda: peers.lance_loader(prepared, batch_size, n, decoded),
