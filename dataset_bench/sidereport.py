@@ -234,4 +234,6 @@ def markdown(result: dict[str, Any]) -> str:
             label = f"{'**ours**' if r['name'].startswith('ours') else 'peer'}: {r['name'].split(':')[1]}"
             out.append(f"| {label} | {'on' if r['validate'] else 'off'} | {_fmt(r['images_per_s'])} | "
                        f"{_fmt(r.get('cpu_us_per_image'))} |")
+    if result.get("peer_lines"):
+        out += [""] + [f"* {line}" for line in result["peer_lines"]]
     return "\n".join(out)

@@ -237,7 +237,8 @@ def test_from_json_renders_a_saved_run_without_measuring(tmp_path, capsys):
               "machine": {"cpu_model": "test", "usable_cpus": 2, "torch": "x"}, "reads": reads,
               "packs": [{"name": "peer:lmdb", "validate": False, "images_per_s": 1000.0, "load": 0.1,
                          "foreign": 0.0}],
-              "have": {}, "ceiling": None, "notes": ["a note"], "seconds": 1.0}
+              "have": {}, "ceiling": None, "notes": ["a note"], "seconds": 1.0,
+              "peer_lines": ["peer spdl skipped: not installed (pip install spdl)"]}
     saved = tmp_path / "side.json"
     saved.write_text(json.dumps(result))
     md = tmp_path / "side.md"
@@ -246,6 +247,8 @@ def test_from_json_renders_a_saved_run_without_measuring(tmp_path, capsys):
     assert "mmap pixels, 2 workers, vs naive np.memmap Dataset" in out and "3.50x" in out and "met" in out
     row = "| mmap pixels, 2 workers, vs naive np.memmap Dataset | 3,500 | 1,000 | 3.50x | ≥ 3x | met |"
     assert row in md.read_text()
+    assert "* peer spdl skipped: not installed (pip install spdl)" in md.read_text()
+    assert out.splitlines().count("peer spdl skipped: not installed (pip install spdl)") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["side.json", "side.md"]  # nothing measured or generated
     saved.write_text(json.dumps({"reads": []}))
     with pytest.raises(SystemExit) as exc:
