@@ -544,7 +544,7 @@ def run_side_by_side(cfg: SideConfig | None = None, *, progress: Callable[[str],
         paths = _prepare(cfg, work, have, notes)
         _new_peers(cfg, work, paths, have, lines, say)
         monitor = CpuMonitor(machine_info()["usable_cpus"])
-        reads = _run_reads(cfg, paths, have, monitor, say)
+        reads = _run_reads(cfg, paths, have, monitor, say, lines)
         packs = _run_packs(cfg, paths, work, have, monitor, say) if cfg.pack else []
         say("decode ceiling")
         ceiling = _decode_ceiling(paths)
@@ -581,18 +581,31 @@ def _measured(cfg: SideConfig, monitor: CpuMonitor, fn: Callable[..., dict], kwa
 
 
 def _run_reads(cfg: SideConfig, paths: dict[str, Any], have: dict[str, bool], monitor: CpuMonitor,
-               say: Callable[[str], None]) -> list[dict[str, Any]]:
+               say: Callable[[str], None], lines: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every read case, repeat by repeat. A 2026 peer's case that fails is one line in ``lines`` and
+    is measured no more (its row left out); a failure of any other case ends the run."""
     cases = read_cases(cfg, have)
     _warm(paths)
     runs: dict[ReadCase, list[dict]] = {c: [] for c in cases}
+    failed: set[ReadCase] = set()
     for rep in range(cfg.repeats):
         for case in cases:
+            if case in failed:
+                continue
             say(f"[{rep + 1}/{cfg.repeats}] read {case.label()}")
             new = case.who == "peer" and case.name in NEW_PEERS
-            runs[case].append(_measured(cfg, monitor, measure_read, {
-                "case": tuple(case), "paths": _peer_paths(paths) if new else paths, "batch_size": cfg.batch_size,
-                "warmup": cfg.warmup, "min_seconds": cfg.min_seconds}, python=_python(cfg, case.name) if new else None))
-    return [_median_row(case._asdict(), runs[case], "samples_per_s") for case in cases]
+            try:
+                runs[case].append(_measured(cfg, monitor, measure_read, {
+                    "case": tuple(case), "paths": _peer_paths(paths) if new else paths, "batch_size": cfg.batch_size,
+                    "warmup": cfg.warmup, "min_seconds": cfg.min_seconds},
+                    python=_python(cfg, case.name) if new else None))
+            except RuntimeError as exc:
+                if not new:
+                    raise
+                failed.add(case)
+                (lines if lines is not None else []).append(f"peer {case.name} {case.mode} failed while measured "
+                                                            f"(repeat {rep + 1}), left out: {_first_line(exc)}")
+    return [_median_row(case._asdict(), runs[case], "samples_per_s") for case in cases if case not in failed]
 
 
 def _run_packs(cfg: SideConfig, paths: dict[str, Any], work: Path, have: dict[str, bool], monitor: CpuMonitor,
