@@ -341,7 +341,7 @@ def _new_peers(cfg: SideConfig, work: Path, paths: dict[str, Any], have: dict[st
             paths["peer"][name] = _call(cfg, prepare_peer, {
                 "name": name, "files": paths["files"], "labels": paths["labels_list"], "shards": paths["shards"],
                 "out": str(work / f"peer-{name}")}, python=python, torch_threads=False)
-        except RuntimeError as exc:
+        except Exception as exc:  # noqa: BLE001 - in this process or in its own, a peer's failure is its line
             lines.append(f"peer {name} failed: preparing its data: {_first_line(exc)}")
             continue
         for mode in NEW_PEERS[name].modes:
@@ -354,7 +354,7 @@ def _new_peers(cfg: SideConfig, work: Path, paths: dict[str, Any], have: dict[st
                                                  "paths": _peer_paths(paths), "batch_size": cfg.batch_size},
                             python=python)
                 why = same_samples(got, want, mode)
-            except RuntimeError as exc:
+            except Exception as exc:  # noqa: BLE001 - as above: the line says what failed
                 why = f"error: {_first_line(exc)}"
             if why is None:
                 have[f"{name}:{mode}"] = True
@@ -364,7 +364,7 @@ def _new_peers(cfg: SideConfig, work: Path, paths: dict[str, Any], have: dict[st
 
 def _first_line(exc: BaseException) -> str:
     """The child's error (the last line of its message that names an exception), one line."""
-    text = str(exc)
+    text = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
     picked = [ln.strip() for ln in text.splitlines() if "Error" in ln or "Exception" in ln]
     return (picked[-1] if picked else text.splitlines()[0] if text else type(exc).__name__)[:300]
 
@@ -599,7 +599,7 @@ def _run_reads(cfg: SideConfig, paths: dict[str, Any], have: dict[str, bool], mo
                     "case": tuple(case), "paths": _peer_paths(paths) if new else paths, "batch_size": cfg.batch_size,
                     "warmup": cfg.warmup, "min_seconds": cfg.min_seconds},
                     python=_python(cfg, case.name) if new else None))
-            except RuntimeError as exc:
+            except Exception as exc:  # noqa: BLE001 - only a 2026 peer's failure is kept as a line
                 if not new:
                     raise
                 failed.add(case)
