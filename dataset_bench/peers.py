@@ -15,6 +15,11 @@ the per-batch work, not worker start-up):
 * :func:`lmdb_thread_pool` -- a plain thread-pool loader over the same LMDB
   (the ceiling a thread-based loader can reach in Python when FFCV is absent);
 * :func:`ffcv_loader` -- FFCV's own loader (threads + numba), when ``ffcv`` imports.
+* the 2026 peers (:data:`NEW_PEERS`, each optional, each possibly in its own venv):
+  :func:`dali_loader` (DALI, CPU only, over our shards), :func:`spdl_loader` (SPDL's thread
+  pipeline over the folder), :func:`grain_loader` (Grain over ArrayRecord), :func:`lance_loader`
+  (Lance's torch dataset) and :func:`energon_loader` (Megatron-Energon over our shards), with
+  their writers :func:`write_array_record`, :func:`write_lance` and :func:`prepare_energon`.
 
 Writers (one call packs ``files`` with ``labels`` into ``out``):
 :func:`write_lmdb`, :func:`write_shardwriter` (``webdataset.ShardWriter``),
