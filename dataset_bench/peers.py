@@ -666,10 +666,12 @@ def prepare_energon(shards: Sequence[str], out: str | os.PathLike) -> str:
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     for shard in shards:
-        os.symlink(os.path.abspath(shard), root / Path(shard).name)
+        link = root / Path(shard).name
+        if not link.exists():  # a kept --work-dir: prepared before, prepared again
+            os.symlink(os.path.abspath(shard), link)
     energon = shutil.which("energon", path=os.path.dirname(sys.executable)) or "energon"
     proc = subprocess.run([energon, "prepare", str(root), "--non-interactive", "--split-ratio", "1,0,0",
-                           "--sample-type", "CrudeWebdataset", "--num-workers", "1"],
+                           "--sample-type", "CrudeWebdataset", "--num-workers", "1", "--force-overwrite"],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"energon prepare {root} failed: {(proc.stderr or proc.stdout).strip()[-500:]}")
