@@ -3,7 +3,8 @@
 The parent pickles ``(fn, kwargs, torch_threads)`` to the child's stdin; the
 child imports every reader module before it calls ``fn(**kwargs)`` (so no
 import lands inside a timing), and pickles ``(ok, result or error text)``
-into a file the parent names.
+into a file the parent names. ``python`` runs the child in another interpreter (a peer's own
+venv); the child then finds this checkout's packages through ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def child_main() -> None:
         pickle.dump(result, f)
 
 
-def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], *, torch_threads: int | None = None) -> Any:
+def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], *, torch_threads: int | None = None,
+                 python: str | None = None) -> Any:
     """``fn(**kwargs)`` in a fresh Python interpreter (a subprocess); returns its result.
 
     Each measurement then starts from a clean process: its PSS is the
@@ -45,14 +47,16 @@ def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], *, torch_thread
     generator, the packer or another reader kept, torch settings) shows in it.
     ``fn`` must be importable (a module-level function); ``kwargs`` and the
     result must pickle. The child's own output is discarded unless it fails,
-    which raises RuntimeError with the child's error.
+    which raises RuntimeError with the child's error. ``python``: the interpreter to run (default
+    this one), e.g. the python of a venv that has a peer this one lacks.
     """
     fd, out = tempfile.mkstemp(prefix="dataset-bench-", suffix=".pkl")
     os.close(fd)
     try:
-        proc = subprocess.run([sys.executable, "-c", "from dataset_bench.isolate import child_main; child_main()", out],
+        proc = subprocess.run([python or sys.executable, "-c",
+                               "from dataset_bench.isolate import child_main; child_main()", out],
                               input=pickle.dumps((fn, kwargs, torch_threads)), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, check=False)
+                              stderr=subprocess.PIPE, check=False, env=_child_env() if python else None)
         try:
             with open(out, "rb") as f:
                 ok, payload = pickle.load(f)
@@ -64,3 +68,16 @@ def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], *, torch_thread
         raise RuntimeError(f"measurement {getattr(fn, '__name__', fn)} failed in its process "
                            f"(exit code {proc.returncode}): {payload}")
     return payload
+
+
+def _child_env() -> dict[str, str]:
+    """This environment with the directories this process imports ``dataset_bench`` and ``readers``
+    from first on ``PYTHONPATH``, so another interpreter runs this checkout's code."""
+    import dataset_bench
+    import readers
+
+    roots = [os.path.dirname(os.path.dirname(os.path.abspath(m.__file__ or ""))) for m in (dataset_bench, readers)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(roots + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                                if p]))
+    return env

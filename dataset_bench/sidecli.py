@@ -11,6 +11,10 @@ installed) and the loaders' private memory. See ``dataset_bench/sidebyside.py``.
     dataset-bench --peers --json side.json --chart side.png   # ~15 min on 2 cores
     dataset-bench --peers --quick                             # under a minute (CI smoke test)
     dataset-bench --peers --from-json side.json --markdown side.md --chart side.png   # re-render, no measuring
+    dataset-bench --peers --quick --peer-venvs /work/peervenvs   # each 2026 peer from its own venv, <dir>/<peer>/
+
+The 2026 peers (DALI CPU, SPDL, Grain + ArrayRecord, Lance, Megatron-Energon) are each optional; a
+missing one is one line ``peer X skipped: not installed (pip install ...)``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+from dataset_bench.peers import NEW_PEERS
 from dataset_bench.sidebyside import SideConfig, run_side_by_side
 from dataset_bench.sidereport import draw_side_chart, markdown, report, targets
 
@@ -46,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chart", type=Path, help="write a PNG chart here")
     p.add_argument("--markdown", type=Path, help="write the tables as Markdown here (for the docs)")
     p.add_argument("--work-dir", help="keep generated and packed data here (default: a temp dir, removed)")
+    p.add_argument("--peer-python", action="append", default=[], metavar="PEER=PYTHON",
+                   help=f"run 2026 peer PEER ({', '.join(NEW_PEERS)}) in this interpreter (its own venv); repeatable")
+    p.add_argument("--peer-venvs", type=Path, metavar="DIR", help="each 2026 peer from DIR/<peer>/bin/python where "
+                   "that exists (--peer-python wins)")
     p.add_argument("--from-json", type=Path, metavar="JSON", help="measure nothing: print the report of a run "
                    "saved with --json (and write --markdown / --chart from it)")
     return p
@@ -64,21 +73,38 @@ def main(argv: list[str] | None = None) -> int:
         except (KeyError, TypeError, AttributeError) as exc:
             parser.error(f"--from-json {args.from_json}: not a result of dataset-bench --peers --json "
                          f"({type(exc).__name__}: {exc})")
+    pythons = _peer_pythons(parser, args)
     fields = {"images": args.images, "repeats": args.repeats, "pack_repeats": args.pack_repeats,
               "batch_size": args.batch_size, "workers": args.workers, "min_seconds": args.min_seconds,
               "pack": not args.no_pack, "decoded": not args.no_decoded, "work_dir": args.work_dir,
-              "torch_threads": args.torch_threads or None}
+              "torch_threads": args.torch_threads or None, "peer_pythons": pythons}
     if args.no_isolate:
         fields["isolate"] = False
     if args.quick:
         defaults = SideConfig()
         cfg = SideConfig.quick(**{k: v for k, v in fields.items()
-                                  if k in ("pack", "decoded", "work_dir", "torch_threads")
+                                  if k in ("pack", "decoded", "work_dir", "torch_threads", "peer_pythons")
                                   or v != getattr(defaults, k)})
     else:
         cfg = SideConfig(**fields)
     result = run_side_by_side(cfg, progress=lambda s: print(f"  {s}", file=sys.stderr, flush=True))
     return _outputs(result, args)
+
+
+def _peer_pythons(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """``(peer, python)`` pairs from --peer-venvs and --peer-python; a usage error names a bad one."""
+    pythons: dict[str, str] = {}
+    if args.peer_venvs:
+        if not args.peer_venvs.is_dir():
+            parser.error(f"--peer-venvs {args.peer_venvs}: not a directory")
+        pythons = {n: str(args.peer_venvs / n / "bin" / "python") for n in NEW_PEERS
+                   if (args.peer_venvs / n / "bin" / "python").exists()}
+    for item in args.peer_python:
+        name, sep, python = item.partition("=")
+        if not sep or name not in NEW_PEERS or not python:
+            parser.error(f"--peer-python {item!r}: expected PEER=PYTHON with PEER one of {', '.join(NEW_PEERS)}")
+        pythons[name] = python
+    return tuple(sorted(pythons.items()))
 
 
 def _outputs(result: dict, args: argparse.Namespace) -> int:

@@ -167,6 +167,7 @@ def report(result: dict[str, Any]) -> str:
               f"per measurement and other processes' CPU share are in the table (whole run: "
               f"{foreign.get('overall', 0):.0%} foreign CPU, worst measurement {foreign.get('max_interval', 0):.0%})",
               f"run took {result['seconds']:.0f} s"]
+    lines += result.get("peer_lines", [])  # the 2026 peers skipped or failing their check, a line each
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)
 
@@ -233,4 +234,6 @@ def markdown(result: dict[str, Any]) -> str:
             label = f"{'**ours**' if r['name'].startswith('ours') else 'peer'}: {r['name'].split(':')[1]}"
             out.append(f"| {label} | {'on' if r['validate'] else 'off'} | {_fmt(r['images_per_s'])} | "
                        f"{_fmt(r.get('cpu_us_per_image'))} |")
+    if result.get("peer_lines"):
+        out += [""] + [f"* {line}" for line in result["peer_lines"]]
     return "\n".join(out)

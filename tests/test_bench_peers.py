@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dataset_bench.sidebyside import FORMATS, SideConfig, read_cases
+from dataset_bench.peers import NEW_PEERS, installed
+from dataset_bench.sidebyside import FORMATS, ReadCase, SideConfig, folder_samples, read_cases, same_samples, \
+    sample_key
 from dataset_bench.sidereport import targets
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_peers.py"
@@ -42,6 +44,123 @@ def test_bench_peers_quick(tmp_path):
     assert all(("met" in line.lower() or "n/a" in line or "info" in line) for line in r.stdout.splitlines()
                if line.startswith(("mmap pixels", "bytes,", "packing", "memory")))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["side.json", "side.png"]
+    # the 2026 peers: each missing one is one line (stdout only), each installed one has rows
+    for name, peer in NEW_PEERS.items():
+        line = f"peer {name} skipped: not installed (pip install {peer.pip})"
+        if installed(name) is None:
+            assert any(row["name"] == name for row in data["reads"]) or f"peer {name} " in r.stdout
+        else:
+            assert r.stdout.splitlines().count(line) == 1 and line not in r.stderr, (line, r.stdout[-2000:])
+            assert not any(row["name"] == name for row in data["reads"])
+            assert line in data["peer_lines"]
+
+
+def _samples(n=12):
+    return [(f"{i:040x}", i % 3) for i in range(n)]
+
+
+def test_same_samples_passes_the_folders_own_samples_in_any_order():
+    want = _samples()
+    assert same_samples(list(reversed(want)), want, "bytes") is None
+    decoded = [("uint8:3x224x224", lab) for _, lab in want[::-1]]
+    assert same_samples(decoded, want, "decoded") is None
+    assert same_samples([("uint8:224x224x3", lab) for _, lab in want], want, "decoded") is None
+
+
+def test_same_samples_names_what_differs():
+    want = _samples()
+    assert same_samples(want[:-1], want, "bytes") == "11 samples in one epoch, the folder has 12"
+    assert same_samples(want + want[:1], want, "decoded") == "13 samples in one epoch, the folder has 12"
+    relabelled = want[:-1] + [(want[-1][0], 0)]  # sample 11 (label 2) comes back as label 0
+    assert same_samples(relabelled, want, "bytes") == ("labels differ from the folder's: label 0 5 times, "
+                                                       "the folder 4")
+    duplicate = want[:-1] + [want[-4]]  # same labels, one sample twice and one never
+    assert same_samples(duplicate, want, "bytes") == ("1 of 12 samples are not the folder's (bytes or label "
+                                                      "differ)")
+    assert same_samples([("uint8:3x224x224", lab) for _, lab in duplicate], want, "decoded") is None  # count, labels
+    other_bytes = [("f" * 40, lab) for _, lab in want[:2]] + want[2:]
+    assert same_samples(other_bytes, want, "bytes") == "2 of 12 samples are not the folder's (bytes or label differ)"
+    small = [("uint8:3x112x112", lab) for _, lab in want]
+    assert same_samples(small, want, "decoded") == "12 samples are uint8:3x112x112, not a 224x224 RGB uint8 image"
+    floats = [("float32:3x224x224", lab) for _, lab in want]
+    assert "12 samples are float32:3x224x224" in same_samples(floats, want, "decoded")
+
+
+def test_sample_keys_are_what_the_folder_check_compares(tmp_path):
+    import numpy as np
+    import torch
+
+    files = []
+    for i, data in enumerate([b"\xff\xd8 one", b"\xff\xd8 two\x00"]):
+        files.append(tmp_path / f"{i}.jpg")
+        files[-1].write_bytes(data)
+    want = folder_samples([str(f) for f in files], [4, 5])
+    got = [(sample_key(f.read_bytes(), "bytes"), lab) for f, lab in zip(reversed(files), (5, 4))]
+    assert same_samples(got, want, "bytes") is None
+    assert same_samples([(sample_key(b"\xff\xd8 one", "bytes"), 4)] * 2, want, "bytes") is not None
+    assert sample_key(torch.zeros(3, 224, 224, dtype=torch.uint8), "decoded") == "uint8:3x224x224"
+    assert sample_key(np.zeros((224, 224, 3), np.uint8), "decoded") == "uint8:224x224x3"
+
+
+def test_the_2026_peers_are_timed_only_in_the_modes_that_passed_their_check():
+    cfg = SideConfig.quick()
+    cases = read_cases(cfg, {"dali": True, "dali:bytes": True, "grain": True, "grain:decoded": True})
+    new = [c for c in cases if c.name in NEW_PEERS]
+    assert new == [ReadCase("peer", "dali", "bytes", 2, "threads"),
+                   ReadCase("peer", "grain", "decoded", 2, "processes")]
+    assert not [c for c in read_cases(cfg, {name: True for name in NEW_PEERS}) if c.name in NEW_PEERS]
+    assert set(cfg.peers) == set(NEW_PEERS) and set(SideConfig().peers) == {"ffcv", "streaming", *NEW_PEERS}
+
+
+def _venv(tmp_path):
+    """A venv (no pip) that sees this interpreter's packages after its own, as the peers' venvs do."""
+    import site
+    import sysconfig
+
+    root = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
+    purelib = sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})["purelib"]
+    Path(purelib, "zz-parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return root, str(root / "bin" / "python")
+
+
+@pytest.mark.slow
+def test_a_peer_in_its_own_venv_is_found_there_and_runs_there(tmp_path):
+    """installed() asks the venv's interpreter; run_isolated(python=) runs this checkout's code in it."""
+    import sysconfig
+
+    from dataset_bench.isolate import run_isolated
+
+    root, python = _venv(tmp_path)
+    for name, peer in NEW_PEERS.items():
+        assert installed(name, python) == f"peer {name} skipped: not installed (pip install {peer.pip})"
+    nope = tmp_path / "nope"
+    assert installed("dali", str(nope)) == f"peer dali skipped: {nope} is not an executable Python"
+    purelib = sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})["purelib"]
+    Path(purelib, "lance").mkdir()
+    Path(purelib, "lance", "__init__.py").write_text("")  # what pip install pylance leaves: an importable lance
+    assert installed("lance", python) is None  # found by the venv's interpreter, not by this one
+    paths = run_isolated(sysconfig.get_paths, {}, python=python)
+    assert paths["purelib"] == purelib  # the child was the venv's interpreter
+    with pytest.raises(RuntimeError, match="JSONDecodeError"):  # the child's error comes back
+        run_isolated(json.loads, {"s": "{"}, python=python)
+
+
+def test_peer_python_options_are_checked(tmp_path, capsys):
+    from dataset_bench.sidecli import _peer_pythons, build_parser
+
+    parser = build_parser()
+    for argv, err in [(["--peer-python", "nope=/x"], "--peer-python 'nope=/x': expected PEER=PYTHON"),
+                      (["--peer-python", "dali"], "--peer-python 'dali': expected PEER=PYTHON"),
+                      (["--peer-venvs", str(tmp_path / "missing")], "not a directory")]:
+        with pytest.raises(SystemExit) as exc:
+            _peer_pythons(parser, parser.parse_args(argv))
+        assert exc.value.code == 2 and err in capsys.readouterr().err
+    (tmp_path / "grain" / "bin").mkdir(parents=True)
+    (tmp_path / "grain" / "bin" / "python").write_text("")
+    args = parser.parse_args(["--peer-venvs", str(tmp_path), "--peer-python", "dali=/opt/dali/bin/python"])
+    assert _peer_pythons(parser, args) == (("dali", "/opt/dali/bin/python"),
+                                           ("grain", str(tmp_path / "grain" / "bin" / "python")))
 
 
 def _row(who, name, mode, workers, kind, rate, private=100.0):
@@ -118,7 +237,8 @@ def test_from_json_renders_a_saved_run_without_measuring(tmp_path, capsys):
               "machine": {"cpu_model": "test", "usable_cpus": 2, "torch": "x"}, "reads": reads,
               "packs": [{"name": "peer:lmdb", "validate": False, "images_per_s": 1000.0, "load": 0.1,
                          "foreign": 0.0}],
-              "have": {}, "ceiling": None, "notes": ["a note"], "seconds": 1.0}
+              "have": {}, "ceiling": None, "notes": ["a note"], "seconds": 1.0,
+              "peer_lines": ["peer spdl skipped: not installed (pip install spdl)"]}
     saved = tmp_path / "side.json"
     saved.write_text(json.dumps(result))
     md = tmp_path / "side.md"
@@ -127,6 +247,8 @@ def test_from_json_renders_a_saved_run_without_measuring(tmp_path, capsys):
     assert "mmap pixels, 2 workers, vs naive np.memmap Dataset" in out and "3.50x" in out and "met" in out
     row = "| mmap pixels, 2 workers, vs naive np.memmap Dataset | 3,500 | 1,000 | 3.50x | ≥ 3x | met |"
     assert row in md.read_text()
+    assert "* peer spdl skipped: not installed (pip install spdl)" in md.read_text()
+    assert out.splitlines().count("peer spdl skipped: not installed (pip install spdl)") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["side.json", "side.md"]  # nothing measured or generated
     saved.write_text(json.dumps({"reads": []}))
     with pytest.raises(SystemExit) as exc:
