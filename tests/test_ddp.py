@@ -85,3 +85,18 @@ def test_ranks_split_every_epoch_exactly(ddp_run, fmt):
     # 17 samples per rank in batches of 4 (map-style) or split over 2 workers as 9 + 8 (wds)
     expected = 5 if fmt != "wds" else math.ceil(9 / 4) + math.ceil(8 / 4)
     assert per_rank[0]["epochs"][0]["batches"] == expected
+
+
+def test_a_mixture_resumes_exactly_under_torchrun(ddp_run):
+    """2 ranks x 2 workers: a 0.75 / 0.25 mixture of 24 samples an epoch, resumed mid-epoch from
+    ``state_dict`` in a new loader, delivers exactly its shares (18 lmdb, 6 wds), no sample twice
+    within a source, equal batches on both ranks, and ``len(loader)`` is what each rank ran."""
+    per_rank = [r["mixture"] for r in ddp_run["ranks"]]
+    pairs = [tuple(p) for m in per_rank for p in m["before"] + m["after"]]
+    assert len(pairs) == 24 and len(set(pairs)) == 24, pairs
+    assert Counter(s for s, _ in pairs) == {0: 18, 1: 6}
+    assert all(0 <= i < N for _, i in pairs)
+    assert all(len(m["before"]) == 2 * 4 for m in per_rank)  # stopped after 2 batches of 4
+    assert len({m["batches"] for m in per_rank}) == 1 and per_rank[0]["batches"] == 3
+    assert all(m["len_loader"] == m["batches"] for m in per_rank)
+    assert [sum(c) for c in zip(*(m["source_counts"] for m in per_rank))] == [18, 6]
