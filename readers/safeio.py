@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import errno
 import mmap
 import os
+import resource
 import stat
 import weakref
 import zlib
@@ -121,6 +123,17 @@ def member_path(root: str | os.PathLike, name: Any, what: str = "file") -> Path:
     return path
 
 
+def too_many_open_files(path: str | os.PathLike, what: str, exc: OSError) -> OSError:
+    """The OSError for an open refused by the descriptor limit (EMFILE / ENFILE): it names the file,
+    the limit and what to do, and is no DatasetFormatError (nothing is wrong with the dataset)."""
+    if exc.errno == errno.EMFILE:
+        limit = f"this process may open {resource.getrlimit(resource.RLIMIT_NOFILE)[0]} (`ulimit -n`)"
+    else:
+        limit = "the system's limit is reached"
+    return OSError(exc.errno, f"{path}: cannot open {what}: too many open files ({limit}); raise the limit, "
+                              "or use fewer loader workers or open shards")
+
+
 def open_regular(path: str | os.PathLike, what: str = "file") -> int:
     """A read-only descriptor of ``path``, which must be a regular file.
 
@@ -133,6 +146,8 @@ def open_regular(path: str | os.PathLike, what: str = "file") -> int:
     except FileNotFoundError:
         raise DatasetFormatError(f"{path}: {what} is missing") from None
     except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):  # the process's limit, not the dataset's fault
+            raise too_many_open_files(path, what, exc) from None
         raise DatasetFormatError(f"{path}: cannot open {what} ({exc.strerror or exc})") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):

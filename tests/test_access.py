@@ -350,3 +350,34 @@ def test_a_leftover_array_temp_file_does_not_block_overwrite(tmp_path):
     (out / (spec.array_file("labels") + ".tmp")).write_bytes(b"half an array")
     pack(src, out, PackOptions(format="lmdb", workers=1, overwrite=True))
     assert spec.read_index(out).num_samples == 4
+
+
+_FD_LIMIT_SCRIPT = """
+import os, resource, sys
+from readers import open_dataset
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+ds = open_dataset(sys.argv[1], decode=False)  # opened; its data file is opened at the first read
+held = []
+try:
+    while True:  # every descriptor the limit allows is taken
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+try:
+    ds.read(0)
+except Exception as exc:
+    print(type(exc).__name__, exc, sep="|")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["wds", "mmap"])
+def test_the_descriptor_limit_is_named_as_such_not_as_damage(packed_generated, fmt):
+    """Under a real ``ulimit -n``, a reader that cannot open a data file says the process's limit was
+    reached (an OSError naming the file and the limit), not that the dataset is damaged."""
+    r = subprocess.run([sys.executable, "-c", _FD_LIMIT_SCRIPT, str(packed_generated[fmt])],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    kind, _, message = r.stdout.strip().partition("|")
+    assert kind == "OSError", r.stdout
+    assert "too many open files" in message and "ulimit -n" in message and str(packed_generated[fmt]) in message
