@@ -390,9 +390,9 @@ def _fetch_index(store: Any, dest: Path) -> None:
 
 def _upload_rest(uploader: Uploader, dest: Path, meta: dict[str, Any]) -> None:
     """Every staged file but the journal and index.json (shards already uploaded are skipped); then wait."""
-    crcs = meta.get(spec.FILES_CRC_KEY, {})
+    recorded = spec.recorded_files(meta)  # name -> (bytes, CRC-32): the CRC is reused, not recomputed
     for path in sorted(dest.iterdir()):
         name = path.name
         if path.is_file() and name not in _LOCAL_ONLY and name != spec.INDEX_NAME and not name.endswith(".tmp"):
-            uploader.offer(name, crcs.get(name), drop_local=name.endswith(".tar"))
+            uploader.offer(name, recorded.get(name, (None, None))[1], drop_local=name.endswith(".tar"))
     uploader.wait()
