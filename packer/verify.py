@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from packer.verify_report import Problem, VerifyReport, check_sample, check_shard_array, reason
 from readers import spec
+from readers.remote.errors import BucketNotFoundError
 from readers.checks import data_files
 from readers.location import UnsupportedLocationError
 from readers.resolve import resolve_index
@@ -266,12 +267,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """``pack-dataset verify`` with parsed arguments; returns the exit code (1: damage found, 2: no
-    dataset there -- a missing path, as ``info``, ``convert`` and ``pack`` say it)."""
+    dataset there -- a missing path or bucket, as ``info``, ``convert`` and ``pack`` say it)."""
     if isinstance(args.path, Path) and not os.path.lexists(args.path):
         print(f"pack-dataset verify: error: {args.path}: no such dataset folder", file=sys.stderr)
         return 2
     try:
         roots = _roots(args.path)
+    except BucketNotFoundError as exc:  # the URL is wrong (as a missing path): its one line names it
+        print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:  # unreadable folder; remote: unreachable, refused credentials
         print(f"pack-dataset verify: error: {args.path}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -102,6 +102,7 @@ __all__ = [
     "STATE_NAME",
     "shard_name",
     "array_file",
+    "array_bytes_limit",
     "write_json_atomic",
     "fsync_dir",
     "ARRAYS_KEY",
@@ -315,9 +316,15 @@ def _load_array(root: Path, name: str, expected_len: int, recorded: Any) -> tupl
     every process, no private copy), its checksum (when index.json records one) streamed over the
     mapping, then a strict parse (nothing is allocated from what its header claims)."""
     path = member_path(root, array_file(name), "index array")
-    want = ARRAY_DTYPES[name]
-    return map_npy(path, want, expected_len, crc32=_recorded_crc(path, recorded), what="index array",
-                   limit=NPY_HEADER_LIMIT + 16 + expected_len * want.itemsize)
+    return map_npy(path, ARRAY_DTYPES[name], expected_len, crc32=_recorded_crc(path, recorded), what="index array",
+                   limit=array_bytes_limit(name, expected_len))
+
+
+def array_bytes_limit(name: str, n: int) -> int:
+    """The most bytes index array ``name`` of ``n`` samples can hold: the largest ``.npy`` header
+    (magic, version, length, then at most NPY_HEADER_LIMIT) plus ``n`` values. Local arrays are
+    mapped only up to it and remote ones read only up to it (an endless body is cut there)."""
+    return NPY_HEADER_LIMIT + 16 + n * ARRAY_DTYPES[name].itemsize
 
 
 def _recorded_crc(where: Path | str, recorded: Any) -> int | None:
@@ -443,7 +450,7 @@ def _read_index_store(store: Any) -> Index:
 
     def load(name: str) -> np.ndarray:
         try:
-            data = store.read(array_file(name))
+            data = store.read(array_file(name), max_bytes=array_bytes_limit(name, n))
         except FileNotFoundError:
             raise DatasetFormatError(f"{store.url}: index array {array_file(name)} is missing") from None
         return _array_from_bytes(store.url_of(array_file(name)), name, bytearray(data), n,
