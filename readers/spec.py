@@ -283,15 +283,39 @@ class Index:
         return self.arrays["labels"]
 
     def names(self) -> Iterator[str]:
-        """Source path of each sample, in sample order (read lazily)."""
+        """Source path of each sample, in sample order (read lazily).
+
+        A line that is not a JSON string, and a line count other than ``num_samples``, is a
+        one-line :class:`DatasetFormatError` naming ``names.jsonl:LINE`` (``verify`` reports it)."""
+        n = self.num_samples
         if self.store is not None:
-            for line in self.store.read(NAMES_FILE).decode("utf-8").splitlines():
-                yield json.loads(line)
+            yield from _parse_names(self.store.url_of(NAMES_FILE), iter(self.store.read(NAMES_FILE).splitlines()), n)
             return
         path = member_path(self.root, NAMES_FILE, "names file")
-        with os.fdopen(open_regular(path, "names file"), encoding="utf-8") as f:
-            for line in f:
-                yield json.loads(line)
+        with os.fdopen(open_regular(path, "names file"), "rb") as f:
+            yield from _parse_names(str(path), f, n)
+
+
+def _parse_names(where: str, lines: Iterator[bytes], n: int) -> Iterator[str]:
+    """``names.jsonl``'s lines as names: one JSON string a line, ``n`` lines."""
+    count = 0
+    for count, line in enumerate(lines, 1):
+        if count > n:
+            raise DatasetFormatError(f"{where}:{count}: more lines than the {n:,} samples of the index; "
+                                     "the names file is damaged")
+        try:
+            name = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, deep nesting
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise DatasetFormatError(f"{where}:{count}: not a JSON string ({first}); "
+                                     "the names file is damaged") from None
+        if not isinstance(name, str):
+            raise DatasetFormatError(f"{where}:{count}: not a JSON string (a JSON {type(name).__name__}); "
+                                     "the names file is damaged")
+        yield name
+    if count != n:
+        raise DatasetFormatError(f"{where}: {count:,} lines for the {n:,} samples of the index; "
+                                 "the names file is damaged")
 
 
 def _reopen_index(root: str, meta: dict[str, Any], sources: dict[str, tuple[int, int, int, int]]) -> Index:
