@@ -41,9 +41,11 @@ packer and command-line tools use it.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import fcntl
 import io
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -75,6 +77,11 @@ from readers.safeio import (
 __all__ = [
     "INDEX_NAME",
     "NAMES_FILE",
+    "LOCK_NAME",
+    "try_lock",
+    "lock_pid",
+    "lock_holder",
+    "pack_in_progress",
     "SPEC_VERSION",
     "FORMATS",
     "ARRAY_DTYPES",
@@ -128,6 +135,9 @@ __all__ = [
 NAMES_FILE = "names.jsonl"
 #: A pack in progress (or interrupted) leaves this journal beside its data.
 STATE_NAME = "pack-state.json"
+#: A running pack holds an exclusive ``flock`` on this file in each folder it writes; the file holds
+#: its pid and was written when the pack started (a killed pack leaves it unlocked: stale, ignored).
+LOCK_NAME = ".pack-lock"
 SPEC_VERSION = 1
 FORMATS = ("wds", "lmdb", "hdf5", "mmap")
 CHECKSUM_ALGO = "crc32"
@@ -370,6 +380,44 @@ def _array_from_bytes(where: Path | str, name: str, buf: bytearray, expected_len
     return parse_npy(where, buf, ARRAY_DTYPES[name], expected_len, what="index array")
 
 
+# ---------------------------------------------------------------- a pack writing the folder now
+def try_lock(fd: int) -> bool:
+    """Take the exclusive lock of the open lock file ``fd`` without waiting; False when a pack holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def lock_pid(fd: int) -> int | str:
+    """The pid written in the open lock file ``fd`` (``"unknown"`` before the holder wrote it)."""
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else "unknown"
+
+
+def pack_in_progress(folder: str | os.PathLike) -> tuple[int | str, float] | None:
+    """(pid, start time as a POSIX timestamp) of the pack holding ``folder``'s :data:`LOCK_NAME` right
+    now; None when none does (no lock file, or a stale one a killed pack left). Writes nothing."""
+    try:
+        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None  # no lock file (or an unreadable one: a pack would say why)
+    try:
+        if try_lock(fd):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        return lock_pid(fd), os.fstat(fd).st_mtime
+    finally:
+        os.close(fd)
+
+
+def lock_holder(folder: str | os.PathLike) -> int | str | None:
+    """The pid of the pack holding ``folder``'s lock right now (``"unknown"`` if it wrote none yet), or None."""
+    holder = pack_in_progress(folder)
+    return None if holder is None else holder[0]
+
+
 def find_splits(root: str | os.PathLike) -> list[str]:
     """Names of the split sub-folders of ``root`` that hold a finished dataset."""
     root = Path(root)
@@ -407,6 +455,12 @@ def read_index(root: str | os.PathLike | Any) -> Index:
                 f"{root} holds several splits ({', '.join(splits)}); open one of them, "
                 f"e.g. {root / splits[0]}"
             )
+        holder = pack_in_progress(root)
+        if holder is not None:
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder[1]))
+            raise IncompleteDatasetError(
+                f"{root}: being packed by pid {holder[0]} (started {started}): wait for it to finish, "
+                "then open it")
         if (root / STATE_NAME).exists():
             raise IncompleteDatasetError(
                 f"{root}: this pack never finished (no {INDEX_NAME}, a {STATE_NAME} journal is "
