@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from packer.engines import SplitPacker, open_engine
-from packer.errors import OutputError, SourceError
+from packer.errors import OutputError, SourceError, UsageError
 from packer.formats.base import FormatWriter
 from packer.formats.hdf5 import HDF5Writer
 from packer.formats.lmdb import LmdbWriter
@@ -30,7 +30,7 @@ from packer.output import OutputLock, prepare_output
 from packer.pipeline import Progress, SplitResult
 from packer.remote_output import StagedOutput
 from packer.source import Source, URLRoot, find_split_dirs, scan, scan_listing
-from readers import spec
+from readers.location import UnsupportedLocationError, parse_location
 
 __all__ = ["pack", "WRITERS", "plan", "PackOutput", "FolderOutput"]
 
@@ -38,6 +38,15 @@ log = logging.getLogger(__name__)
 
 #: format name (as stored in index.json) -> writer class
 WRITERS: dict[str, type[FormatWriter]] = {w.format: w for w in (WdsWriter, LmdbWriter, HDF5Writer, MemmapWriter)}
+
+
+def _location(where: str | os.PathLike, error: type[UsageError]) -> Path | str:
+    """``src`` or ``out`` as the CLI reads it (readers.location): a local folder (``file:///abs`` too) as a
+    Path, an ``s3://`` / ``http(s)://`` URL as a str; another scheme (``gs://``) is ``error`` (a UsageError)."""
+    try:
+        return parse_location(where)
+    except UnsupportedLocationError as exc:
+        raise error(str(exc)) from None
 
 
 def _split_name(path: Path) -> str:
@@ -53,13 +62,16 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *
     Raises SourceError / OutputError (both UsageError) before anything is written.
     With ``lock``, the output folders stay locked by it (``pack`` holds it for the
     whole run); without, they are locked only while the output is checked.
-    ``role`` says what ``out`` is in messages (a staging folder).
+    ``role`` says what ``out`` is in messages (a staging folder). ``src`` and ``out`` are read as the
+    CLI reads them: ``file:///abs/path`` is the local folder ``/abs/path``, ``gs://`` is refused.
     """
-    if spec.is_remote(src):
-        jobs = [_remote_source(os.fspath(src), Path(out), storage_options, retry)]
-        prepare_output(Path(out), options, [Path(out)], lock, split_hint=jobs[0][0], role=role)
+    src, out = _location(src, SourceError), _location(out, OutputError)
+    if isinstance(out, str):
+        raise OutputError(f"{out}: plan() writes a local folder; pack() stages and uploads an s3:// output")
+    if isinstance(src, str):
+        jobs = [_remote_source(src, out, storage_options, retry)]
+        prepare_output(out, options, [out], lock, split_hint=jobs[0][0], role=role)
         return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
-    src, out = Path(src), Path(out)
     if not src.exists():
         raise SourceError(f"{src}: no such folder")
     imported = scan_import(src)  # WebDataset shards or a Hugging Face dataset (None: an image folder)
@@ -169,17 +181,22 @@ def pack(
     keyword arguments ``storage_options``, ``stage_dir``, ``retry`` and
     ``upload_progress(split) -> callback(bytes)`` apply there only). The
     staging folder is locked, checked and cleared as a local output is.
+
+    ``src`` and ``out`` are read as the CLI reads them (:func:`readers.location.parse_location`):
+    ``file:///abs/path`` is the local folder ``/abs/path``; another scheme (``gs://``) is a
+    SourceError / OutputError naming it and the schemes served.
     """
     options = options or PackOptions()
+    src, out = _location(src, SourceError), _location(out, OutputError)
     listing = {k: remote[k] for k in ("storage_options", "retry") if k in remote}  # an s3:// source's too
     target: PackOutput
-    if spec.is_remote(out):
-        target = StagedOutput(os.fspath(out), options, **remote)
+    if isinstance(out, str):
+        target = StagedOutput(out, options, **remote)
     else:
-        unused = sorted(set(remote) - (set(listing) if spec.is_remote(src) else set()))
+        unused = sorted(set(remote) - (set(listing) if isinstance(src, str) else set()))
         if unused:
             raise TypeError(f"{', '.join(unused)}: only for an s3:// output")
-        target = FolderOutput(Path(out))
+        target = FolderOutput(out)
     # The engine connects first (a cluster that cannot be reached changes nothing); then the output
     # folders are locked for the whole run, whichever engine writes them.
     try:

@@ -96,34 +96,20 @@ def close_source(source: Source) -> None:
 
 def _read_names(index: spec.Index) -> Iterator[str]:
     """Each sample's name from ``names.jsonl``, in order: SourceError (one line, ``file:line``) for a
-    line that is not a JSON string and for a line count that is not the index's sample count."""
-    where, n = f"{index.location}/{spec.NAMES_FILE}", index.num_samples
+    line that is not a JSON string and for a line count that is not the index's sample count
+    (checked by ``spec.Index.names``)."""
     lines = index.names()
     try:
-        i = 0
         while True:
             try:
                 name = next(lines)
             except StopIteration:
-                break
-            except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, deep nesting
-                raise SourceError(f"{where}:{i + 1}: not a JSON string ({_first_line(exc)}); "
-                                  "the dataset's names file is damaged") from None
-            if not isinstance(name, str):
-                raise SourceError(f"{where}:{i + 1}: not a JSON string (a JSON {type(name).__name__}); "
-                                  "the dataset's names file is damaged")
-            if i >= n:
-                raise SourceError(f"{where}: more lines than the {n:,} samples of the index")
+                return
+            except spec.DatasetFormatError as exc:
+                raise SourceError(str(exc)) from None
             yield name
-            i += 1
-        if i != n:
-            raise SourceError(f"{where}: {i:,} lines for the {n:,} samples of the index")
     finally:
         lines.close()
-
-
-def _first_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200]
 
 
 class _Names(Sequence[str]):

@@ -15,13 +15,14 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
 
 from packer.output import lock_holder
 from readers import spec
 from readers.resolve import resolve_index
 
-__all__ = ["describe", "render", "resume_command", "add_arguments", "run", "main"]
+__all__ = ["describe", "render", "write_json", "ClassList", "resume_command", "add_arguments", "run", "main"]
 
 _SHOWN_CLASSES = 30  # text output lists this many classes; --json lists all
 
@@ -67,8 +68,63 @@ def resume_command(state: dict[str, Any], out: Path) -> str:
     return shlex.join(words + ["--resume"])
 
 
-def _classes(classes: list[str], counts: list[int]) -> list[dict[str, Any]]:
-    return [{"label": i, "name": name, "samples": int(n)} for i, (name, n) in enumerate(zip(classes, counts))]
+class ClassList(Sequence):
+    """The classes of a :func:`describe` result: ``{"label", "name", "samples"}`` per class, made as
+    they are asked for (``list(d["classes"])`` for all of them). An index may list 50M classes: the
+    text output shows a count and the first few, ``--json`` writes them one at a time
+    (:func:`write_json`), so neither holds more than the index's own list of names."""
+
+    def __init__(self, names: Sequence[str], counts: Sequence[int] | None) -> None:
+        self._names, self._counts = names, counts
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def _one(self, i: int) -> dict[str, Any]:
+        return {"label": i, "name": self._names[i], "samples": int(self._counts[i]) if self._counts else 0}
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._one(k) for k in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"class {i} of {len(self)}")
+        return self._one(i % len(self))
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (self._one(i) for i in range(len(self)))
+
+    def count_range(self) -> tuple[int, int]:
+        """(fewest, most) samples of a class (0, 0 without recorded counts)."""
+        return (min(self._counts), max(self._counts)) if self._counts else (0, 0)
+
+
+class _Streamed(list):
+    """A :class:`ClassList` handed to the pure-Python JSON encoder (``indent`` set): it takes
+    ``len`` and iterates, so each class is encoded as it is made; nothing is stored here."""
+
+    def __init__(self, classes: ClassList) -> None:
+        super().__init__()
+        self._classes = classes
+
+    def __len__(self) -> int:
+        return len(self._classes)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._classes)
+
+
+def _stream_default(o: Any) -> Any:
+    if isinstance(o, ClassList):
+        return _Streamed(o)
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
+def write_json(d: dict[str, Any], out: TextIO) -> None:
+    """``d`` (a :func:`describe` result) as ``json.dumps(d, indent=1, sort_keys=True)`` writes it,
+    streamed: the class list is encoded one class at a time."""
+    for chunk in json.JSONEncoder(indent=1, sort_keys=True, default=_stream_default).iterencode(d):
+        out.write(chunk)
+    out.write("\n")
 
 
 def _origin(source: dict[str, Any], stats: dict[str, Any]) -> tuple[list[dict[str, str]], dict, dict]:
@@ -89,7 +145,7 @@ def _complete(root: Path | str, index: spec.Index, usage: tuple[int, int] | None
         "path": str(root), "state": "complete", "format": meta["format"], "split": meta.get("split"),
         "spec_version": meta.get("spec_version"), "checksum": meta.get("checksum"),
         "samples": index.num_samples,
-        "classes": _classes(index.classes, meta.get("class_counts") or [0] * len(index.classes)),
+        "classes": ClassList(meta["classes"], meta.get("class_counts")),  # made as asked for (50M classes)
         "bytes_on_disk": size, "files": files,
         "storage": meta.get("storage", {}),
         "shards": len(meta.get("shards", [])) if meta["format"] == "wds" else None,
@@ -215,13 +271,18 @@ def _options(options: dict[str, Any]) -> str:
     return " ".join(f"{k}={show.get(k, str)(v) if v is not None else None}" for k, v in sorted(options.items()))
 
 
-def _class_lines(classes: list[dict[str, Any]]) -> list[str]:
+def _class_lines(classes: Sequence[dict[str, Any]]) -> list[str]:
+    """A count, the range of samples per class and the first few classes (never the whole list)."""
     if not classes:
         return ["  classes      0"]
-    counts = [c["samples"] for c in classes]
-    lines = [f"  classes      {len(classes)} ({min(counts)}..{max(counts)} samples each)"]
-    width = max(len(c["name"]) for c in classes[:_SHOWN_CLASSES])
-    for c in classes[:_SHOWN_CLASSES]:
+    if isinstance(classes, ClassList):
+        lo, hi = classes.count_range()
+    else:  # a description read back from --json
+        lo, hi = min(c["samples"] for c in classes), max(c["samples"] for c in classes)
+    lines = [f"  classes      {len(classes)} ({lo}..{hi} samples each)"]
+    shown = classes[:_SHOWN_CLASSES]
+    width = max(len(c["name"]) for c in shown)
+    for c in shown:
         lines.append(f"    {c['label']:>5}  {c['name']:<{width}}  {c['samples']}")
     if len(classes) > _SHOWN_CLASSES:
         lines.append(f"    ... {len(classes) - _SHOWN_CLASSES} more (--json lists every class)")
@@ -296,7 +357,10 @@ def run(args: argparse.Namespace) -> int:
     except (spec.DatasetFormatError, OSError) as exc:  # remote errors (not found, auth, down) are OSErrors
         print(f"pack-dataset info: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(d, indent=1, sort_keys=True) if args.json else render(d))
+    if args.json:
+        write_json(d, sys.stdout)
+    else:
+        print(render(d))
     return 0
 
 

@@ -112,10 +112,7 @@ class Journal:
             if state.get(key) != identity[key]:
                 raise PackError(f"{out}: the interrupted pack wrote {key} {state.get(key)!r}, this one asks for "
                                 f"{identity[key]!r}; resume with the same command, or start again with --overwrite")
-        options = dict(state["options"])
-        if options.get("extra") == {}:  # journals written before the unused option was removed
-            del options["extra"]
-        diff = option_differences(options, json.loads(json.dumps(identity["options"])))
+        diff = option_differences(state["options"], json.loads(json.dumps(identity["options"])))
         if diff:
             raise PackError(f"{out}: the interrupted pack used other options ({diff}); "
                             "resume with the same options, or start again with --overwrite")

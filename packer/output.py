@@ -23,7 +23,6 @@ that entry, and nothing is deleted.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import re
@@ -37,8 +36,10 @@ from readers import spec
 __all__ = ["prepare_output", "OutputLock", "OutputBusyError", "LOCK_NAME", "SHARD_LOG_NAME", "UPLOADS_NAME",
            "UPLOADS_NAME_V1", "known_names", "leftovers", "lock_holder", "start_writeback"]
 
-#: The lock file a running pack holds inside each folder it writes.
-LOCK_NAME = ".pack-lock"
+#: The lock file a running pack holds inside each folder it writes (the on-disk contract: readers see it).
+LOCK_NAME = spec.LOCK_NAME
+#: The pid of the pack holding a folder's lock now, or None (readers.spec, so readers can say it too).
+lock_holder = spec.lock_holder
 #: A wds pack in progress: one JSON line per closed shard (``packer.formats.wds``).
 SHARD_LOG_NAME = "shard-log.jsonl"
 #: A staged ``s3://`` pack: one JSON line per object uploaded so far (``packer.remote_output``);
@@ -158,8 +159,8 @@ class OutputLock:
 
     @staticmethod
     def _flock(fd: int, folder: Path) -> None:
-        if not _try_lock(fd):
-            raise OutputBusyError(_busy(folder, _pid_in(fd)))
+        if not spec.try_lock(fd):
+            raise OutputBusyError(_busy(folder, spec.lock_pid(fd)))
 
     def release_one(self, folder: Path, *, remove: bool = True) -> None:
         fd = self._held.pop(Path(folder), None)
@@ -179,38 +180,9 @@ class OutputLock:
             self.release_one(folder)
 
 
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
-def _pid_in(fd: int) -> int | str:
-    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    return int(text) if text.isdigit() else "unknown"
-
-
 def _busy(folder: Path, pid: int | str) -> str:
     return (f"{folder}: another pack-dataset (pid {pid}) is writing this folder; wait for it to end "
             "(or stop it), then run again")
-
-
-def lock_holder(folder: str | os.PathLike) -> int | str | None:
-    """The pid of the pack holding ``folder``'s lock right now (``"unknown"`` if it wrote none yet);
-    None when no pack holds it (no lock file, or a stale one a killed pack left). Writes nothing."""
-    try:
-        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return None  # no lock file (or unreadable: acquire will say why)
-    try:
-        if _try_lock(fd):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
-        return _pid_in(fd)
-    finally:
-        os.close(fd)
 
 
 def _same_file(fd: int, path: Path) -> bool:

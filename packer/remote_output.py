@@ -378,21 +378,23 @@ def _fetch_index(store: Any, dest: Path) -> None:
     try:
         meta = json.loads(raw)
         arrays = list(meta.get(spec.ARRAYS_KEY) or spec.REQUIRED_ARRAYS[meta["format"]])
+        count = int(meta["num_samples"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise PackError(f"{store.url_of(spec.INDEX_NAME)}: unreadable index ({exc}); start again with "
                         "--overwrite") from None
-    names = [spec.array_file(a) for a in arrays if a in spec.ARRAY_DTYPES]
-    names += [n for n in (spec.REJECTS_NAME, spec.REPAIRS_NAME) if store.exists(n)]
+    # an index array is read only up to the size it can have (a misbehaving server's endless body is cut)
+    caps = {spec.array_file(a): spec.array_bytes_limit(a, count) for a in arrays if a in spec.ARRAY_DTYPES}
+    names = list(caps) + [n for n in (spec.REJECTS_NAME, spec.REPAIRS_NAME) if store.exists(n)]
     for name in names:
-        (dest / name).write_bytes(store.read(name))
+        (dest / name).write_bytes(store.read(name, max_bytes=caps.get(name)))
     (dest / spec.INDEX_NAME).write_bytes(raw)  # last: a copy interrupted before this is no index
 
 
 def _upload_rest(uploader: Uploader, dest: Path, meta: dict[str, Any]) -> None:
     """Every staged file but the journal and index.json (shards already uploaded are skipped); then wait."""
-    crcs = meta.get(spec.FILES_CRC_KEY, {})
+    recorded = spec.recorded_files(meta)  # name -> (bytes, CRC-32): the CRC is reused, not recomputed
     for path in sorted(dest.iterdir()):
         name = path.name
         if path.is_file() and name not in _LOCAL_ONLY and name != spec.INDEX_NAME and not name.endswith(".tmp"):
-            uploader.offer(name, crcs.get(name), drop_local=name.endswith(".tar"))
+            uploader.offer(name, recorded.get(name, (None, None))[1], drop_local=name.endswith(".tar"))
     uploader.wait()

@@ -26,10 +26,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from packer.verify_report import Problem, VerifyReport, check_sample, check_shard_array, reason
 from readers import spec
 from readers.checks import data_files
 from readers.location import UnsupportedLocationError
+from readers.remote.errors import BucketNotFoundError
 from readers.resolve import resolve_index
 
 __all__ = ["Problem", "VerifyReport", "verify", "main", "add_arguments", "run"]
@@ -159,6 +162,7 @@ def verify(path: str | os.PathLike | spec.Index,
         check_index(index)  # the same range checks as a local dataset, before any data is read
         report = VerifyReport(index.root)
         verify_remote(index, report, progress or (lambda n: None), download_progress)
+        _check_names(index, report)
         return report
     from readers.registry import open_dataset  # imports torch: not needed for `pack-dataset --help`
 
@@ -181,7 +185,23 @@ def verify(path: str | os.PathLike | spec.Index,
             tick(len(ds))
     finally:
         ds.close()
+    _check_names(index, report)
     return report
+
+
+def _check_names(index: spec.Index, report: VerifyReport) -> None:
+    """``names.jsonl``: every line a JSON string, one line per sample (``spec.Index.names`` checks
+    both); its first damage is reported as ``names.jsonl:LINE``, like any other damaged file."""
+    where = f"{index.location}/{spec.NAMES_FILE}"
+    try:
+        for _ in index.names():
+            pass
+    except spec.DatasetFormatError as exc:
+        text = str(exc)
+        at, sep, what = text.partition(": ")
+        report.problem(at if sep and at.startswith(where) else where, what if sep else text)
+    except OSError as exc:  # missing or unreadable (remote: the store's one-line error)
+        report.problem(where, f"cannot be read ({exc.strerror or exc})")
 
 
 def _location(text: str) -> Path | str:
@@ -266,12 +286,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """``pack-dataset verify`` with parsed arguments; returns the exit code (1: damage found, 2: no
-    dataset there -- a missing path, as ``info``, ``convert`` and ``pack`` say it)."""
+    dataset there -- a missing path or bucket, as ``info``, ``convert`` and ``pack`` say it)."""
     if isinstance(args.path, Path) and not os.path.lexists(args.path):
         print(f"pack-dataset verify: error: {args.path}: no such dataset folder", file=sys.stderr)
         return 2
     try:
         roots = _roots(args.path)
+    except BucketNotFoundError as exc:  # the URL is wrong (as a missing path): its one line names it
+        print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:  # unreadable folder; remote: unreachable, refused credentials
         print(f"pack-dataset verify: error: {args.path}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -26,10 +26,9 @@ from readers import spec
 from readers.checks import check_index
 from readers.compose import accepts_bytes, warn_if_fused_lost
 from readers.decode import DecodeError, decode_rgb
-from readers.perprocess import PerProcess
 from readers.resolve import resolve_index
 
-__all__ = ["PackedDataset", "MapReader", "LazyHandle", "to_chw", "IMAGE_KINDS"]
+__all__ = ["PackedDataset", "MapReader", "to_chw", "IMAGE_KINDS"]
 
 #: What a reader's decoded image is: a uint8 CHW tensor, or a PIL RGB image (torchvision pipelines).
 IMAGE_KINDS = ("tensor", "pil")
@@ -47,11 +46,6 @@ def to_chw(arr: np.ndarray) -> torch.Tensor:
     if not chw.flags.writeable or np.shares_memory(chw, arr):
         chw = chw.copy()
     return torch.from_numpy(chw)
-
-
-#: Deprecated alias of :class:`readers.perprocess.PerProcess`, kept only while
-#: ``readers/formats/hdf5.py`` imports it (remove it with that import).
-LazyHandle = PerProcess
 
 
 class _IndexArray(NamedTuple):

@@ -16,7 +16,7 @@ positions r, r+R, r+2R, ... of the padded permutation). See :func:`rank_indices`
    to end: one stream of all N samples (:func:`shard_stream`);
 2. the stream is cut into R equal contiguous slices (padded by wrapping
    around, or cut, as ``pad`` says) and each rank's slice into W contiguous
-   slices (:func:`epoch_plan`): a worker reads a few whole shards;
+   slices (:func:`worker_order`): a worker reads a few whole shards;
 3. the worker reads ``open_shards`` of its shard runs at once, taking each
    next sample from a randomly chosen open run (:func:`interleave`), so each
    shard is still read front to back;
@@ -47,7 +47,7 @@ import numpy as np
 
 from readers.env import WorkerEnv
 
-__all__ = ["ShardLayout", "ShardSettings", "epoch_plan", "shard_stream", "interleave", "buffer_shuffle",
+__all__ = ["ShardLayout", "ShardSettings", "shard_stream", "interleave", "buffer_shuffle",
            "worker_order", "round_robin", "batch_counts", "consumed_batches", "permutation", "rank_indices",
            "worker_lengths", "shards_delivered", "resume_order", "is_exact", "settings_of", "shares",
            "source_stream", "epoch_draw"]
@@ -228,18 +228,6 @@ def _worker_range(n: int, env: WorkerEnv, pad: bool) -> tuple[int, int]:
     base, extra = divmod(per_rank, env.num_workers)
     start = env.rank * per_rank + env.worker_id * base + min(env.worker_id, extra)
     return start, start + base + (1 if env.worker_id < extra else 0)
-
-
-def epoch_plan(shard_sizes: np.ndarray, seed: int, epoch: int, shuffle: bool, env: WorkerEnv,
-               pad: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Shard order for the epoch and this worker's [start, stop) range over the stream.
-
-    Returns ``(order, (start, stop))`` where positions index the stream of
-    samples laid out shard by shard in ``order``; positions >= N wrap around.
-    """
-    order = shard_order(len(shard_sizes), seed, epoch, shuffle)
-    start, stop = _worker_range(int(np.sum(shard_sizes)), env, pad)
-    return order, np.array([start, stop])
 
 
 def shard_stream(layout: ShardLayout, order: np.ndarray) -> np.ndarray:

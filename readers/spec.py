@@ -41,9 +41,11 @@ packer and command-line tools use it.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import fcntl
 import io
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -75,6 +77,11 @@ from readers.safeio import (
 __all__ = [
     "INDEX_NAME",
     "NAMES_FILE",
+    "LOCK_NAME",
+    "try_lock",
+    "lock_pid",
+    "lock_holder",
+    "pack_in_progress",
     "SPEC_VERSION",
     "FORMATS",
     "ARRAY_DTYPES",
@@ -102,6 +109,7 @@ __all__ = [
     "STATE_NAME",
     "shard_name",
     "array_file",
+    "array_bytes_limit",
     "write_json_atomic",
     "fsync_dir",
     "ARRAYS_KEY",
@@ -127,6 +135,9 @@ __all__ = [
 NAMES_FILE = "names.jsonl"
 #: A pack in progress (or interrupted) leaves this journal beside its data.
 STATE_NAME = "pack-state.json"
+#: A running pack holds an exclusive ``flock`` on this file in each folder it writes; the file holds
+#: its pid and was written when the pack started (a killed pack leaves it unlocked: stale, ignored).
+LOCK_NAME = ".pack-lock"
 SPEC_VERSION = 1
 FORMATS = ("wds", "lmdb", "hdf5", "mmap")
 CHECKSUM_ALGO = "crc32"
@@ -282,15 +293,39 @@ class Index:
         return self.arrays["labels"]
 
     def names(self) -> Iterator[str]:
-        """Source path of each sample, in sample order (read lazily)."""
+        """Source path of each sample, in sample order (read lazily).
+
+        A line that is not a JSON string, and a line count other than ``num_samples``, is a
+        one-line :class:`DatasetFormatError` naming ``names.jsonl:LINE`` (``verify`` reports it)."""
+        n = self.num_samples
         if self.store is not None:
-            for line in self.store.read(NAMES_FILE).decode("utf-8").splitlines():
-                yield json.loads(line)
+            yield from _parse_names(self.store.url_of(NAMES_FILE), iter(self.store.read(NAMES_FILE).splitlines()), n)
             return
         path = member_path(self.root, NAMES_FILE, "names file")
-        with os.fdopen(open_regular(path, "names file"), encoding="utf-8") as f:
-            for line in f:
-                yield json.loads(line)
+        with os.fdopen(open_regular(path, "names file"), "rb") as f:
+            yield from _parse_names(str(path), f, n)
+
+
+def _parse_names(where: str, lines: Iterator[bytes], n: int) -> Iterator[str]:
+    """``names.jsonl``'s lines as names: one JSON string a line, ``n`` lines."""
+    count = 0
+    for count, line in enumerate(lines, 1):
+        if count > n:
+            raise DatasetFormatError(f"{where}:{count}: more lines than the {n:,} samples of the index; "
+                                     "the names file is damaged")
+        try:
+            name = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, deep nesting
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise DatasetFormatError(f"{where}:{count}: not a JSON string ({first}); "
+                                     "the names file is damaged") from None
+        if not isinstance(name, str):
+            raise DatasetFormatError(f"{where}:{count}: not a JSON string (a JSON {type(name).__name__}); "
+                                     "the names file is damaged")
+        yield name
+    if count != n:
+        raise DatasetFormatError(f"{where}: {count:,} lines for the {n:,} samples of the index; "
+                                 "the names file is damaged")
 
 
 def _reopen_index(root: str, meta: dict[str, Any], sources: dict[str, tuple[int, int, int, int]]) -> Index:
@@ -315,9 +350,15 @@ def _load_array(root: Path, name: str, expected_len: int, recorded: Any) -> tupl
     every process, no private copy), its checksum (when index.json records one) streamed over the
     mapping, then a strict parse (nothing is allocated from what its header claims)."""
     path = member_path(root, array_file(name), "index array")
-    want = ARRAY_DTYPES[name]
-    return map_npy(path, want, expected_len, crc32=_recorded_crc(path, recorded), what="index array",
-                   limit=NPY_HEADER_LIMIT + 16 + expected_len * want.itemsize)
+    return map_npy(path, ARRAY_DTYPES[name], expected_len, crc32=_recorded_crc(path, recorded), what="index array",
+                   limit=array_bytes_limit(name, expected_len))
+
+
+def array_bytes_limit(name: str, n: int) -> int:
+    """The most bytes index array ``name`` of ``n`` samples can hold: the largest ``.npy`` header
+    (magic, version, length, then at most NPY_HEADER_LIMIT) plus ``n`` values. Local arrays are
+    mapped only up to it and remote ones read only up to it (an endless body is cut there)."""
+    return NPY_HEADER_LIMIT + 16 + n * ARRAY_DTYPES[name].itemsize
 
 
 def _recorded_crc(where: Path | str, recorded: Any) -> int | None:
@@ -337,6 +378,44 @@ def _array_from_bytes(where: Path | str, name: str, buf: bytearray, expected_len
         raise DatasetFormatError(
             f"{where}: checksum differs from the one {INDEX_NAME} records: the array is damaged or was edited")
     return parse_npy(where, buf, ARRAY_DTYPES[name], expected_len, what="index array")
+
+
+# ---------------------------------------------------------------- a pack writing the folder now
+def try_lock(fd: int) -> bool:
+    """Take the exclusive lock of the open lock file ``fd`` without waiting; False when a pack holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def lock_pid(fd: int) -> int | str:
+    """The pid written in the open lock file ``fd`` (``"unknown"`` before the holder wrote it)."""
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else "unknown"
+
+
+def pack_in_progress(folder: str | os.PathLike) -> tuple[int | str, float] | None:
+    """(pid, start time as a POSIX timestamp) of the pack holding ``folder``'s :data:`LOCK_NAME` right
+    now; None when none does (no lock file, or a stale one a killed pack left). Writes nothing."""
+    try:
+        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None  # no lock file (or an unreadable one: a pack would say why)
+    try:
+        if try_lock(fd):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        return lock_pid(fd), os.fstat(fd).st_mtime
+    finally:
+        os.close(fd)
+
+
+def lock_holder(folder: str | os.PathLike) -> int | str | None:
+    """The pid of the pack holding ``folder``'s lock right now (``"unknown"`` if it wrote none yet), or None."""
+    holder = pack_in_progress(folder)
+    return None if holder is None else holder[0]
 
 
 def find_splits(root: str | os.PathLike) -> list[str]:
@@ -376,6 +455,12 @@ def read_index(root: str | os.PathLike | Any) -> Index:
                 f"{root} holds several splits ({', '.join(splits)}); open one of them, "
                 f"e.g. {root / splits[0]}"
             )
+        holder = pack_in_progress(root)
+        if holder is not None:
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder[1]))
+            raise IncompleteDatasetError(
+                f"{root}: being packed by pid {holder[0]} (started {started}): wait for it to finish, "
+                "then open it")
         if (root / STATE_NAME).exists():
             raise IncompleteDatasetError(
                 f"{root}: this pack never finished (no {INDEX_NAME}, a {STATE_NAME} journal is "
@@ -443,7 +528,7 @@ def _read_index_store(store: Any) -> Index:
 
     def load(name: str) -> np.ndarray:
         try:
-            data = store.read(array_file(name))
+            data = store.read(array_file(name), max_bytes=array_bytes_limit(name, n))
         except FileNotFoundError:
             raise DatasetFormatError(f"{store.url}: index array {array_file(name)} is missing") from None
         return _array_from_bytes(store.url_of(array_file(name)), name, bytearray(data), n,

@@ -126,17 +126,20 @@ class BadHTTPServer:
     (``storage_options={"endpoint_url": server.url, ...}``): s3fs's signed GETs
     and HEADs get the same misbehaviour. Every connection handler stops after
     ``max_s`` seconds, so a test that fails never leaves it running;
-    ``bytes_sent`` counts body bytes written. Use it as a context manager.
+    ``bytes_sent`` counts body bytes written. ``files`` (file name -> bytes): a request for a
+    path ending in ``/name`` is answered properly with those bytes (a good index.json beside a
+    misbehaving array). Use it as a context manager.
     """
 
     def __init__(self, mode: str, *, body: bytes = b"", length: int = 1000, interval_s: float = 0.5,
-                 max_s: float = 30.0) -> None:
+                 max_s: float = 30.0, files: dict[str, bytes] | None = None) -> None:
         import socket
         import threading
 
         if mode not in ("trickle", "endless", "norange"):
             raise ValueError(mode)
         self.mode, self.body, self.length, self.interval_s, self.max_s = mode, body, length, interval_s, max_s
+        self.files = dict(files or {})
         self.bytes_sent = 0
         self.requests: list[str] = []
         self._sock = socket.create_server(("127.0.0.1", 0))
@@ -191,8 +194,16 @@ class BadHTTPServer:
                         buf += piece
                     head, buf = buf.split(b"\r\n\r\n", 1)
                     method = head.split(b" ", 1)[0].decode()
+                    line = head.split(b"\r\n", 1)[0].decode()
                     with self._lock:
-                        self.requests.append(head.split(b"\r\n", 1)[0].decode())
+                        self.requests.append(line)
+                    name = line.split(" ")[1].split("?")[0].rsplit("/", 1)[-1] if line.count(" ") >= 2 else ""
+                    if name in self.files:
+                        data = self.files[name]
+                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(data))
+                        if method != "HEAD":
+                            self._send(conn, data)
+                        continue
                     if not self._respond(conn, method, end):
                         return
         except OSError:

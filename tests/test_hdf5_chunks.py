@@ -46,7 +46,7 @@ def test_whole_batches_read_chunks_laid_out_in_any_order(packed_real, tmp_path):
     by run when they are not; the same file cut short is refused, naming a sample."""
     import numpy as np
 
-    from readers.base import LazyHandle
+    from readers.perprocess import PerProcess
 
     ds = open_dataset(packed_real["hdf5"], decode=False)
     want = [ds.read(i) for i in range(len(ds))]
@@ -56,13 +56,13 @@ def test_whole_batches_read_chunks_laid_out_in_any_order(packed_real, tmp_path):
     raw = np.fromfile(ds.data_file, dtype=np.uint8)
     moved = np.concatenate([raw[c:c + cb] for c in chunks[::-1]])
     ds._chunks = np.arange(len(chunks) - 1, -1, -1, dtype=np.int64) * cb
-    ds._mapped = LazyHandle(lambda: moved)
+    ds._mapped = PerProcess(lambda: moved)
     starts, sizes = ds.index.arrays["offsets"], ds.index.arrays["sizes"]
     assert (ds._addresses(starts, sizes) < 0).sum() > 0  # the run-by-run path is taken
     images, _labels = ds.get_batch(list(range(len(ds)))[::-1])
     assert [images.get(k) for k in range(len(ds))] == want[::-1]
 
-    ds._mapped = LazyHandle(lambda: moved[:len(moved) // 2])
+    ds._mapped = PerProcess(lambda: moved[:len(moved) // 2])
     with pytest.raises(spec.DatasetFormatError, match="sample .* cut short: the file is truncated"):
         ds.get_batch(list(range(len(ds))))
     ds.close()

@@ -99,15 +99,6 @@ def test_journal_refuses_other_options_and_changed_sources(src, tmp_path):
         Journal.load(tmp_path, changed)
 
 
-def test_journal_written_before_extra_was_removed_still_resumes(src, tmp_path):
-    Journal(_identity(src), done=3).save(tmp_path)
-    path = tmp_path / spec.STATE_NAME
-    state = json.loads(path.read_text())
-    state["options"]["extra"] = {}
-    path.write_text(json.dumps(state))
-    assert Journal.load(tmp_path, _identity(src)).done == 3
-
-
 def test_nothing_to_resume(src, tmp_path):
     assert Journal.load(tmp_path, _identity(src)) is None  # empty folder: start afresh
     (tmp_path / "stray.txt").write_text("x")

@@ -30,7 +30,6 @@ the file, before any sample is read (``readers.formats.h5layout``).
 from __future__ import annotations
 
 import functools
-import mmap
 import os
 from typing import Any, Callable, Iterator
 
@@ -38,24 +37,19 @@ import h5py
 import numpy as np
 
 from readers import spec
-from readers.base import LazyHandle, MapReader
+from readers.base import MapReader
 from readers.batch import Allocator, byte_offsets, finish_batch, index_array, new_byte_batch
 from readers.formats.h5layout import check_images
+from readers.perprocess import PerProcess
 
 __all__ = ["HDF5Dataset"]
 
 
 # Module-level (not lambdas) so readers pickle for spawn/forkserver workers.
 def _open_fd(file: Callable[[], str], size: int | None = None) -> int:
-    """A descriptor of the data file: regular, never blocking, at least ``size`` bytes."""
-    path = file()
-    fd = spec.open_regular(path, "data file")
-    actual = os.fstat(fd).st_size
-    if size is not None and actual < size:
-        os.close(fd)
-        raise spec.DatasetFormatError(f"{path}: data file is {actual} bytes, {spec.INDEX_NAME} says {size}: "
-                                      "it is truncated or damaged")
-    return fd
+    """A descriptor of the data file, checked by :func:`readers.safeio.open_data_file` (regular, never
+    blocking, at least ``size`` bytes); ``file`` names it only when it is opened."""
+    return spec.open_data_file(file(), size)
 
 
 def _open_h5(file: Callable[[], str], size: int | None = None) -> h5py.File:
@@ -81,9 +75,7 @@ def _map_file(file: Callable[[], str], size: int | None = None) -> np.ndarray:
     """The data file mapped read-only, from a descriptor checked as ``_open_fd`` checks it."""
     fd = _open_fd(file, size)
     try:
-        if os.fstat(fd).st_size == 0:
-            return np.zeros(0, dtype=np.uint8)
-        return np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8)
+        return spec.map_file(fd)
     finally:
         os.close(fd)
 
@@ -108,10 +100,10 @@ class HDF5Dataset(MapReader):
             self._fetch_data()
         file = self.file_ref(self.data_name)
         if self._chunks is not None:
-            self._fd = LazyHandle(functools.partial(_open_fd, file, size), os.close)
+            self._fd = PerProcess(functools.partial(_open_fd, file, size), os.close)
             # whole batches (get_batch) copy out of a read-only mapping: page cache, not private memory
-            self._mapped = LazyHandle(functools.partial(_map_file, file, size))
-        self._h5 = LazyHandle(functools.partial(_open_h5, file, size), _close_h5)
+            self._mapped = PerProcess(functools.partial(_map_file, file, size))
+        self._h5 = PerProcess(functools.partial(_open_h5, file, size), _close_h5)
 
     def _load_table(self, name: str, data_size: int | None) -> np.ndarray:
         """The chunk table, checked: every entry leaves a whole chunk inside data.h5."""
