@@ -499,10 +499,10 @@ class _Remainder:
         self.lo, self.hi = np.append(lo, hi.max(initial=0)), np.append(hi, n)
         self.irregular = set(self.wrapping) | {g for g in range(len(self.envs)) if lo[g] < head}
         gone = np.append(self.took, 0)
-        for g in self.irregular:
-            if self.hi[g] > self.lo[g]:
-                part = _stream_positions(layout, self.order, int(self.lo[g]), int(self.hi[g]))
-                gone[g] = int(np.isin(part, self._consumers(g)).sum())
+        for g in self.irregular:  # a range wholly past the end read only repeats: nothing of its own is gone
+            part = _stream_positions(layout, self.order, int(self.lo[g]), int(self.hi[g])) \
+                if self.hi[g] > self.lo[g] else np.zeros(0, np.int64)
+            gone[g] = int(np.isin(part, self._consumers(g)).sum())
         self.kept = (self.hi - self.lo) - gone  # samples left per segment
         self.kept_before = np.concatenate([[0], np.cumsum(self.kept)])
 

@@ -13,7 +13,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import readers.env
@@ -244,6 +244,9 @@ def test_map_exact_resume_memory_is_an_epoch_start(permutations):
     assert resume <= 1.1 * start, f"exact resume {resume} B, an epoch start {start} B"
 
 
+# a padded old split whose last range lies wholly past the end (it read only repeats)
+@example(sizes=[9], old=(4, 1), new=(1, 1), pads=(True, False), bs=1, drop_last=False, when=0.5, seed=0,
+         buffers=(1, 1))
 @settings(max_examples=300, deadline=None)
 @given(sizes=st.lists(st.integers(0, 25), min_size=1, max_size=12), old=st.tuples(st.integers(1, 4), st.integers(1, 3)),
        new=st.tuples(st.integers(1, 4), st.integers(1, 3)), pads=st.tuples(st.booleans(), st.booleans()),
