@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from packer.engines.io import LocalOutput
 from packer.engines.tasks import ShardPart
 from packer.errors import PackError
-from packer.formats.wds import END_OF_ARCHIVE, ShardLog, WdsWriter
+from packer.formats.wds import END_OF_ARCHIVE, ShardLog, WdsWriter, sample_span
 from packer.images import Prepared
 from packer.options import PackOptions
 from readers import spec
@@ -128,10 +128,9 @@ class RayWdsWriter(WdsWriter):
         if self._open is None:
             self._open = _OpenShard(sample_no)
         shard = self._open
-        # The layout of packer.formats.wds.sample_tar: a header block, the data padded to
-        # whole blocks, then the .cls member (header block + one block for the label).
-        offset = shard.pos + spec.TAR_BLOCK
-        shard.pos = offset + data.size + (-data.size % spec.TAR_BLOCK) + 2 * spec.TAR_BLOCK
+        start, span = sample_span(data.size)  # the bytes sample_tar's tasks write around it
+        offset = shard.pos + start
+        shard.pos += span
         shard.parts.append(ShardPart(shard.payload_no(data.ref), data.start, data.size, sample_no,
                                      prepared.ext, label))
         index = self._closed

@@ -38,7 +38,7 @@ from packer.images import Prepared
 from packer.output import SHARD_LOG_NAME, start_writeback
 from readers import spec
 
-__all__ = ["WdsWriter", "ShardLog"]
+__all__ = ["WdsWriter", "ShardLog", "sample_tar", "sample_span", "END_OF_ARCHIVE"]
 
 
 class ShardLog:
@@ -195,13 +195,9 @@ class WdsWriter(FormatWriter):
         if self._file is None:
             self._start_shard()
             self._first = sample_no
-        key = spec.wds_key(sample_no)
-        size = len(prepared.data)
-        offset = self._pos + spec.TAR_BLOCK
-        cls = str(label).encode()
-        # one write and one checksum call per sample: the header, the image, its padding, the label
-        self._emit(b"".join((tar_header(f"{key}.{prepared.ext}", size), prepared.data, _pad(size),
-                             tar_header(f"{key}.cls", len(cls)), cls, _pad(len(cls)))))
+        offset = self._pos + sample_span(len(prepared.data))[0]
+        head, tail = sample_tar(sample_no, prepared.ext, len(prepared.data), label)
+        self._emit(b"".join((head, prepared.data, tail)))  # one write and one checksum call per sample
         self._count += 1
         shard = len(self.shards)
         limit = self.options.shard_count
@@ -267,9 +263,16 @@ END_OF_ARCHIVE = b"\0" * (2 * spec.TAR_BLOCK)
 
 
 def sample_tar(sample_no: int, ext: str, size: int, label: int) -> tuple[bytes, bytes]:
-    """The tar bytes around a sample's ``size`` stored bytes, as ``WdsWriter.append`` lays them out:
-    (the image member's header, the padding plus the ``.cls`` member). For writers of shards outside
-    this class (the Ray engine's tasks); tests check both give the same bytes."""
+    """The tar bytes around a sample's ``size`` stored bytes (the layout drawn at the top of this
+    module): (the image member's header, the padding plus the ``.cls`` member). ``WdsWriter`` and
+    the Ray engine's shard tasks both write these; :func:`sample_span` gives their sizes."""
     key = spec.wds_key(sample_no)
     cls = str(label).encode()
     return tar_header(f"{key}.{ext}", size), _pad(size) + tar_header(f"{key}.cls", len(cls)) + cls + _pad(len(cls))
+
+
+def sample_span(size: int) -> tuple[int, int]:
+    """(where a sample's data starts, the bytes it takes in all) from the sample's first byte in its
+    shard, for ``size`` stored bytes: what :func:`sample_tar` writes around it (a header block, the
+    data padded to whole blocks, the ``.cls`` header and one block for its label, under 512 bytes)."""
+    return spec.TAR_BLOCK, spec.TAR_BLOCK + size + (-size % spec.TAR_BLOCK) + 2 * spec.TAR_BLOCK
