@@ -31,7 +31,7 @@ from typing import Any
 
 _LAZY = {
     "run_benchmark": "dataset_bench.run",
-    "Progress": "dataset_bench.run",
+    "BenchProgress": "dataset_bench.run",
     "BenchConfig": "dataset_bench.plan",
     "BenchResult": "dataset_bench.results",
     "LoaderStats": "dataset_bench.measure",

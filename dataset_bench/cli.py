@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from dataset_bench.measure import MODES
 from dataset_bench.plan import CACHES, BenchConfig
 from dataset_bench.report import draw_chart, report_text
-from dataset_bench.run import Progress, run_benchmark
+from dataset_bench.run import BenchProgress, run_benchmark
 from packer import PackError, SourceError
 from readers.spec import FORMATS
 
@@ -108,7 +108,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 class _Bar:
-    """A tqdm bar on stderr driven by :class:`dataset_bench.run.Progress` reports."""
+    """A tqdm bar on stderr driven by :class:`dataset_bench.run.BenchProgress` reports."""
 
     def __init__(self) -> None:
         from tqdm import tqdm
@@ -116,7 +116,7 @@ class _Bar:
         tqdm.monitor_interval = 0  # no monitor thread in a process that forks loader workers
         self.bar = tqdm(total=0, file=sys.stderr, unit="step", dynamic_ncols=True)
 
-    def __call__(self, p: Progress) -> None:
+    def __call__(self, p: BenchProgress) -> None:
         if p.total and self.bar.total != p.total:
             self.bar.reset(total=p.total)
         self.bar.n = p.done

@@ -43,11 +43,11 @@ from dataset_bench.synth import generate_image_folder
 from dataset_bench.targets import NAIVE, Target, dataset_target, folder_target, index_source, pack_formats
 from readers.spec import FORMATS
 
-__all__ = ["Progress", "run_benchmark"]
+__all__ = ["BenchProgress", "run_benchmark"]
 
 
 @dataclass(frozen=True)
-class Progress:
+class BenchProgress:
     """Where a run stands, for a progress bar: ``done`` of ``total`` steps finished, ``step`` running now.
 
     ``total`` is 0 while the data is generated and packed (those steps are
@@ -62,12 +62,12 @@ class Progress:
 class _Steps:
     """Counts the run's steps and reports each start to the caller's progress callback."""
 
-    def __init__(self, callback: Callable[[Progress], None] | None) -> None:
+    def __init__(self, callback: Callable[[BenchProgress], None] | None) -> None:
         self.callback, self.done, self.total, self.running = callback, 0, 0, False
 
     def _emit(self, step: str) -> None:
         if self.callback is not None:
-            self.callback(Progress(self.done, self.total, step))
+            self.callback(BenchProgress(self.done, self.total, step))
 
     def note(self, step: str) -> None:
         """An uncounted step (generating, packing)."""
@@ -86,13 +86,13 @@ class _Steps:
         self._emit("done")
 
 
-def run_benchmark(config: BenchConfig | None = None, *, progress: Callable[[Progress], None] | None = None,
+def run_benchmark(config: BenchConfig | None = None, *, progress: Callable[[BenchProgress], None] | None = None,
                   **kwargs: Any) -> BenchResult:
     """Measure every format (and the naive baseline) on this machine; see the module docstring.
 
     Pass a :class:`BenchConfig` or its fields as keywords, e.g.
     ``run_benchmark(generate=2000, workers=(0, 2), repeats=3)``; keywords
-    given with a config replace its fields. ``progress(Progress)`` is called
+    given with a config replace its fields. ``progress(BenchProgress)`` is called
     as each step starts (``dataset-bench`` draws a bar from it).
     """
     if config is None:

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         except (KeyError, TypeError, AttributeError) as exc:
             parser.error(f"--from-json {args.from_json}: not a result of dataset-bench --peers --json "
                          f"({type(exc).__name__}: {exc})")
-    pythons = _peer_pythons(parser, args)
+    pythons = peer_pythons(parser, args)
     fields = {"images": args.images, "repeats": args.repeats, "pack_repeats": args.pack_repeats,
               "batch_size": args.batch_size, "workers": args.workers, "min_seconds": args.min_seconds,
               "pack": not args.no_pack, "decoded": not args.no_decoded, "work_dir": args.work_dir,
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     return _outputs(result, args)
 
 
-def _peer_pythons(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+def peer_pythons(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     """``(peer, python)`` pairs from --peer-venvs and --peer-python; a usage error names a bad one."""
     pythons: dict[str, str] = {}
     if args.peer_venvs:

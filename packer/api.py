@@ -27,7 +27,7 @@ from packer.formats.wds import WdsWriter
 from packer.importers import scan_import
 from packer.options import PackOptions
 from packer.output import OutputLock, prepare_output
-from packer.pipeline import Progress, SplitResult
+from packer.pipeline import PackProgress, SplitResult
 from packer.remote_output import StagedOutput
 from packer.source import Source, URLRoot, find_split_dirs, scan, scan_listing
 from readers.location import UnsupportedLocationError, parse_location
@@ -131,7 +131,7 @@ class PackOutput(Protocol):
         """After ``plan`` locked (and on overwrite cleared) the folder."""
 
     def pack_split(self, engine: SplitPacker, source: Source, dest: Path, split: str,
-                   writer_cls: type[FormatWriter], progress: Progress | None) -> SplitResult:
+                   writer_cls: type[FormatWriter], progress: PackProgress | None) -> SplitResult:
         """Pack one split into ``dest`` with ``engine``."""
 
     def close(self) -> None:
@@ -153,7 +153,7 @@ class FolderOutput:
         pass
 
     def pack_split(self, engine: SplitPacker, source: Source, dest: Path, split: str,
-                   writer_cls: type[FormatWriter], progress: Progress | None) -> SplitResult:
+                   writer_cls: type[FormatWriter], progress: PackProgress | None) -> SplitResult:
         return engine(source, dest, split, writer_cls, progress)
 
     def close(self) -> None:
@@ -165,7 +165,7 @@ def pack(
     out: str | os.PathLike,
     options: PackOptions | None = None,
     *,
-    progress: Callable[[str, Source], Progress | None] | None = None,
+    progress: Callable[[str, Source], PackProgress | None] | None = None,
     **remote: Any,
 ) -> list[SplitResult]:
     """Pack the ImageFolder tree ``src`` into ``out`` (one dataset folder per split).

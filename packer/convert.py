@@ -45,7 +45,7 @@ from packer.importers.stage import ordered_outcomes
 from packer.readahead import read_ahead
 from packer.options import PackOptions, cli_fields
 from packer.output import OutputLock, lock_holder, prepare_output
-from packer.pipeline import Progress, SplitResult, pack_split
+from packer.pipeline import PackProgress, SplitResult, pack_split
 from packer.source import Source
 from packer.workers import Outcome
 from readers import spec
@@ -336,7 +336,7 @@ def _read(root: Path) -> spec.Index:
 
 
 def convert(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
-            progress: Callable[[str, Source], Progress | None] | None = None) -> list[SplitResult]:
+            progress: Callable[[str, Source], PackProgress | None] | None = None) -> list[SplitResult]:
     """Convert the packed dataset ``src`` (or each split in it) into ``options.format`` at ``out``."""
     from packer.api import WRITERS
     from readers.env import available_cpus

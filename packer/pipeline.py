@@ -47,13 +47,13 @@ from packer.workers import Outcome, PrepareStage
 from packer.workers import prepare as prepare_locally
 from readers import spec
 
-__all__ = ["SplitResult", "pack_split", "Progress", "VERSION"]
+__all__ = ["SplitResult", "pack_split", "PackProgress", "VERSION"]
 
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 
-Progress = Callable[[int, int], None]  # (images done incl. rejects, source bytes done)
+PackProgress = Callable[[int, int], None]  # (images done incl. rejects, source bytes done)
 
 
 @dataclass
@@ -110,7 +110,7 @@ def pack_split(
     options: PackOptions,
     writer_cls: type[FormatWriter],
     workers: int,
-    progress: Progress | None = None,
+    progress: PackProgress | None = None,
     *,
     prepare: PrepareStage = prepare_locally,
     after_checkpoint: Callable[[Journal], None] | None = None,
@@ -212,7 +212,7 @@ class _WriteStage:
     """Consumes prepared outcomes in source order: appends, rejects, checkpoints, finishes."""
 
     def __init__(self, source: Source, out: Path, options: PackOptions, writer: FormatWriter,
-                 journal: Journal, progress: Progress | None,
+                 journal: Journal, progress: PackProgress | None,
                  after_checkpoint: Callable[[Journal], None] | None = None) -> None:
         self.source, self.out, self.options = source, out, options
         self.writer, self.journal, self.progress = writer, journal, progress

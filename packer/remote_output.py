@@ -65,7 +65,8 @@ _LOCAL_ONLY = {spec.STATE_NAME, RECORDS_NAME, SHARD_LOG_NAME, UPLOADS_NAME, UPLO
 #: What pack-dataset writes into a dataset folder (for --overwrite's "is this ours?").
 _OURS = re.compile(r"(^|/)([^/]+\.(json|jsonl|npy|tar|mdb|h5))$")
 
-Progress = Callable[[int], None]
+#: ``progress(bytes uploaded)`` of a staged output
+UploadProgress = Callable[[int], None]
 #: ``packer.engines.SplitPacker``: (source, folder, split, writer class, progress, *, output, after_checkpoint)
 Engine = Callable[..., SplitResult]
 
@@ -146,7 +147,7 @@ class Uploads:
 class Uploader:
     """Uploads one split's files in a background thread, in the order offered; errors surface on the next call."""
 
-    def __init__(self, store: Any, stage: Path, progress: Progress | None = None) -> None:
+    def __init__(self, store: Any, stage: Path, progress: UploadProgress | None = None) -> None:
         self.store, self.stage, self.progress = store, stage, progress
         self.uploads = Uploads(stage)
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
@@ -222,7 +223,7 @@ class StagedOutput:
 
     def __init__(self, url: str, options: PackOptions, *, storage_options: dict[str, Any] | None = None,
                  stage_dir: str | os.PathLike | None = None, retry: Any = None,
-                 upload_progress: Callable[[str], Progress | None] | None = None) -> None:
+                 upload_progress: Callable[[str], UploadProgress | None] | None = None) -> None:
         from readers.remote import open_store
 
         self.options, self.upload_progress = options, upload_progress
@@ -337,7 +338,7 @@ def _shards_closed(uploader: Uploader, store: Any, dest: Path) -> Callable[[Jour
 
 
 def _pack_split(store: Any, source: Any, dest: Path, split: str, options: PackOptions, writer_cls: type,
-                engine: Engine, callback: Any, uploading: Progress | None) -> SplitResult:
+                engine: Engine, callback: Any, uploading: UploadProgress | None) -> SplitResult:
     from packer.engines.io import StoreOutput
 
     output = StoreOutput(store)

@@ -23,7 +23,7 @@ from dataset_bench.naive import NaiveImageFolder, naive_load
 from dataset_bench.plan import BenchConfig, plan_cases
 from dataset_bench.report import draw_chart, format_limits, format_table, headline, report_text
 from dataset_bench.results import BenchResult, add_ratios
-from dataset_bench.run import Progress, run_benchmark
+from dataset_bench.run import BenchProgress, run_benchmark
 from dataset_bench.synth import generate_image_folder
 from dataset_bench.targets import dataset_target
 
@@ -277,7 +277,7 @@ def test_cli_reports_failures(tmp_path, capsys):
 @pytest.mark.slow
 def test_run_benchmark_on_given_datasets(packed_generated):
     """--datasets without --src: the baseline reads the source recorded in the index."""
-    seen: list[Progress] = []
+    seen: list[BenchProgress] = []
     result = run_benchmark(datasets=tuple(str(p) for p in packed_generated.values()), workers=(0,),
                            caches=("warm",), repeats=1, batch_size=8, limits=False, progress=seen.append)
     assert {r["target"] for r in result.rows} == {"naive", "wds", "lmdb", "hdf5", "mmap"}

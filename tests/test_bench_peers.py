@@ -147,19 +147,19 @@ def test_a_peer_in_its_own_venv_is_found_there_and_runs_there(tmp_path):
 
 
 def test_peer_python_options_are_checked(tmp_path, capsys):
-    from dataset_bench.sidecli import _peer_pythons, build_parser
+    from dataset_bench.sidecli import peer_pythons, build_parser
 
     parser = build_parser()
     for argv, err in [(["--peer-python", "nope=/x"], "--peer-python 'nope=/x': expected PEER=PYTHON"),
                       (["--peer-python", "dali"], "--peer-python 'dali': expected PEER=PYTHON"),
                       (["--peer-venvs", str(tmp_path / "missing")], "not a directory")]:
         with pytest.raises(SystemExit) as exc:
-            _peer_pythons(parser, parser.parse_args(argv))
+            peer_pythons(parser, parser.parse_args(argv))
         assert exc.value.code == 2 and err in capsys.readouterr().err
     (tmp_path / "grain" / "bin").mkdir(parents=True)
     (tmp_path / "grain" / "bin" / "python").write_text("")
     args = parser.parse_args(["--peer-venvs", str(tmp_path), "--peer-python", "dali=/opt/dali/bin/python"])
-    assert _peer_pythons(parser, args) == (("dali", "/opt/dali/bin/python"),
+    assert peer_pythons(parser, args) == (("dali", "/opt/dali/bin/python"),
                                            ("grain", str(tmp_path / "grain" / "bin" / "python")))
 
 

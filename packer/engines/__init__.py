@@ -19,7 +19,7 @@ from packer.errors import UsageError
 from packer.formats.base import FormatWriter
 from packer.journal import Journal
 from packer.options import PackOptions
-from packer.pipeline import Progress, SplitResult, pack_split
+from packer.pipeline import PackProgress, SplitResult, pack_split
 from packer.source import Source
 from readers.env import available_cpus
 
@@ -47,7 +47,7 @@ def open_engine(options: PackOptions) -> Iterator[SplitPacker]:
     workers = options.workers or available_cpus()
 
     def pack_locally(source: Source, out: Path, split: str, writer_cls: type[FormatWriter],
-                     progress: Progress | None, *, output: Any = None,
+                     progress: PackProgress | None, *, output: Any = None,
                      after_checkpoint: Callable[[Journal], None] | None = None) -> SplitResult:
         # ``output`` is where the Ray engine's tasks put wds shards; here the writer writes ``out``.
         stage = {"prepare": source.prepare} if source.prepare is not None else {}  # imported sources read bytes

@@ -51,7 +51,7 @@ from packer.formats.base import FormatWriter
 from packer.images import ImageOptions
 from packer.journal import Journal
 from packer.options import PackOptions
-from packer.pipeline import Progress, SplitResult, pack_split
+from packer.pipeline import PackProgress, SplitResult, pack_split
 from packer.source import Source
 from packer.workers import Outcome
 from readers.env import available_cpus
@@ -178,7 +178,7 @@ class RaySession:
 
     # ------------------------------------------------------------ one split
     def pack_split(self, source: Source, out: Path, split: str, writer_cls: type[FormatWriter],
-                   progress: Progress | None, *, output: Any = None,
+                   progress: PackProgress | None, *, output: Any = None,
                    after_checkpoint: Callable[[Journal], None] | None = None) -> SplitResult:
         """Pack one split into ``out``; wds shards go to ``output`` (default: ``out`` itself; a
         :class:`~packer.engines.io.StoreOutput` for an object store) from the tasks that write them."""
