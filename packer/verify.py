@@ -32,7 +32,6 @@ from packer.verify_report import Problem, VerifyReport, check_sample, check_shar
 from readers import spec
 from readers.checks import data_files
 from readers.location import UnsupportedLocationError
-from readers.remote.errors import BucketNotFoundError
 from readers.resolve import resolve_index
 
 __all__ = ["Problem", "VerifyReport", "verify", "main", "add_arguments", "run"]
@@ -290,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(args.path, Path) and not os.path.lexists(args.path):
         print(f"pack-dataset verify: error: {args.path}: no such dataset folder", file=sys.stderr)
         return 2
+    from readers.remote.errors import BucketNotFoundError  # here: a local verify never loads readers.remote
+
     try:
         roots = _roots(args.path)
     except BucketNotFoundError as exc:  # the URL is wrong (as a missing path): its one line names it

@@ -37,8 +37,21 @@ pytestmark = pytest.mark.slow  # every test here starts worker processes
 pytest_plugins = ["servers"]
 
 
+_BEFORE: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _children_before():
+    """The processes this one had before the test (servers that other tests' session fixtures started):
+    ``_children`` sees only what the test itself left."""
+    _BEFORE.clear()
+    _BEFORE.update(p.pid for p in psutil.Process().children(recursive=True))
+    yield
+
+
 def _children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.pid not in _BEFORE and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def _alive(pids: list[int]) -> list[int]:
