@@ -203,3 +203,31 @@ def content(root: Path) -> list[tuple[int, bytes]]:
                 for i in range(len(ds))]
     finally:
         ds.close()
+
+
+#: Run as ``python -c HOLD_LOCK SRC_FOLDER``: a second process holding the folder's output lock the way
+#: a running pack does (``packer.output.OutputLock``); prints ``held`` once it has it.
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from packer.output import OutputLock
+with OutputLock() as lock:
+    lock.acquire(Path(sys.argv[1]))
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def interrupt_after(images: int):
+    """A ``progress`` for ``pack`` that stops it like Ctrl-C once ``images`` source files are done."""
+    def factory(split, source):
+        seen = {"n": 0}
+
+        def update(done: int, nbytes: int) -> None:
+            seen["n"] += done
+            if seen["n"] >= images:
+                raise KeyboardInterrupt
+
+        return update
+
+    return factory

@@ -15,33 +15,9 @@ import pytest
 from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers import open_dataset, spec
+from reliability_helpers import HOLD_LOCK, interrupt_after
 
 REPO = Path(__file__).resolve().parent.parent
-
-# A second process holding the folder's lock the way a running pack does (packer.output.OutputLock).
-_HOLD = """
-import sys, time
-from pathlib import Path
-from packer.output import OutputLock
-with OutputLock() as lock:
-    lock.acquire(Path(sys.argv[1]))
-    print("held", flush=True)
-    time.sleep(120)
-"""
-
-
-def _interrupt_after(images: int):
-    def factory(split, source):
-        seen = {"n": 0}
-
-        def update(done: int, nbytes: int) -> None:
-            seen["n"] += done
-            if seen["n"] >= images:
-                raise KeyboardInterrupt
-
-        return update
-
-    return factory
 
 
 @pytest.mark.slow
@@ -49,11 +25,11 @@ def test_open_dataset_names_the_pack_writing_the_folder(tmp_path):
     src = make_image_folder(tmp_path / "src" / "train", classes=2, per_class=8, size=(32, 32), png_every=0)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        pack(src, out, PackOptions(format="wds", workers=1, shard_count=3), progress=_interrupt_after(7))
+        pack(src, out, PackOptions(format="wds", workers=1, shard_count=3), progress=interrupt_after(7))
     with pytest.raises(spec.IncompleteDatasetError, match="never finished.*--resume"):
         open_dataset(out)
     before = time.time()
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(spec.IncompleteDatasetError) as err:

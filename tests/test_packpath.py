@@ -19,23 +19,9 @@ from packer.errors import PackError
 from packer.info import describe, render
 from packer.output import SHARD_LOG_NAME, UPLOADS_NAME, OutputBusyError
 from readers import spec
+from reliability_helpers import HOLD_LOCK, interrupt_after
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _interrupt_after(images: int):
-    """A ``progress`` for ``pack`` that stops it like Ctrl-C once ``images`` source files are done."""
-    def factory(split, source):
-        seen = {"n": 0}
-
-        def update(done: int, nbytes: int) -> None:
-            seen["n"] += done
-            if seen["n"] >= images:
-                raise KeyboardInterrupt
-
-        return update
-
-    return factory
 
 
 def _journal_sizes(monkeypatch) -> dict[Path, list[int]]:
@@ -77,7 +63,7 @@ def test_a_wds_pack_resumes_from_a_journal_listing_its_shards(tmp_path):
     pack(src, tmp_path / "ref", PackOptions(**opts))
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        pack(src, out, PackOptions(**opts), progress=_interrupt_after(14))
+        pack(src, out, PackOptions(**opts), progress=interrupt_after(14))
     state = json.loads((out / spec.STATE_NAME).read_text())
     shards = [json.loads(line) for line in (out / SHARD_LOG_NAME).read_text().splitlines()]
     assert state["writer"] == {"shards_closed": len(shards), "log_bytes": (out / SHARD_LOG_NAME).stat().st_size}
@@ -105,7 +91,7 @@ def test_resume_refuses_a_packed_file_rewritten_with_the_same_size(tmp_path):
     out = tmp_path / "out"
     opts = dict(format="wds", workers=1, shard_count=4)
     with pytest.raises(KeyboardInterrupt):
-        pack(src, out, PackOptions(**opts), progress=_interrupt_after(18))
+        pack(src, out, PackOptions(**opts), progress=interrupt_after(18))
     packed = json.loads((out / spec.NAMES_FILE).read_text().splitlines()[0])  # sample 0: durable
     assert json.loads((out / spec.STATE_NAME).read_text())["done"] >= 4
     _rewrite_same_size(src / packed)
@@ -123,7 +109,7 @@ def test_resume_takes_a_file_rewritten_after_the_packed_part(tmp_path):
     opts = dict(format="wds", workers=1, shard_count=4, order="source")
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        pack(src, out, PackOptions(**opts), progress=_interrupt_after(10))
+        pack(src, out, PackOptions(**opts), progress=interrupt_after(10))
     last = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.JPEG"))[-1]  # source order: packed last
     _rewrite_same_size(src / last)
     [res] = pack(src, out, PackOptions(**opts, resume=True))
@@ -133,25 +119,14 @@ def test_resume_takes_a_file_rewritten_after_the_packed_part(tmp_path):
         assert (out / p.name).read_bytes() == p.read_bytes(), p.name
 
 
-_HOLD = """
-import sys, time
-from pathlib import Path
-from packer.output import OutputLock
-with OutputLock() as lock:
-    lock.acquire(Path(sys.argv[1]))
-    print("held", flush=True)
-    time.sleep(120)
-"""
-
-
 @pytest.mark.slow
 def test_a_folder_being_packed_is_named_with_the_packing_pid(tmp_path):
     src = make_image_folder(tmp_path / "src" / "train", classes=2, per_class=8, size=(32, 32), png_every=0)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        pack(src, out, PackOptions(format="wds", workers=1, shard_count=3), progress=_interrupt_after(7))
+        pack(src, out, PackOptions(format="wds", workers=1, shard_count=3), progress=interrupt_after(7))
     assert describe(out)["state"] == "incomplete" and "resume with" in render(describe(out))
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         d = describe(out)
