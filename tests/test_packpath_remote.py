@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from packer.errors import OutputExistsError
 from packer.output import LOCK_NAME
 from readers import spec
 from readers.remote import open_store
+from reliability_helpers import wait_for
 
 pytest_plugins = ["servers"]
 pytestmark = pytest.mark.slow
@@ -49,15 +49,6 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def _objects(store) -> dict[str, bytes]:
     return {name: store.read(name) for name in store.list()}
-
-
-def _wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _holder_pid(stage: Path) -> int | None:
@@ -91,11 +82,11 @@ def test_interrupted_wds_pack_rerun_with_neither_flag_then_overwrite(s3_server, 
     proc = subprocess.Popen([*CLI, *cmd], cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: _holder_pid(stage) == proc.pid, 120, "the pack to lock its staging folder")
+        wait_for(lambda: _holder_pid(stage) == proc.pid, 120, "the pack to lock its staging folder")
         second = _cli([*cmd, "--resume"], env)  # while the first one runs
         line = _one_line_error(second, 2)
         assert f"pid {proc.pid}" in line and str(stage) in line, line
-        _wait_for(lambda: any(n.endswith(".tar") for n in store.list()), 120, "an uploaded shard")
+        wait_for(lambda: any(n.endswith(".tar") for n in store.list()), 120, "an uploaded shard")
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
@@ -131,7 +122,7 @@ def test_interrupted_mmap_pack_rerun_with_neither_flag_then_resume(s3_server, bi
                             env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state = stage / spec.STATE_NAME
     try:
-        _wait_for(lambda: state.exists() and json.loads(state.read_text())["done"] >= 20, 120, "checkpoints")
+        wait_for(lambda: state.exists() and json.loads(state.read_text())["done"] >= 20, 120, "checkpoints")
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(timeout=60)

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from packer.errors import OutputError, OutputExistsError
 from packer.verify import verify
 from readers import open_dataset, spec
 from readers.remote import open_store
+from reliability_helpers import wait_for
 
 pytest_plugins = ["servers"]
 
@@ -156,13 +156,6 @@ def test_verify_single_file_formats_over_http(http_server, packed_generated, tmp
 
 
 # --------------------------------------------------------------------------- kill -9 and --resume
-def _wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow
@@ -183,10 +176,10 @@ def test_pack_killed_and_resumed_gives_the_same_objects(s3_server, big_source, t
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         if fmt == "wds":  # some shards are in the store already
-            _wait_for(lambda: len([n for n in store.list() if n.endswith(".tar")]) >= 3, 120, "3 uploaded shards")
+            wait_for(lambda: len([n for n in store.list() if n.endswith(".tar")]) >= 3, 120, "3 uploaded shards")
         else:  # a few checkpoints are durable in the staging folder
             state = stage / spec.STATE_NAME
-            _wait_for(lambda: state.exists() and json.loads(state.read_text())["done"] >= 20, 120, "checkpoints")
+            wait_for(lambda: state.exists() and json.loads(state.read_text())["done"] >= 20, 120, "checkpoints")
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
