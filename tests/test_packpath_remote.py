@@ -66,6 +66,33 @@ def _one_line_error(res: subprocess.CompletedProcess, code: int) -> str:
     return lines[0]
 
 
+#: Run as ``python -c KILL_AFTER_FIRST_UPLOAD SRC URL STAGE GO``: the CLI's wds pack of the test below
+#: (4 shards of 50, a checkpoint at every shard), which waits at its first image until the file GO
+#: exists, and at image 100 (shards 0 and 1 written, 2 and 3 not) waits for the first uploaded shard in
+#: ``uploads.jsonl`` and sends itself SIGKILL: killed mid-pack however fast the machine.
+KILL_AFTER_FIRST_UPLOAD = """
+import os, signal, sys, time
+from pathlib import Path
+from packer import PackOptions, pack
+src, url, stage, go = sys.argv[1:5]
+uploads = Path(stage) / "uploads.jsonl"
+def progress(split, source):
+    seen = {"n": 0}
+    def update(done, nbytes):
+        while not os.path.exists(go):
+            time.sleep(0.01)
+        seen["n"] += done
+        if seen["n"] >= 100:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (uploads.exists() and uploads.read_bytes().strip()):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGKILL)
+    return update
+pack(src, url, PackOptions(format="wds", workers=1, shard_count=4, checkpoint_bytes=256 * 1024),
+     stage_dir=Path(stage), progress=progress)
+"""
+
+
 def test_interrupted_wds_pack_rerun_with_neither_flag_then_overwrite(s3_server, big_source, tmp_path):
     """kill -9 once a shard is uploaded; meanwhile a second pack into the same staging folder is
     refused (the lock). The same command again: refused in one line, nothing deleted; with
@@ -73,23 +100,24 @@ def test_interrupted_wds_pack_rerun_with_neither_flag_then_overwrite(s3_server, 
     s3_server.start()
     env, run = s3_server.env(), uuid.uuid4().hex[:8]
     killed, clean = s3_server.url(f"pk-{run}"), s3_server.url(f"pc-{run}")
-    shape = ["-f", "wds", "-w", "1", "-q", "--shard-count", "4"]
+    shape = ["-f", "wds", "-w", "1", "-q", "--shard-count", "4", "--checkpoint-bytes", "256k"]
     res = _cli([str(big_source), "-o", clean, *shape, "--stage-dir", str(tmp_path / "clean")], env)
     assert res.returncode == 0, res.stderr
     stage = tmp_path / "stage"
     cmd = [str(big_source), "-o", killed, *shape, "--stage-dir", str(stage)]
     store = open_store(killed, s3_server.storage_options())
-    proc = subprocess.Popen([*CLI, *cmd], cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+    go = tmp_path / "go"
+    proc = subprocess.Popen([sys.executable, "-c", KILL_AFTER_FIRST_UPLOAD, str(big_source), killed, str(stage),
+                             str(go)], cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: _holder_pid(stage) == proc.pid, 120, "the pack to lock its staging folder")
         second = _cli([*cmd, "--resume"], env)  # while the first one runs
         line = _one_line_error(second, 2)
         assert f"pid {proc.pid}" in line and str(stage) in line, line
-        wait_for(lambda: any(n.endswith(".tar") for n in store.list()), 120, "an uploaded shard")
-        proc.send_signal(signal.SIGKILL)
+        go.touch()  # the pack goes on, and kills itself once a shard is uploaded
     finally:
-        proc.wait(timeout=60)
+        proc.wait(timeout=120)
     assert proc.returncode == -signal.SIGKILL, "the pack finished before it could be killed"
     assert (stage / spec.STATE_NAME).exists(), "the pack had written every shard before it was killed"
     before = _objects(store)
