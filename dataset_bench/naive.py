@@ -7,7 +7,9 @@ it into a float32 CHW tensor in [0, 1], through a plain ``DataLoader`` with its
 defaults. Re-implemented here (torchvision is not a dependency) with the
 geometry of :mod:`readers.geometry`, the same as the readers' eval transform.
 This is the project's one naive baseline: ``dataset-bench``, the benchmark
-scripts and the notebooks all use it.
+scripts and the notebooks all use it. :class:`PilEvalTransform` is the same
+per-image work after the open, as a ``transform=`` a user hands our readers
+(``image="pil"``): the side-by-side run compares the two.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 
 from readers.geometry import resize_center_crop
 
-__all__ = ["NaiveImageFolder", "naive_load", "naive_loader"]
+__all__ = ["NaiveImageFolder", "naive_load", "naive_loader", "pil_eval", "PilEvalTransform"]
 
 
 def naive_load(fp: Any, resize: int = 256, crop: int = 224) -> Any:
@@ -28,16 +30,39 @@ def naive_load(fp: Any, resize: int = 256, crop: int = 224) -> Any:
 
     ``fp`` is a path or a binary file object.
     """
-    import torch
     from PIL import Image
 
     with Image.open(fp) as im:
         img = im.convert("RGB")
+    return pil_eval(img, resize, crop)
+
+
+def pil_eval(img: Any, resize: int = 256, crop: int = 224) -> Any:
+    """A PIL RGB image: shorter side to ``resize`` (bilinear), center crop ``crop``, float32 CHW in [0, 1]
+    (torchvision's ``Resize``, ``CenterCrop``, ``ToTensor``)."""
+    import torch
+    from PIL import Image
+
     g = resize_center_crop(img.height, img.width, resize, crop)
     img = img.resize((g.width, g.height), Image.BILINEAR).crop(g.box)
     arr = np.array(img, dtype=np.uint8)
     # exactly torchvision's ToTensor: HWC -> contiguous CHW, then float / 255
     return torch.from_numpy(arr).permute(2, 0, 1).contiguous().to(torch.float32).div(255)
+
+
+class PilEvalTransform:
+    """A user's own transform, the way one writes it for torchvision: PIL image in, :func:`pil_eval`
+    out (resize 256, center crop 224, to tensor). A plain callable (no ``accepts_bytes``): our readers
+    decode and hand it a PIL image when opened with ``image="pil"``. Picklable."""
+
+    def __init__(self, resize: int = 256, crop: int = 224) -> None:
+        self.resize, self.crop = resize, crop
+
+    def __call__(self, img: Any) -> Any:
+        return pil_eval(img, self.resize, self.crop)
+
+    def __repr__(self) -> str:
+        return f"PilEvalTransform(resize={self.resize}, crop={self.crop})"
 
 
 class NaiveImageFolder:

@@ -9,7 +9,7 @@ the per-batch work, not worker start-up):
 * :func:`folder_bytes` -- the folder's files as ``bytes``;
 * :func:`memmap_pixels` -- a naive ``np.memmap`` Dataset over the same
   ``images.npy`` our ``mmap`` format wrote: one contiguous copy per sample
-  (``np.array(arr[i])``), ``default_collate`` stacks them;
+  (``np.array(arr[i])``, or of its center crop), ``default_collate`` stacks them;
 * :func:`lmdb_bytes` -- LMDB by hand: ``txn.get`` per sample;
 * :func:`webdataset_loader` -- the official ``webdataset`` reader over our shards;
 * :func:`lmdb_thread_pool` -- a plain thread-pool loader over the same LMDB
@@ -91,10 +91,11 @@ def folder_bytes(src: str | os.PathLike, batch_size: int, workers: int) -> Any:
 
 
 class _NaiveMemmap:
-    """``np.load(mmap_mode="r")`` once per process; a sample is one contiguous copy of its HWC row."""
+    """``np.load(mmap_mode="r")`` once per process; a sample is one contiguous copy of its HWC row, or
+    of its center ``crop`` x ``crop`` (numpy slicing, the way one writes it by hand)."""
 
-    def __init__(self, npy: str | os.PathLike, labels: np.ndarray) -> None:
-        self.npy, self.labels, self._arr, self._pid = str(npy), labels, None, None
+    def __init__(self, npy: str | os.PathLike, labels: np.ndarray, crop: int | None = None) -> None:
+        self.npy, self.labels, self.crop, self._arr, self._pid = str(npy), labels, crop, None, None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -104,12 +105,18 @@ class _NaiveMemmap:
 
         if self._pid != os.getpid():
             self._arr, self._pid = np.load(self.npy, mmap_mode="r"), os.getpid()
-        return torch.from_numpy(np.array(self._arr[i])), int(self.labels[i])
+        row = self._arr[i]
+        if self.crop is not None:
+            top, left = (row.shape[0] - self.crop) // 2, (row.shape[1] - self.crop) // 2
+            row = row[top:top + self.crop, left:left + self.crop]
+        return torch.from_numpy(np.array(row)), int(self.labels[i])
 
 
-def memmap_pixels(npy: str | os.PathLike, labels: np.ndarray, batch_size: int, workers: int) -> Any:
-    """The naive ``np.memmap`` Dataset: (H, W, 3) uint8 per sample, ``default_collate`` stacks."""
-    return _loader(_NaiveMemmap(npy, labels), batch_size, workers)
+def memmap_pixels(npy: str | os.PathLike, labels: np.ndarray, batch_size: int, workers: int,
+                  crop: int | None = None) -> Any:
+    """The naive ``np.memmap`` Dataset: (H, W, 3) uint8 per sample (its center ``crop`` x ``crop`` when
+    given), ``default_collate`` stacks."""
+    return _loader(_NaiveMemmap(npy, labels, crop), batch_size, workers)
 
 
 class _LmdbByHand:

@@ -7,9 +7,10 @@ imports), then measures, interleaved repeat by repeat so that load from
 elsewhere hits every case alike:
 
 * reading: every peer of :mod:`dataset_bench.peers` and every format of ours in every
-  mode (``bytes`` = ``decode=False``, ``decoded`` = the eval transform,
-  ``pixels`` = mmap's stored pixels) with 0 workers and with ``workers``
-  worker processes and threads. Each case runs in a fresh interpreter: a
+  mode (:data:`MODES`) with 0 workers and with ``workers`` worker processes and threads, and
+  with ``workers`` and ``make_loader``'s own choice of worker kind (kind ``defaults``: no
+  ``workers=`` argument; the row's ``chosen`` says what the loader ran,
+  :func:`chosen_workers`). Each case runs in a fresh interpreter: a
   loader is built, ``warmup`` batches are drawn, then batches are timed over
   as many passes as fill ``min_seconds``; peak private PSS (anonymous +
   shared memory, all the loader's processes) is sampled while it runs and
@@ -52,9 +53,25 @@ from dataset_bench.measure import batch_len
 from dataset_bench.peers import NEW_PEERS
 
 __all__ = ["SideConfig", "ReadCase", "run_side_by_side", "measure_read", "measure_pack", "read_cases", "PACKERS",
-           "same_samples", "peer_samples"]
+           "same_samples", "peer_samples", "MODES", "DEFAULTS", "CROP", "our_dataset", "chosen_workers"]
 
 FORMATS = ("wds", "lmdb", "hdf5")  # JPEG formats; mmap is measured as pixels
+CROP = 224  # the output side of raw224, decoded, train and pil
+DEFAULTS = "defaults"  # a ReadCase kind: make_loader without workers=, whatever the library picks
+#: What a read case's loader delivers (ours; a peer does the same work its own way).
+MODES = {
+    "pixels": "mmap's stored pixels as they are (the naive np.memmap peer reads the same file)",
+    "raw224": "mmap's stored pixels center-cropped to 224 by the readers' eval transform with resize = the "
+              "stored size (ResizeCenterCrop(stored, 224): a center crop); the naive np.memmap peer slices "
+              "the same crop in numpy",
+    "bytes": "decode=False: the stored JPEG bytes",
+    "decoded": "the readers' fused eval transform (resize 256, center crop 224, uint8 CHW); the peers their "
+               "own eval recipe",
+    "train": "the readers' fused train transform (RandomResizedCrop 224 + flip, uint8 CHW)",
+    "pil": "a user's own PIL transform (naive.PilEvalTransform: resize 256, center crop 224, to float "
+           "tensor) on decoded PIL images (image='pil'); its reference is the naive folder (decoded), the "
+           "same per-image work after PIL opens the file",
+}
 PACKERS = ("ours:wds", "ours:lmdb", "ours:hdf5", "peer:lmdb", "peer:shardwriter", "peer:mds")
 
 
@@ -67,7 +84,8 @@ class SideConfig:
     pack_repeats: int = 5
     batch_size: int = 64
     workers: int = 2  # the worker count compared (with 0)
-    mmap_size: int = 224  # mmap packed at this size; the naive memmap peer reads the same file
+    # mmap packed at this size (at least CROP: raw224 center-crops it); the naive memmap peer reads the same file
+    mmap_size: int = 256
     min_seconds: float = 2.0  # timed part of each read case
     warmup: int = 4  # batches drawn before timing (worker start-up, JIT, first touches)
     pack: bool = True
@@ -89,19 +107,25 @@ class SideConfig:
         """Seconds, for CI: a few images, one repeat, in-process; of the optional peers only the 2026
         ones, each where installed (a peer in another venv still runs in its own process)."""
         base = dict(images=96, repeats=1, pack_repeats=1, batch_size=16, min_seconds=0.05, warmup=1, isolate=False,
-                    peers=tuple(NEW_PEERS), mmap_size=64)
+                    peers=tuple(NEW_PEERS))
         base.update(kw)
         return cls(**base)
 
+    def __post_init__(self) -> None:
+        if self.mmap_size < CROP:
+            raise ValueError(f"mmap_size {self.mmap_size}: raw224 center-crops the stored pixels to {CROP}, "
+                             f"so they must be at least {CROP} a side")
+
 
 class ReadCase(NamedTuple):
-    """One read measurement: ``who`` (peer/ours), ``name``, ``mode``, worker count and kind."""
+    """One read measurement: ``who`` (peer/ours), ``name``, ``mode`` (one of :data:`MODES`), worker
+    count and kind."""
 
     who: str
     name: str
-    mode: str  # bytes | decoded | pixels
+    mode: str
     workers: int
-    kind: str = "processes"  # processes | threads
+    kind: str = "processes"  # processes | threads | defaults (ours: make_loader picks)
 
     def label(self) -> str:
         kind = f" {self.kind}" if self.who == "ours" or self.workers else ""
@@ -116,12 +140,16 @@ def _new_peer_cases(have: dict[str, bool], mode: str, workers: int) -> list[Read
 
 
 def read_cases(cfg: SideConfig, have: dict[str, bool]) -> list[ReadCase]:
-    """Every read case of one repeat, peers first in each group."""
+    """Every read case of one repeat, peers first in each group. Ours with ``cfg.workers`` also run with
+    ``make_loader``'s defaults (kind :data:`DEFAULTS`); raw224, train and pil with ``cfg.workers`` only,
+    pil with the defaults only (what a user who brings a transform gets)."""
     w, kinds = cfg.workers, ("processes", "threads")  # with 0 workers: DataLoader vs ThreadLoader in this thread
+    every = kinds + (DEFAULTS,)
     cases = []
     for n in (0, w):
+        ours_kinds = every if n else kinds
         cases += [ReadCase("peer", "memmap", "pixels", n)]
-        cases += [ReadCase("ours", "mmap", "pixels", n, k) for k in kinds]
+        cases += [ReadCase("ours", "mmap", "pixels", n, k) for k in ours_kinds]
         cases += [ReadCase("peer", "folder", "bytes", n), ReadCase("peer", "lmdb", "bytes", n),
                   ReadCase("peer", "webdataset", "bytes", n)]
         if n and have.get("ffcv"):
@@ -130,7 +158,8 @@ def read_cases(cfg: SideConfig, have: dict[str, bool]) -> list[ReadCase]:
             cases.append(ReadCase("peer", "threadpool", "bytes", n, "threads"))
             cases += _new_peer_cases(have, "bytes", n)
         for fmt in FORMATS:
-            cases += [ReadCase("ours", fmt, "bytes", n, k) for k in kinds]
+            cases += [ReadCase("ours", fmt, "bytes", n, k) for k in ours_kinds]
+    cases += [ReadCase("peer", "memmap", "raw224", w)] + [ReadCase("ours", "mmap", "raw224", w, k) for k in every]
     if cfg.decoded:
         for n in (0, w):
             cases += [ReadCase("peer", "folder", "decoded", n), ReadCase("peer", "webdataset", "decoded", n)]
@@ -139,7 +168,9 @@ def read_cases(cfg: SideConfig, have: dict[str, bool]) -> list[ReadCase]:
             if n:
                 cases += _new_peer_cases(have, "decoded", n)
             for fmt in FORMATS:
-                cases += [ReadCase("ours", fmt, "decoded", n, k) for k in (kinds if n else ("processes",))]
+                cases += [ReadCase("ours", fmt, "decoded", n, k) for k in (every if n else ("processes",))]
+        cases += [ReadCase("ours", fmt, "train", w, k) for fmt in FORMATS for k in every]
+        cases += [ReadCase("ours", fmt, "pil", w, DEFAULTS) for fmt in FORMATS]
     return cases
 
 
@@ -153,6 +184,7 @@ def _make_loader(case: ReadCase, paths: dict[str, Any], batch_size: int) -> Call
     if case.who == "peer":
         makers: dict[tuple[str, str], Callable[[], Any]] = {
             ("memmap", "pixels"): lambda: peers.memmap_pixels(paths["npy"], paths["labels"], batch_size, n),
+            ("memmap", "raw224"): lambda: peers.memmap_pixels(paths["npy"], paths["labels"], batch_size, n, CROP),
             ("folder", "bytes"): lambda: peers.folder_bytes(paths["src"], batch_size, n),
             ("folder", "decoded"): lambda: peers.folder_decoded(paths["src"], batch_size, n),
             ("lmdb", "bytes"): lambda: peers.lmdb_bytes(paths["lmdb"], paths["labels"], batch_size, n),
@@ -176,19 +208,47 @@ def _make_loader(case: ReadCase, paths: dict[str, Any], batch_size: int) -> Call
         return makers[(case.name, case.mode)]
 
     def ours() -> Any:
-        from dataset_bench.measure import eval_transform
-        from readers import make_loader, open_dataset
+        from readers import make_loader
 
-        root = paths["packed"][case.name]
-        if case.mode == "bytes":
-            ds = open_dataset(root, decode=False)
-        elif case.mode == "pixels":
-            ds = open_dataset(root)
-        else:
-            ds = open_dataset(root, transform=eval_transform())
-        return make_loader(ds, batch_size=batch_size, num_workers=n, workers=case.kind, pin_memory=False)
+        ds = our_dataset(case.name, case.mode, paths)
+        kind = {} if case.kind == DEFAULTS else {"workers": case.kind}  # defaults: no workers= at all
+        return make_loader(ds, batch_size=batch_size, num_workers=n, pin_memory=False, **kind)
 
     return ours
+
+
+def our_dataset(name: str, mode: str, paths: dict[str, Any]) -> Any:
+    """Our reader of format ``name`` opened for ``mode`` (see :data:`MODES`), as a user opens it."""
+    from dataset_bench.measure import eval_transform
+    from dataset_bench.naive import PilEvalTransform
+    from readers import open_dataset
+    from readers.transforms import imagenet_train_transform
+
+    root = paths["packed"][name]
+    if mode == "bytes":
+        return open_dataset(root, decode=False)
+    if mode == "pixels":
+        return open_dataset(root)
+    if mode == "raw224":  # shorter side to the stored size (nothing to resize), then the center crop
+        return open_dataset(root, transform=eval_transform(size=CROP, resize=int(paths["mmap_size"])))
+    if mode == "decoded":
+        return open_dataset(root, transform=eval_transform(size=CROP))
+    if mode == "train":
+        return open_dataset(root, transform=imagenet_train_transform(size=CROP, seed=0))
+    if mode == "pil":
+        return open_dataset(root, image="pil", transform=PilEvalTransform(crop=CROP))
+    raise ValueError(f"unknown read mode {mode!r} (one of {', '.join(MODES)})")
+
+
+def chosen_workers(loader: Any) -> str:
+    """What a loader of ours runs its workers as: ``threads`` (a :class:`readers.loader.ThreadLoader`),
+    ``processes``, or ``main`` (no workers: batches made in the calling thread). Read from the loader
+    ``make_loader`` returned, so it holds whatever the library picks when ``workers=`` is not given."""
+    from readers.loader import ThreadLoader
+
+    if not getattr(loader, "num_workers", 0):
+        return "main"
+    return "threads" if isinstance(loader, ThreadLoader) else "processes"
 
 
 def _data_folder(case: ReadCase, paths: dict[str, Any]) -> str | None:
@@ -212,6 +272,7 @@ def measure_read(case: tuple, paths: dict[str, Any], batch_size: int, warmup: in
     case = ReadCase(*case)
     t0 = time.perf_counter()
     loader = _make_loader(case, paths, batch_size)()
+    chosen = chosen_workers(loader) if case.who == "ours" else None
     mem = PrivatePeak(_data_folder(case, paths))
     drawn, samples, start, first = 0, 0, None, None
     passes, done = 0, False
@@ -237,7 +298,7 @@ def measure_read(case: tuple, paths: dict[str, Any], batch_size: int, warmup: in
         _close(loader)
     seconds = end - start if start is not None else 0.0
     return {"samples_per_s": samples / seconds if seconds > 0 else 0.0, "samples": samples, "seconds": seconds,
-            "passes": passes, "first_batch_s": first,
+            "passes": passes, "first_batch_s": first, "chosen": chosen,
             "private_mb": None if mem.private is None else mem.private / 1e6, "mapped_mb": mem.mapped / 1e6}
 
 
@@ -447,6 +508,7 @@ def _prepare(cfg: SideConfig, work: Path, have: dict[str, bool], notes: list[str
                           shard_size=64 << 20)
     index = spec.read_index(packed["lmdb"])
     paths: dict[str, Any] = {"src": str(src), "packed": {k: str(v) for k, v in packed.items()},
+                             "mmap_size": cfg.mmap_size,
                              "npy": str(Path(packed["mmap"]) / spec.DATA_FILE["mmap"]),
                              "labels": index.labels, "lmdb": str(packed["lmdb"]),
                              "shards": sorted(str(p) for p in Path(packed["wds"]).glob("*.tar"))}
@@ -501,9 +563,15 @@ def _validator() -> Callable[[bytes], Any]:
     return lambda data: prepare_image(data, opts)
 
 
+def _train_transform() -> Callable[[bytes], Any]:
+    from readers.transforms import imagenet_train_transform
+
+    return imagenet_train_transform(size=CROP, seed=0)
+
+
 def _decode_ceiling(paths: dict[str, Any], n: int = 300) -> dict[str, float]:
-    """Per core (images per CPU-second, over stored JPEGs in memory): the eval transform, and the
-    packer's validation of a JPEG kept as it is (every coefficient entropy-decoded)."""
+    """Per core (images per CPU-second, over stored JPEGs in memory): the eval and train transforms,
+    and the packer's validation of a JPEG kept as it is (every coefficient entropy-decoded)."""
     from dataset_bench.measure import eval_transform
     from dataset_bench.onecore import per_image_rates, single_core
     from readers import open_dataset
@@ -511,9 +579,10 @@ def _decode_ceiling(paths: dict[str, Any], n: int = 300) -> dict[str, float]:
     ds = open_dataset(paths["packed"]["lmdb"], decode=False)
     blobs = [ds.read(i) for i in range(min(n, len(ds)))]
     with single_core():
-        rate, check = per_image_rates([(eval_transform, blobs), (_validator, blobs)], repeats=3)
+        rate, check, train = per_image_rates([(eval_transform, blobs), (_validator, blobs),
+                                              (_train_transform, blobs)], repeats=3)
     return {"eval_transform_per_core": rate["images_per_cpu_s"], "wall_per_core": rate["images_per_s"],
-            "validate_per_core": check["images_per_cpu_s"]}
+            "validate_per_core": check["images_per_cpu_s"], "train_transform_per_core": train["images_per_cpu_s"]}
 
 
 def run_side_by_side(cfg: SideConfig | None = None, *, progress: Callable[[str], None] | None = None,
@@ -568,6 +637,9 @@ def _median_row(base: dict[str, Any], runs: list[dict[str, Any]], key: str) -> d
                 "private_mb": med("private_mb"), "mapped_mb": med("mapped_mb")})
     if any("cpu_us_per_image" in r for r in runs):
         row["cpu_us_per_image"] = med("cpu_us_per_image")
+    chosen = sorted({r["chosen"] for r in runs if r.get("chosen")})  # ours: the workers the loader ran
+    if chosen:
+        row["chosen"] = "/".join(chosen)
     return row
 
 

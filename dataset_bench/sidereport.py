@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dataset_bench.sidebyside import FORMATS
+from dataset_bench.sidebyside import DEFAULTS, FORMATS, MODES
 
 __all__ = ["targets", "report", "draw_side_chart"]
 
@@ -28,38 +28,77 @@ def _target(name: str, ours: float | None, ref: float | None, goal: float | None
             "detail": detail, "higher_is_better": higher}
 
 
+def _best_peer(result: dict[str, Any], mode: str, workers: int) -> tuple[str, float | None]:
+    """The fastest peer of the run in ``mode`` with ``workers`` workers (any kind): (name, samples/s)."""
+    rates = {r["name"]: r["samples_per_s"] for r in result["reads"]
+             if (r["who"], r["mode"], r["workers"]) == ("peer", mode, workers) and r["samples_per_s"]}
+    if not rates:
+        return "-", None
+    name = max(rates, key=rates.get)
+    return name, rates[name]
+
+
+def _chose(result: dict[str, Any], name: str, mode: str, workers: int) -> str:
+    """'make_loader chose <kind>' for our defaults row, as the row recorded it."""
+    rows = [r for r in result["reads"] if (r["who"], r["name"], r["mode"], r["workers"], r["kind"])
+            == ("ours", name, mode, workers, DEFAULTS)]
+    return f"make_loader chose {rows[0].get('chosen') or '?'}" if rows else "not measured"
+
+
 def _read_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The read targets of issue 26's "Done when", all with ``make_loader``'s defaults and ``workers``
+    workers, then the 0-worker rows and the decode ceilings (for information)."""
     w = result["config"]["workers"]
+
+    def ours(name: str, mode: str, kind: str | None = DEFAULTS, workers: int = w) -> float | None:
+        return _rate(result, "ours", name, mode, workers, kind)
+
     out = [
-        _target(f"mmap pixels, {w} workers, vs naive np.memmap Dataset", _rate(result, "ours", "mmap", "pixels", w),
-                _rate(result, "peer", "memmap", "pixels", w), 3.0, "best of processes / threads"),
-        _target("mmap pixels, 0 workers, vs naive np.memmap Dataset", _rate(result, "ours", "mmap", "pixels", 0),
+        _target(f"raw pixels (mmap as stored), {w} workers, make_loader defaults vs naive np.memmap Dataset",
+                ours("mmap", "pixels"), _rate(result, "peer", "memmap", "pixels", w), 3.0,
+                _chose(result, "mmap", "pixels", w)),
+        _target("mmap pixels, 0 workers, vs naive np.memmap Dataset", ours("mmap", "pixels", None, 0),
                 _rate(result, "peer", "memmap", "pixels", 0), 1.0, "best of DataLoader / ThreadLoader"),
+        _target(f"raw224 (mmap center-cropped to 224), {w} workers, make_loader defaults vs raw pixels, "
+                "make_loader defaults", ours("mmap", "raw224"), ours("mmap", "pixels"), 0.8,
+                _chose(result, "mmap", "raw224", w)),
+        _target(f"raw224, {w} workers, make_loader defaults vs naive np.memmap Dataset cropped in numpy",
+                ours("mmap", "raw224"), _rate(result, "peer", "memmap", "raw224", w), None,
+                "the same crop, by hand"),
     ]
-    have_ffcv = result["have"].get("ffcv")
-    ref_name = "ffcv" if have_ffcv else "threadpool"
-    ref = _rate(result, "peer", ref_name, "bytes", w)
+    best_name, best = _best_peer(result, "bytes", w)
+    for fmt in FORMATS:
+        out.append(_target(f"bytes, {w} workers, {fmt}, make_loader defaults vs best peer ({best_name})",
+                           ours(fmt, "bytes"), best, 1.5, _chose(result, fmt, "bytes", w)))
+    for fmt in FORMATS:
+        out.append(_target(f"bytes, {w} workers, {fmt}, make_loader defaults vs our workers=\"threads\"",
+                           ours(fmt, "bytes"), ours(fmt, "bytes", "threads"), 0.8, _chose(result, fmt, "bytes", w)))
     plain0 = {n: _rate(result, "peer", n, "bytes", 0) for n in ("folder", "lmdb", "webdataset")}
     best0 = max((v for v in plain0.values() if v), default=None)
     best0_name = max((k for k in plain0 if plain0[k]), key=lambda k: plain0[k] or 0, default="-")
     for fmt in FORMATS:
-        out.append(_target(f"bytes, {w} workers, {fmt} vs {'FFCV thread loader' if have_ffcv else 'plain thread pool'}",
-                           _rate(result, "ours", fmt, "bytes", w), ref, 0.5, "best of processes / threads"))
-    for fmt in FORMATS:
         out.append(_target(f"bytes, 0 workers, {fmt} vs best plain peer ({best0_name})",
-                           _rate(result, "ours", fmt, "bytes", 0), best0, 1.0, "best of DataLoader / ThreadLoader"))
-    best_dec = max((_rate(result, "ours", f, "decoded", w) or 0 for f in FORMATS), default=0) or None
-    ceiling = 2 * result["ceiling"]["eval_transform_per_core"] if result.get("ceiling") else None
-    if have_ffcv:
-        ffcv_dec = _rate(result, "peer", "ffcv", "decoded", w)
-        out.append(_target(f"decoded, {w} workers, best of ours vs FFCV's loader", best_dec, ffcv_dec, 1.25,
-                           "eval recipe, 224x224 uint8"))
-        out.append(_target(f"decoded, {w} workers: the ceiling ({w} cores x our per-core transform rate) vs FFCV's "
-                           "loader", ceiling, ffcv_dec, None, "no loader of ours can beat it; FFCV decodes its own "
-                           "re-encoded files"))
-    out.append(_target(f"decoded, {w} workers, best of ours vs {w} cores x the per-core transform rate",
-                       best_dec, ceiling, None, "the ceiling: every core decoding, nothing else; "
-                       "a CPU-time rate, so only on an idle machine a wall-clock one"))
+                           ours(fmt, "bytes", None, 0), best0, 1.0, "best of DataLoader / ThreadLoader"))
+    dec_name, dec = _best_peer(result, "decoded", w)
+    ceilings = result.get("ceiling") or {}
+    for mode, what, key in (("decoded", "fused eval", "eval_transform_per_core"),
+                            ("train", "fused train", "train_transform_per_core")):
+        mine = {f: ours(f, mode) for f in FORMATS if ours(f, mode)}
+        fmt = max(mine, key=mine.get) if mine else None
+        detail = (f"{fmt}, {_chose(result, fmt, mode, w)}" if fmt else "not measured") + (
+            "; the peers run their eval recipe" if mode == "train" else "")
+        out.append(_target(f"decoded, {what} transform, {w} workers, make_loader defaults, best of ours vs best "
+                           f"peer ({dec_name})", mine.get(fmt) if fmt else None, dec, 1.25, detail))
+        ceiling = w * ceilings[key] if ceilings.get(key) else None
+        out.append(_target(f"decoded, {what}: the ceiling ({w} cores x our per-core transform rate) vs best peer "
+                           f"({dec_name})", ceiling, dec, None, "no loader of ours can beat it"))
+        out.append(_target(f"decoded, {what}, {w} workers, make_loader defaults, best of ours vs the ceiling",
+                           mine.get(fmt) if fmt else None, ceiling, None, "every core decoding, nothing else; "
+                           "a CPU-time rate, so only on an idle machine a wall-clock one"))
+    folder = _rate(result, "peer", "folder", "decoded", w)
+    for fmt in FORMATS:
+        out.append(_target(f"user PIL transform, {w} workers, {fmt}, make_loader defaults vs naive folder (same "
+                           "transform)", ours(fmt, "pil"), folder, 1.0, _chose(result, fmt, "pil", w)))
     return out
 
 
@@ -139,7 +178,8 @@ def report(result: dict[str, Any]) -> str:
              "", f"{'reader':44s} {'samples/s':>10s} {'private MB':>10s} {'mapped MB':>9s} {'load':>5s} {'foreign':>7s}"]
     for r in result["reads"]:
         label = f"{r['who']}:{r['name']} {r['mode']} w={r['workers']}" + (
-            f" {r['kind']}" if r["workers"] or r["who"] == "ours" else "")
+            f" {r['kind']}" if r["workers"] or r["who"] == "ours" else "") + (
+            f" ({r.get('chosen') or '?'})" if r["kind"] == DEFAULTS else "")
         foreign = "-" if r["foreign"] is None else f"{r['foreign']:.0%}"
         lines.append(f"{label:44s} {_fmt(r['samples_per_s']):>10s} {_fmt(r['private_mb']):>10s} "
                      f"{_fmt(r['mapped_mb']):>9s} {_fmt(r['load'], 1):>5s} {foreign:>7s}")
@@ -152,8 +192,10 @@ def report(result: dict[str, Any]) -> str:
                          f"{_fmt(r['load'], 1):>5s} {foreign:>7s}")
     c = result.get("ceiling") or {}
     if c:
+        train = c.get("train_transform_per_core")
         lines += ["", f"per-core ceilings: the eval transform decodes {c['eval_transform_per_core']:,.0f} images per "
-                  f"CPU-second on one core ({c['wall_per_core']:,.0f}/s wall); the packer validates "
+                  f"CPU-second on one core ({c['wall_per_core']:,.0f}/s wall)"
+                  + (f", the train transform {train:,.0f}" if train else "") + "; the packer validates "
                   f"{c.get('validate_per_core', 0):,.0f} JPEGs per CPU-second (kept as they are: 1/8-scale "
                   "luma decode, every coefficient entropy-decoded)"]
     lines += ["", f"{'target':86s} {'ratio':>7s} {'goal':>7s}  result"]
@@ -179,13 +221,16 @@ def draw_side_chart(result: dict[str, Any], path: str | os.PathLike) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = [("mmap pixels", "pixels"), ("bytes (decode=False)", "bytes"), ("decoded (eval transform)", "decoded")]
+    groups = [("mmap pixels", "pixels"), ("mmap pixels center-cropped to 224", "raw224"),
+              ("bytes (decode=False)", "bytes"), ("decoded (fused eval transform)", "decoded"),
+              ("decoded (fused train transform)", "train"), ("a user's PIL transform (ours: make_loader defaults)", "pil")]
     groups = [(t, m) for t, m in groups if any(r["mode"] == m for r in result["reads"])]
     fig, axes = plt.subplots(len(groups), 1, figsize=(9, 3 + 2.2 * len(groups)), squeeze=False)
     for ax, (title, mode) in zip(axes[:, 0], groups):
         rows = [r for r in result["reads"] if r["mode"] == mode and r["samples_per_s"]]
         labels = [f"{r['who']}:{r['name']} w={r['workers']}" + (
-            f" {r['kind'][:4]}" if r["workers"] or r["who"] == "ours" else "") for r in rows]
+            f" {r['kind'][:4]}" if r["workers"] or r["who"] == "ours" else "")
+            + (f"->{(r.get('chosen') or '?')[:4]}" if r["kind"] == DEFAULTS else "") for r in rows]
         colors = ["#4c72b0" if r["who"] == "ours" else "#aaaaaa" for r in rows]
         ax.barh(range(len(rows)), [r["samples_per_s"] for r in rows], color=colors)
         ax.set_yticks(range(len(rows)), labels, fontsize=7)
@@ -208,8 +253,8 @@ def markdown(result: dict[str, Any]) -> str:
         goal = "" if t["goal"] is None else ("≥ " if t["higher_is_better"] else "≤ ") + f"{t['goal']:g}x"
         verdict = "info" if t["goal"] is None else "n/a" if t["met"] is None else "met" if t["met"] else "**not met**"
         out.append(f"| {t['target']} | {_fmt(t['ours'])} | {_fmt(t['reference'])} | {ratio} | {goal} | {verdict} |")
-    out += ["", f"| reader | mode | 0 workers | {w} worker processes | {w} threads | private MB ({w} w, worst) |",
-            "|---|---|---:|---:|---:|---:|"]
+    out += ["", f"| reader | mode | 0 workers | {w} worker processes | {w} threads | {w} workers, make_loader "
+            f"defaults (chosen) | private MB ({w} w, worst) |", "|---|---|---:|---:|---:|---:|---:|"]
     seen: list[tuple[str, str, str]] = []
     for r in result["reads"]:
         key = (r["who"], r["name"], r["mode"])
@@ -225,9 +270,14 @@ def markdown(result: dict[str, Any]) -> str:
         zero = rate(0, None)
         procs = rate(w, "processes")
         threads = rate(w, "threads")
+        chosen = [r.get("chosen") or "?" for r in rows if r["workers"] == w and r["kind"] == DEFAULTS]
+        defaults = f"{rate(w, DEFAULTS)} ({chosen[0]})" if chosen else ""
         mem = [r["private_mb"] for r in rows if r["workers"] == w and r["private_mb"] is not None]
         label = f"{'**ours**' if who == 'ours' else 'peer'}: {name}"
-        out.append(f"| {label} | {mode} | {zero} | {procs} | {threads} | {_fmt(max(mem)) if mem else ''} |")
+        out.append(f"| {label} | {mode} | {zero} | {procs} | {threads} | {defaults} | "
+                   f"{_fmt(max(mem)) if mem else ''} |")
+    modes = [m for m in MODES if any(r["mode"] == m for r in result["reads"])]
+    out += [""] + [f"* `{m}`: {MODES[m]}" for m in modes]
     if result["packs"]:
         out += ["", "| packer | validation | images/s | CPU µs per image |", "|---|---|---:|---:|"]
         for r in result["packs"]:

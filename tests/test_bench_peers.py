@@ -112,6 +112,76 @@ def test_the_2026_peers_are_timed_only_in_the_modes_that_passed_their_check():
     assert set(cfg.peers) == set(NEW_PEERS) and set(SideConfig().peers) == {"ffcv", "streaming", *NEW_PEERS}
 
 
+def test_read_cases_measure_make_loader_defaults_and_the_new_modes():
+    """Every mode of ours with 2 workers has a make_loader-defaults case beside processes and threads (pil:
+    the defaults only); raw224 has the naive memmap's numpy crop beside it; 0 workers have no defaults."""
+    cases = set(read_cases(SideConfig.quick(), {}))
+    every = ("processes", "threads", "defaults")
+    want = [ReadCase("ours", fmt, mode, 2, k) for fmt in FORMATS for mode in ("bytes", "decoded", "train")
+            for k in every]
+    want += [ReadCase("ours", "mmap", mode, 2, k) for mode in ("pixels", "raw224") for k in every]
+    want += [ReadCase("ours", fmt, "pil", 2, "defaults") for fmt in FORMATS]
+    want += [ReadCase("peer", "memmap", "raw224", 2), ReadCase("peer", "folder", "decoded", 2)]
+    assert not [c for c in want if c not in cases]
+    assert not [c for c in cases if c.kind == "defaults" and (c.workers == 0 or c.who == "peer")]
+    assert not [c for c in cases if c.mode == "pil" and c.kind != "defaults"]
+    assert not [c for c in read_cases(SideConfig.quick(decoded=False), {}) if c.mode in ("decoded", "train", "pil")]
+    with pytest.raises(ValueError, match="mmap_size 200: raw224 center-crops the stored pixels to 224"):
+        SideConfig(mmap_size=200)
+
+
+def test_our_datasets_deliver_each_mode_and_the_loader_says_which_workers_it_ran(tmp_path, generated):
+    """our_dataset: what each mode hands the loader (raw224 is the stored pixels' center crop, pil the naive
+    folder's own per-image work on our decode); chosen_workers reads the kind off the loader itself."""
+    import numpy as np
+    import torch
+
+    from dataset_bench.naive import NaiveImageFolder, pil_eval
+    from dataset_bench.sidebyside import chosen_workers, our_dataset
+    from dataset_bench.targets import pack_formats
+    from readers import make_loader
+
+    packed = pack_formats(generated, tmp_path / "packed", ("mmap", "lmdb"), mmap_resize=256)
+    paths = {"packed": {k: str(v) for k, v in packed.items()}, "mmap_size": 256}
+    stored = our_dataset("mmap", "pixels", paths)
+    cropped = our_dataset("mmap", "raw224", paths)
+    try:
+        full, _ = stored[3]
+        crop, label = cropped[3]
+        assert tuple(full.shape) == (3, 256, 256) and tuple(crop.shape) == (3, 224, 224) and label == stored[3][1]
+        assert torch.equal(crop, full[:, 16:240, 16:240])  # a center crop: nothing resampled
+    finally:
+        stored.close()
+        cropped.close()
+    for mode, dtype in (("decoded", torch.uint8), ("train", torch.uint8), ("pil", torch.float32)):
+        ds = our_dataset("lmdb", mode, paths)
+        try:
+            image, _ = ds[0]
+            assert tuple(image.shape) == (3, 224, 224) and image.dtype == dtype, mode
+        finally:
+            ds.close()
+    from PIL import Image
+
+    from readers import open_dataset
+
+    raw, pil = open_dataset(paths["packed"]["lmdb"]), our_dataset("lmdb", "pil", paths)
+    try:
+        hwc = np.ascontiguousarray(raw[0][0].permute(1, 2, 0).numpy())
+        assert torch.equal(pil[0][0], pil_eval(Image.fromarray(hwc, "RGB")))  # the folder's transform, our decode
+    finally:
+        raw.close()
+        pil.close()
+    assert len(NaiveImageFolder(generated)) == len(raw)
+    ds = our_dataset("lmdb", "bytes", paths)
+    try:
+        assert chosen_workers(make_loader(ds, batch_size=4, num_workers=0)) == "main"
+        assert chosen_workers(make_loader(ds, batch_size=4, num_workers=2, workers="threads")) == "threads"
+        assert chosen_workers(make_loader(ds, batch_size=4, num_workers=2, workers="processes")) == "processes"
+        assert chosen_workers(make_loader(ds, batch_size=4, num_workers=2)) in ("threads", "processes")
+    finally:
+        ds.close()
+
+
 def _venv(tmp_path):
     """A venv (no pip) that sees this interpreter's packages after its own, as the peers' venvs do."""
     import site
@@ -163,14 +233,19 @@ def test_peer_python_options_are_checked(tmp_path, capsys):
                                            ("grain", str(tmp_path / "grain" / "bin" / "python")))
 
 
-def _row(who, name, mode, workers, kind, rate, private=100.0):
-    return {"who": who, "name": name, "mode": mode, "workers": workers, "kind": kind, "samples_per_s": rate,
-            "private_mb": private, "mapped_mb": 0.0}
+def _row(who, name, mode, workers, kind, rate, private=100.0, chosen=None):
+    row = {"who": who, "name": name, "mode": mode, "workers": workers, "kind": kind, "samples_per_s": rate,
+           "private_mb": private, "mapped_mb": 0.0}
+    if who == "ours":
+        row["chosen"] = chosen or (kind if kind != "defaults" else "processes")
+    return row
 
 
-def test_targets_take_the_best_kind_and_say_met_or_not():
+def test_targets_take_make_loaders_defaults_and_say_met_or_not():
+    """Raw pixels with 2 workers: the defaults row decides (here processes, 0.9x), not our best kind (threads)."""
     reads = [_row("peer", "memmap", "pixels", 2, "processes", 1000), _row("ours", "mmap", "pixels", 2, "processes", 900),
-             _row("ours", "mmap", "pixels", 2, "threads", 3500), _row("peer", "memmap", "pixels", 0, "processes", 500),
+             _row("ours", "mmap", "pixels", 2, "threads", 3500), _row("ours", "mmap", "pixels", 2, "defaults", 900),
+             _row("peer", "memmap", "pixels", 0, "processes", 500),
              _row("ours", "mmap", "pixels", 0, "processes", 400, private=120),
              _row("peer", "folder", "decoded", 0, "processes", 10, private=100)]
     result = {"config": {"workers": 2}, "reads": reads, "have": {"ffcv": False}, "ceiling": None,
@@ -178,8 +253,12 @@ def test_targets_take_the_best_kind_and_say_met_or_not():
                         {"name": "ours:wds", "validate": True, "images_per_s": 400.0},
                         {"name": "ours:wds", "validate": False, "images_per_s": 1100.0}]}
     got = {t["target"]: t for t in targets(result)}
-    pix2 = got["mmap pixels, 2 workers, vs naive np.memmap Dataset"]
-    assert pix2["ratio"] == pytest.approx(3.5) and pix2["met"] is True
+    pix2 = got["raw pixels (mmap as stored), 2 workers, make_loader defaults vs naive np.memmap Dataset"]
+    assert pix2["ratio"] == pytest.approx(0.9) and pix2["met"] is False
+    assert pix2["detail"] == "make_loader chose processes"
+    reads[3].update(samples_per_s=3500, chosen="threads")
+    pix2 = {t["target"]: t for t in targets(result)}[pix2["target"]]
+    assert pix2["ratio"] == pytest.approx(3.5) and pix2["met"] is True and pix2["detail"] == "make_loader chose threads"
     pix0 = got["mmap pixels, 0 workers, vs naive np.memmap Dataset"]
     assert pix0["ratio"] == pytest.approx(0.8) and pix0["met"] is False
     on = got["packing wds, validation on, vs fastest plain writer (lmdb)"]
@@ -187,8 +266,41 @@ def test_targets_take_the_best_kind_and_say_met_or_not():
     assert (on["ratio"], on["met"], off["ratio"], off["met"]) == (pytest.approx(0.4), False, pytest.approx(1.1), True)
     mem = got["memory, mmap, 0 workers: private PSS vs naive folder (worst mode: pixels processes)"]
     assert mem["ratio"] == pytest.approx(1.2) and mem["met"] is False and not mem["higher_is_better"]
-    assert all(t["met"] is None for n, t in got.items() if n.startswith("bytes"))  # nothing measured: n/a
+    assert all(t["met"] is None for n, t in got.items() if n.startswith(("bytes", "raw224", "user PIL")))  # n/a
     assert set(FORMATS) == {"wds", "lmdb", "hdf5"}
+
+
+def test_the_bytes_raw224_and_pil_targets_of_issue_26():
+    """bytes: defaults >= 1.5x the best peer of the run (any peer, any kind, named) and >= 0.8x our threads;
+    raw224 >= 0.8x raw (both defaults); a user's PIL transform >= 1.0x the naive folder's decoded rate."""
+    reads = [_row("peer", "lmdb", "bytes", 2, "processes", 3000), _row("peer", "dali", "bytes", 2, "threads", 40000),
+             _row("peer", "threadpool", "bytes", 2, "threads", 20000), _row("peer", "lmdb", "bytes", 0, "processes", 9e5),
+             _row("ours", "wds", "bytes", 2, "threads", 100000), _row("ours", "wds", "bytes", 2, "defaults", 70000,
+                                                                      chosen="threads"),
+             _row("ours", "lmdb", "bytes", 2, "threads", 120000), _row("ours", "lmdb", "bytes", 2, "defaults", 100000),
+             _row("ours", "mmap", "pixels", 2, "defaults", 10000), _row("ours", "mmap", "raw224", 2, "defaults", 7000),
+             _row("peer", "memmap", "raw224", 2, "processes", 3500),
+             _row("peer", "folder", "decoded", 2, "processes", 800), _row("ours", "hdf5", "pil", 2, "defaults", 820)]
+    result = {"config": {"workers": 2}, "reads": reads, "have": {}, "ceiling": None, "packs": []}
+    got = {t["target"]: t for t in targets(result)}
+    wds = got["bytes, 2 workers, wds, make_loader defaults vs best peer (dali)"]
+    assert (wds["ratio"], wds["met"], wds["goal"]) == (pytest.approx(1.75), True, 1.5)
+    assert wds["detail"] == "make_loader chose threads"
+    lmdb = got["bytes, 2 workers, lmdb, make_loader defaults vs best peer (dali)"]
+    assert lmdb["ratio"] == pytest.approx(2.5) and lmdb["detail"] == "make_loader chose processes"
+    assert got["bytes, 2 workers, hdf5, make_loader defaults vs best peer (dali)"]["met"] is None  # not measured
+    vs_threads = got['bytes, 2 workers, wds, make_loader defaults vs our workers="threads"']
+    assert (vs_threads["ratio"], vs_threads["met"]) == (pytest.approx(0.7), False)
+    assert got['bytes, 2 workers, lmdb, make_loader defaults vs our workers="threads"']["met"] is True  # 0.83x
+    raw = got["raw224 (mmap center-cropped to 224), 2 workers, make_loader defaults vs raw pixels, make_loader "
+              "defaults"]
+    assert (raw["ratio"], raw["met"]) == (pytest.approx(0.7), False)
+    by_hand = got["raw224, 2 workers, make_loader defaults vs naive np.memmap Dataset cropped in numpy"]
+    assert by_hand["ratio"] == pytest.approx(2.0) and by_hand["goal"] is None
+    pil = got["user PIL transform, 2 workers, hdf5, make_loader defaults vs naive folder (same transform)"]
+    assert (pil["ratio"], pil["met"], pil["goal"]) == (pytest.approx(820 / 800), True, 1.0)
+    assert got["user PIL transform, 2 workers, wds, make_loader defaults vs naive folder (same transform)"][
+        "met"] is None
 
 
 def test_the_validation_ceiling_of_each_format_adds_the_packs_own_cpu_without_validation():
@@ -210,17 +322,33 @@ def test_the_validation_ceiling_of_each_format_adds_the_packs_own_cpu_without_va
     assert got["packing lmdb, validation off, vs fastest plain writer (lmdb)"]["detail"] == ""
 
 
-def test_with_ffcv_the_decoded_target_shows_the_ceiling_beside_it():
-    reads = [_row("peer", "ffcv", "decoded", 2, "threads", 1400), _row("ours", "lmdb", "decoded", 2, "threads", 1560),
-             _row("ours", "wds", "decoded", 2, "processes", 1500), _row("peer", "ffcv", "bytes", 2, "threads", 9e4)]
+def test_decoded_targets_name_the_best_peer_and_show_the_ceilings():
+    """Fused eval and fused train: the best of ours with make_loader defaults vs the best decoded peer of the
+    run (named), and each transform's ceiling (workers x its per-core rate) beside it."""
+    reads = [_row("peer", "ffcv", "decoded", 2, "threads", 1400), _row("peer", "dali", "decoded", 2, "threads", 1500),
+             _row("peer", "folder", "decoded", 2, "processes", 800),
+             _row("ours", "lmdb", "decoded", 2, "threads", 2100), _row("ours", "lmdb", "decoded", 2, "defaults", 1900,
+                                                                       chosen="threads"),
+             _row("ours", "wds", "decoded", 2, "defaults", 1800), _row("ours", "hdf5", "train", 2, "defaults", 1700),
+             _row("peer", "ffcv", "bytes", 2, "threads", 9e4)]
     result = {"config": {"workers": 2}, "reads": reads, "have": {"ffcv": True}, "packs": [],
-              "ceiling": {"eval_transform_per_core": 900.0, "validate_per_core": 1600.0}}
+              "ceiling": {"eval_transform_per_core": 900.0, "validate_per_core": 1600.0,
+                          "train_transform_per_core": 1000.0}}
     got = {t["target"]: t for t in targets(result)}
-    vs = got["decoded, 2 workers, best of ours vs FFCV's loader"]
-    assert vs["ratio"] == pytest.approx(1560 / 1400) and vs["met"] is False
-    ceiling = got["decoded, 2 workers: the ceiling (2 cores x our per-core transform rate) vs FFCV's loader"]
-    assert ceiling["ours"] == 1800 and ceiling["ratio"] == pytest.approx(1800 / 1400) and ceiling["met"] is None
-    assert got["bytes, 2 workers, lmdb vs FFCV thread loader"]["met"] is None  # no bytes row of ours: n/a
+    ev = got["decoded, fused eval transform, 2 workers, make_loader defaults, best of ours vs best peer (dali)"]
+    assert (ev["ours"], ev["ratio"], ev["met"]) == (1900, pytest.approx(1900 / 1500), True)
+    assert ev["detail"] == "lmdb, make_loader chose threads"
+    tr = got["decoded, fused train transform, 2 workers, make_loader defaults, best of ours vs best peer (dali)"]
+    assert (tr["ratio"], tr["met"]) == (pytest.approx(1700 / 1500), False)
+    assert tr["detail"] == "hdf5, make_loader chose processes; the peers run their eval recipe"
+    ceiling = got["decoded, fused eval: the ceiling (2 cores x our per-core transform rate) vs best peer (dali)"]
+    assert ceiling["ours"] == 1800 and ceiling["ratio"] == pytest.approx(1.2) and ceiling["met"] is None
+    train_ceiling = got["decoded, fused train: the ceiling (2 cores x our per-core transform rate) vs best peer "
+                        "(dali)"]
+    assert train_ceiling["ours"] == 2000 and train_ceiling["met"] is None
+    of_ceiling = got["decoded, fused eval, 2 workers, make_loader defaults, best of ours vs the ceiling"]
+    assert of_ceiling["ratio"] == pytest.approx(1900 / 1800) and of_ceiling["goal"] is None
+    assert got["bytes, 2 workers, lmdb, make_loader defaults vs best peer (ffcv)"]["met"] is None  # no bytes row
 
 
 def test_from_json_renders_a_saved_run_without_measuring(tmp_path, capsys):
@@ -228,7 +356,7 @@ def test_from_json_renders_a_saved_run_without_measuring(tmp_path, capsys):
     from dataset_bench.sidecli import main
 
     reads = [_row("peer", "memmap", "pixels", 2, "processes", 1000),
-             _row("ours", "mmap", "pixels", 2, "threads", 3500),
+             _row("ours", "mmap", "pixels", 2, "defaults", 3500, chosen="threads"),
              _row("peer", "folder", "decoded", 0, "processes", 10),
              _row("peer", "folder", "decoded", 2, "processes", 20)]
     for r in reads:
@@ -244,9 +372,11 @@ def test_from_json_renders_a_saved_run_without_measuring(tmp_path, capsys):
     md = tmp_path / "side.md"
     assert main(["--from-json", str(saved), "--markdown", str(md)]) == 0
     out = capsys.readouterr().out
-    assert "mmap pixels, 2 workers, vs naive np.memmap Dataset" in out and "3.50x" in out and "met" in out
-    row = "| mmap pixels, 2 workers, vs naive np.memmap Dataset | 3,500 | 1,000 | 3.50x | ≥ 3x | met |"
-    assert row in md.read_text()
+    name = "raw pixels (mmap as stored), 2 workers, make_loader defaults vs naive np.memmap Dataset"
+    assert name in out and "3.50x" in out and "met" in out
+    assert f"| {name} | 3,500 | 1,000 | 3.50x | ≥ 3x | met |" in md.read_text()
+    assert "| **ours**: mmap | pixels |  |  |  | 3,500 (threads) | 100 |" in md.read_text()
+    assert "ours:mmap pixels w=2 defaults (threads)" in out
     assert "* peer spdl skipped: not installed (pip install spdl)" in md.read_text()
     assert out.splitlines().count("peer spdl skipped: not installed (pip install spdl)") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["side.json", "side.md"]  # nothing measured or generated
