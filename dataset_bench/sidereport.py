@@ -226,11 +226,15 @@ def draw_side_chart(result: dict[str, Any], path: str | os.PathLike) -> Path:
               ("decoded (fused train transform)", "train"), ("a user's PIL transform (ours: make_loader defaults)", "pil")]
     groups = [(t, m) for t, m in groups if any(r["mode"] == m for r in result["reads"])]
     fig, axes = plt.subplots(len(groups), 1, figsize=(9, 3 + 2.2 * len(groups)), squeeze=False)
+    w = result["config"]["workers"]
+    # train and pil have no peer rows of their own: the decoded peers (pil: the naive folder) stand beside them
+    refs = {"train": lambda r: r["mode"] == "decoded", "pil": lambda r: (r["name"], r["mode"]) == ("folder", "decoded")}
     for ax, (title, mode) in zip(axes[:, 0], groups):
-        rows = [r for r in result["reads"] if r["mode"] == mode and r["samples_per_s"]]
-        labels = [f"{r['who']}:{r['name']} w={r['workers']}" + (
-            f" {r['kind'][:4]}" if r["workers"] or r["who"] == "ours" else "")
-            + (f"->{(r.get('chosen') or '?')[:4]}" if r["kind"] == DEFAULTS else "") for r in rows]
+        rows = [r for r in result["reads"] if r["samples_per_s"] and (r["mode"] == mode or (
+            mode in refs and r["who"] == "peer" and r["workers"] == w and refs[mode](r)))]
+        labels = [f"{r['who']}:{r['name']}" + (f" {r['mode']}" if r["mode"] != mode else "") + f" w={r['workers']}"
+                  + (f" {r['kind'][:4]}" if r["workers"] or r["who"] == "ours" else "")
+                  + (f"->{(r.get('chosen') or '?')[:4]}" if r["kind"] == DEFAULTS else "") for r in rows]
         colors = ["#4c72b0" if r["who"] == "ours" else "#aaaaaa" for r in rows]
         ax.barh(range(len(rows)), [r["samples_per_s"] for r in rows], color=colors)
         ax.set_yticks(range(len(rows)), labels, fontsize=7)
