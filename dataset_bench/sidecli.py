@@ -4,7 +4,9 @@ interleaved run; prints every target ratio with met / not met.
 Reading (naive folder, naive ``np.memmap`` Dataset, LMDB by hand, the
 official webdataset reader, a plain thread pool, FFCV when installed, and
 every format of ours in every mode with 0 and 2 workers, processes and
-threads), packing (ours with validation on and off against LMDB by hand,
+threads, and with 2 workers ``make_loader``'s defaults; the modes are
+``dataset_bench.sidebyside.MODES``: pixels, raw224, bytes, decoded, train,
+pil), packing (ours with validation on and off against LMDB by hand,
 ``webdataset.ShardWriter`` and mosaicml-streaming's ``MDSWriter`` when
 installed) and the loaders' private memory. See ``dataset_bench/sidebyside.py``. Usage::
 
