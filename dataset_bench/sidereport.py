@@ -91,7 +91,8 @@ def _read_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                            f"peer ({dec_name})", mine.get(fmt) if fmt else None, dec, 1.25, detail))
         ceiling = w * ceilings[key] if ceilings.get(key) else None
         out.append(_target(f"decoded, {what}: the ceiling ({w} cores x our per-core transform rate) vs best peer "
-                           f"({dec_name})", ceiling, dec, None, "no loader of ours can beat it"))
+                           f"({dec_name})", ceiling, dec, None, "no loader of ours can beat it" + (
+                               "; FFCV decodes its own re-encoded files" if dec_name == "ffcv" else "")))
         out.append(_target(f"decoded, {what}, {w} workers, make_loader defaults, best of ours vs the ceiling",
                            mine.get(fmt) if fmt else None, ceiling, None, "every core decoding, nothing else; "
                            "a CPU-time rate, so only on an idle machine a wall-clock one"))
