@@ -20,8 +20,10 @@ of torchvision's ``RandomResizedCrop.get_params`` (10 tries of area in
 fallback), drawn from a ``numpy.random.Generator``; then a horizontal flip
 with probability ``flip_p``. Given JPEG bytes, the box is computed from the
 header size only, the JPEG is decoded at the largest DCT scale (1/2, 1/4,
-1/8) that keeps the crop at least the output size, and only the crop is
-resized. With ``reduce=False`` and ``backend="pillow"`` the output equals
+1/8) that keeps the crop at least the output size, only down to the crop's
+last row and, above and beside the crop, only entropy-decoded (where the
+native helper :mod:`readers.jpegcrop` is built; bit-exact, see
+:func:`resized_crop`), and only the crop is resized. With ``reduce=False`` and ``backend="pillow"`` the output equals
 torchvision's PIL path exactly (``img.crop(box).resize(size, BILINEAR)``).
 
 :class:`ResizeCenterCrop` (eval): torchvision's ``Resize(256)`` (shorter side
@@ -72,6 +74,7 @@ from PIL import Image
 from readers.compose import Compose, accepts_bytes, warn_if_fused_lost  # re-exported here
 from readers.decode import (
     DECODERS,
+    decode_rgb_region,
     decode_rgb_scaled,
     read_header,
     reduction_for,
@@ -147,6 +150,8 @@ class TrainOptions:
     backend: str = "torch"
     decoder: str = "auto"
     reduce: bool = True
+    #: Decode only the rows and columns the crop needs (``readers.jpegcrop``; torch backend, JPEG).
+    crop_decode: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _pair(self.size, "size"))
@@ -351,7 +356,8 @@ def plan_crop(height: int, width: int, box: Box | tuple[float, float, float, flo
 
 def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float], size: tuple[int, int], *,
                  interpolation: str = "bilinear", backend: str = "torch", decoder: str = "auto",
-                 reduce: bool = True, flip: bool = False, margin: bool = False) -> torch.Tensor:
+                 reduce: bool = True, flip: bool = False, margin: bool = False,
+                 crop_decode: bool = True) -> torch.Tensor:
     """Crop ``box`` (source pixels) out of ``image``, resize to ``size``, optionally flip: uint8 (3, H, W).
 
     Encoded JPEG input is decoded at the reduction :func:`plan_crop` picks;
@@ -359,6 +365,11 @@ def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float]
     resize-then-crop semantics (the filter also reads pixels around the box:
     Pillow resizes the box with a margin, torch resizes the whole image and
     slices) instead of torchvision's crop-then-resize.
+
+    ``crop_decode`` (``backend="torch"``, ``margin=False``, ``decoder="auto"``)
+    decodes only the rows and columns of the crop where :mod:`readers.jpegcrop`
+    is built (:func:`readers.decode.decode_rgb_region`): the same pixels as the
+    full decode, so the same output, for less work.
     """
     _check_common(interpolation, backend, decoder)
     size = _pair(size, "size")
@@ -371,11 +382,22 @@ def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float]
         jpeg, reduce, header = False, False, None
     plan = plan_crop(height, width, box, size, jpeg=jpeg, reduce=reduce, backend=backend, margin=margin)
     s = plan.scale
+    top, left, bh, bw = plan.box
+    if header is not None and crop_decode and backend == "torch" and not margin:
+        ry0, rx0 = int(top) // s, int(left) // s
+        ry1, rx1 = -(-int(top + bh) // s), -(-int(left + bw) // s)
+        pixels, oy, ox = decode_rgb_region(image, s, (ry0, ry1), (rx0, rx1), decoder=decoder, header=header)
+        sub = pixels[ry0 - oy:ry1 - oy, rx0 - ox:rx1 - ox]
+        if sub.shape[:2] != (ry1 - ry0, rx1 - rx0):
+            raise RuntimeError(f"decoded {sub.shape[:2]} for rows {ry0}-{ry1}, columns {rx0}-{rx1} of a "
+                               f"{height}x{width} image at scale 1/{s}")
+        with _on_this_thread():
+            chw = _resize_torch(sub, 0, 0, ry1 - ry0, rx1 - rx0, size, interpolation)
+            return torch.flip(chw, dims=(2,)) if flip else chw
     if header is not None:
         arr = decode_rgb_scaled(image, s, decoder=decoder, header=header)
         if arr.shape[:2] != (-(-height // s), -(-width // s)):
             raise RuntimeError(f"decoded {arr.shape[:2]} from a {height}x{width} image at scale 1/{s}")
-    top, left, bh, bw = plan.box
     if backend == "pillow":
         y1, x1 = min((top + bh) / s, arr.shape[0]), min((left + bw) / s, arr.shape[1])
         out = _resize_pillow(arr, top / s, left / s, y1, x1, size, interpolation, margin)
@@ -452,11 +474,11 @@ class RandomResizedCrop(_Seeded):
     def __init__(self, size: int | tuple[int, int] = 224, scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), *, flip_p: float = 0.5,
                  interpolation: str = "bilinear", backend: str = "torch", decoder: str = "auto",
-                 reduce: bool = True, seed: int | None = None) -> None:
+                 reduce: bool = True, crop_decode: bool = True, seed: int | None = None) -> None:
         super().__init__(seed)
         self.options = TrainOptions(size=size, scale=scale, ratio=ratio, flip_p=flip_p,
                                     interpolation=interpolation, backend=backend, decoder=decoder,
-                                    reduce=reduce)
+                                    reduce=reduce, crop_decode=crop_decode)
 
     def draw(self, height: int, width: int) -> tuple[Box, bool]:
         """Draw the next (box, flip) for an image of ``height`` x ``width`` from this transform's stream."""
@@ -469,7 +491,8 @@ class RandomResizedCrop(_Seeded):
         """Apply a given (box, flip) to ``image`` -- no randomness."""
         o = self.options
         return resized_crop(image, box, o.size, interpolation=o.interpolation, backend=o.backend,
-                            decoder=o.decoder, reduce=o.reduce, flip=flip, margin=False)
+                            decoder=o.decoder, reduce=o.reduce, flip=flip, margin=False,
+                            crop_decode=o.crop_decode)
 
     def __call__(self, image: ImageInput) -> torch.Tensor:
         box, flip = self.draw(*_image_size(image))
@@ -514,7 +537,7 @@ def imagenet_train_transform(size: int = 224, seed: int | None = None, **kwargs)
     """The standard ImageNet train recipe: ``RandomResizedCrop(size)`` + flip(p=0.5), bilinear.
 
     ``kwargs`` go to :class:`RandomResizedCrop` (``scale``, ``ratio``,
-    ``flip_p``, ``interpolation``, ``backend``, ``decoder``, ``reduce``).
+    ``flip_p``, ``interpolation``, ``backend``, ``decoder``, ``reduce``, ``crop_decode``).
     """
     return RandomResizedCrop(size, seed=seed, **kwargs)
 
