@@ -439,6 +439,10 @@ def decode_rgb_reduced(data: bytes | bytearray | memoryview | np.ndarray, min_h:
     return decode_rgb_scaled(data, scale, decoder=decoder, header=header)
 
 
+def _ends_with_eoi(data) -> bool:
+    return bytes(memoryview(data)[-2:]) == b"\xff\xd9"
+
+
 def decode_rgb_region(data: bytes | bytearray | memoryview | np.ndarray, scale: int, rows: tuple[int, int],
                       cols: tuple[int, int], *, decoder: str = "auto",
                       header: ImageHeader | None = None) -> tuple[np.ndarray, int, int]:
@@ -450,13 +454,17 @@ def decode_rgb_region(data: bytes | bytearray | memoryview | np.ndarray, scale: 
     Those pixels equal the same slice of :func:`decode_rgb_scaled`. Only ``decoder="auto"`` with
     the :mod:`readers.jpegcrop` helper decodes less than the whole image (then ``pixels`` is
     writable); otherwise it is the whole decode, ``top = left = 0``, and may be read-only.
+    A JPEG that does not end with its EOI marker (truncated) or that libjpeg warns about
+    is decoded in full, so it meets the same error or leniency as with :func:`decode_rgb_scaled`.
     """
     if scale not in _SCALES:
         raise ValueError(f"scale must be one of {sorted(_SCALES)}, got {scale!r}")
     (r0, r1), (c0, c1) = rows, cols
     if not (0 <= r0 < r1 and 0 <= c0 < c1):
         raise ValueError(f"empty or negative region rows {rows}, columns {cols}")
-    if decoder == "auto" and is_jpeg(data) and jpegcrop.available():
+    # Data not ending in EOI (truncated, or trailing bytes) goes the usual way: a region decode
+    # stops before the end, and would accept a truncated file that the full decode refuses.
+    if decoder == "auto" and is_jpeg(data) and _ends_with_eoi(data) and jpegcrop.available():
         if header is None or not header.is_jpeg:
             header = read_header(data)
         if header.colorspace in _SJ_COLORSPACES:

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["LIBRARY", "MARGIN", "JpegCropError", "Region", "available", "build", "decode_region", "library",
-           "matches_full_decode"]
+           "load", "matches_full_decode"]
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,8 @@ class JpegCropError(ValueError):
 def build(target: Path = LIBRARY, cc: str | None = None) -> Path:
     """Compile ``_jpegcrop.c`` into ``target`` (``cc -O2 -shared -fPIC ... -ljpeg``).
 
-    Raises ``FileNotFoundError`` without a C compiler and ``subprocess.CalledProcessError``
-    (its output attached) when the compile fails, e.g. without ``jpeglib.h``.
+    Raises ``FileNotFoundError`` without a C compiler and ``RuntimeError`` with the compiler's
+    last message when the compile fails (e.g. no ``jpeglib.h``: ``libjpeg62-turbo-dev``).
     """
     compiler = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
@@ -72,15 +72,19 @@ def build(target: Path = LIBRARY, cc: str | None = None) -> Path:
     target = Path(target)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-ljpeg"],
-                       check=True, capture_output=True, text=True)
+        done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-ljpeg"],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout or "").strip().splitlines() or ["no output"]
+            raise RuntimeError(f"{compiler} could not build {target.name}: {lines[0]}")
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
     return target
 
 
-def _load(path: Path) -> ctypes.CDLL | None:
+def load(path: str | os.PathLike) -> ctypes.CDLL | None:
+    """Load the helper from ``path``; None (and a log line) when it is missing or not this helper."""
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
@@ -109,7 +113,7 @@ def library() -> ctypes.CDLL | None:
     override = os.environ.get(_ENV, "")
     if override.lower() == "off":
         return None
-    return _load(Path(override) if override else LIBRARY)
+    return load(Path(override) if override else LIBRARY)
 
 
 def available() -> bool:
@@ -123,15 +127,17 @@ def _buffer(data) -> bytes:
     return bytes(memoryview(data))
 
 
-def decode_region(data, scale: int, y0: int, y1: int, x0: int, x1: int) -> Region | None:
+def decode_region(data, scale: int, y0: int, y1: int, x0: int, x1: int, *,
+                  lib: ctypes.CDLL | None = None) -> Region | None:
     """Rows ``[y0, y1)`` and columns ``[x0, x1)`` (pixels at scale ``1/scale``) of a JPEG, as RGB.
 
     The result covers at least that region (clipped to the image), plus up to :data:`MARGIN`
     pixels around it and the columns left of ``x0`` up to libjpeg's iMCU boundary. Returns None
     when the helper is missing or the JPEG is of a kind it does not decode (CMYK, YCCK); raises
-    :class:`JpegCropError` when libjpeg reports an error or a warning.
+    :class:`JpegCropError` when libjpeg reports an error or a warning. ``lib``: a helper from
+    :func:`load` instead of :func:`library`'s.
     """
-    lib = library()
+    lib = lib or library()
     if lib is None:
         return None
     buf = _buffer(data)
