@@ -45,7 +45,7 @@ static void jc_emit_message(j_common_ptr cinfo, int level) {
 }
 
 /* Version of this interface, checked by the Python side. */
-int jc_version(void) { return 1; }
+int jc_version(void) { return 2; }
 
 /* Decode rows [y0, y1) and columns [x0, x1) (in output pixels at scale 1/denom) of `data` as RGB.
  *
@@ -157,4 +157,27 @@ int jc_decode(const unsigned char *data, unsigned long size, int denom, int y0, 
     status = jc_run(&cinfo, data, size, denom, y0, y1, x0, x1, out, cap, info, errbuf);
     jpeg_destroy_decompress(&cinfo);
     return status;
+}
+
+/* Entropy-decode the whole JPEG and nothing else (jpeg_read_coefficients): the part of a decode no
+ * region can skip above its last row. For benchmarks/bench_decode.py's profile. 0, or -1 (errbuf). */
+int jc_entropy_only(const unsigned char *data, unsigned long size, char *errbuf) {
+    struct jpeg_decompress_struct cinfo;
+    jc_error jerr;
+
+    errbuf[0] = 0;
+    cinfo.err = jpeg_std_error(&jerr.pub);
+    jerr.pub.error_exit = jc_error_exit;
+    jerr.pub.emit_message = jc_emit_message;
+    jerr.errbuf = errbuf;
+    if (setjmp(jerr.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        return -1;
+    }
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, data, size);
+    jpeg_read_header(&cinfo, TRUE);
+    jpeg_read_coefficients(&cinfo);
+    jpeg_destroy_decompress(&cinfo);
+    return 0;
 }

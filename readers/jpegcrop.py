@@ -30,8 +30,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["LIBRARY", "MARGIN", "JpegCropError", "Region", "available", "build", "decode_region", "library",
-           "load", "matches_full_decode"]
+__all__ = ["LIBRARY", "MARGIN", "JpegCropError", "Region", "available", "build", "decode_region",
+           "entropy_decode_only", "library", "load", "matches_full_decode"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ LIBRARY = Path(__file__).resolve().parent / "_jpegcrop.so"
 SOURCE = Path(__file__).resolve().parent / "_jpegcrop.c"
 #: Pixels asked for around the wanted region, cut off again before the caller sees them.
 MARGIN = 2
-_VERSION = 1
+_VERSION = 2
 _ERRLEN = 200
 _ENV = "DATASET_PACKER_JPEGCROP"
 
@@ -104,6 +104,8 @@ def load(path: str | os.PathLike) -> ctypes.CDLL | None:
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                    ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p]
+    lib.jc_entropy_only.restype = ctypes.c_int
+    lib.jc_entropy_only.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
     return lib
 
 
@@ -160,6 +162,18 @@ def decode_region(data, scale: int, y0: int, y1: int, x0: int, x1: int, *,
     height, width, left, ncols, _comps, nrows = info
     pixels = out[: nrows * ncols * 3].reshape(nrows, ncols, 3)
     return Region(pixels, ty0, left, height, width)
+
+
+def entropy_decode_only(data) -> None:
+    """Entropy-decode the whole JPEG and nothing more (for profiles: the work no region decode skips
+    above its last row). Raises :class:`JpegCropError`, or ``RuntimeError`` without the helper."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the jpegcrop helper is not built (scripts/setup.sh)")
+    buf = _buffer(data)
+    err = ctypes.create_string_buffer(_ERRLEN)
+    if lib.jc_entropy_only(buf, len(buf), err) != 0:
+        raise JpegCropError(err.value.decode("utf-8", "replace"))
 
 
 @functools.lru_cache(maxsize=1)
