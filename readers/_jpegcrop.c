@@ -45,19 +45,21 @@ static void jc_emit_message(j_common_ptr cinfo, int level) {
 }
 
 /* Version of this interface, checked by the Python side. */
-int jc_version(void) { return 2; }
+int jc_version(void) { return 3; }
 
 /* Decode rows [y0, y1) and columns [x0, x1) (in output pixels at scale 1/denom) of `data` as RGB.
  *
  * `info` gets 6 ints: output height, output width (of the whole image at that scale), the first
  * column written (x0 moved left to an iMCU boundary), the columns written, components of the
- * source (1 gray, 3 color), then the rows written. Pixels go to `out` (capacity `cap` bytes),
- * rows of `info[3] * 3` bytes. Returns 0 on success, 1 when `out` is too small (info is filled),
+ * source (1 gray, 3 color), then the rows written. Pixels go to `out` (capacity `cap` bytes):
+ * with `stride` 0 as rows of `info[3] * 3` bytes; otherwise row y0 + r, column x goes to
+ * `out + r * stride + x * 3` (a canvas whose column 0 is the image's column 0). Returns 0 on success, 1 when `out` is too small (info is filled),
  * 2 when the JPEG is not one this decodes (CMYK, YCCK, ...), -1 on a libjpeg error or warning
  * (message in `errbuf`, at least 200 bytes).
  */
 static int jc_run(struct jpeg_decompress_struct *cinfo, const unsigned char *data, unsigned long size, int denom,
-                  int y0, int y1, int x0, int x1, unsigned char *out, size_t cap, int *info, char *errbuf) {
+                  int y0, int y1, int x0, int x1, unsigned char *out, size_t cap, size_t canvas_stride, int *info,
+                  char *errbuf) {
     int height, width, comps, row;
     JDIMENSION xoff, xw;
     size_t stride;
@@ -102,9 +104,17 @@ static int jc_run(struct jpeg_decompress_struct *cinfo, const unsigned char *dat
     info[2] = (int)xoff;
     info[3] = (int)xw;
     info[4] = comps;
-    stride = (size_t)xw * 3;
-    if ((size_t)(y1 - y0) * stride > cap) {
-        return 1;
+    if (canvas_stride) {
+        stride = canvas_stride;
+        out += (size_t)xoff * 3;
+        if ((size_t)(y1 - y0 - 1) * stride + ((size_t)xoff + xw) * 3 > cap || ((size_t)xoff + xw) * 3 > stride) {
+            return 1;
+        }
+    } else {
+        stride = (size_t)xw * 3;
+        if ((size_t)(y1 - y0) * stride > cap) {
+            return 1;
+        }
     }
     if (y0 > 0) {
         jpeg_skip_scanlines(cinfo, (JDIMENSION)y0);
@@ -138,7 +148,7 @@ static int jc_run(struct jpeg_decompress_struct *cinfo, const unsigned char *dat
 }
 
 int jc_decode(const unsigned char *data, unsigned long size, int denom, int y0, int y1, int x0, int x1,
-              unsigned char *out, size_t cap, int *info, char *errbuf) {
+              unsigned char *out, size_t cap, size_t stride, int *info, char *errbuf) {
     struct jpeg_decompress_struct cinfo;
     jc_error jerr;
     int status;
@@ -154,7 +164,7 @@ int jc_decode(const unsigned char *data, unsigned long size, int denom, int y0, 
         return -1;
     }
     jpeg_create_decompress(&cinfo);
-    status = jc_run(&cinfo, data, size, denom, y0, y1, x0, x1, out, cap, info, errbuf);
+    status = jc_run(&cinfo, data, size, denom, y0, y1, x0, x1, out, cap, stride, info, errbuf);
     jpeg_destroy_decompress(&cinfo);
     return status;
 }

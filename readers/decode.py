@@ -444,8 +444,8 @@ def _ends_with_eoi(data) -> bool:
 
 
 def decode_rgb_region(data: bytes | bytearray | memoryview | np.ndarray, scale: int, rows: tuple[int, int],
-                      cols: tuple[int, int], *, decoder: str = "auto",
-                      header: ImageHeader | None = None) -> tuple[np.ndarray, int, int]:
+                      cols: tuple[int, int], *, decoder: str = "auto", header: ImageHeader | None = None,
+                      canvas: bool = False) -> tuple[np.ndarray, int, int]:
     """Decode at least rows ``rows[0]:rows[1]`` and columns ``cols[0]:cols[1]`` of the image at DCT
     scale ``1/scale`` (those are coordinates in the ``ceil(H/scale) x ceil(W/scale)`` decoded image).
 
@@ -454,6 +454,10 @@ def decode_rgb_region(data: bytes | bytearray | memoryview | np.ndarray, scale: 
     Those pixels equal the same slice of :func:`decode_rgb_scaled`. Only ``decoder="auto"`` with
     the :mod:`readers.jpegcrop` helper decodes less than the whole image (then ``pixels`` is
     writable); otherwise it is the whole decode, ``top = left = 0``, and may be read-only.
+    ``canvas=True``: ``top = left = 0`` always, and ``pixels`` runs from the image's first row and
+    column to (at least) the region's last ones; only the region's pixels are defined (the region
+    decode leaves the rest as allocated), C-contiguous. For a resize that needs the image's
+    coordinates but reads only the region.
     A JPEG that does not end with its EOI marker (truncated) or that libjpeg warns about
     is decoded in full, so it meets the same error or leniency as with :func:`decode_rgb_scaled`.
     """
@@ -471,7 +475,8 @@ def decode_rgb_region(data: bytes | bytearray | memoryview | np.ndarray, scale: 
             _check_scans(data)
             _check_bomb(header.height, header.width)
             try:
-                region = jpegcrop.decode_region(data, scale, r0, r1, c0, c1)
+                size = (-(-header.height // scale), -(-header.width // scale))
+                region = jpegcrop.decode_region(data, scale, r0, r1, c0, c1, canvas=canvas, size=size)
             except jpegcrop.JpegCropError as exc:  # corrupt or odd: the usual path decides
                 log.debug("jpegcrop refused the data (%s); decoding in full", exc)
                 region = None

@@ -40,7 +40,7 @@ LIBRARY = Path(__file__).resolve().parent / "_jpegcrop.so"
 SOURCE = Path(__file__).resolve().parent / "_jpegcrop.c"
 #: Pixels asked for around the wanted region, cut off again before the caller sees them.
 MARGIN = 2
-_VERSION = 2
+_VERSION = 3
 _ERRLEN = 200
 _ENV = "DATASET_PACKER_JPEGCROP"
 
@@ -103,7 +103,8 @@ def load(path: str | os.PathLike) -> ctypes.CDLL | None:
         return None
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                   ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p]
+                   ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int),
+                   ctypes.c_char_p]
     lib.jc_entropy_only.restype = ctypes.c_int
     lib.jc_entropy_only.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
     return lib
@@ -129,15 +130,20 @@ def _buffer(data) -> bytes:
     return bytes(memoryview(data))
 
 
-def decode_region(data, scale: int, y0: int, y1: int, x0: int, x1: int, *,
-                  lib: ctypes.CDLL | None = None) -> Region | None:
+def decode_region(data, scale: int, y0: int, y1: int, x0: int, x1: int, *, canvas: bool = False,
+                  size: tuple[int, int] | None = None, lib: ctypes.CDLL | None = None) -> Region | None:
     """Rows ``[y0, y1)`` and columns ``[x0, x1)`` (pixels at scale ``1/scale``) of a JPEG, as RGB.
 
     The result covers at least that region (clipped to the image), plus up to :data:`MARGIN`
-    pixels around it and the columns left of ``x0`` up to libjpeg's iMCU boundary. Returns None
-    when the helper is missing or the JPEG is of a kind it does not decode (CMYK, YCCK); raises
-    :class:`JpegCropError` when libjpeg reports an error or a warning. ``lib``: a helper from
-    :func:`load` instead of :func:`library`'s.
+    pixels around it and the columns left of ``x0`` up to libjpeg's iMCU boundary. With
+    ``canvas=True`` the pixels are a canvas from the image's row 0 and column 0 to the region's
+    bottom right (plus the margin), ``top = left = 0``, of which only the region (and its
+    margin) is written: the rest is left as allocated. ``size``: the image's size at that scale
+    when the caller knows it (the canvas then never extends past the image, and stays
+    C-contiguous). Returns None when the helper is missing
+    or the JPEG is of a kind it does not decode (CMYK, YCCK); raises :class:`JpegCropError` when
+    libjpeg reports an error or a warning. ``lib``: a helper from :func:`load` instead of
+    :func:`library`'s.
     """
     lib = lib or library()
     if lib is None:
@@ -145,21 +151,34 @@ def decode_region(data, scale: int, y0: int, y1: int, x0: int, x1: int, *,
     buf = _buffer(data)
     ty0, tx0 = max(y0 - MARGIN, 0), max(x0 - MARGIN, 0)
     ty1, tx1 = y1 + MARGIN, x1 + MARGIN
+    if size is not None:
+        ty1, tx1 = min(ty1, size[0]), min(tx1, size[1])
     info = (ctypes.c_int * 6)()
     err = ctypes.create_string_buffer(_ERRLEN)
-    # Columns: the request, its margin and up to one iMCU (at most 32 pixels) of alignment on the left.
-    cols = tx1 - tx0 + 32
-    out = np.empty((ty1 - ty0) * cols * 3, np.uint8)
-    status = lib.jc_decode(buf, len(buf), scale, ty0, ty1, tx0, tx1, out.ctypes.data, out.nbytes, info, err)
-    if status == 1:  # the region was clipped differently than foreseen: allocate what it said
-        rows = min(ty1, info[0]) - ty0
-        out = np.empty(rows * info[3] * 3, np.uint8)
-        status = lib.jc_decode(buf, len(buf), scale, ty0, ty1, tx0, tx1, out.ctypes.data, out.nbytes, info, err)
+    if canvas:
+        rows, cols, stride = ty1, tx1, tx1 * 3
+        out = np.empty(rows * stride, np.uint8)
+        start = out.ctypes.data + ty0 * stride
+        status = lib.jc_decode(buf, len(buf), scale, ty0, ty1, tx0, tx1, start, out.nbytes - ty0 * stride,
+                               stride, info, err)
+    else:
+        # Columns: the request, its margin and up to one iMCU (at most 32 pixels) of alignment on the left.
+        cols = tx1 - tx0 + 32
+        out = np.empty((ty1 - ty0) * cols * 3, np.uint8)
+        status = lib.jc_decode(buf, len(buf), scale, ty0, ty1, tx0, tx1, out.ctypes.data, out.nbytes, 0, info, err)
+        if status == 1:  # the region was clipped differently than foreseen: allocate what it said
+            out = np.empty((min(ty1, info[0]) - ty0) * info[3] * 3, np.uint8)
+            status = lib.jc_decode(buf, len(buf), scale, ty0, ty1, tx0, tx1, out.ctypes.data, out.nbytes, 0,
+                                   info, err)
     if status == 2:
         return None
     if status != 0:
         raise JpegCropError(err.value.decode("utf-8", "replace") or f"jpegcrop status {status}")
     height, width, left, ncols, _comps, nrows = info
+    if canvas:
+        rows, cols = min(ty1, height), min(tx1, width)
+        pixels = out.reshape(ty1, tx1, 3)[:rows, :cols]
+        return Region(pixels, 0, 0, height, width)
     pixels = out[: nrows * ncols * 3].reshape(nrows, ncols, 3)
     return Region(pixels, ty0, left, height, width)
 

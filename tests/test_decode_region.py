@@ -13,7 +13,7 @@ from PIL import Image
 
 from readers import jpegcrop
 from readers.decode import DecodeError, MAX_JPEG_SCANS, decode_rgb_region, decode_rgb_scaled
-from readers.transforms import imagenet_train_transform, resized_crop
+from readers.transforms import imagenet_eval_transform, imagenet_train_transform, resized_crop
 from test_bombs import scan_bomb
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,6 +135,9 @@ def test_other_decoders_decode_in_full(helper):
     for decoder in ("pillow", "simplejpeg"):
         pixels, top, left = decode_rgb_region(data, 1, (50, 60), (70, 80), decoder=decoder)
         assert (top, left) == (0, 0) and pixels.shape == (203, 317, 3)
+        # the eval resize from the part of a (read-only, for Pillow) whole decode: the same output
+        on, off = (imagenet_eval_transform(224, 256, decoder=decoder, crop_decode=c) for c in (True, False))
+        assert torch.equal(on(GENERATED["420"]), off(GENERATED["420"]))
 
 
 @pytest.mark.parametrize("data", CASES)
@@ -150,11 +153,34 @@ def test_train_transform_output_unchanged(helper, data):
         assert torch.equal(small(data), small_off(data))
 
 
+@pytest.mark.parametrize("data", CASES)
+def test_eval_transform_output_unchanged(helper, data):
+    """Resize-then-crop from the rows and columns its filter reads: the same tensors as from the
+    whole image (the canvas left of and above them is never written, so never read either)."""
+    for resize, crop, interpolation in ((256, 224, "bilinear"), (232, 224, "bicubic"), (64, 56, "bilinear"),
+                                        (300, 160, "bicubic")):
+        on = imagenet_eval_transform(crop, resize, interpolation=interpolation)
+        off = imagenet_eval_transform(crop, resize, interpolation=interpolation, crop_decode=False)
+        assert torch.equal(on(data), off(data)), (resize, crop, interpolation)
+
+
+def test_canvas_region(helper):
+    data = GENERATED["420"]
+    full = decode_rgb_scaled(data, 2)
+    pixels, top, left = decode_rgb_region(data, 2, (50, 120), (60, 200), canvas=True)
+    assert (top, left) == (0, 0) and pixels.flags.c_contiguous
+    assert pixels.shape[0] >= 120 and pixels.shape[1] >= 200 and pixels.shape[:2] <= full.shape[:2]
+    assert np.array_equal(pixels[50:120, 60:200], full[50:120, 60:200])
+    pixels, _, _ = decode_rgb_region(data, 2, (150, 201), (0, 246), canvas=True)  # to the image's edges
+    assert pixels.shape == full.shape and np.array_equal(pixels[150:], full[150:])
+
+
 def test_fallback_when_the_helper_is_off(helper, monkeypatch):
     """DATASET_PACKER_JPEGCROP=off (as without the helper): whole decode, same transform output."""
     data = GENERATED["420"]
     box = (100, 120, 250, 260)
     with_helper = resized_crop(data, box, (224, 224))
+    eval_with_helper = imagenet_eval_transform()(data)
     pixels, top, _ = decode_rgb_region(data, 1, (100, 350), (120, 380))
     assert top < 100 and pixels.shape[0] < 401
     monkeypatch.setenv("DATASET_PACKER_JPEGCROP", "off")
@@ -165,6 +191,7 @@ def test_fallback_when_the_helper_is_off(helper, monkeypatch):
         pixels, top, left = decode_rgb_region(data, 1, (100, 350), (120, 380))
         assert (top, left) == (0, 0) and pixels.shape == (401, 491, 3)
         assert torch.equal(resized_crop(data, box, (224, 224)), with_helper)
+        assert torch.equal(imagenet_eval_transform()(data), eval_with_helper)
     finally:
         monkeypatch.delenv("DATASET_PACKER_JPEGCROP")
         jpegcrop.library.cache_clear()
