@@ -386,7 +386,8 @@ def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float]
     plan = plan_crop(height, width, box, size, jpeg=jpeg, reduce=reduce, backend=backend, margin=margin)
     s = plan.scale
     top, left, bh, bw = plan.box
-    if header is not None and crop_decode and backend == "torch" and not margin:
+    region = header is not None and header.is_jpeg and crop_decode and backend == "torch"
+    if region and not margin:
         ry0, rx0 = int(top) // s, int(left) // s
         ry1, rx1 = -(-int(top + bh) // s), -(-int(left + bw) // s)
         pixels, oy, ox = decode_rgb_region(image, s, (ry0, ry1), (rx0, rx1), decoder=decoder, header=header)
@@ -397,7 +398,7 @@ def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float]
         with _on_this_thread():
             chw = _resize_torch(sub, 0, 0, ry1 - ry0, rx1 - rx0, size, interpolation)
             return torch.flip(chw, dims=(2,)) if flip else chw
-    if header is not None and crop_decode and backend == "torch" and margin:
+    if region and margin:
         chw = _resized_crop_of_region(image, header, s, plan.box, size, interpolation, decoder)
         if chw is not None:
             return chw
