@@ -21,7 +21,14 @@ In one run it:
 4. re-encodes the folder at pack-time ``--max-side`` values (None, 512, 384,
    256) with the packer's own ``prepare_image`` (what ``pack-dataset
    --max-side`` stores) and reports total bytes and the single-core
-   train-transform rate.
+   train-transform rate;
+5. profiles the fused eval and train transforms on one core, step by step
+   (entropy decode alone, full decode, the train crop's region decode through
+   ``readers/jpegcrop.py``, the resizes), and compares today's fused path
+   (``crop_decode=False``) with the region decode, and, where a DALI venv is
+   given (``--peer-venvs DIR`` with ``DIR/dali/bin/python``, or
+   ``--dali-python``), DALI's CPU decoder + resize on 1 thread, pinned to the
+   same core, over the same bytes.
 
 The timing (``dataset_bench.onecore``), the machine description (``dataset_bench.machine``),
 the generator (``dataset_bench.synth``) and the resize geometry (``readers.geometry``)
@@ -32,6 +39,7 @@ Usage::
     python benchmarks/bench_decode.py                 # full run, about a minute on 2 cores
     python benchmarks/bench_decode.py --quick         # tiny, seconds (what the test runs)
     python benchmarks/bench_decode.py --json out.json
+    python benchmarks/bench_decode.py --peer-venvs /work/peervenvs   # with DALI CPU beside ours
 """
 
 from __future__ import annotations
@@ -40,12 +48,15 @@ import argparse
 import io
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+import simplejpeg
 import torch
 from PIL import Image
 
@@ -58,11 +69,13 @@ from dataset_bench.measure import measure_loader  # noqa: E402
 from dataset_bench.onecore import per_image_rates, single_core  # noqa: E402
 from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from packer.images import ImageOptions, prepare_image  # noqa: E402
-from readers.decode import decode_rgb, decode_rgb_reduced  # noqa: E402
+from readers import jpegcrop  # noqa: E402
+from readers.decode import decode_rgb, decode_rgb_reduced, decode_rgb_region, decode_rgb_scaled, read_header  # noqa: E402
 from readers.geometry import resize_center_crop, resize_short_side  # noqa: E402
 from readers.transforms import (  # noqa: E402
     imagenet_eval_transform,
     imagenet_train_transform,
+    plan_crop,
     sample_crop_box,
 )
 
@@ -217,6 +230,181 @@ def loader_part(blobs: list[bytes], labels: list[int], workers: int, batch: int,
             for (name, _make), r in zip(recipes, runs)]
 
 
+# --------------------------------------------------------------------------- profile and region decode
+
+
+class TrainCrop(NamedTuple):
+    """One train crop as the fused transform plans it: the decoded rows/columns it resamples."""
+
+    data: bytes
+    scale: int
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+
+
+def train_crops(blobs: list[bytes], seed: int = 0) -> list[TrainCrop]:
+    """The crops ``imagenet_train_transform(seed=seed)`` draws for ``blobs`` (same stream, same plan)."""
+    t = imagenet_train_transform(OUT, seed=seed)
+    crops = []
+    for data in blobs:
+        h = read_header(data)
+        box, _flip = t.draw(h.height, h.width)
+        plan = plan_crop(h.height, h.width, box, (OUT, OUT), jpeg=h.is_jpeg)
+        s, (top, left, bh, bw) = plan.scale, plan.box
+        crops.append(TrainCrop(data, s, (int(top) // s, -(-int(top + bh) // s)),
+                               (int(left) // s, -(-int(left + bw) // s))))
+    return crops
+
+
+def _torch_resize(arr: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
+    x = torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1).unsqueeze(0)
+    return torch.nn.functional.interpolate(x, size=size, mode="bilinear", antialias=True)[0].contiguous()
+
+
+def profile_cases(blobs: list[bytes]) -> list[tuple[str, str, object, list]]:
+    """(step, group, factory, items): each step of the fused transforms on its own, then the whole transforms."""
+    crops = train_crops(blobs)
+    full = [np.array(decode_rgb_scaled(b, 1)) for b in blobs]
+    eval_sizes = [resize_center_crop(a.shape[0], a.shape[1], 256, OUT) for a in full]
+    train_subs = [np.ascontiguousarray(decode_rgb_scaled(c.data, c.scale)[c.rows[0]:c.rows[1], c.cols[0]:c.cols[1]])
+                  for c in crops]
+    cases = [("full decode (simplejpeg, today's path)", "decode", lambda: lambda d: decode_rgb_scaled(d, 1), blobs)]
+    if jpegcrop.available():
+        cases += [
+            ("  of which entropy decode alone (whole file)", "decode", lambda: jpegcrop.entropy_decode_only, blobs),
+            ("region decode of the train crop (jpegcrop)", "decode",
+             lambda: lambda c: decode_rgb_region(c.data, c.scale, c.rows, c.cols), crops)]
+    cases += [
+        ("candidate: smallest M/8 DCT scale with shorter side >= 256", "candidate",
+         lambda: lambda d: simplejpeg.decode_jpeg(d, "RGB", False, False, 256, 256), blobs),
+        ("candidate: full decode, fast upsampling (not bit-exact)", "candidate",
+         lambda: lambda d: simplejpeg.decode_jpeg(d, "RGB", False, True), blobs),
+        ("candidate: full decode, fast integer IDCT (not bit-exact)", "candidate",
+         lambda: lambda d: simplejpeg.decode_jpeg(d, "RGB", True, False), blobs),
+        ("candidate: train resize with Pillow resize(box=...)", "candidate",
+         lambda: lambda a: Image.fromarray(a).resize((OUT, OUT), Image.BILINEAR, box=(0.5, 0.5, a.shape[1] - 0.5,
+                                                                                      a.shape[0] - 0.5)),
+         train_subs),
+        ("eval resize: whole image to shorter side 256 (torch)", "resize",
+         lambda: lambda ag: _torch_resize(ag[0], (ag[1].height, ag[1].width)), list(zip(full, eval_sizes))),
+        ("train resize: the crop to 224 (torch)", "resize", lambda: lambda a: _torch_resize(a, (OUT, OUT)), train_subs),
+        ("eval fused, today's path (crop_decode=False)", "eval",
+         lambda: imagenet_eval_transform(OUT, 256, crop_decode=False), blobs),
+        ("eval fused, region decode (default)", "eval", lambda: imagenet_eval_transform(OUT, 256), blobs),
+        ("train fused, today's path (crop_decode=False)", "train",
+         lambda: imagenet_train_transform(OUT, seed=0, crop_decode=False), blobs),
+        ("train fused, region decode (default)", "train", lambda: imagenet_train_transform(OUT, seed=0), blobs),
+    ]
+    return cases
+
+
+DALI_SCRIPT = r"""
+import glob, json, os, statistics, sys, time
+import numpy as np
+cpu, repeats, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+if cpu >= 0:
+    os.sched_setaffinity(0, {cpu})
+import nvidia.dali
+from nvidia.dali import fn, pipeline_def, types
+blobs = [np.fromfile(p, np.uint8) for p in sorted(glob.glob(os.path.join(root, "*.jpg")))]
+B = min(32, len(blobs))
+def build(kind):
+    @pipeline_def(batch_size=B, num_threads=1, device_id=None, seed=0, prefetch_queue_depth=1,
+                  exec_async=False, exec_pipelined=False)
+    def pipe():
+        enc = fn.external_source(name="enc", dtype=types.UINT8)
+        if kind == "eval":
+            img = fn.decoders.image(enc, device="cpu", output_type=types.RGB)
+            img = fn.resize(img, resize_shorter=256, interp_type=types.INTERP_LINEAR, antialias=True)
+            return fn.crop(img, crop=(224, 224))
+        img = fn.decoders.image_random_crop(enc, device="cpu", output_type=types.RGB,
+                                            random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
+        img = fn.resize(img, resize_x=224, resize_y=224, interp_type=types.INTERP_LINEAR, antialias=True)
+        return fn.flip(img, horizontal=fn.random.coin_flip())
+    p = pipe()
+    p.build()
+    return p
+out = {"version": nvidia.dali.__version__}
+pipes = {kind: build(kind) for kind in ("eval", "train")}
+def one_pass(p):
+    c = time.process_time()
+    for i in range(0, len(blobs) - B + 1, B):
+        p.feed_input("enc", blobs[i:i + B])
+        p.run()
+    return (len(blobs) // B * B) / max(time.process_time() - c, 1e-9)
+for p in pipes.values():
+    one_pass(p)  # warm-up
+runs = {k: [] for k in pipes}
+for _ in range(repeats):
+    for k, p in pipes.items():
+        runs[k].append(one_pass(p))
+out.update({k: statistics.median(v) for k, v in runs.items()})
+out["runs"] = runs
+print(json.dumps(out))
+"""
+
+
+def dali_python(args: argparse.Namespace) -> str | None:
+    """The interpreter of a DALI venv (--dali-python, or --peer-venvs DIR/dali/bin/python), or None."""
+    if args.dali_python:
+        return str(args.dali_python)
+    if args.peer_venvs and (args.peer_venvs / "dali" / "bin" / "python").exists():
+        return str(args.peer_venvs / "dali" / "bin" / "python")
+    return None
+
+
+def dali_part(python: str | None, blobs: list[bytes], repeats: int, cpu: int | None) -> dict:
+    """DALI's CPU decoder + resize (+ crop / random-crop decode + flip) on 1 thread over the same bytes."""
+    if python is None:
+        return {"skipped": "no DALI venv given (--peer-venvs DIR or --dali-python; pip install nvidia-dali-cuda120)"}
+    with tempfile.TemporaryDirectory(prefix="bench-decode-dali-") as tmp:
+        for i, data in enumerate(blobs):
+            Path(tmp, f"{i:06d}.jpg").write_bytes(data)
+        proc = subprocess.run([python, "-c", DALI_SCRIPT, str(-1 if cpu is None else cpu), str(repeats), tmp],
+                              capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"skipped": f"DALI run failed: {tail}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def profile_part(blobs: list[bytes], repeats: int, cpu: int | None) -> tuple[list[dict], int | None]:
+    """Each step and each transform on one pinned core, interleaved passes."""
+    cases = profile_cases(blobs)
+    with single_core(cpu) as pinned:
+        measured = per_image_rates([(factory, items) for _name, _group, factory, items in cases], repeats)
+    rows = [{"step": name, "group": group, "us_per_image": 1e6 / m["images_per_cpu_s"],
+             "images_per_cpu_s": m["images_per_cpu_s"], "runs_cpu": m["runs_cpu"]}
+            for (name, group, _f, _i), m in zip(cases, measured)]
+    return rows, pinned
+
+
+def print_profile(rows: list[dict], dali: dict, cpu: int | None) -> None:
+    print(f"\n## Where the fused transforms' time goes (one core, CPU {cpu}): CPU microseconds per image\n")
+    print(_table(["step", "us/image", "img/s (CPU)"],
+                 [[r["step"], f"{r['us_per_image']:.0f}", f"{r['images_per_cpu_s']:.0f}"] for r in rows]))
+    by = {r["step"]: r["images_per_cpu_s"] for r in rows}
+    today_train = by["train fused, today's path (crop_decode=False)"]
+    today_eval = by["eval fused, today's path (crop_decode=False)"]
+    table = [["eval: ours, today's path (crop_decode=False)", f"{today_eval:.0f}", "1.00x"],
+             ["eval: ours, region decode (default)", f"{by['eval fused, region decode (default)']:.0f}",
+              f"{by['eval fused, region decode (default)'] / today_eval:.2f}x"],
+             ["train: ours, today's path (crop_decode=False)", f"{today_train:.0f}", "1.00x"],
+             ["train: ours, region decode (default)", f"{by['train fused, region decode (default)']:.0f}",
+              f"{by['train fused, region decode (default)'] / today_train:.2f}x"]]
+    if "skipped" in dali:
+        note = f"DALI CPU: skipped ({dali['skipped']})"
+    else:
+        note = f"DALI {dali['version']}, CPU operators, num_threads=1, batches of 32, same core"
+        table += [["eval: DALI decoders.image + resize(shorter 256) + crop 224", f"{dali['eval']:.0f}",
+                   f"{dali['eval'] / today_eval:.2f}x"],
+                  ["train: DALI decoders.image_random_crop + resize 224 + flip", f"{dali['train']:.0f}",
+                   f"{dali['train'] / today_train:.2f}x"]]
+    print("\n## Fused transforms, today vs region decode, and DALI CPU: images per CPU-second on one core\n")
+    print(_table(["pipeline", "img/s (CPU)", "vs ours today"], table))
+    print(f"\n# {note}; FFCV: not run here (no FFCV install on this machine)")
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -277,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", type=int, default=None, help="CPU to pin the single-core part to")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--keep", type=Path, default=None, help="generate the folder here and keep it")
+    ap.add_argument("--peer-venvs", type=Path, default=None, metavar="DIR",
+                    help="run DALI CPU from DIR/dali/bin/python beside ours (as dataset-bench --peers --peer-venvs)")
+    ap.add_argument("--dali-python", type=Path, default=None, help="the python of a venv with nvidia-dali")
     args = ap.parse_args(argv)
     n = args.images or (16 if args.quick else 500)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -292,7 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     print_header(info)
     rows, ms_rows, cpu = single_core_part(blobs, repeats, max_sides, args.cpu)
     loader_rows = loader_part(blobs, labels, args.workers, batch, repeats)
+    profile_rows, _ = profile_part(blobs, repeats, cpu)
+    dali = dali_part(dali_python(args), blobs, repeats, cpu)
     print_tables(rows, loader_rows, ms_rows, cpu, args.workers, batch)
+    print_profile(profile_rows, dali, cpu)
     elapsed = time.perf_counter() - started
     info["loadavg_end"] = load_average()
     print(f"\n# total {elapsed:.0f} s; load average at start {info['loadavg_start']:.2f}, "
@@ -300,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"info": info, "single_core": rows, "loader": loader_rows,
-                                         "max_side": ms_rows, "elapsed_s": elapsed}, indent=2))
+                                         "max_side": ms_rows, "profile": profile_rows, "dali": dali,
+                                         "elapsed_s": elapsed}, indent=2))
     return 0
 
 

@@ -20,8 +20,10 @@ of torchvision's ``RandomResizedCrop.get_params`` (10 tries of area in
 fallback), drawn from a ``numpy.random.Generator``; then a horizontal flip
 with probability ``flip_p``. Given JPEG bytes, the box is computed from the
 header size only, the JPEG is decoded at the largest DCT scale (1/2, 1/4,
-1/8) that keeps the crop at least the output size, and only the crop is
-resized. With ``reduce=False`` and ``backend="pillow"`` the output equals
+1/8) that keeps the crop at least the output size, only down to the crop's
+last row and, above and beside the crop, only entropy-decoded (where the
+native helper :mod:`readers.jpegcrop` is built; bit-exact, see
+:func:`resized_crop`), and only the crop is resized. With ``reduce=False`` and ``backend="pillow"`` the output equals
 torchvision's PIL path exactly (``img.crop(box).resize(size, BILINEAR)``).
 
 :class:`ResizeCenterCrop` (eval): torchvision's ``Resize(256)`` (shorter side
@@ -72,6 +74,7 @@ from PIL import Image
 from readers.compose import Compose, accepts_bytes, warn_if_fused_lost  # re-exported here
 from readers.decode import (
     DECODERS,
+    decode_rgb_region,
     decode_rgb_scaled,
     read_header,
     reduction_for,
@@ -147,6 +150,8 @@ class TrainOptions:
     backend: str = "torch"
     decoder: str = "auto"
     reduce: bool = True
+    #: Decode only the rows and columns the crop needs (``readers.jpegcrop``; torch backend, JPEG).
+    crop_decode: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _pair(self.size, "size"))
@@ -173,6 +178,8 @@ class EvalOptions:
     backend: str = "torch"
     decoder: str = "auto"
     reduce: bool = True
+    #: Decode only the rows and columns the crop's filter reads (``readers.jpegcrop``; torch backend, JPEG).
+    crop_decode: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _pair(self.size, "size"))
@@ -351,7 +358,8 @@ def plan_crop(height: int, width: int, box: Box | tuple[float, float, float, flo
 
 def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float], size: tuple[int, int], *,
                  interpolation: str = "bilinear", backend: str = "torch", decoder: str = "auto",
-                 reduce: bool = True, flip: bool = False, margin: bool = False) -> torch.Tensor:
+                 reduce: bool = True, flip: bool = False, margin: bool = False,
+                 crop_decode: bool = True) -> torch.Tensor:
     """Crop ``box`` (source pixels) out of ``image``, resize to ``size``, optionally flip: uint8 (3, H, W).
 
     Encoded JPEG input is decoded at the reduction :func:`plan_crop` picks;
@@ -359,6 +367,12 @@ def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float]
     resize-then-crop semantics (the filter also reads pixels around the box:
     Pillow resizes the box with a margin, torch resizes the whole image and
     slices) instead of torchvision's crop-then-resize.
+
+    ``crop_decode`` (``backend="torch"``, ``decoder="auto"``) decodes only the
+    rows and columns of the crop (``margin=False``) or those the resize filter
+    reads for it (``margin=True``) where :mod:`readers.jpegcrop` is built
+    (:func:`readers.decode.decode_rgb_region`): the same pixels as the full
+    decode, resampled with the same weights, so the same output, for less work.
     """
     _check_common(interpolation, backend, decoder)
     size = _pair(size, "size")
@@ -371,11 +385,27 @@ def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float]
         jpeg, reduce, header = False, False, None
     plan = plan_crop(height, width, box, size, jpeg=jpeg, reduce=reduce, backend=backend, margin=margin)
     s = plan.scale
+    top, left, bh, bw = plan.box
+    region = header is not None and header.is_jpeg and crop_decode and backend == "torch"
+    if region and not margin:
+        ry0, rx0 = int(top) // s, int(left) // s
+        ry1, rx1 = -(-int(top + bh) // s), -(-int(left + bw) // s)
+        pixels, oy, ox = decode_rgb_region(image, s, (ry0, ry1), (rx0, rx1), decoder=decoder, header=header)
+        sub = pixels[ry0 - oy:ry1 - oy, rx0 - ox:rx1 - ox]
+        if sub.shape[:2] != (ry1 - ry0, rx1 - rx0):
+            raise RuntimeError(f"decoded {sub.shape[:2]} for rows {ry0}-{ry1}, columns {rx0}-{rx1} of a "
+                               f"{height}x{width} image at scale 1/{s}")
+        with _on_this_thread():
+            chw = _resize_torch(sub, 0, 0, ry1 - ry0, rx1 - rx0, size, interpolation)
+            return torch.flip(chw, dims=(2,)) if flip else chw
+    if region and margin:
+        chw = _resized_crop_of_region(image, header, s, plan.box, size, interpolation, decoder)
+        if chw is not None:
+            return chw
     if header is not None:
         arr = decode_rgb_scaled(image, s, decoder=decoder, header=header)
         if arr.shape[:2] != (-(-height // s), -(-width // s)):
             raise RuntimeError(f"decoded {arr.shape[:2]} from a {height}x{width} image at scale 1/{s}")
-    top, left, bh, bw = plan.box
     if backend == "pillow":
         y1, x1 = min((top + bh) / s, arr.shape[0]), min((left + bw) / s, arr.shape[1])
         out = _resize_pillow(arr, top / s, left / s, y1, x1, size, interpolation, margin)
@@ -387,8 +417,7 @@ def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float]
             # Resize-then-crop: resize the whole decoded image to the size the box
             # implies, then slice (exactly the Pillow result up to +-1).
             oh, ow = size
-            fh, fw = max(int(round(height * oh / bh)), oh), max(int(round(width * ow / bw)), ow)
-            ty, tx = min(int(round(top * oh / bh)), fh - oh), min(int(round(left * ow / bw)), fw - ow)
+            fh, fw, ty, tx = _resize_then_crop_geometry(height, width, plan.box, size)
             chw = _resize_torch(arr, 0, 0, arr.shape[0], arr.shape[1], (fh, fw), interpolation)
             chw = chw[:, ty:ty + oh, tx:tx + ow].contiguous()
         else:
@@ -396,6 +425,51 @@ def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float]
             ry1, rx1 = -(-int(top + bh) // s), -(-int(left + bw) // s)
             chw = _resize_torch(arr, ry0, rx0, ry1, rx1, size, interpolation)
         return torch.flip(chw, dims=(2,)) if flip else chw
+
+
+def _resize_then_crop_geometry(height: int, width: int, box: Box, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """``(fh, fw, ty, tx)``: the whole image is resized to ``fh x fw``, the crop starts at ``(ty, tx)``."""
+    oh, ow = size
+    top, left, bh, bw = box
+    fh, fw = max(int(round(height * oh / bh)), oh), max(int(round(width * ow / bw)), ow)
+    return fh, fw, min(int(round(top * oh / bh)), fh - oh), min(int(round(left * ow / bw)), fw - ow)
+
+
+def _resized_crop_of_region(image, header, s: int, box: Box, size: tuple[int, int], interpolation: str,
+                            decoder: str) -> torch.Tensor | None:
+    """Resize-then-crop (torch) computed from the decoded rows and columns the crop's filter reads.
+
+    The resize of the whole ``dh x dw`` decoded image to ``fh x fw`` is computed on its top-left
+    part ``[0, r1) x [0, c1)`` with the same scale factors (``scale_factor=fh/dh``,
+    ``recompute_scale_factor=False``): each output pixel reads the same source pixels with the
+    same weights, and the pixels it reads lie inside the region decoded (``decode_rgb_region``
+    with ``canvas=True``: rows and columns above and left of the region are never read for the
+    crop). None when the region is the whole image (nothing to save), there is no resize, or
+    the part's output would not reach the crop; the caller then resizes the whole image.
+    """
+    oh, ow = size
+    dh, dw = -(-header.height // s), -(-header.width // s)
+    fh, fw, ty, tx = _resize_then_crop_geometry(header.height, header.width, box, size)
+    sy, sx = dh / fh, dw / fw
+    sup_y, sup_x = _SUPPORT[interpolation] * max(sy, 1.0), _SUPPORT[interpolation] * max(sx, 1.0)
+    r0, c0 = max(int(math.floor(ty * sy - sup_y)) - 2, 0), max(int(math.floor(tx * sx - sup_x)) - 2, 0)
+    r1 = min(int(math.ceil((ty + oh) * sy + sup_y)) + 2, dh)
+    c1 = min(int(math.ceil((tx + ow) * sx + sup_x)) + 2, dw)
+    if (r0, c0, r1, c1) == (0, 0, dh, dw) or (fh, fw) == (dh, dw):
+        return None
+    fy, fx = fh / dh, fw / dw
+    if math.floor(r1 * fy) < ty + oh or math.floor(c1 * fx) < tx + ow:
+        return None
+    pixels, _top, _left = decode_rgb_region(image, s, (r0, r1), (c0, c1), decoder=decoder, header=header,
+                                            canvas=True)
+    sub = pixels[:r1, :c1]
+    if not sub.flags.writeable:  # a read-only full decode (PIL): torch wants writable memory
+        sub = sub.copy()
+    with _on_this_thread():
+        x = torch.from_numpy(sub).permute(2, 0, 1).unsqueeze(0)  # channels_last: torch's fast uint8 path
+        out = F.interpolate(x, scale_factor=(fy, fx), mode=interpolation, antialias=True, align_corners=False,
+                            recompute_scale_factor=False)
+        return out[0, :, ty:ty + oh, tx:tx + ow].contiguous()
 
 
 # --------------------------------------------------------------------------- transforms
@@ -452,11 +526,11 @@ class RandomResizedCrop(_Seeded):
     def __init__(self, size: int | tuple[int, int] = 224, scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), *, flip_p: float = 0.5,
                  interpolation: str = "bilinear", backend: str = "torch", decoder: str = "auto",
-                 reduce: bool = True, seed: int | None = None) -> None:
+                 reduce: bool = True, crop_decode: bool = True, seed: int | None = None) -> None:
         super().__init__(seed)
         self.options = TrainOptions(size=size, scale=scale, ratio=ratio, flip_p=flip_p,
                                     interpolation=interpolation, backend=backend, decoder=decoder,
-                                    reduce=reduce)
+                                    reduce=reduce, crop_decode=crop_decode)
 
     def draw(self, height: int, width: int) -> tuple[Box, bool]:
         """Draw the next (box, flip) for an image of ``height`` x ``width`` from this transform's stream."""
@@ -469,7 +543,8 @@ class RandomResizedCrop(_Seeded):
         """Apply a given (box, flip) to ``image`` -- no randomness."""
         o = self.options
         return resized_crop(image, box, o.size, interpolation=o.interpolation, backend=o.backend,
-                            decoder=o.decoder, reduce=o.reduce, flip=flip, margin=False)
+                            decoder=o.decoder, reduce=o.reduce, flip=flip, margin=False,
+                            crop_decode=o.crop_decode)
 
     def __call__(self, image: ImageInput) -> torch.Tensor:
         box, flip = self.draw(*_image_size(image))
@@ -492,9 +567,9 @@ class ResizeCenterCrop:
     accepts_bytes = True
 
     def __init__(self, resize: int = 256, crop: int | tuple[int, int] = 224, *, interpolation: str = "bilinear",
-                 backend: str = "torch", decoder: str = "auto", reduce: bool = True) -> None:
+                 backend: str = "torch", decoder: str = "auto", reduce: bool = True, crop_decode: bool = True) -> None:
         self.options = EvalOptions(resize=resize, size=crop, interpolation=interpolation, backend=backend,
-                                   decoder=decoder, reduce=reduce)
+                                   decoder=decoder, reduce=reduce, crop_decode=crop_decode)
 
     def box(self, height: int, width: int) -> Box:
         """Source-pixel region kept for an image of ``height`` x ``width``."""
@@ -504,7 +579,8 @@ class ResizeCenterCrop:
         o = self.options
         box = self.box(*_image_size(image))
         return resized_crop(image, box, o.size, interpolation=o.interpolation, backend=o.backend,
-                            decoder=o.decoder, reduce=o.reduce, flip=False, margin=True)
+                            decoder=o.decoder, reduce=o.reduce, flip=False, margin=True,
+                            crop_decode=o.crop_decode)
 
     def __repr__(self) -> str:
         return f"ResizeCenterCrop({self.options})"
@@ -514,7 +590,7 @@ def imagenet_train_transform(size: int = 224, seed: int | None = None, **kwargs)
     """The standard ImageNet train recipe: ``RandomResizedCrop(size)`` + flip(p=0.5), bilinear.
 
     ``kwargs`` go to :class:`RandomResizedCrop` (``scale``, ``ratio``,
-    ``flip_p``, ``interpolation``, ``backend``, ``decoder``, ``reduce``).
+    ``flip_p``, ``interpolation``, ``backend``, ``decoder``, ``reduce``, ``crop_decode``).
     """
     return RandomResizedCrop(size, seed=seed, **kwargs)
 

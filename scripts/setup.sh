@@ -17,4 +17,10 @@ if ! python -c "import torch" 2>/dev/null; then
   run pip install "torch==${TORCH_VERSION:-2.13.0}"
 fi
 run pip install -c <(python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" 2>/dev/null) -e ".[test]"
+# The optional native region decoder (readers/_jpegcrop.c, over the system libjpeg-turbo): needs a C
+# compiler and jpeglib.h (Debian: apt-get install gcc libjpeg62-turbo-dev). Without it the readers
+# decode whole JPEGs, as before.
+if ! python -c "from readers import jpegcrop; jpegcrop.build()" 2>"$log"; then
+  echo "note: readers/_jpegcrop.so not built (needs cc and libjpeg-turbo headers: $(tail -n 1 "$log")); the readers decode whole JPEGs" >&2
+fi
 python -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1 || true

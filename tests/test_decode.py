@@ -273,3 +273,7 @@ def test_benchmark_quick_runs(tmp_path):
     assert all(r["images_per_s"] > 0 for r in result["single_core"] + result["loader"])
     assert all(r["images_per_cpu_s"] > 0 for r in result["single_core"])
     assert [r["max_side"] for r in result["max_side"]][0] is None
+    assert "Where the fused transforms' time goes" in proc.stdout and "region decode" in proc.stdout
+    steps = {r["step"]: r["images_per_cpu_s"] for r in result["profile"]}
+    assert steps["train fused, region decode (default)"] > 0 and steps["eval fused, region decode (default)"] > 0
+    assert "skipped" in result["dali"] or result["dali"]["train"] > 0
