@@ -46,6 +46,7 @@ from packer.source import Source
 from packer.workers import Outcome, PrepareStage
 from packer.workers import prepare as prepare_locally
 from readers import spec
+from readers.fields import FIELDS_SPEC_VERSION, Schema
 
 __all__ = ["SplitResult", "pack_split", "PackProgress", "VERSION"]
 
@@ -134,7 +135,7 @@ def pack_split(
     try:
         if resumed is None:  # before any data file: from now on the folder reads as an unfinished pack
             journal.save(out)
-        writer = writer_cls(out, split, options, source.total_bytes)
+        writer = writer_cls(out, split, options, source.total_bytes, schema=source.schema)
         writer.open(journal.done, journal.writer)
         stage = _WriteStage(source, out, options, writer, journal, progress, after_checkpoint)
         outcomes = prepare(source, resumed_from, options.image_options(want_pixels=writer.pixels), workers)
@@ -262,7 +263,10 @@ class _WriteStage:
     def _store(self, pos: int, outcome: Outcome) -> None:
         prep, label, journal = outcome.prepared, self.source.labels[pos], self.journal
         assert prep is not None
-        locations = self.writer.append(journal.done, prep, label)
+        if outcome.fields is None:
+            locations = self.writer.append(journal.done, prep, label)
+        else:
+            locations = self.writer.append(journal.done, prep, label, outcome.fields)
         record = {
             "labels": label, "checksums": outcome.crc, "heights": prep.height, "widths": prep.width,
             "sizes": prep.nbytes,
@@ -311,8 +315,11 @@ class _WriteStage:
 
     def _meta(self, recs: np.ndarray) -> dict[str, Any]:
         source, journal, pixels = self.source, self.journal, self.writer.pixels
+        schema = source.schema if source.schema is not None else Schema.default(source.classes)
         return {
             "format": self.options.format,
+            "fields": schema.to_json()["fields"],
+            "spec_version": spec.SPEC_VERSION if schema.is_default else FIELDS_SPEC_VERSION,
             "split": journal.identity["split"],
             "num_samples": journal.done,
             "classes": source.classes,

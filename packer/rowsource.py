@@ -1,0 +1,237 @@
+"""Sources of samples with typed fields: a manifest (CSV / JSONL / Parquet) or COCO instances, as a
+:class:`packer.source.Source` with its own prepare stage.
+
+:func:`scan_rows` recognizes the source by its file (``rows.csv``, ``rows.jsonl``, ``rows.parquet``
+without Hugging Face metadata, ``instances_*.json`` or any ``.json`` with ``--images``), reads its
+rows (``packer.manifest`` / ``packer.coco``) and returns one source. Each row becomes one
+source entry, rejected rows too (their reason is the entry's reject, so ``rejects.jsonl`` names
+the row and column and the rest of the pack goes on). The prepare stage (worker processes,
+``packer.importers.stage``) validates the image as a folder's, then encodes every extra field
+(``Schema.extra_fields``); the outcome carries the blobs to the writer.
+
+The checked field values of every row are held in memory until the pack ends (a COCO json is
+anyway; a manifest of 10M captions takes a few GB).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from packer.errors import SourceError
+from packer.images import ImageOptions, RejectedImage
+from packer.importers.stage import Unreadable, ordered_outcomes
+from packer.manifest import Row, RowReject, manifest_kind, read_manifest
+from packer.options import PackOptions
+from packer.source import Source
+from packer.workers import Outcome, outcome_of, read_source
+from readers.fields import Field, FieldValueError, ImageType, Schema
+from readers.spec import is_remote
+
+__all__ = ["scan_rows", "rows_source", "fields_stage", "encode_fields"]
+
+log = logging.getLogger(__name__)
+
+
+def _is_hf_parquet(path: Path) -> bool:
+    """A Parquet file written by Hugging Face ``datasets`` (its schema metadata says so)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - pyarrow comes with the test extras
+        return False
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (OSError, ValueError):
+        return False
+    return b"huggingface" in meta
+
+
+def scan_rows(src: Path, options: PackOptions) -> list[tuple[str, Source]] | None:
+    """(split, source) for a manifest or COCO source file; None when ``src`` is neither."""
+    if not src.is_file():
+        if options.images is not None:
+            raise SourceError(f"{src}: --images goes with a COCO instances .json file, not a folder")
+        return None
+    kind = manifest_kind(src)
+    if kind == "parquet" and _is_hf_parquet(src):
+        return None  # a Hugging Face dataset (packer.importers.hf)
+    split = _split_name(src)
+    if kind is not None:
+        if options.images is not None:
+            raise SourceError(f"{src}: --images goes with a COCO instances .json file; a manifest names "
+                              "its images in its image column")
+        manifest = read_manifest(src, image_column=options.image_column, fields=options.fields)
+        return [(split, rows_source(src.parent, manifest.rows(), manifest.schema, "manifest",
+                                    manifest.describe()))]
+    if src.suffix.lower() == ".json":
+        from packer.coco import read_coco
+
+        if options.fields is not None or options.image_column != "image":
+            raise SourceError(f"{src}: --fields and --image-column apply to manifests; a COCO source has "
+                              "its own fields")
+        coco = read_coco(src, options.images)
+        return [(split, rows_source(coco.images_dir, coco.rows(), coco.schema, "coco", coco.describe()))]
+    return None
+
+
+def _split_name(path: Path) -> str:
+    import re
+
+    name = path.stem
+    if name.startswith("instances_"):
+        name = name[len("instances_"):]
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_") or "data"
+
+
+def _rel(root: Path, ref: str | bytes, row: int) -> str:
+    if isinstance(ref, bytes):
+        return f"row {row}"
+    if is_remote(ref):
+        return ref
+    p = Path(ref)
+    try:
+        return p.relative_to(root).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def rows_source(root: Path, rows: Iterable[Row | RowReject], schema: Schema, kind: str,
+                details: dict[str, Any]) -> Source:
+    """A source of one entry per row (rejects included) whose prepare stage encodes the fields."""
+    extra = schema.extra_fields
+    label_field = schema.labels_field
+    entries: list[Any] = []  # per row: a RowReject's message, or (image ref, extra values, where)
+    paths, labels, sizes = [], [], []
+    for r in rows:
+        if isinstance(r, RowReject):
+            entries.append(str(r))
+            paths.append(f"row {r.row}")
+            labels.append(0)
+            sizes.append(0)
+            continue
+        where = f"{details.get('file', root)} row {r.row}"
+        entries.append((r.image, tuple(r.values[f.name] for f in extra), where))
+        paths.append(_rel(root, r.image, r.row))
+        labels.append(int(r.values[label_field.name]) if label_field is not None else 0)
+        sizes.append(len(r.image) if isinstance(r.image, bytes) else _size(r.image))
+    if not entries:
+        raise SourceError(f"{root}: the source has no rows")
+    if label_field is not None and label_field.classes:
+        classes = [label_field.classes.get(i, str(i)) for i in range(max(label_field.classes) + 1)]
+    elif label_field is not None:
+        classes = [str(i) for i in range(max(labels) + 1)]
+    else:
+        classes = []
+    if label_field is not None and min(labels) < 0 or classes and max(labels) >= len(classes):
+        raise SourceError(f"{root}: label values must be in 0..{max(len(classes) - 1, 0)} (class indexes)")
+    source = Source(root, classes, paths, labels, sizes, kind=kind, details=details, schema=schema)
+    source.prepare = fields_stage(entries, extra)
+    return source
+
+
+def _size(ref: str) -> int:
+    if is_remote(ref):
+        return 0
+    try:
+        return os.stat(ref).st_size
+    except OSError:
+        return 0
+
+
+class _Remote:
+    """Images named by ``s3://`` / ``http(s)://`` URLs: one store per folder URL (``readers.remote``)."""
+
+    def __init__(self) -> None:
+        self._stores: dict[str, Any] = {}
+
+    def read(self, url: str) -> bytes:
+        from readers.remote import open_store
+
+        folder, _, name = url.rpartition("/")
+        store = self._stores.get(folder)
+        if store is None:
+            store = self._stores[folder] = open_store(folder)
+        return store.read(name)
+
+    def close(self) -> None:
+        for store in self._stores.values():
+            close = getattr(store, "close", None)
+            if close:
+                close()
+        self._stores.clear()
+
+
+def _read_image(ref: str | bytes, opts: ImageOptions | None, remote: _Remote, where: str, column: str) -> Any:
+    """The bytes of an image reference, a reject reason (str) or an :class:`Unreadable`."""
+    if isinstance(ref, bytes):
+        return ref
+    try:
+        if is_remote(ref):
+            return remote.read(ref)
+        return read_source(Path(ref), opts)
+    except RejectedImage as exc:
+        return f"{where} column {column!r}: {exc}"
+    except FileNotFoundError:
+        return f"{where} column {column!r}: image {ref} not found"
+    except OSError as exc:
+        return Unreadable(f"{ref}: read error: {exc.strerror or exc}")
+
+
+def fields_stage(entries: list[Any], extra: tuple[Field, ...]):
+    """The prepare stage of a row source: reads each entry's image (and image-typed fields) in this
+    process, then validates the image and encodes the fields in the workers (:func:`encode_fields`)."""
+
+    def read(positions: list[int], opts: ImageOptions) -> Iterator[Any]:
+        remote = _Remote()
+        try:
+            for pos in positions:
+                entry = entries[pos]
+                if isinstance(entry, str):
+                    yield (entry, (), "")
+                    continue
+                ref, values, where = entry
+                data = _read_image(ref, opts, remote, where, "image")
+                if not isinstance(data, str):
+                    values = list(values)
+                    for i, f in enumerate(extra):
+                        if isinstance(f.type, ImageType) and isinstance(values[i], str):
+                            got = _read_image(values[i], None, remote, where, f.name)
+                            if isinstance(got, str):
+                                data = got
+                                break
+                            values[i] = got
+                    values = tuple(values)
+                yield (data, values, where)
+        finally:
+            remote.close()
+
+    def stage(source: Any, start: int, opts: ImageOptions, workers: int) -> Iterator[Outcome]:
+        items = read(source.positions(start), opts)
+        try:
+            yield from ordered_outcomes(items, partial(encode_fields, extra), opts, workers,
+                                        describe=lambda n: f"{source.root}/{source.paths[start + n]}")
+        finally:
+            items.close()
+
+    return stage
+
+
+def encode_fields(extra: tuple[Field, ...], item: tuple[Any, tuple, str], opts: ImageOptions) -> Outcome:
+    """Runs in a worker: one row's image validated (``outcome_of``, as a folder's) and its extra fields
+    encoded; a reject names the row and the column."""
+    data, values, where = item
+    if isinstance(data, Unreadable):
+        return Outcome(None, problem=str(data), unreadable=True)
+    if isinstance(data, str):
+        return Outcome(None, problem=data)
+    outcome = outcome_of(data, opts)
+    if outcome.prepared is None:
+        return outcome._replace(problem=f"{where} column 'image': {outcome.problem}")
+    try:
+        blobs = tuple(f.type.encode(v, f.name) for f, v in zip(extra, values, strict=True))
+    except FieldValueError as exc:
+        return Outcome(None, problem=f"{where}: {exc}")
+    return outcome._replace(fields=blobs)
