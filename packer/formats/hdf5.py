@@ -84,7 +84,7 @@ class HDF5Writer(FormatWriter):
         else:
             self.h5 = h5py.File(self.path, "w", track_order=False)
             self.images = self.h5.create_dataset("images", shape=(0,), maxshape=(None,), dtype=np.uint8,
-                                                 chunks=(max(1, min(HDF5_CHUNK_BYTES, int(offsets[-1]))),), track_times=False)
+                                                 chunks=(HDF5_CHUNK_BYTES,), track_times=False)
             self.pos = 0
         # Samples are copied into one reused block, written to /images when the next sample would not
         # fit: a new 16 MB buffer per write (b"".join) paid a page fault per 4 KB, 0.13-0.5 s per 5,000
@@ -181,7 +181,8 @@ class HDF5Writer(FormatWriter):
             _room(self.path, int(offsets[-1]) + offsets.nbytes)
             sub = group.create_group(f.name, track_order=False)
             data = sub.create_dataset("data", shape=(int(offsets[-1]),), maxshape=(None,), dtype=np.uint8,
-                                      chunks=(max(1, min(HDF5_CHUNK_BYTES, int(offsets[-1]))),), track_times=False)
+                                      chunks=(max(1, min(HDF5_CHUNK_BYTES, int(offsets[-1]))),),
+                                      track_times=False)
             with open(store.blob_path(f), "rb") as fh:
                 pos = 0
                 while chunk := fh.read(_BLOCK_BYTES):
