@@ -316,14 +316,16 @@ class _WriteStage:
     def _meta(self, recs: np.ndarray) -> dict[str, Any]:
         source, journal, pixels = self.source, self.journal, self.writer.pixels
         schema = source.schema if source.schema is not None else Schema.default(source.classes)
+        counts = {} if schema.labels_field is None else {  # a schema without a label: labels.npy holds zeros
+            "class_counts": np.bincount(recs["labels"], minlength=len(source.classes)).tolist()}
         return {
+            **counts,
             "format": self.options.format,
             "fields": schema.to_json()["fields"],
             "spec_version": spec.SPEC_VERSION if schema.is_default else FIELDS_SPEC_VERSION,
             "split": journal.identity["split"],
             "num_samples": journal.done,
             "classes": source.classes,
-            "class_counts": np.bincount(recs["labels"], minlength=len(source.classes)).tolist(),
             "storage": {
                 "kind": "pixels" if pixels else "encoded",
                 "encodings": dict(sorted(journal.encodings.items())),

@@ -619,7 +619,6 @@ def write_index(root: str | os.PathLike, meta: dict[str, Any], arrays: Mapping[s
     if missing:
         raise ValueError(f"format {fmt!r} needs index arrays {sorted(missing)}")
     recorded = {name: _save_array(root, name, values)[1] for name, values in arrays.items()}
-    # a dataset with typed fields says its own version (readers.fields.FIELDS_SPEC_VERSION)
-    meta = dict(meta, spec_version=meta.get("spec_version", SPEC_VERSION), checksum=CHECKSUM_ALGO)
+    meta = dict(meta, spec_version=SPEC_VERSION, checksum=CHECKSUM_ALGO)
     meta[ARRAYS_KEY] = {name: recorded[name] for name in REQUIRED_ARRAYS[fmt]}
     write_json_atomic(root / INDEX_NAME, meta)
