@@ -64,7 +64,7 @@ def scan_rows(src: Path, options: PackOptions) -> list[tuple[str, Source]] | Non
             raise SourceError(f"{src}: --images goes with a COCO instances .json file; a manifest names "
                               "its images in its image column")
         manifest = read_manifest(src, image_column=options.image_column, fields=options.fields)
-        return [(split, rows_source(src.parent, manifest.rows(), manifest.schema, "manifest",
+        return [(split, rows_source(src, src.parent, manifest.rows(), manifest.schema, "manifest",
                                     manifest.describe()))]
     if src.suffix.lower() == ".json":
         from packer.coco import read_coco
@@ -73,7 +73,7 @@ def scan_rows(src: Path, options: PackOptions) -> list[tuple[str, Source]] | Non
             raise SourceError(f"{src}: --fields and --image-column apply to manifests; a COCO source has "
                               "its own fields")
         coco = read_coco(src, options.images)
-        return [(split, rows_source(coco.images_dir, coco.rows(), coco.schema, "coco", coco.describe()))]
+        return [(split, rows_source(src, coco.images_dir, coco.rows(), coco.schema, "coco", coco.describe()))]
     return None
 
 
@@ -98,9 +98,10 @@ def _rel(root: Path, ref: str | bytes, row: int) -> str:
         return str(p)
 
 
-def rows_source(root: Path, rows: Iterable[Row | RowReject], schema: Schema, kind: str,
+def rows_source(path: Path, root: Path, rows: Iterable[Row | RowReject], schema: Schema, kind: str,
                 details: dict[str, Any]) -> Source:
-    """A source of one entry per row (rejects included) whose prepare stage encodes the fields."""
+    """A source of one entry per row of the file ``path`` (rejects included), images relative to ``root``,
+    whose prepare stage encodes the fields."""
     extra = schema.extra_fields
     label_field = schema.labels_field
     entries: list[Any] = []  # per row: a RowReject's message, or (image ref, extra values, where)
@@ -112,7 +113,7 @@ def rows_source(root: Path, rows: Iterable[Row | RowReject], schema: Schema, kin
             labels.append(0)
             sizes.append(0)
             continue
-        where = f"{details.get('file', root)} row {r.row}"
+        where = f"{path} row {r.row}"
         entries.append((r.image, tuple(r.values[f.name] for f in extra), where))
         paths.append(_rel(root, r.image, r.row))
         labels.append(int(r.values[label_field.name]) if label_field is not None else 0)
