@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tarfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -18,112 +18,136 @@ from packer.verify_report import VerifyReport
 from readers import spec
 from readers.fields import Field, FieldValueError, NumericType, Schema
 
-__all__ = ["verify_fields", "field_blobs"]
-
-Blobs = Iterator[tuple[int, Field, str, Any]]  # (sample, field, where, blob bytes or an Exception)
+__all__ = ["verify_fields", "StoredFields"]
 
 
-def _npy(root: Path, name: str) -> np.ndarray:
-    return np.load(root / name, mmap_mode="r", allow_pickle=False)
+class StoredFields:
+    """Random access to the stored blob of every extra field of a packed dataset (``Schema.extra_fields``),
+    straight from the format's layout: :meth:`blobs` ``(i)`` gives one tuple per sample, a blob or the
+    exception that says why it cannot be read. ``verify`` checks them against ``field_checksums.npy``;
+    ``convert`` carries them to the new format. wds shards are indexed one at a time (samples are asked
+    for in order, so each shard's tar headers are parsed once)."""
 
+    def __init__(self, root: Path, meta: dict) -> None:
+        self.root, self.meta = Path(root), meta
+        self.schema = Schema.from_index(meta, str(self.root / spec.INDEX_NAME))
+        self.fields: tuple[Field, ...] = self.schema.extra_fields
+        self.format, self.n = meta["format"], int(meta["num_samples"])
+        self._fixed: dict[str, np.ndarray] = {}
+        self._var: dict[str, Any] = {}
+        self._env = self._txn = self._h5 = None
+        self._shard: tuple[int, dict, Any] | None = None  # (k, (sample, field) -> (offset, size), file)
+        self._shard_of = np.load(self.root / "shards.npy", mmap_mode="r") if self.format == "wds" else None
 
-def _fixed_blobs(root: Path, fields: tuple[Field, ...], n: int) -> Blobs:
-    for f in fields:
-        if f.type.fixed:
-            col = _npy(root, field_file(f.name))
-            for i in range(n):
-                yield i, f, str(root / field_file(f.name)), np.ascontiguousarray(col[i], dtype=f.type.dtype).tobytes()
+    def where(self, f: Field, i: int) -> str:
+        if self.format == "wds" and not f.type.fixed:
+            return str(self.root / self.meta["shards"][int(self._shard_of[i])]["name"])
+        if self.format == "hdf5":
+            return f"{self.root / spec.DATA_FILE['hdf5']}:/fields/{f.name}"
+        if self.format == "lmdb" and not f.type.fixed:
+            return str(self.root / spec.DATA_FILE["lmdb"])
+        return str(self.root / (field_file(f.name) if f.type.fixed else blob_file(f.name)))
 
+    def blobs(self, i: int) -> tuple[Any, ...]:
+        return tuple(self._blob(f, i) for f in self.fields)
 
-def _wds_blobs(root: Path, meta: dict, schema: Schema, fields: tuple[Field, ...]) -> Blobs:
-    want = {f.name for f in fields if not f.type.fixed}
-    for shard in meta["shards"]:
-        path = root / shard["name"]
-        seen: dict[int, set[str]] = {}
-        with tarfile.open(path, "r:") as tar:
-            for m in tar:
-                key, _, suffix = m.name.partition(".")
-                f = schema.field_of_member(suffix)
-                if f is None or f.name not in want or not key.isdigit():
-                    continue
-                i = int(key)
-                seen.setdefault(i, set()).add(f.name)
-                data = tar.extractfile(m).read()
-                try:
-                    blob = f.type.encode(f.type.from_member(data, f.name), f.name) \
-                        if isinstance(f.type, NumericType) else data
-                except FieldValueError as exc:
-                    yield i, f, str(path), exc
-                    continue
-                yield i, f, str(path), blob
-        first = int(shard.get("first", 0))
-        for i in range(first, first + int(shard["samples"])):
-            for name in sorted(want - seen.get(i, set())):
-                yield i, schema[name], str(path), LookupError("member missing")
-    yield from _fixed_blobs(root, fields, meta["num_samples"])
-
-
-def _lmdb_blobs(root: Path, meta: dict, fields: tuple[Field, ...]) -> Blobs:
-    import lmdb
-
-    n = meta["num_samples"]
-    where = str(root / spec.DATA_FILE["lmdb"])
-    env = lmdb.open(str(root), readonly=True, lock=False, subdir=True, readahead=False)
-    try:
-        with env.begin(buffers=False) as txn:
-            for f in fields:
-                if f.type.fixed:
-                    continue
-                for i in range(n):
-                    blob = txn.get(spec.lmdb_key(i) + b"/" + f.name.encode())
-                    yield i, f, where, LookupError("value missing") if blob is None else blob
-    finally:
-        env.close()
-    yield from _fixed_blobs(root, fields, n)
-
-
-def _blob_files(root: Path, fields: tuple[Field, ...], n: int) -> Blobs:
-    for f in fields:
-        if f.type.fixed:
-            continue
-        off = _npy(root, offsets_file(f.name))
-        data = np.memmap(root / blob_file(f.name), dtype=np.uint8, mode="r") \
-            if (root / blob_file(f.name)).stat().st_size else np.zeros(0, np.uint8)
-        for i in range(n):
-            yield i, f, str(root / blob_file(f.name)), data[int(off[i]):int(off[i + 1])].tobytes()
-        del data
-    yield from _fixed_blobs(root, fields, n)
-
-
-def _hdf5_blobs(root: Path, meta: dict, fields: tuple[Field, ...]) -> Blobs:
-    import h5py
-
-    n, path = meta["num_samples"], root / spec.DATA_FILE["hdf5"]
-    with h5py.File(path, "r") as h5:
-        for f in fields:
-            where = f"{path}:/fields/{f.name}"
+    def _blob(self, f: Field, i: int) -> Any:
+        try:
             if f.type.fixed:
-                col = h5["fields"][f.name][...]
-                for i in range(n):
-                    yield i, f, where, np.ascontiguousarray(col[i], dtype=f.type.dtype).tobytes()
+                return np.ascontiguousarray(self._column(f)[i], dtype=f.type.dtype).tobytes()
+            if self.format == "wds":
+                return self._wds(f, i)
+            if self.format == "lmdb":
+                blob = self._lmdb().get(spec.lmdb_key(i) + b"/" + f.name.encode())
+                return LookupError("value missing") if blob is None else blob
+            off, data = self._blob_column(f)
+            return bytes(data[int(off[i]):int(off[i + 1])])
+        except (OSError, ValueError, KeyError, tarfile.TarError, FieldValueError) as exc:
+            return exc
+
+    def _column(self, f: Field) -> np.ndarray:
+        col = self._fixed.get(f.name)
+        if col is None:
+            if self.format == "hdf5":
+                col = self._hdf5()["fields"][f.name][...]
             else:
-                off, data = h5["fields"][f.name]["offsets"][...], h5["fields"][f.name]["data"][...]
-                for i in range(n):
-                    yield i, f, where, data[int(off[i]):int(off[i + 1])].tobytes()
+                col = np.load(self.root / field_file(f.name), mmap_mode="r", allow_pickle=False)
+            self._fixed[f.name] = col
+        return col
+
+    def _blob_column(self, f: Field) -> tuple[np.ndarray, Any]:
+        got = self._var.get(f.name)
+        if got is None:
+            if self.format == "hdf5":
+                group = self._hdf5()["fields"][f.name]
+                got = (group["offsets"][...], group["data"])
+            else:
+                path = self.root / blob_file(f.name)
+                data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else b""
+                got = (np.load(self.root / offsets_file(f.name), mmap_mode="r"), data)
+            self._var[f.name] = got
+        return got
+
+    def _hdf5(self) -> Any:
+        if self._h5 is None:
+            import h5py
+
+            self._h5 = h5py.File(self.root / spec.DATA_FILE["hdf5"], "r")
+        return self._h5
+
+    def _lmdb(self) -> Any:
+        if self._txn is None:
+            import lmdb
+
+            self._env = lmdb.open(str(self.root), readonly=True, lock=False, subdir=True, readahead=False)
+            self._txn = self._env.begin(buffers=False)
+        return self._txn
+
+    def _wds(self, f: Field, i: int) -> Any:
+        k = int(self._shard_of[i])
+        if self._shard is None or self._shard[0] != k:
+            if self._shard is not None:
+                self._shard[2].close()
+            path = self.root / self.meta["shards"][k]["name"]
+            fh = open(path, "rb")
+            members: dict[tuple[int, str], tuple[int, int]] = {}
+            try:
+                with tarfile.open(fileobj=fh, mode="r:") as tar:
+                    for m in tar:
+                        key, _, suffix = m.name.partition(".")
+                        g = self.schema.field_of_member(suffix)
+                        if g is not None and key.isdigit():
+                            members[(int(key), g.name)] = (m.offset_data, m.size)
+            except BaseException:
+                fh.close()
+                raise
+            self._shard = (k, members, fh)
+        _, members, fh = self._shard
+        at = members.get((i, f.name))
+        if at is None:
+            return LookupError("member missing")
+        fh.seek(at[0])
+        data = fh.read(at[1])
+        return f.type.encode(f.type.from_member(data, f.name), f.name) if isinstance(f.type, NumericType) else data
+
+    def close(self) -> None:
+        if self._shard is not None:
+            self._shard[2].close()
+            self._shard = None
+        if self._txn is not None:
+            self._txn.abort()
+            self._env.close()
+            self._txn = self._env = None
+        self._var.clear()
+        self._fixed.clear()
+        if self._h5 is not None:
+            self._h5.close()
+            self._h5 = None
 
 
-def field_blobs(root: Path, meta: dict) -> Blobs:
-    """Every extra field's stored blob of every sample, as the format keeps it."""
-    schema = Schema.from_index(meta, str(root / spec.INDEX_NAME))
-    fields = schema.extra_fields
-    fmt = meta["format"]
-    if fmt == "wds":
-        return _wds_blobs(root, meta, schema, fields)
-    if fmt == "lmdb":
-        return _lmdb_blobs(root, meta, fields)
-    if fmt == "hdf5":
-        return _hdf5_blobs(root, meta, fields)
-    return _blob_files(root, fields, meta["num_samples"])
+def _one_line(exc: Exception) -> str:
+    text = str(exc).strip("'\"")
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def verify_fields(root: Path, meta: dict, report: VerifyReport, tick: Callable[[int], None] | None = None) -> None:
@@ -133,7 +157,7 @@ def verify_fields(root: Path, meta: dict, report: VerifyReport, tick: Callable[[
     if not fields:
         return
     try:
-        crcs = _npy(root, FIELD_CHECKSUMS)
+        crcs = np.load(root / FIELD_CHECKSUMS, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as exc:
         report.problem(str(root / FIELD_CHECKSUMS), f"cannot be read ({exc})")
         return
@@ -141,12 +165,16 @@ def verify_fields(root: Path, meta: dict, report: VerifyReport, tick: Callable[[
     if crcs.shape != (n, len(fields)):
         report.problem(str(root / FIELD_CHECKSUMS), f"shape {crcs.shape}, expected ({n}, {len(fields)})")
         return
-    column = {f.name: j for j, f in enumerate(fields)}
+    stored = StoredFields(root, meta)
     try:
-        for i, f, where, blob in field_blobs(root, meta):
-            if isinstance(blob, Exception):
-                report.problem(f"{where} sample {i} field {f.name!r}", str(blob).split(": ", 1)[-1])
-            elif spec.checksum(blob) != int(crcs[i, column[f.name]]):
-                report.problem(f"{where} sample {i} field {f.name!r}", "checksum differs from the index")
-    except (OSError, KeyError, ValueError, tarfile.TarError) as exc:
-        report.problem(str(root), f"the fields cannot be read ({exc})")
+        for i in range(n):
+            for j, (f, blob) in enumerate(zip(fields, stored.blobs(i))):
+                where = f"{stored.where(f, i)} sample {i} field {f.name!r}"
+                if isinstance(blob, Exception):
+                    report.problem(where, f"cannot be read ({_one_line(blob)})")
+                elif spec.checksum(blob) != int(crcs[i, j]):
+                    report.problem(where, "checksum differs from the index")
+            if tick is not None:
+                tick(1)
+    finally:
+        stored.close()
