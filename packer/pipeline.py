@@ -290,6 +290,8 @@ class _WriteStage:
         arrays = {name: recs[name] for name in spec.REQUIRED_ARRAYS[self.options.format]}
         meta = self._meta(recs)
         meta = merged(meta, self.writer.finalize(meta, arrays))
+        if self.writer.field_store is not None:  # bytes (and rows or values) per extra field, for info
+            meta["field_stats"] = self.writer.field_store.stats
         meta[spec.FILES_CRC_KEY] = file_crcs(self.out, meta)
         spec.write_index(self.out, meta, arrays)
         Journal.discard(self.out)

@@ -8,6 +8,7 @@ While the pack runs, in the dataset folder::
     field-<name>.bin.part        variable field (``variable=True``): the blobs back to back
     field-<name>.ends.part       ... and <i8 per sample: where its blob ends in the .bin.part
     field_checksums.part         <u4 x F per sample: CRC-32 of each extra field's blob
+    field_sizes.part             <i8 x F per sample: each blob's length (for the stats in index.json)
 
 A checkpoint fsyncs them; a resume cuts each back to the samples of the checkpoint
 (``samples * row bytes``; a blob file to the last end kept). :meth:`FieldStore.finalize` writes::
@@ -30,13 +31,14 @@ from typing import Any, BinaryIO, Sequence
 import numpy as np
 
 from readers import spec
-from readers.fields import Field, Schema
+from readers.fields import Field, NumericType, Schema
 
 __all__ = ["FieldStore", "FIELD_CHECKSUMS", "field_file", "offsets_file", "blob_file", "is_field_file"]
 
 #: ``(N, F) <u4``: the CRC-32 of each extra field's stored blob per sample (``readers.spec.checksum``).
 FIELD_CHECKSUMS = "field_checksums.npy"
 _CRC_PART = "field_checksums.part"
+_SIZES_PART = "field_sizes.part"
 _OFFSET = np.dtype("<i8")  # byte positions: blobs of a large dataset pass 2**31
 _CRC = np.dtype("<u4")
 
@@ -58,7 +60,7 @@ def offsets_file(name: str) -> str:
 
 def is_field_file(name: str) -> bool:
     """A file name this module writes (final or in progress): ``--overwrite`` may delete it."""
-    if name in (FIELD_CHECKSUMS, _CRC_PART) or name == FIELD_CHECKSUMS + ".tmp":
+    if name in (FIELD_CHECKSUMS, _CRC_PART, _SIZES_PART) or name == FIELD_CHECKSUMS + ".tmp":
         return True
     return name.startswith("field-") and name.endswith((".npy", ".bin", ".part", ".tmp"))
 
@@ -101,6 +103,8 @@ class FieldStore:
         self._files: dict[str, BinaryIO] = {}
         self._ends: dict[str, int] = {}
         self.samples = 0
+        #: after :meth:`finalize`: field name -> stats (bytes, min/max bytes, rows or values)
+        self.stats: dict[str, dict[str, Any]] = {}
 
     def _part(self, name: str) -> Path:
         return self.root / name
@@ -110,6 +114,7 @@ class FieldStore:
         self.samples = samples
         width = len(self.fields) * _CRC.itemsize
         self._open(_CRC_PART, samples * width)
+        self._open(_SIZES_PART, samples * len(self.fields) * _OFFSET.itemsize)
         for _, f in self.fixed:
             self._open(field_file(f.name) + ".part", samples * f.type.dtype.itemsize * int(np.prod(f.type.shape)))
         for _, f in self.variable:
@@ -134,6 +139,7 @@ class FieldStore:
         """One sample's blobs (one per extra field, in order); returns their CRC-32s."""
         crcs = np.array([spec.checksum(b) for b in blobs], dtype=_CRC)
         self._files[_CRC_PART].write(crcs.tobytes())
+        self._files[_SIZES_PART].write(np.array([len(b) for b in blobs], dtype=_OFFSET).tobytes())
         for i, f in self.fixed:
             self._files[field_file(f.name) + ".part"].write(blobs[i])
         for i, f in self.variable:
@@ -163,6 +169,9 @@ class FieldStore:
         crcs = np.fromfile(self._part(_CRC_PART), dtype=_CRC).reshape(n, len(self.fields))
         _save_npy(self.root / FIELD_CHECKSUMS, crcs)
         self._part(_CRC_PART).unlink()
+        sizes = np.fromfile(self._part(_SIZES_PART), dtype=_OFFSET).reshape(n, len(self.fields))
+        self.stats = {f.name: self._stats(f, sizes[:, j], n) for j, f in enumerate(self.fields)}
+        self._part(_SIZES_PART).unlink()
         files = {FIELD_CHECKSUMS: (self.root / FIELD_CHECKSUMS).stat().st_size}
         if not keep_columns:
             return files
@@ -182,6 +191,25 @@ class FieldStore:
             files[offsets_file(f.name)] = (self.root / offsets_file(f.name)).stat().st_size
         spec.fsync_dir(self.root)
         return files
+
+    def _stats(self, f: Field, sizes: np.ndarray, n: int) -> dict[str, Any]:
+        """Per-field stats for index.json's ``field_stats`` (``pack-dataset info`` prints them)."""
+        out: dict[str, Any] = {"bytes": int(sizes.sum())}
+        if n:
+            out.update(min_bytes=int(sizes.min()), max_bytes=int(sizes.max()))
+        t = f.type
+        if isinstance(t, NumericType) and not t.fixed and n:
+            row = t.nbytes
+            out.update(min_rows=int(sizes.min()) // row, max_rows=int(sizes.max()) // row)
+        if isinstance(t, NumericType) and t.fixed and n:
+            col = self.column(f, n)
+            values = np.asarray(col)
+            if values.size and (t.integer or np.isfinite(values).any()):
+                lo, hi = (values.min(), values.max()) if t.integer else (np.nanmin(values[np.isfinite(values)]),
+                                                                       np.nanmax(values[np.isfinite(values)]))
+                out.update(min=lo.item(), max=hi.item())
+            del col, values
+        return out
 
     # ---- for a writer that copies the columns elsewhere (HDF5), after finalize(keep_columns=False)
     def column(self, f: Field, n: int) -> np.ndarray:
