@@ -549,8 +549,8 @@ def _parse_meta(raw: bytes | bytearray, path: Path | str) -> dict[str, Any]:
     version = meta.get("spec_version")
     if type(version) is not int or version not in READABLE_VERSIONS:
         raise DatasetFormatError(
-            f"{path}: spec_version {version!r}, this dataset-packer reads versions "
-            f"{', '.join(map(str, READABLE_VERSIONS))}"
+            f"{path}: spec_version {version!r}, this dataset-packer reads version "
+            f"{' or '.join(map(str, READABLE_VERSIONS))}"
         )
     fmt = meta.get("format")
     if not isinstance(fmt, str) or fmt not in REQUIRED_ARRAYS:
