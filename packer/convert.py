@@ -337,6 +337,7 @@ def _with_fields(index: spec.Index, start: int, outcomes: Iterator[Outcome]) -> 
                                     f"changed since packing; run 'pack-dataset verify {index.root}' to list the damage")
             yield outcome._replace(fields=blobs)
     finally:
+        del crcs  # a memory map holds a descriptor
         outcomes.close()
         stored.close()
 

@@ -35,7 +35,8 @@ class StoredFields:
         self.format, self.n = meta["format"], int(meta["num_samples"])
         self._fixed: dict[str, np.ndarray] = {}
         self._var: dict[str, Any] = {}
-        self._env = self._txn = self._h5 = None
+        self._ds = self._h5 = None
+        self._lmdb_names: list[str] = []
         self._shard: tuple[int, dict, Any] | None = None  # (k, (sample, field) -> (offset, size), file)
         self._shard_of = np.load(self.root / "shards.npy", mmap_mode="r") if self.format == "wds" else None
 
@@ -57,12 +58,12 @@ class StoredFields:
                 return np.ascontiguousarray(self._column(f)[i], dtype=f.type.dtype).tobytes()
             if self.format == "wds":
                 return self._wds(f, i)
-            if self.format == "lmdb":
-                blob = self._lmdb().get(spec.lmdb_key(i) + b"/" + f.name.encode())
-                return LookupError("value missing") if blob is None else blob
+            if self.format == "lmdb":  # through the reader: one LMDB environment per process and path
+                value = self._lmdb()[i][self._lmdb_names.index(f.name)]
+                return f.type.encode(value, f.name)
             off, data = self._blob_column(f)
             return bytes(data[int(off[i]):int(off[i + 1])])
-        except (OSError, ValueError, KeyError, tarfile.TarError, FieldValueError) as exc:
+        except (OSError, ValueError, KeyError, tarfile.TarError, FieldValueError, spec.DatasetFormatError) as exc:
             return exc
 
     def _column(self, f: Field) -> np.ndarray:
@@ -96,12 +97,12 @@ class StoredFields:
         return self._h5
 
     def _lmdb(self) -> Any:
-        if self._txn is None:
-            import lmdb
+        if self._ds is None:
+            from readers.registry import open_dataset
 
-            self._env = lmdb.open(str(self.root), readonly=True, lock=False, subdir=True, readahead=False)
-            self._txn = self._env.begin(buffers=False)
-        return self._txn
+            self._lmdb_names = [f.name for f in self.fields if not f.type.fixed]
+            self._ds = open_dataset(self.root, decode=False, fields=tuple(self._lmdb_names))
+        return self._ds
 
     def _wds(self, f: Field, i: int) -> Any:
         k = int(self._shard_of[i])
@@ -134,10 +135,9 @@ class StoredFields:
         if self._shard is not None:
             self._shard[2].close()
             self._shard = None
-        if self._txn is not None:
-            self._txn.abort()
-            self._env.close()
-            self._txn = self._env = None
+        if self._ds is not None:
+            self._ds.close()
+            self._ds = None
         self._var.clear()
         self._fixed.clear()
         if self._h5 is not None:
