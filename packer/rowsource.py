@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from packer.errors import SourceError
-from packer.images import ImageOptions, RejectedImage
+from packer.images import ImageOptions, RejectedImage, check_file_size
 from packer.importers.stage import Unreadable, ordered_outcomes
 from packer.manifest import Row, RowReject, manifest_kind, read_manifest
 from packer.options import PackOptions
@@ -181,9 +181,33 @@ def _read_image(ref: str | bytes, opts: ImageOptions | None, remote: _Remote, wh
         return Unreadable(f"{ref}: read error: {exc.strerror or exc}")
 
 
-def fields_stage(entries: list[Any], extra: tuple[Field, ...]):
+def fields_stage(entries: list[Any], extra: tuple[Field, ...], *, reader: Any = None, members: bool = False):
     """The prepare stage of a row source: reads each entry's image (and image-typed fields) in this
-    process, then validates the image and encodes the fields in the workers (:func:`encode_fields`)."""
+    process, then validates the image and encodes the fields in the workers (:func:`encode_fields`).
+
+    ``entries[pos]``: a reject's one-line reason, or ``(image, values, where)``. Without ``reader`` the
+    image is a path, URL or bytes and the values are checked values; with ``reader`` (a callable giving
+    an object with ``read(ref) -> bytes`` and ``close()``, e.g. WebDataset members) the image and every
+    value are references it reads, and ``members=True`` decodes the values as WebDataset members."""
+
+    def read_refs(positions: list[int], opts: ImageOptions) -> Iterator[Any]:
+        r = reader()
+        try:
+            for pos in positions:
+                entry = entries[pos]
+                if isinstance(entry, str):
+                    yield (entry, (), "")
+                    continue
+                ref, values, where = entry
+                try:
+                    check_file_size(ref[-1], opts)
+                    yield (r.read(ref), tuple(r.read(v) for v in values), where)
+                except RejectedImage as exc:
+                    yield (f"{where} column 'image': {exc}", (), where)
+                except OSError as exc:
+                    yield (Unreadable(f"{r.where(ref)}: read error: {exc.strerror or exc}"), (), where)
+        finally:
+            r.close()
 
     def read(positions: list[int], opts: ImageOptions) -> Iterator[Any]:
         remote = _Remote()
@@ -210,9 +234,9 @@ def fields_stage(entries: list[Any], extra: tuple[Field, ...]):
             remote.close()
 
     def stage(source: Any, start: int, opts: ImageOptions, workers: int) -> Iterator[Outcome]:
-        items = read(source.positions(start), opts)
+        items = (read_refs if reader is not None else read)(source.positions(start), opts)
         try:
-            yield from ordered_outcomes(items, partial(encode_fields, extra), opts, workers,
+            yield from ordered_outcomes(items, partial(encode_fields, extra, members), opts, workers,
                                         describe=lambda n: f"{source.root}/{source.paths[start + n]}")
         finally:
             items.close()
@@ -220,9 +244,11 @@ def fields_stage(entries: list[Any], extra: tuple[Field, ...]):
     return stage
 
 
-def encode_fields(extra: tuple[Field, ...], item: tuple[Any, tuple, str], opts: ImageOptions) -> Outcome:
+def encode_fields(extra: tuple[Field, ...], members: bool, item: tuple[Any, tuple, str],
+                  opts: ImageOptions) -> Outcome:
     """Runs in a worker: one row's image validated (``outcome_of``, as a folder's) and its extra fields
-    encoded; a reject names the row and the column."""
+    encoded (``members``: each value is a WebDataset member, decoded first); a reject names the row
+    (or shard and key) and the column (field)."""
     data, values, where = item
     if isinstance(data, Unreadable):
         return Outcome(None, problem=str(data), unreadable=True)
@@ -232,6 +258,8 @@ def encode_fields(extra: tuple[Field, ...], item: tuple[Any, tuple, str], opts: 
     if outcome.prepared is None:
         return outcome._replace(problem=f"{where} column 'image': {outcome.problem}")
     try:
+        if members:
+            values = tuple(f.type.from_member(v, f.name) for f, v in zip(extra, values, strict=True))
         blobs = tuple(f.type.encode(v, f.name) for f, v in zip(extra, values, strict=True))
     except FieldValueError as exc:
         return Outcome(None, problem=f"{where}: {exc}")

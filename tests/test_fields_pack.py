@@ -5,6 +5,7 @@ from the files (tarfile, lmdb, h5py, numpy) and compared field-exact; bad rows a
 from __future__ import annotations
 
 import csv
+import io
 import gc
 import json
 import shutil
@@ -325,3 +326,62 @@ def test_field_side_files_resume_to_the_checkpoint(tmp_path):
     crcs = np.load(tmp_path / "field_checksums.npy")
     assert crcs[4].tolist() == [spec.checksum(b) for b in blobs[4]]
     assert not list(tmp_path.glob("*.part"))
+
+
+# ----------------------------------------------------------------------------- img2dataset-style shards
+def write_img2dataset_shards(folder: Path, photos: list[Path]) -> list[dict]:
+    """Two shards of ``key.jpg`` + ``key.txt`` + ``key.json`` (+ ``key.boxes.npy``), as img2dataset writes
+    them (its keys: shard and position digits); returns the expected fields per sample."""
+    import tarfile as tf
+
+    folder.mkdir()
+    expected = []
+    for s in range(2):
+        with tf.open(folder / f"{s:05d}.tar", "w") as tar:
+            for j, p in enumerate(photos[s * 2:s * 2 + 2]):
+                i = s * 2 + j
+                key = f"{s:05d}{j:04d}"
+                meta = {"url": f"https://example.com/{p.name}", "width": 10 + i, "caption": CAPTIONS[i],
+                        "status": "success"}
+                boxes = np.arange(4 * i, dtype="<f4").reshape(i, 4) + 0.5
+                buf = io.BytesIO()
+                np.save(buf, boxes)
+                for suffix, data in ((p.suffix.lstrip("."), p.read_bytes()), ("txt", CAPTIONS[i].encode()),
+                                     ("json", json.dumps(meta).encode()), ("boxes.npy", buf.getvalue())):
+                    info = tf.TarInfo(f"{key}.{suffix}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+                expected.append({"txt": CAPTIONS[i], "json": meta, "boxes": boxes})
+    return expected
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_img2dataset_shards_keep_every_member_as_a_field(tmp_path, photos, fmt):
+    expected = write_img2dataset_shards(tmp_path / "shards", photos)
+    out = tmp_path / "out"
+    (result,) = pack(tmp_path / "shards", out, PackOptions(format=fmt, workers=1, order="source"))
+    assert result.images == 4 and result.rejected == 0
+    meta = assert_samples(out, expected, photos)
+    assert meta["fields"] == [{"name": "image", "type": "image"}, {"name": "txt", "type": "text"},
+                              {"name": "json", "type": "json"}, {"name": "boxes", "type": "float32[*,4]"}]
+    assert meta["source"]["kind"] == "wds" and meta["spec_version"] == 2
+
+
+def test_img2dataset_sample_missing_a_member_is_a_one_line_reject(tmp_path, photos):
+    write_img2dataset_shards(tmp_path / "shards", photos)
+    import tarfile as tf
+
+    with tf.open(tmp_path / "shards" / "00002.tar", "w") as tar:  # a third shard: its sample has no .txt
+        data = photos[0].read_bytes()
+        info = tf.TarInfo("000020000.png")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        data = b'{"url": "x"}'
+        info = tf.TarInfo("000020000.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "out"
+    (result,) = pack(tmp_path / "shards", out, PackOptions(format="lmdb", workers=1))
+    assert result.images == 4 and result.rejected == 1
+    (reject,) = [json.loads(line) for line in (out / spec.REJECTS_NAME).read_text().splitlines()]
+    assert reject["reason"] == f"{tmp_path / 'shards' / '00002.tar'}:000020000: no member 000020000.txt (field 'txt')"
