@@ -187,8 +187,9 @@ def fields_stage(entries: list[Any], extra: tuple[Field, ...], *, reader: Any = 
 
     ``entries[pos]``: a reject's one-line reason, or ``(image, values, where)``. Without ``reader`` the
     image is a path, URL or bytes and the values are checked values; with ``reader`` (a callable giving
-    an object with ``read(ref) -> bytes`` and ``close()``, e.g. WebDataset members) the image and every
-    value are references it reads, and ``members=True`` decodes the values as WebDataset members."""
+    an object with ``read(ref, opts)`` -> the image bytes or a reason to reject it, ``values(values)``
+    -> the values, ``where(ref)`` and ``close()``: WebDataset members, Hugging Face rows) the image and
+    values are what it reads; ``members=True`` decodes the values as WebDataset members."""
 
     def read_refs(positions: list[int], opts: ImageOptions) -> Iterator[Any]:
         r = reader()
@@ -200,8 +201,9 @@ def fields_stage(entries: list[Any], extra: tuple[Field, ...], *, reader: Any = 
                     continue
                 ref, values, where = entry
                 try:
-                    check_file_size(ref[-1], opts)
-                    yield (r.read(ref), tuple(r.read(v) for v in values), where)
+                    data = r.read(ref, opts)
+                    yield (data, r.values(values), where) if isinstance(data, bytes) else \
+                        (f"{where} column 'image': {data}", (), where)
                 except RejectedImage as exc:
                     yield (f"{where} column 'image': {exc}", (), where)
                 except OSError as exc:

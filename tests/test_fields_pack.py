@@ -385,3 +385,32 @@ def test_img2dataset_sample_missing_a_member_is_a_one_line_reject(tmp_path, phot
     assert result.images == 4 and result.rejected == 1
     (reject,) = [json.loads(line) for line in (out / spec.REJECTS_NAME).read_text().splitlines()]
     assert reject["reason"] == f"{tmp_path / 'shards' / '00002.tar'}:000020000: no member 000020000.txt (field 'txt')"
+
+
+# ------------------------------------------------------------------------------ Hugging Face datasets
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_hf_dataset_keeps_every_column_by_its_feature_type(tmp_path, photos, fmt):
+    datasets = pytest.importorskip("datasets", reason="the Hugging Face 'datasets' package is not installed")
+    datasets.disable_progress_bars()
+    features = datasets.Features({
+        "img": datasets.Image(), "label": datasets.ClassLabel(names=["paper", "person", "thing"]),
+        "caption": datasets.Value("string"), "score": datasets.Value("float32"),
+        "tags": datasets.Sequence(datasets.Value("int32")),
+        "boxes": datasets.Sequence(datasets.Sequence(datasets.Value("float32"), length=4)),
+        "meta": {"source": datasets.Value("string")}})
+    labels = [2, 1, 2, 0]
+    data = {"img": [{"bytes": p.read_bytes(), "path": p.name} for p in photos], "label": labels,
+            "caption": CAPTIONS, "score": [0.5 * i for i in range(4)], "tags": [list(range(i)) for i in range(4)],
+            "boxes": [[[i, 0.25, 1, 2]] * i for i in range(4)], "meta": [{"source": f"s{i}"} for i in range(4)]}
+    datasets.Dataset.from_dict(data, features=features).save_to_disk(str(tmp_path / "hf"))
+    out = tmp_path / "out"
+    (result,) = pack(tmp_path / "hf", out, PackOptions(format=fmt, workers=1, order="source"))
+    assert result.images == 4
+    expected = [{"label": labels[i], "caption": CAPTIONS[i], "score": 0.5 * i, "tags": np.arange(i, dtype="<i4"),
+                 "boxes": np.array([[i, 0.25, 1, 2]] * i, "<f4").reshape(-1, 4), "meta": {"source": f"s{i}"}}
+                for i in range(4)]
+    meta = assert_samples(out, expected, photos)
+    assert [(f["name"], f["type"]) for f in meta["fields"]] == [
+        ("image", "image"), ("label", "int32"), ("caption", "text"), ("score", "float32"), ("tags", "int32[*]"),
+        ("boxes", "float32[*,4]"), ("meta", "json")]
+    assert meta["classes"] == ["paper", "person", "thing"] and meta["class_counts"] == [1, 1, 2]

@@ -224,11 +224,11 @@ def _read(shards: list[Path], where: list[tuple[int, int]], sizes: list[int], po
 
 # ------------------------------------------------------------------------- every member as a field
 def _has_fields(shards: list[Path]) -> bool:
-    """The shards hold members beyond an image and its label (``cls`` / ``json``), or no labels at all."""
+    """Some sample holds members beyond its image and label (``cls`` / ``json``), or no sample has a label."""
     labelled = False
     for k, shard in enumerate(shards):
         for key, ext, _offset, _size, small, others in _samples(shard):
-            if any(e not in ("cls", "json") for e in others):
+            if ext and any(e not in ("cls", "json") for e in others):  # samples without an image are ignored
                 return True
             if ext and not labelled:
                 try:
@@ -352,8 +352,10 @@ class _MemberReader:
         self.shards = shards
         self._fd, self._k = None, -1
 
-    def read(self, ref: tuple[int, int, int]) -> bytes:
+    def read(self, ref: tuple[int, int, int], opts: ImageOptions | None = None) -> bytes:
         k, offset, size = ref
+        if opts is not None:
+            check_file_size(size, opts)
         if k != self._k:
             self.close()
             self._fd, self._k = os.open(self.shards[k], os.O_RDONLY | os.O_CLOEXEC), k
@@ -361,6 +363,9 @@ class _MemberReader:
         if len(data) != size:
             raise OSError(f"{self.shards[k]} changed while it was being packed (ends before byte {offset + size})")
         return data
+
+    def values(self, refs: tuple) -> tuple[bytes, ...]:
+        return tuple(self.read(r) for r in refs)
 
     def where(self, ref: tuple[int, int, int]) -> str:
         return str(self.shards[ref[0]])
