@@ -217,9 +217,13 @@ class PackedDataset:
 
                     return Image.fromarray(np.ascontiguousarray(hwc), "RGB")
                 return to_chw(hwc)
-            return field.type.decode(data)
+            return self._decode_blob(field, data)
         except (DecodeError, ValueError) as exc:
             raise spec.DatasetFormatError(f"{self.where(i)} sample {i} field {field.name!r}: {exc}") from exc
+
+    def _decode_blob(self, field: Field, data: Any) -> Any:
+        """A stored blob's value: ``FieldType.decode`` (wds: its members, ``FieldType.from_member``)."""
+        return field.type.decode(data)
 
     def _field_item(self, i: int, image: Any = None, blobs: dict[str, Any] | None = None) -> Any:
         """Sample ``i`` with the selected fields. ``image``: its stored image when already read;
