@@ -56,17 +56,18 @@ COLUMNS = {
 
 
 def with_fields(packed: Path, out: Path, columns: dict, keep_label: bool = True) -> Path:
-    """A copy of the packed dataset ``packed`` with the fields ``columns`` added (TEST-ONLY writer)."""
+    """A copy of the packed dataset ``packed`` with the fields ``columns`` (name -> ``(type, value of
+    sample i[, classes])``) added as docs/fields.md lays them out (TEST-ONLY writer)."""
     shutil.copytree(packed, out)
     index = spec.read_index(out)
     meta, n, fmt = dict(index.meta), index.num_samples, index.format
     fields = [Field("image", parse_type("image"))]
     if keep_label:
         fields.append(Field("label", NumericType("int32"), dict(enumerate(meta["classes"]))))
-    fields += [Field(name, parse_type(t, name)) for name, (t, _) in columns.items()]
+    fields += [Field(name, parse_type(t, name), *rest) for name, (t, _, *rest) in columns.items()]
     schema = Schema(tuple(fields))
     meta["fields"] = schema.to_json()["fields"]
-    values = {name: [schema[name].type.check(fn(i), name) for i in range(n)] for name, (_, fn) in columns.items()}
+    values = {name: [schema[name].type.check(fn(i), name) for i in range(n)] for name, (_, fn, *_r) in columns.items()}
     extra = [schema[name] for name in columns]
     arrays = {k: np.array(v) for k, v in index.arrays.items()}
     files, crcs = meta.setdefault("files", {}), meta.setdefault(spec.FILES_CRC_KEY, {})
@@ -421,6 +422,10 @@ def test_collate_stacks_fixed_fields_and_lists_variable_ones(rich):
         assert padded.shape == (4, 2, 4) and lengths.tolist() == [0, 1, 2, 0]
         assert torch.equal(padded[2], torch.from_numpy(expected("boxes", 2)))
         assert (padded[1, 1:] == -1).all() and (padded[0] == -1).all()
+        same = collate([ds[0], ds[3]])[2]  # both (0, 4): still a list, not a stacked tensor
+        assert isinstance(same, list) and [tuple(b.shape) for b in same] == [(0, 4), (0, 4)]
+        padded, lengths = FieldCollate(pad=True)([ds[0], ds[3]])[2]
+        assert padded.shape == (2, 0, 4) and lengths.tolist() == [0, 0]
     finally:
         ds.close()
     raw = open_dataset(rich["lmdb"], fields=("image", "caption"), decode=False)
@@ -484,3 +489,40 @@ def test_official_webdataset_reader_decodes_our_members(rich):
         assert s["score.json"] == expected("score", i) and s["image_id.cls"] == 10**12 + i
         assert s["meta.json"] == (b"null" if i == 3 else expected("meta", i))  # webdataset's null quirk
         assert s["mask.png"] == _mask_png(i)
+
+
+# ------------------------------------------------------------------------------------ docs/fields.md recipes
+DOC = Path(__file__).resolve().parent.parent / "docs" / "fields.md"
+CAPTIONS = ["a dog on a beach", "two cats asleep", "a red car", "a bowl of soup", "snow on a roof",
+            "a city at night", "an old bridge"]
+RECIPES = {  # heading -> (format, fields added)
+    "Image-caption pairs, CLIP-style": ("wds", {"caption": ("text", lambda i: CAPTIONS[i])}),
+    "COCO detection: variable-length boxes": ("lmdb", {
+        "boxes": ("float32[*,4]", lambda i: [[2.0 * k, 1.0, 10.5, 8.0] for k in range(i % 3)]),
+        "category_ids": ("int32[*]", lambda i: [1, 3][: i % 3], {1: "person", 3: "car"})}),
+    "Multi-label tags": ("hdf5", {"tags": ("uint8[6]", lambda i: [(i >> k) & 1 for k in range(6)])}),
+}
+
+
+def recipe_blocks(heading: str) -> tuple[str, str]:
+    """The python block and the output block under the docs/fields.md heading ``### heading``."""
+    text = DOC.read_text(encoding="utf-8").split(f"\n### {heading}\n", 1)[1].split("\n## ", 1)[0].split("\n### ")[0]
+    code = text.split("```python\n", 1)[1].split("```\n", 1)[0]
+    output = text.split("Output:\n\n```text\n", 1)[1].split("```\n", 1)[0]
+    return code, output
+
+
+@pytest.mark.slow  # runs each recipe in a fresh interpreter, as a user would
+@pytest.mark.parametrize("heading", RECIPES)
+def test_recipes_run_as_shown(packed, tmp_path, heading):
+    import subprocess
+    import sys
+
+    fmt, columns = RECIPES[heading]
+    root = with_fields(packed[fmt], tmp_path / "ds", columns, keep_label=False)
+    code, shown = recipe_blocks(heading)
+    script = tmp_path / "recipe.py"
+    script.write_text(code)
+    run = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout == shown, f"docs/fields.md '{heading}' shows other output; it prints:\n{run.stdout}"
