@@ -24,7 +24,7 @@ import torch
 
 from readers import spec
 from readers.checks import check_index
-from readers.collate import Sample
+from readers.collate import Sample, SampleDict
 from readers.compose import accepts_bytes, warn_if_fused_lost
 from readers.decode import DecodeError, decode_rgb
 from readers.fields import Field, Schema
@@ -177,6 +177,8 @@ class PackedDataset:
             self.fields = None if self.sample_transform is None else ("image", "label")
         else:
             self.fields, self._as_dict = schema.names, True
+        variable = [n for n in self.fields or () if not schema[n].type.fixed and schema[n].type.shape]
+        self._variable = frozenset(variable if self._as_dict else (self.fields.index(n) for n in variable))
 
     def _column(self, field: Field) -> np.ndarray:
         """Fixed field ``field``'s ``(N, *shape)`` column, mapped in this process on first use."""
@@ -217,9 +219,13 @@ class PackedDataset:
 
                     return Image.fromarray(np.ascontiguousarray(hwc), "RGB")
                 return to_chw(hwc)
-            return field.type.decode(data)
+            return self._decode_blob(field, data)
         except (DecodeError, ValueError) as exc:
             raise spec.DatasetFormatError(f"{self.where(i)} sample {i} field {field.name!r}: {exc}") from exc
+
+    def _decode_blob(self, field: Field, data: Any) -> Any:
+        """A stored blob's value: ``FieldType.decode`` (wds: its members, ``FieldType.from_member``)."""
+        return field.type.decode(data)
 
     def _field_item(self, i: int, image: Any = None, blobs: dict[str, Any] | None = None) -> Any:
         """Sample ``i`` with the selected fields. ``image``: its stored image when already read;
@@ -242,9 +248,13 @@ class PackedDataset:
                 return (out, i) if self.return_index else out
             values = out
         if self._as_dict:
-            return dict(values, **{INDEX_KEY: i}) if self.return_index else values
+            out = SampleDict(values, **{INDEX_KEY: i}) if self.return_index else SampleDict(values)
+            out.variable = self._variable
+            return out
         item = tuple(values[n] for n in self.fields)
-        return Sample(item + (i,) if self.return_index else item)
+        sample = Sample(item + (i,) if self.return_index else item)
+        sample.variable = self._variable
+        return sample
 
     def _make(self, i: int) -> Any:
         """The item of sample ``i``, read by random access."""

@@ -18,6 +18,8 @@ arrays of different lengths (``[*,...]``)   a list of tensors; ``pad=True``: ``(
 anything else (json, PIL images)            a list
 ==========================================  ==================================================
 
+Variable-length array fields are told by the sample (``Sample.variable``), never by their
+shapes: a batch whose boxes all happen to be ``(0, 4)`` is still a list (or padded).
 ``pad=True`` pads variable-length arrays with ``pad_value`` to the longest in the batch:
 ``(tensor [B, L, ...], lengths int64 [B])``. Use ``FieldCollate(pad=True)`` as ``collate_fn``.
 """
@@ -30,14 +32,23 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-__all__ = ["Sample", "FieldCollate", "collate_fields", "collate_column", "is_field_batch"]
+__all__ = ["Sample", "SampleDict", "FieldCollate", "collate_fields", "collate_column", "is_field_batch"]
 
 
 class Sample(tuple):
     """The item of a reader opened with ``fields=(...)``: a plain tuple of the fields in that order
-    (plus the index with ``return_index``), marked so that the loader collates it field by field."""
+    (plus the index with ``return_index``), marked so that the loader collates it field by field.
+    ``variable``: the positions of variable-length array fields (``float32[*,4]``), which collate
+    to a list (or padded) even when a batch's arrays happen to have one shape."""
 
-    __slots__ = ()
+    variable: frozenset = frozenset()
+
+
+class SampleDict(dict):
+    """A dict sample (``fields=None`` on a dataset without ``label``); ``variable``: the keys of
+    variable-length array fields (see :class:`Sample`)."""
+
+    variable: frozenset = frozenset()
 
 
 def is_field_batch(batch: Any) -> bool:
@@ -59,9 +70,14 @@ def _pad(arrays: Sequence[np.ndarray], pad_value: float) -> tuple[torch.Tensor, 
     return torch.from_numpy(out), torch.from_numpy(lengths)
 
 
-def collate_column(values: Sequence[Any], pad: bool = False, pad_value: float = 0) -> Any:
-    """One field's values over a batch, collated as the module docstring's table says."""
+def collate_column(values: Sequence[Any], pad: bool = False, pad_value: float = 0, variable: bool = False) -> Any:
+    """One field's values over a batch, collated as the module docstring's table says
+    (``variable``: a variable-length array field, never stacked)."""
     first = values[0]
+    if variable and all(isinstance(v, np.ndarray) and v.ndim for v in values):
+        if pad:
+            return _pad(values, pad_value)
+        return [torch.from_numpy(v) for v in values]
     if isinstance(first, torch.Tensor):
         if all(isinstance(v, torch.Tensor) and v.shape == first.shape for v in values):
             if first.dtype == torch.bfloat16:
@@ -88,9 +104,10 @@ def collate_column(values: Sequence[Any], pad: bool = False, pad_value: float = 
 def collate_fields(batch: Sequence[Any], pad: bool = False, pad_value: float = 0) -> Any:
     """A batch of field samples: a tuple (for :class:`Sample` items) or a dict, one entry per field."""
     first = batch[0]
+    variable = getattr(first, "variable", frozenset())
     if isinstance(first, dict):
-        return {k: collate_column([s[k] for s in batch], pad, pad_value) for k in first}
-    return tuple(collate_column(col, pad, pad_value) for col in zip(*batch))
+        return {k: collate_column([s[k] for s in batch], pad, pad_value, k in variable) for k in first}
+    return tuple(collate_column(col, pad, pad_value, k in variable) for k, col in enumerate(zip(*batch)))
 
 
 class FieldCollate:

@@ -324,6 +324,9 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
                                           f"{{{','.join(self.schema[missing[0]].suffixes())}}})")
         return out
 
+    def _decode_blob(self, field: Any, data: Any) -> Any:
+        return field.type.from_member(data, field.name)  # .npy, decimal .cls, JSON numbers (docs/fields.md)
+
     def _pread_of(self, shard: int, fd: int | None) -> Any:
         if fd is not None:
             return lambda pos, n: os.pread(fd, n, pos)
