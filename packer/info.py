@@ -300,7 +300,7 @@ def _field_lines(fields: list[dict[str, Any]], stats: dict[str, Any]) -> list[st
     for f in fields:
         st, text = stats.get(f.get("name")) or {}, ""
         if "min_bytes" in st:
-            text = f"{st['min_bytes']}..{st['max_bytes']} bytes per sample, {_mb(st['bytes'])} in all"
+            text = f"{st['min_bytes']}..{st['max_bytes']} bytes per sample, {st['bytes']:,} in all"
         if "min_rows" in st:
             text += f"; {st['min_rows']}..{st['max_rows']} rows"
         if "min" in st:
