@@ -39,6 +39,7 @@ import numpy as np
 
 from packer.errors import OutputExistsError, PackError
 from packer.formats.base import FormatWriter, merged
+from packer.formats.fieldstore import is_field_file
 from packer.journal import Journal, SideFiles, option_differences
 from packer.options import PackOptions
 from packer.output import LOCK_NAME, known_names
@@ -308,7 +309,8 @@ class _WriteStage:
         with os.scandir(self.out) as it:
             entries = list(it)
         for entry in entries:
-            if entry.name not in keep and (entry.name in known or entry.name.startswith(shard)
+            if entry.name not in keep and (entry.name in known or is_field_file(entry.name)
+                                           or entry.name.startswith(shard)
                                            and entry.name.endswith((".tar", ".tar.tmp"))):
                 os.unlink(entry.path)
         spec.fsync_dir(self.out)

@@ -130,3 +130,11 @@ def test_convert_between_every_pair_keeps_every_field(tmp_path, coco_packed, src
             assert _same(a[name], e[name]), (name, a[name], e[name])
     code = main(["verify", str(out), "-q"])
     assert code == 0
+
+
+def test_a_manifest_whose_every_row_is_rejected_leaves_only_the_rejects(tmp_path, capsys, photos):
+    rows = [dict(r, image="imgs/none.jpg") for r in _rows(photos)]
+    path = write_manifest(tmp_path, "jsonl", rows)
+    code, out, err = _run(capsys, path, "-f", "mmap", "-o", tmp_path / "out", "-q", "--fields", "tags:int32[*]")
+    assert code == 1 and "every image" in err and err.count("\n") == 1
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [spec.REJECTS_NAME]
