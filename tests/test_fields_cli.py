@@ -18,6 +18,7 @@ from test_fields_pack import (COCO_EXPECTED, COCO_FILES, _rows, _same, coco_inst
                               stored_fields, write_manifest)
 
 FORMATS = spec.FORMATS
+pytest_plugins = ["servers"]
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -138,3 +139,24 @@ def test_a_manifest_whose_every_row_is_rejected_leaves_only_the_rejects(tmp_path
     code, out, err = _run(capsys, path, "-f", "mmap", "-o", tmp_path / "out", "-q", "--fields", "tags:int32[*]")
     assert code == 1 and "every image" in err and err.count("\n") == 1
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [spec.REJECTS_NAME]
+
+
+@pytest.mark.slow  # nginx
+def test_manifest_images_by_http_url(tmp_path, photos, http_prefix):
+    import shutil
+
+    folder, url = http_prefix
+    for p in photos:
+        shutil.copyfile(p, folder / p.name)
+    rows = [dict(r, image=f"{url}/{p.name}") for r, p in zip(_rows(photos), photos)]
+    rows.append(dict(rows[0], image=f"{url}/missing.jpg"))
+    path = write_manifest(tmp_path, "jsonl", rows)
+    out = tmp_path / "out"
+    (result,) = pack(path, out, PackOptions(format="lmdb", workers=1, fields="tags:int32[*]"))
+    assert result.images == 4 and result.rejected == 1
+    (reject,) = [json.loads(line) for line in (out / spec.REJECTS_NAME).read_text().splitlines()]
+    assert reject["reason"] == f"{path} row 5 column 'image': image {url}/missing.jpg not found"
+    _, got = stored_fields(out)
+    assert [g["image"] for g in got] == [p.read_bytes() for p in photos]
+    assert [g["caption"] for g in got] == [r["caption"] for r in rows[:4]]
+    assert json.loads((out / spec.NAMES_FILE).read_text().splitlines()[0]) == f"{url}/{photos[0].name}"
