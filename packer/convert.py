@@ -85,8 +85,7 @@ def dataset_source(index: spec.Index) -> Source:
         pass
     schema = Schema.from_index(meta, str(index.location))
     return Source(root=index.root, classes=index.classes, paths=_Names(index),  # type: ignore[arg-type]
-                  labels=_Ints(index.labels if hasattr(index, "labels") else arrays["labels"]),  # type: ignore[arg-type]
-                  sizes=_Ints(arrays["sizes"]),  # type: ignore[arg-type]
+                  labels=_Ints(index.labels), sizes=_Ints(arrays["sizes"]),  # type: ignore[arg-type]
                   kind="dataset", details=details, _fingerprint=h.hexdigest(),
                   order=meta.get("order") or {"kind": "source"},  # the samples keep the dataset's order
                   schema=None if schema.is_default else schema)

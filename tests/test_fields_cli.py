@@ -81,7 +81,8 @@ def _flip(path: Path, needle: bytes, at: int = 0) -> None:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_verify_finds_a_flipped_byte_in_a_text_field_and_in_a_boxes_array(tmp_path, capsys, photos, fmt):
-    rows = [dict(r, boxes=json.dumps([[i + 0.125, 2.5, 3.75, 1000.0 + i]] * (i + 1))) for i, r in enumerate(_rows(photos))]
+    rows = [dict(r, boxes=json.dumps([[i + 0.125, 2.5, 3.75, 1000.0 + i]] * (i + 1)))
+            for i, r in enumerate(_rows(photos))]
     path = write_manifest(tmp_path, "csv", rows)
     out = tmp_path / "out"
     pack(path, out, PackOptions(format=fmt, workers=1, order="source", fields="tags:int32[*],boxes:float32[*,4]"))

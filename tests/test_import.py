@@ -288,7 +288,8 @@ def test_hf_rejects_and_unlabelled_rows(tmp_path, quiet_datasets):
 
 @pytest.mark.slow  # subprocess
 def test_hf_without_an_image_is_refused(tmp_path, quiet_datasets):
-    # without a ClassLabel a dataset is imported with typed fields (tests/test_fields_pack.py); without an Image, refused
+    # without a ClassLabel a dataset is imported with typed fields (tests/test_fields_pack.py);
+    # without an Image it is refused
     datasets = quiet_datasets
     ds = datasets.Dataset.from_dict({"picture": [b"x"], "label": [0]},
                                     features=datasets.Features({"picture": datasets.Value("binary"),
