@@ -78,7 +78,7 @@ def dataset_source(index: spec.Index) -> Source:
     meta, arrays = index.meta, index.arrays
     h = hashlib.sha256(meta["format"].encode())
     for name in ("labels", "sizes", "checksums"):
-        h.update(np.ascontiguousarray(arrays[name]).data)  # the buffer, not a copy of it
+        h.update(np.ascontiguousarray(index.labels if name == "labels" else arrays[name]).data)  # the buffer
     details = {"dataset_format": meta["format"], "num_samples": index.num_samples,
                "original_source": meta.get("source", {}), "original_stats": meta.get("stats", {})}
     for _ in _read_names(index):  # every line a JSON string, one per sample: refused before any output

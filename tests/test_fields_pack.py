@@ -414,3 +414,23 @@ def test_hf_dataset_keeps_every_column_by_its_feature_type(tmp_path, photos, fmt
         ("image", "image"), ("label", "int32"), ("caption", "text"), ("score", "float32"), ("tags", "int32[*]"),
         ("boxes", "float32[*,4]"), ("meta", "json")]
     assert meta["classes"] == ["paper", "person", "thing"] and meta["class_counts"] == [1, 1, 2]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_interrupted_manifest_pack_resumes_field_exact(tmp_path, photos, fmt):
+    from reliability_helpers import interrupt_after
+
+    rows = [dict(r, boxes=[[i, 1, 2, 3]] * i) for i, r in enumerate(_rows(photos))]
+    path = write_manifest(tmp_path, "jsonl", rows)
+    out = tmp_path / "out"
+    opts = dict(format=fmt, workers=1, order="source", fields="tags:int32[*],boxes:float32[*,4]",
+                checkpoint_bytes=1, shard_count=1)
+    with pytest.raises(KeyboardInterrupt):
+        pack(path, out, PackOptions(**opts), progress=interrupt_after(3))
+    assert (out / spec.STATE_NAME).exists() and not (out / spec.INDEX_NAME).exists()
+    (result,) = pack(path, out, PackOptions(**opts, resume=True))
+    assert result.resumed_from >= 1 and result.images == 4
+    expected = [dict(e, boxes=np.array([[i, 1, 2, 3]] * i, "<f4").reshape(-1, 4))
+                for i, e in enumerate(_expected(rows))]
+    assert_samples(out, expected, photos)
+    assert not list(out.glob("*.part"))
