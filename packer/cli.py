@@ -209,9 +209,18 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
         raise  # parser.error exits; this keeps type checkers informed
 
 
+def _default_name(src: Path) -> str:
+    """The output's default name: the source's (a manifest or COCO json without its suffix: rows.csv -> rows)."""
+    from packer.manifest import MANIFEST_KINDS
+
+    if src.suffix.lower() in (*MANIFEST_KINDS, ".json") and src.is_file():
+        return src.resolve().stem
+    return src.resolve().name
+
+
 def _run(args: argparse.Namespace, work: Callable[[Path], list]) -> int:
     """Run ``work(out)`` and turn its outcome into summary lines and an exit code."""
-    out = args.output or args.src.parent / f"{args.src.resolve().name}-{args.format}"
+    out = args.output or args.src.parent / f"{_default_name(args.src)}-{args.format}"
     try:
         results = work(out)
     except PackerError as exc:

@@ -161,3 +161,10 @@ def test_manifest_images_by_http_url(tmp_path, photos, http_prefix):
     assert [g["image"] for g in got] == [p.read_bytes() for p in photos]
     assert [g["caption"] for g in got] == [r["caption"] for r in rows[:4]]
     assert json.loads((out / spec.NAMES_FILE).read_text().splitlines()[0]) == f"{url}/{photos[0].name}"
+
+
+def test_a_manifest_without_o_packs_beside_it_named_without_its_suffix(tmp_path, capsys, photos):
+    path = write_manifest(tmp_path, "csv", _rows(photos))
+    code, out, err = _run(capsys, path, "-f", "lmdb", "-q", "--fields", "tags:int32[*]")
+    assert code == 0, err
+    assert out.rstrip().endswith(f"-> {tmp_path / 'rows-lmdb'}")
