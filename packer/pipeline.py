@@ -47,7 +47,7 @@ from packer.source import Source
 from packer.workers import Outcome, PrepareStage
 from packer.workers import prepare as prepare_locally
 from readers import spec
-from readers.fields import FIELDS_SPEC_VERSION, Schema
+from readers.fields import Schema
 
 __all__ = ["SplitResult", "pack_split", "PackProgress", "VERSION"]
 
@@ -320,13 +320,16 @@ class _WriteStage:
     def _meta(self, recs: np.ndarray) -> dict[str, Any]:
         source, journal, pixels = self.source, self.journal, self.writer.pixels
         schema = source.schema if source.schema is not None else Schema.default(source.classes)
+        label = schema.labels_field
+        if label is not None and label.classes != dict(enumerate(source.classes)):  # index.json's classes name it
+            schema = Schema(tuple(dataclasses.replace(f, classes=dict(enumerate(source.classes))) if f is label else f
+                                  for f in schema.fields))
         counts = {} if schema.labels_field is None else {  # a schema without a label: labels.npy holds zeros
             "class_counts": np.bincount(recs["labels"], minlength=len(source.classes)).tolist()}
-        return {
+        meta = {
             **counts,
             "format": self.options.format,
             "fields": schema.to_json()["fields"],
-            "spec_version": spec.SPEC_VERSION if schema.is_default else FIELDS_SPEC_VERSION,
             "split": journal.identity["split"],
             "num_samples": journal.done,
             "classes": source.classes,
@@ -349,6 +352,8 @@ class _WriteStage:
                       "reencoded": journal.changed, "repaired": journal.repaired},
             "created_by": f"dataset-packer {VERSION}",
         }
+        meta["spec_version"] = spec.spec_version_for(meta)  # 1 for image + label, 2 for any other schema
+        return meta
 
 
 def file_crcs(out: Path, meta: dict[str, Any]) -> dict[str, int]:

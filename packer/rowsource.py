@@ -120,17 +120,27 @@ def rows_source(path: Path, root: Path, rows: Iterable[Row | RowReject], schema:
         sizes.append(len(r.image) if isinstance(r.image, bytes) else _size(r.image))
     if not entries:
         raise SourceError(f"{root}: the source has no rows")
-    if label_field is not None and label_field.classes:
-        classes = [label_field.classes.get(i, str(i)) for i in range(max(label_field.classes) + 1)]
-    elif label_field is not None:
-        classes = [str(i) for i in range(max(labels) + 1)]
-    else:
-        classes = []
-    if label_field is not None and min(labels) < 0 or classes and max(labels) >= len(classes):
-        raise SourceError(f"{root}: label values must be in 0..{max(len(classes) - 1, 0)} (class indexes)")
+    classes = label_names(label_field, labels, path) if label_field is not None else []
     source = Source(root, classes, paths, labels, sizes, kind=kind, details=details, schema=schema)
     source.prepare = fields_stage(entries, extra)
     return source
+
+
+def label_names(label_field: Field, labels: list[int], where: Any) -> list[str]:
+    """index.json's ``classes`` for the values of the ``label`` field: its class names, else ``"0"``,
+    ``"1"``, ... up to the largest value, at most ``max(MIN_CLASS_LIMIT, samples)`` of them (a label
+    of 500,000,000 is broken or hostile: one line naming ``where``, as for imported shards)."""
+    from packer.importers.wds import MIN_CLASS_LIMIT
+
+    low, high = (min(labels), max(labels)) if labels else (0, -1)
+    limit = max(MIN_CLASS_LIMIT, len(labels))
+    if low < 0 or high >= limit:
+        bad = low if low < 0 else high
+        raise SourceError(f"{where}: label {bad:,} is not a class index (0 .. {limit - 1:,}: the labels of the "
+                          "'label' field name classes)")
+    names = dict(label_field.classes or {})
+    count = max(high + 1, max(names) + 1 if names else 0)
+    return [names.get(i, str(i)) for i in range(count)]
 
 
 def _size(ref: str) -> int:

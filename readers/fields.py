@@ -68,13 +68,9 @@ __all__ = [
     "image_extension",
     "NUMERIC_DTYPES",
     "KNOWN_TYPES",
-    "FIELDS_SPEC_VERSION",
     "blob_member",
 ]
 
-#: index.json ``spec_version`` of a dataset whose schema is not :meth:`Schema.default` (the default
-#: schema keeps version 1, which the previous release reads).
-FIELDS_SPEC_VERSION = 2
 
 #: Scalar dtype names a numeric type may use, with ``int`` = int64 and ``float`` = float64.
 NUMERIC_DTYPES: Mapping[str, np.dtype] = {

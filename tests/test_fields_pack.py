@@ -434,3 +434,22 @@ def test_an_interrupted_manifest_pack_resumes_field_exact(tmp_path, photos, fmt)
                 for i, e in enumerate(_expected(rows))]
     assert_samples(out, expected, photos)
     assert not list(out.glob("*.part"))
+
+
+def test_a_huge_label_in_a_manifest_is_one_line_not_500m_class_names(tmp_path, photos):
+    from packer.errors import SourceError
+
+    rows = [{"image": f"imgs/{p.name}", "label": 500_000_000 if i == 2 else i} for i, p in enumerate(photos)]
+    path = write_manifest(tmp_path, "jsonl", rows)
+    with pytest.raises(SourceError, match=r"label 500,000,000 is not a class index \(0 \.\. 999,999") as exc:
+        pack(path, tmp_path / "out", PackOptions(format="lmdb", workers=1, fields="label:int32"))
+    assert "\n" not in str(exc.value) and not (tmp_path / "out").exists()
+    rows[2]["label"] = 2
+    path = write_manifest(tmp_path, "jsonl", rows)
+    (result,) = pack(path, tmp_path / "out", PackOptions(format="lmdb", workers=1, fields="label:int32"))
+    meta = json.loads((tmp_path / "out" / spec.INDEX_NAME).read_text())
+    assert meta["classes"] == ["0", "1", "2", "3"] and meta["class_counts"] == [1, 1, 1, 1]
+    assert meta["spec_version"] == 1 and meta["fields"][1] == {"name": "label", "type": "int32",
+                                                               "classes": ["0", "1", "2", "3"]}
+    assert np.load(tmp_path / "out" / "labels.npy").tolist() == [0, 1, 2, 3]
+    assert not list((tmp_path / "out").glob("field-label*"))

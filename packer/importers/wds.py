@@ -268,7 +268,7 @@ def _npy_type(arrays: list[tuple[np.dtype, tuple[int, ...]]], where: str) -> Fie
 
 
 def _scan_fields(src: Path, shards: list[Path]) -> Source:
-    from packer.rowsource import fields_stage
+    from packer.rowsource import fields_stage, label_names
 
     order: dict[str, str] = {}  # suffix -> field name, first seen first
     kinds: dict[str, str] = {}
@@ -338,7 +338,7 @@ def _scan_fields(src: Path, shards: list[Path]) -> Source:
         raise SourceError(f"{src}: no images in the shards (each sample needs an image, e.g. key.jpg)")
     if ignored:
         log.warning("%d sample(s) without an image ignored, e.g. %s", len(ignored), ignored[0])
-    classes = [str(i) for i in range(max(labels) + 1)] if schema.labels_field is not None else []
+    classes = label_names(schema.labels_field, labels, src) if schema.labels_field is not None else []
     source = Source(src, classes, paths, labels, sizes, ignored=ignored, kind="wds", schema=schema,
                     details={"shards": len(shards), "first_shard": shards[0].name if shards else None})
     source.prepare = fields_stage(entries, extra, reader=lambda: _MemberReader(shards), members=True)
