@@ -295,6 +295,8 @@ def _field_lines(fields: list[dict[str, Any]], stats: dict[str, Any]) -> list[st
     """The schema, one line per field with what index.json's ``field_stats`` says of it."""
     if not fields:
         return []
+    if not stats:  # image + label, as every dataset before fields: one line (the classes follow)
+        return ["  fields       " + ", ".join(f"{f.get('name')} ({f.get('type')})" for f in fields)]
     width = max(len(str(f.get("name"))) for f in fields)
     lines = [f"  fields       {len(fields)}"]
     for f in fields:
