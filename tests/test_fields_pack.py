@@ -453,3 +453,25 @@ def test_a_huge_label_in_a_manifest_is_one_line_not_500m_class_names(tmp_path, p
                                                                "classes": ["0", "1", "2", "3"]}
     assert np.load(tmp_path / "out" / "labels.npy").tolist() == [0, 1, 2, 3]
     assert not list((tmp_path / "out").glob("field-label*"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_readers_read_what_the_packer_wrote(tmp_path, real_images, fmt):
+    """open_dataset(path, fields=...) (the read side) gives the values the files hold, every field."""
+    from readers import open_dataset
+
+    path = coco_instances(tmp_path / "coco", real_images)
+    out = tmp_path / "out"
+    pack(path, out, PackOptions(format=fmt, workers=1, order="source", images=str(tmp_path / "coco/val")))
+    names = tuple(f["name"] for f in json.loads((out / spec.INDEX_NAME).read_text())["fields"] if f["name"] != "image")
+    ds = open_dataset(out, fields=names)
+    try:  # wds is read shard by shard (an IterableDataset): compared by image id
+        got = [dict(zip(names, s)) for s in (ds if fmt == "wds" else (ds[i] for i in range(len(ds))))]
+    finally:
+        ds.close()
+    assert sorted(g["image_id"] for g in got) == sorted(e["image_id"] for e in COCO_EXPECTED)
+    got.sort(key=lambda g: [e["image_id"] for e in COCO_EXPECTED].index(g["image_id"]))
+    for g, e in zip(got, COCO_EXPECTED):
+        assert g.keys() == e.keys()
+        for name in e:
+            assert _same(g[name], e[name]), (name, g[name], e[name])
