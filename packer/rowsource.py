@@ -5,9 +5,10 @@
 without Hugging Face metadata, ``instances_*.json`` or any ``.json`` with ``--images``), reads its
 rows (``packer.manifest`` / ``packer.coco``) and returns one source. Each row becomes one
 source entry, rejected rows too (their reason is the entry's reject, so ``rejects.jsonl`` names
-the row and column and the rest of the pack goes on). The prepare stage (worker processes,
-``packer.importers.stage``) validates the image as a folder's, then encodes every extra field
-(``Schema.extra_fields``); the outcome carries the blobs to the writer.
+the row and column and the rest of the pack goes on). The prepare stage
+(``packer.importers.stage.fields_stage``, as for imports with fields) validates the image as a
+folder's in the workers, then encodes every extra field (``Schema.extra_fields``); the outcome
+carries the blobs to the writer.
 
 The checked field values of every row are held in memory until the pack ends (a COCO json is
 anyway; a manifest of 10M captions takes a few GB).
@@ -17,21 +18,21 @@ from __future__ import annotations
 
 import logging
 import os
-from functools import partial
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 from packer.errors import SourceError
-from packer.images import ImageOptions, RejectedImage, check_file_size
-from packer.importers.stage import Unreadable, ordered_outcomes
+from packer.images import ImageOptions, RejectedImage
+from packer.importers.stage import fields_stage, label_names
+from packer.importers.wds import MIN_CLASS_LIMIT
 from packer.manifest import Row, RowReject, manifest_kind, read_manifest
 from packer.options import PackOptions
 from packer.source import Source
-from packer.workers import Outcome, outcome_of, read_source
-from readers.fields import Field, FieldValueError, ImageType, Schema
+from packer.workers import read_source
+from readers.fields import Field, ImageType, Schema
 from readers.spec import is_remote
 
-__all__ = ["scan_rows", "rows_source", "fields_stage", "encode_fields"]
+__all__ = ["scan_rows", "rows_source"]
 
 log = logging.getLogger(__name__)
 
@@ -120,27 +121,10 @@ def rows_source(path: Path, root: Path, rows: Iterable[Row | RowReject], schema:
         sizes.append(len(r.image) if isinstance(r.image, bytes) else _size(r.image))
     if not entries:
         raise SourceError(f"{root}: the source has no rows")
-    classes = label_names(label_field, labels, path) if label_field is not None else []
+    classes = label_names(label_field, labels, path, MIN_CLASS_LIMIT) if label_field is not None else []
     source = Source(root, classes, paths, labels, sizes, kind=kind, details=details, schema=schema)
-    source.prepare = fields_stage(entries, extra)
+    source.prepare = fields_stage(entries, extra, reader=lambda: _FileReader(extra))
     return source
-
-
-def label_names(label_field: Field, labels: list[int], where: Any) -> list[str]:
-    """index.json's ``classes`` for the values of the ``label`` field: its class names, else ``"0"``,
-    ``"1"``, ... up to the largest value, at most ``max(MIN_CLASS_LIMIT, samples)`` of them (a label
-    of 500,000,000 is broken or hostile: one line naming ``where``, as for imported shards)."""
-    from packer.importers.wds import MIN_CLASS_LIMIT
-
-    low, high = (min(labels), max(labels)) if labels else (0, -1)
-    limit = max(MIN_CLASS_LIMIT, len(labels))
-    if low < 0 or high >= limit:
-        bad = low if low < 0 else high
-        raise SourceError(f"{where}: label {bad:,} is not a class index (0 .. {limit - 1:,}: the labels of the "
-                          "'label' field name classes)")
-    names = dict(label_field.classes or {})
-    count = max(high + 1, max(names) + 1 if names else 0)
-    return [names.get(i, str(i)) for i in range(count)]
 
 
 def _size(ref: str) -> int:
@@ -175,8 +159,8 @@ class _Remote:
         self._stores.clear()
 
 
-def _read_image(ref: str | bytes, opts: ImageOptions | None, remote: _Remote, where: str, column: str) -> Any:
-    """The bytes of an image reference, a reject reason (str) or an :class:`Unreadable`."""
+def _read_image(ref: str | bytes, opts: ImageOptions | None, remote: _Remote) -> Any:
+    """The bytes of an image reference (a path, URL or the bytes), or a reason to reject it (str)."""
     if isinstance(ref, bytes):
         return ref
     try:
@@ -184,95 +168,37 @@ def _read_image(ref: str | bytes, opts: ImageOptions | None, remote: _Remote, wh
             return remote.read(ref)
         return read_source(Path(ref), opts)
     except RejectedImage as exc:
-        return f"{where} column {column!r}: {exc}"
+        return str(exc)
     except FileNotFoundError:
-        return f"{where} column {column!r}: image {ref} not found"
-    except OSError as exc:
-        return Unreadable(f"{ref}: read error: {exc.strerror or exc}")
+        return f"image {ref} not found"
 
 
-def fields_stage(entries: list[Any], extra: tuple[Field, ...], *, reader: Any = None, members: bool = False):
-    """The prepare stage of a row source: reads each entry's image (and image-typed fields) in this
-    process, then validates the image and encodes the fields in the workers (:func:`encode_fields`).
+class _FileReader:
+    """The reader of a manifest's or COCO json's rows (``packer.importers.stage.fields_stage``): the image
+    a path, URL or bytes, the values checked already, image-typed ones (a mask) read here too."""
 
-    ``entries[pos]``: a reject's one-line reason, or ``(image, values, where)``. Without ``reader`` the
-    image is a path, URL or bytes and the values are checked values; with ``reader`` (a callable giving
-    an object with ``read(ref, opts)`` -> the image bytes or a reason to reject it, ``values(values)``
-    -> the values, ``where(ref)`` and ``close()``: WebDataset members, Hugging Face rows) the image and
-    values are what it reads; ``members=True`` decodes the values as WebDataset members."""
+    def __init__(self, extra: tuple[Field, ...]) -> None:
+        self.images = [i for i, f in enumerate(extra) if isinstance(f.type, ImageType)]
+        self.names = [f.name for f in extra]
+        self.remote = _Remote()
 
-    def read_refs(positions: list[int], opts: ImageOptions) -> Iterator[Any]:
-        r = reader()
-        try:
-            for pos in positions:
-                entry = entries[pos]
-                if isinstance(entry, str):
-                    yield (entry, (), "")
-                    continue
-                ref, values, where = entry
-                try:
-                    data = r.read(ref, opts)
-                    yield (data, r.values(values), where) if isinstance(data, bytes) else \
-                        (f"{where} column 'image': {data}", (), where)
-                except RejectedImage as exc:
-                    yield (f"{where} column 'image': {exc}", (), where)
-                except OSError as exc:
-                    yield (Unreadable(f"{r.where(ref)}: read error: {exc.strerror or exc}"), (), where)
-        finally:
-            r.close()
+    def read(self, ref: str | bytes, opts: ImageOptions) -> Any:
+        return _read_image(ref, opts, self.remote)
 
-    def read(positions: list[int], opts: ImageOptions) -> Iterator[Any]:
-        remote = _Remote()
-        try:
-            for pos in positions:
-                entry = entries[pos]
-                if isinstance(entry, str):
-                    yield (entry, (), "")
-                    continue
-                ref, values, where = entry
-                data = _read_image(ref, opts, remote, where, "image")
-                if not isinstance(data, str):
-                    values = list(values)
-                    for i, f in enumerate(extra):
-                        if isinstance(f.type, ImageType) and isinstance(values[i], str):
-                            got = _read_image(values[i], None, remote, where, f.name)
-                            if isinstance(got, str):
-                                data = got
-                                break
-                            values[i] = got
-                    values = tuple(values)
-                yield (data, values, where)
-        finally:
-            remote.close()
+    def values(self, values: tuple) -> tuple | str:
+        if not self.images:
+            return values
+        out = list(values)
+        for i in self.images:
+            if isinstance(out[i], str):
+                got = _read_image(out[i], None, self.remote)
+                if isinstance(got, str):
+                    return f"column {self.names[i]!r}: {got}"
+                out[i] = got
+        return tuple(out)
 
-    def stage(source: Any, start: int, opts: ImageOptions, workers: int) -> Iterator[Outcome]:
-        items = (read_refs if reader is not None else read)(source.positions(start), opts)
-        try:
-            yield from ordered_outcomes(items, partial(encode_fields, extra, members), opts, workers,
-                                        describe=lambda n: f"{source.root}/{source.paths[start + n]}")
-        finally:
-            items.close()
+    def where(self, ref: str | bytes) -> str:
+        return ref if isinstance(ref, str) else "image bytes"
 
-    return stage
-
-
-def encode_fields(extra: tuple[Field, ...], members: bool, item: tuple[Any, tuple, str],
-                  opts: ImageOptions) -> Outcome:
-    """Runs in a worker: one row's image validated (``outcome_of``, as a folder's) and its extra fields
-    encoded (``members``: each value is a WebDataset member, decoded first); a reject names the row
-    (or shard and key) and the column (field)."""
-    data, values, where = item
-    if isinstance(data, Unreadable):
-        return Outcome(None, problem=str(data), unreadable=True)
-    if isinstance(data, str):
-        return Outcome(None, problem=data)
-    outcome = outcome_of(data, opts)
-    if outcome.prepared is None:
-        return outcome._replace(problem=f"{where} column 'image': {outcome.problem}")
-    try:
-        if members:
-            values = tuple(f.type.from_member(v, f.name) for f, v in zip(extra, values, strict=True))
-        blobs = tuple(f.type.encode(v, f.name) for f, v in zip(extra, values, strict=True))
-    except FieldValueError as exc:
-        return Outcome(None, problem=f"{where}: {exc}")
-    return outcome._replace(fields=blobs)
+    def close(self) -> None:
+        self.remote.close()

@@ -14,7 +14,7 @@ from packer import PackOptions, pack
 from packer.cli import main
 from packer.convert import convert
 from readers import spec
-from test_fields_pack import (COCO_EXPECTED, COCO_FILES, _rows, _same, coco_instances, photos,  # noqa: F401
+from test_fields_pack import (COCO_EXPECTED, _rows, _same, coco_instances, photos,  # noqa: F401
                               stored_fields, write_manifest)
 
 FORMATS = spec.FORMATS

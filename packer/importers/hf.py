@@ -39,7 +39,7 @@ from typing import Any, Iterator
 
 from packer.errors import SourceError
 from packer.images import ImageOptions, RejectedImage, check_file_size
-from packer.importers.stage import Unreadable, bytes_stage
+from packer.importers.stage import Unreadable, bytes_stage, fields_stage
 from packer.source import Source
 from packer.workers import read_source
 from readers.fields import (NUMERIC_DTYPES, Field, FieldType, FieldTypeError, FieldValueError, ImageType, JsonType,
@@ -325,8 +325,6 @@ def _image_bytes(image: dict, base: Path, opts: ImageOptions | None) -> Any:
 
 def _scan_fields(split: str, table: Any) -> Source:
     """Every column as a field: the checked values held, each image read (by row) when it is packed."""
-    from packer.rowsource import fields_stage
-
     cols = table.columns
     schema = cols.schema
     extra = schema.extra_fields
@@ -389,7 +387,7 @@ def _entry(schema: Schema, extra: tuple, values: dict[str, Any], row: int, where
 
 
 class _RowReader:
-    """A fields source's image, read by row (``packer.rowsource.fields_stage``)."""
+    """A fields source's image, read by row (``packer.importers.stage.fields_stage``)."""
 
     def __init__(self, table: Any) -> None:
         self.table = table

@@ -49,7 +49,7 @@ import numpy as np
 
 from packer.errors import SourceError
 from packer.images import ImageOptions, RejectedImage, check_file_size
-from packer.importers.stage import Unreadable, bytes_stage
+from packer.importers.stage import Unreadable, bytes_stage, fields_stage, label_names
 from packer.source import IMAGE_EXTENSIONS, Source
 from readers.fields import (Field, FieldType, FieldTypeError, ImageType, NumericType, Schema, check_field_name,
                             parse_type)
@@ -268,7 +268,6 @@ def _npy_type(arrays: list[tuple[np.dtype, tuple[int, ...]]], where: str) -> Fie
 
 
 def _scan_fields(src: Path, shards: list[Path]) -> Source:
-    from packer.rowsource import fields_stage, label_names
 
     order: dict[str, str] = {}  # suffix -> field name, first seen first
     kinds: dict[str, str] = {}
@@ -338,7 +337,7 @@ def _scan_fields(src: Path, shards: list[Path]) -> Source:
         raise SourceError(f"{src}: no images in the shards (each sample needs an image, e.g. key.jpg)")
     if ignored:
         log.warning("%d sample(s) without an image ignored, e.g. %s", len(ignored), ignored[0])
-    classes = label_names(schema.labels_field, labels, src) if schema.labels_field is not None else []
+    classes = label_names(schema.labels_field, labels, src, MIN_CLASS_LIMIT) if schema.labels_field else []
     source = Source(src, classes, paths, labels, sizes, ignored=ignored, kind="wds", schema=schema,
                     details={"shards": len(shards), "first_shard": shards[0].name if shards else None})
     source.prepare = fields_stage(entries, extra, reader=lambda: _MemberReader(shards), members=True)
