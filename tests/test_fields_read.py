@@ -469,6 +469,28 @@ def test_loader_over_captions_resumes_exactly_with_two_workers(captions, fmt):
     assert sorted(flat) == list(range(N)), "each sample once"
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_simulated_ddp_ranks_split_a_caption_dataset(captions, fmt, monkeypatch):
+    """Two ranks (readers.env.worker_env_hook, as tests/test_resume_loader.py simulates them) read
+    disjoint halves that together hold every sample, padded to the same length."""
+    import readers.env
+    from readers.env import WorkerEnv
+
+    seen = []
+    for rank in range(2):
+        monkeypatch.setattr(readers.env, "worker_env_hook", lambda rank=rank: WorkerEnv(rank, 2, 0, 1))
+        ds = open_dataset(captions[fmt], fields=("caption",), return_index=True)
+        loader = make_loader(ds, batch_size=2, num_workers=0, seed=3)
+        got = [(c, i) for caps, idx in loader for c, i in zip(caps, idx.tolist())]
+        assert all(c == expected("caption", i) for c, i in got)
+        seen.append([i for _, i in got])
+        del loader
+        ds.close()
+    assert len(seen[0]) == len(seen[1]) == -(-N // 2)  # padded: ceil(N / 2) each
+    assert set(seen[0]) | set(seen[1]) == set(range(N))
+    assert len(set(seen[0]) & set(seen[1])) <= 1  # at most the one padding repeat
+
+
 # ------------------------------------------------------------------------------------ the official webdataset reader
 def test_official_webdataset_reader_decodes_our_members(rich):
     wds = pytest.importorskip("webdataset", reason="the webdataset package is not installed")
