@@ -174,7 +174,8 @@ class PackedDataset:
                 raise ValueError(f"fields= names a field twice: {', '.join(names)}")
             self.fields: tuple[str, ...] | None = names
         elif "image" in schema and "label" in schema:
-            self.fields = None if self.sample_transform is None else ("image", "label")
+            fast = self.sample_transform is None and spec.has_label(self.meta)  # the label is labels.npy
+            self.fields = None if fast else ("image", "label")
         else:
             self.fields, self._as_dict = schema.names, True
         variable = [n for n in self.fields or () if not schema[n].type.fixed and schema[n].type.shape]

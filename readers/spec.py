@@ -215,9 +215,11 @@ DEFAULT_ORDER: Mapping[str, str] = {"wds": "shuffled", "lmdb": "source", "hdf5":
 
 
 def has_label(meta: Mapping[str, Any]) -> bool:
-    """Whether the dataset's samples have a ``label`` (every index without ``"fields"`` does)."""
+    """Whether ``labels.npy`` holds the samples' ``label`` (an ``int32`` field named ``label``, as in
+    every index without ``"fields"``); otherwise it holds zeros or is left out, and is not range-checked."""
     fields = meta.get("fields")
-    return not isinstance(fields, list) or any(isinstance(f, dict) and f.get("name") == "label" for f in fields)
+    return not isinstance(fields, list) or any(isinstance(f, dict) and f.get("name") == "label"
+                                               and f.get("type") == "int32" for f in fields)
 
 
 def spec_version_for(meta: Mapping[str, Any]) -> int:

@@ -469,6 +469,28 @@ def test_loader_over_captions_resumes_exactly_with_two_workers(captions, fmt):
     assert sorted(flat) == list(range(N)), "each sample once"
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_simulated_ddp_ranks_split_a_caption_dataset(captions, fmt, monkeypatch):
+    """Two ranks (readers.env.worker_env_hook, as tests/test_resume_loader.py simulates them) read
+    disjoint halves that together hold every sample, padded to the same length."""
+    import readers.env
+    from readers.env import WorkerEnv
+
+    seen = []
+    for rank in range(2):
+        monkeypatch.setattr(readers.env, "worker_env_hook", lambda rank=rank: WorkerEnv(rank, 2, 0, 1))
+        ds = open_dataset(captions[fmt], fields=("caption",), return_index=True)
+        loader = make_loader(ds, batch_size=2, num_workers=0, seed=3)
+        got = [(c, i) for caps, idx in loader for c, i in zip(caps, idx.tolist())]
+        assert all(c == expected("caption", i) for c, i in got)
+        seen.append([i for _, i in got])
+        del loader
+        ds.close()
+    assert len(seen[0]) == len(seen[1]) == -(-N // 2)  # padded: ceil(N / 2) each
+    assert set(seen[0]) | set(seen[1]) == set(range(N))
+    assert len(set(seen[0]) & set(seen[1])) <= 1  # at most the one padding repeat
+
+
 # ------------------------------------------------------------------------------------ the official webdataset reader
 def test_official_webdataset_reader_decodes_our_members(rich):
     wds = pytest.importorskip("webdataset", reason="the webdataset package is not installed")
@@ -526,3 +548,49 @@ def test_recipes_run_as_shown(packed, tmp_path, heading):
     run = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout == shown, f"docs/fields.md '{heading}' shows other output; it prints:\n{run.stdout}"
+
+
+# ------------------------------------------------------------------------------------ damaged field data
+def test_damaged_field_data_is_one_line_naming_file_sample_and_field(rich, tmp_path):
+    root = Path(shutil.copytree(rich["mmap"], tmp_path / "mmap"))
+    offsets = np.load(root / "field-caption.offsets.npy")
+    offsets[-1] += 1000  # the last caption runs past the end of field-caption.bin
+    np.save(root / "field-caption.offsets.npy", offsets)
+    ds = open_dataset(root, fields=("caption",))
+    try:
+        with pytest.raises(DatasetFormatError) as info:
+            ds[0]
+        msg = str(info.value)
+        assert "\n" not in msg and "field-caption.offsets.npy" in msg and f"sample {N - 1}" in msg
+    finally:
+        ds.close()
+    root = Path(shutil.copytree(rich["mmap"], tmp_path / "mmap2"))
+    np.save(root / "field-tags.npy", np.zeros((N, 4), np.int32))  # the schema says int32[5]
+    ds = open_dataset(root, fields=("tags",))
+    try:
+        with pytest.raises(DatasetFormatError, match=r"field-tags.npy: field 'tags' array holds <i4 \(7, 4\); "
+                                                     r"the schema says int32\[5\]"):
+            ds[0]
+    finally:
+        ds.close()
+    root = Path(shutil.copytree(rich["mmap"], tmp_path / "mmap3"))
+    (root / "field-meta.bin").write_bytes(b"{" * len((root / "field-meta.bin").read_bytes()))
+    ds = open_dataset(root, fields=("meta",))
+    try:
+        with pytest.raises(DatasetFormatError, match=r"field-meta.* sample 1 field 'meta': |sample 1 field 'meta'"):
+            ds[1]
+    finally:
+        ds.close()
+
+
+def test_a_wds_sample_without_the_fields_member_names_it(rich, tmp_path):
+    root = Path(shutil.copytree(rich["wds"], tmp_path / "wds"))
+    ds = open_dataset(root, fields=("caption",), shuffle=False)
+    try:
+        ds.schema = Schema.of({"image": "image", "label": "int32", "caption": "text", "other": "text"})
+        ds.__dict__.pop("_suffixes", None)
+        ds._select(("other",))
+        with pytest.raises(DatasetFormatError, match=r"src-000000.tar: sample 0 has no member for field 'other'"):
+            next(iter(ds))
+    finally:
+        ds.close()
