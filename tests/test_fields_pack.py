@@ -475,3 +475,19 @@ def test_the_readers_read_what_the_packer_wrote(tmp_path, real_images, fmt):
         assert g.keys() == e.keys()
         for name in e:
             assert _same(g[name], e[name]), (name, g[name], e[name])
+
+
+@pytest.mark.parametrize("fmt", ["mmap", "hdf5"])
+def test_a_second_image_column_is_stored_encoded(tmp_path, photos, fmt):
+    """``--fields mask:image``: a second image per sample (a segmentation mask), kept as its encoded bytes
+    (mmap too, beside the first image's pixels); a missing mask is a reject naming its column."""
+    rows = [{"image": f"imgs/{p.name}", "mask": f"imgs/{photos[-1 - i].name}"} for i, p in enumerate(photos)]
+    rows.append({"image": f"imgs/{photos[0].name}", "mask": "imgs/no-mask.png"})
+    path = write_manifest(tmp_path, "csv", rows)
+    out = tmp_path / "out"
+    (result,) = pack(path, out, PackOptions(format=fmt, workers=1, order="source", fields="mask:image"))
+    assert result.images == 4 and result.rejected == 1
+    (reject,) = [json.loads(line) for line in (out / spec.REJECTS_NAME).read_text().splitlines()]
+    assert reject["reason"].startswith(f"{path} row 5 column 'mask': image 'imgs/no-mask.png' not found")
+    expected = [{"mask": photos[-1 - i].read_bytes()} for i in range(4)]
+    assert_samples(out, expected, photos)
