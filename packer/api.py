@@ -29,6 +29,7 @@ from packer.options import PackOptions
 from packer.output import OutputLock, prepare_output
 from packer.pipeline import PackProgress, SplitResult
 from packer.remote_output import StagedOutput
+from packer.rowsource import scan_rows
 from packer.source import Source, URLRoot, find_split_dirs, scan, scan_listing
 from readers.location import UnsupportedLocationError, parse_location
 
@@ -74,7 +75,8 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *
         return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
     if not src.exists():
         raise SourceError(f"{src}: no such folder")
-    imported = scan_import(src)  # WebDataset shards or a Hugging Face dataset (None: an image folder)
+    # a manifest or COCO json (typed fields), WebDataset shards or a Hugging Face dataset (None: an image folder)
+    imported = scan_rows(src, options) or scan_import(src)
     if imported is not None:
         jobs = [(split, source, out if len(imported) == 1 else out / split) for split, source in imported]
     elif not src.is_dir():
@@ -221,6 +223,6 @@ def _layout_note(jobs: list[tuple[str, Source, Path]], split: str, out: Path) ->
     """What the summary says about the layout chosen: which splits, or that nested folders are not."""
     if any(dest != out for _, _, dest in jobs):
         return f"split {split} of {', '.join(s for s, _, _ in jobs)}"
-    if any(p.count("/") > 1 for p in jobs[0][1].paths):
+    if jobs[0][1].kind == "folder" and any(p.count("/") > 1 for p in jobs[0][1].paths):
         return "one dataset: sub-folders inside class folders are part of their class (--splits to choose splits)"
     return ""

@@ -47,6 +47,8 @@ examples:
   pack-dataset imagenet/train -f mmap -o out/train-mmap --resize 256
   pack-dataset imagenet/      -f hdf5 -o out/imagenet-h5      (packs train/ and val/)
   pack-dataset shards/        -f lmdb -o out/from-shards      (WebDataset shards written by other tools)
+  pack-dataset captions.csv   -f wds  -o out/captions         (image + caption + other columns as fields)
+  pack-dataset annotations/instances_val2017.json --images val2017/ -f lmdb -o out/coco-val
   pack-dataset convert out/train-wds -f lmdb -o out/train-lmdb
   pack-dataset imagenet/train --format wds  -o s3://bucket/imagenet/train-wds   (uploads as it goes)
   pack-dataset verify out/train-wds
@@ -64,8 +66,9 @@ COMMANDS = {
 }
 
 SRC_HELP = ("image folder root/<class>/<image> (or root/<split>/<class>/<image>), a folder of WebDataset "
-            ".tar shards, a Hugging Face datasets folder (save_to_disk) or .parquet files, or an s3://bucket/prefix "
-            "holding root/<class>/<image> objects")
+            ".tar shards, a Hugging Face datasets folder (save_to_disk) or .parquet files, a manifest (rows.csv, "
+            "rows.jsonl, rows.parquet: one row per sample, an image column and typed fields), COCO "
+            "instances_*.json (with --images DIR), or an s3://bucket/prefix holding root/<class>/<image> objects")
 
 
 def _arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -91,6 +94,8 @@ def _add_option(target: Any, f: dataclasses.Field, flag: Flag) -> None:
         kwargs["type"] = _arg_type(flag.parse)
     if flag.choices:
         kwargs["choices"] = flag.choices
+    if flag.metavar:
+        kwargs["metavar"] = flag.metavar
     if flag.required:
         kwargs["required"] = True
     else:
@@ -204,9 +209,18 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
         raise  # parser.error exits; this keeps type checkers informed
 
 
+def _default_name(src: Path) -> str:
+    """The output's default name: the source's (a manifest or COCO json without its suffix: rows.csv -> rows)."""
+    from packer.manifest import MANIFEST_KINDS
+
+    if src.suffix.lower() in (*MANIFEST_KINDS, ".json") and src.is_file():
+        return src.resolve().stem
+    return src.resolve().name
+
+
 def _run(args: argparse.Namespace, work: Callable[[Path], list]) -> int:
     """Run ``work(out)`` and turn its outcome into summary lines and an exit code."""
-    out = args.output or args.src.parent / f"{args.src.resolve().name}-{args.format}"
+    out = args.output or args.src.parent / f"{_default_name(args.src)}-{args.format}"
     try:
         results = work(out)
     except PackerError as exc:

@@ -49,6 +49,7 @@ from packer.pipeline import PackProgress, SplitResult, pack_split
 from packer.source import Source
 from packer.workers import Outcome
 from readers import spec
+from readers.fields import Schema
 
 __all__ = ["convert", "dataset_source", "close_source", "conversion_options"]
 
@@ -77,15 +78,17 @@ def dataset_source(index: spec.Index) -> Source:
     meta, arrays = index.meta, index.arrays
     h = hashlib.sha256(meta["format"].encode())
     for name in ("labels", "sizes", "checksums"):
-        h.update(np.ascontiguousarray(arrays[name]).data)  # the buffer, not a copy of it
+        h.update(np.ascontiguousarray(index.labels if name == "labels" else arrays[name]).data)  # the buffer
     details = {"dataset_format": meta["format"], "num_samples": index.num_samples,
                "original_source": meta.get("source", {}), "original_stats": meta.get("stats", {})}
     for _ in _read_names(index):  # every line a JSON string, one per sample: refused before any output
         pass
+    schema = Schema.from_index(meta, str(index.location))
     return Source(root=index.root, classes=index.classes, paths=_Names(index),  # type: ignore[arg-type]
-                  labels=_Ints(arrays["labels"]), sizes=_Ints(arrays["sizes"]),  # type: ignore[arg-type]
+                  labels=_Ints(index.labels), sizes=_Ints(arrays["sizes"]),  # type: ignore[arg-type]
                   kind="dataset", details=details, _fingerprint=h.hexdigest(),
-                  order=meta.get("order") or {"kind": "source"})  # the samples keep the dataset's order
+                  order=meta.get("order") or {"kind": "source"},  # the samples keep the dataset's order
+                  schema=None if schema.is_default else schema)
 
 
 def close_source(source: Source) -> None:
@@ -293,6 +296,13 @@ def prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
     """A prepare stage (``packer.workers.PrepareStage``) that reads the packed dataset ``index``."""
 
     def stage(source: Source, start: int, opts: ImageOptions, workers: int) -> Iterator[Outcome]:
+        outcomes = images(source, start, opts, workers)
+        if source.schema is None or not source.schema.extra_fields:
+            yield from outcomes
+            return
+        yield from _with_fields(index, start, outcomes)
+
+    def images(source: Source, start: int, opts: ImageOptions, workers: int) -> Iterator[Outcome]:
         opts = replace(opts, validate=False, max_side=None, max_pixels=1 << 62)
         samples = _checked(index, start)
         pixels_in = index.meta["storage"]["kind"] == "pixels"
@@ -306,6 +316,29 @@ def prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
                                     describe=lambda n: f"sample {start + n} of {index.location}")
 
     return stage
+
+
+def _with_fields(index: spec.Index, start: int, outcomes: Iterator[Outcome]) -> Iterator[Outcome]:
+    """The outcomes with each sample's extra field blobs (``packer.verify_fields.StoredFields``), each
+    checked against ``field_checksums.npy``: a mismatch stops the work, as for the images."""
+    from packer.formats.fieldstore import FIELD_CHECKSUMS
+    from packer.verify_fields import StoredFields
+
+    stored = StoredFields(Path(index.root), index.meta)
+    crcs = np.load(Path(index.root) / FIELD_CHECKSUMS, mmap_mode="r", allow_pickle=False)
+    try:
+        for i, outcome in enumerate(outcomes, start=start):
+            blobs = stored.blobs(i)
+            for j, (f, blob) in enumerate(zip(stored.fields, blobs)):
+                if isinstance(blob, Exception) or spec.checksum(blob) != int(crcs[i, j]):
+                    what = "cannot be read" if isinstance(blob, Exception) else "checksum mismatch"
+                    raise PackError(f"{stored.where(f, i)} sample {i} field {f.name!r}: {what}, the stored field "
+                                    f"changed since packing; run 'pack-dataset verify {index.root}' to list the damage")
+            yield outcome._replace(fields=blobs)
+    finally:
+        del crcs  # a memory map holds a descriptor
+        outcomes.close()
+        stored.close()
 
 
 # ---------------------------------------------------------------------------- the command

@@ -146,6 +146,8 @@ def _complete(root: Path | str, index: spec.Index, usage: tuple[int, int] | None
         "spec_version": meta.get("spec_version"), "checksum": meta.get("checksum"),
         "samples": index.num_samples,
         "classes": ClassList(meta["classes"], meta.get("class_counts")),  # made as asked for (50M classes)
+        "fields": meta.get("fields") or [{"name": "image", "type": "image"}, {"name": "label", "type": "int32"}],
+        "field_stats": meta.get("field_stats") or {},
         "bytes_on_disk": size, "files": files,
         "storage": meta.get("storage", {}),
         "shards": len(meta.get("shards", [])) if meta["format"] == "wds" else None,
@@ -289,6 +291,28 @@ def _class_lines(classes: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _field_lines(fields: list[dict[str, Any]], stats: dict[str, Any]) -> list[str]:
+    """The schema, one line per field with what index.json's ``field_stats`` says of it."""
+    if not fields:
+        return []
+    if not stats:  # image + label, as every dataset before fields: one line (the classes follow)
+        return ["  fields       " + ", ".join(f"{f.get('name')} ({f.get('type')})" for f in fields)]
+    width = max(len(str(f.get("name"))) for f in fields)
+    lines = [f"  fields       {len(fields)}"]
+    for f in fields:
+        st, text = stats.get(f.get("name")) or {}, ""
+        if "min_bytes" in st:
+            text = f"{st['min_bytes']}..{st['max_bytes']} bytes per sample, {st['bytes']:,} in all"
+        if "min_rows" in st:
+            text += f"; {st['min_rows']}..{st['max_rows']} rows"
+        if "min" in st:
+            text += f"; values {st['min']}..{st['max']}"
+        if f.get("classes"):
+            text += f"; {len(f['classes'])} class names"
+        lines.append(f"    {str(f.get('name')):<{width}}  {str(f.get('type')):<14} {text}".rstrip())
+    return lines
+
+
 def _counts(d: dict[str, Any]) -> str:
     return f"{d['rejected']} rejected, {d['repaired']} repaired, {d['reencoded']} re-encoded"
 
@@ -318,7 +342,9 @@ def render(d: dict[str, Any]) -> str:
     lines.append(f"  split        {d.get('split')}")
     if d["state"] == "complete":
         lines.append(f"  samples      {d['samples']}")
-        lines += _class_lines(d["classes"])
+        lines += _field_lines(d.get("fields") or [], d.get("field_stats") or {})
+        if d["classes"] or any(f.get("name") == "label" for f in d.get("fields") or []):
+            lines += _class_lines(d["classes"])
     shards = f", {d['shards']} shard{'s' if d.get('shards') != 1 else ''}" if d.get("shards") else ""
     size = d["bytes_on_disk"]
     lines.append(f"  on disk      {_mb(size)} ({size:,} bytes in {d['files']} files{shards})")

@@ -78,6 +78,7 @@ class Flag:
     required: bool = False
     exclusive_group: str | None = None  # flags sharing a group name cannot be given together
     show: Callable[[Any], str] = str
+    metavar: str | None = None
     commands: tuple[str, ...] = ("pack",)  # the pack-dataset subcommands that take this flag
 
     def help_for(self, default: Any) -> str:
@@ -142,6 +143,19 @@ class PackOptions:
         help="auto: sub-folders named train, val, test, ... (each a class tree) are packed as splits "
              "(default); none: one dataset; or sub-folder names separated by commas"))
 
+    # manifest and COCO sources (packer.rowsource); recorded only when set
+    image_column: str = field(default="image", metadata=_flag(
+        "--image-column", metavar="NAME",
+        help="manifest (.csv/.jsonl/.parquet): the column holding the image path, URL or bytes (default {default})"))
+    fields: str | None = field(default=None, metadata=_flag(
+        "--fields", metavar="NAME:TYPE,...",
+        help="manifest: state column types instead of inferring them, e.g. caption:text,boxes:float32[*,4] "
+             "(types: image text json bytes int float int8..uint64 float16..float64 DTYPE[N,...] DTYPE[*,...])"))
+    images: str | None = field(default=None, metadata=_flag(
+        "--images", metavar="DIR",
+        help="COCO instances .json source: the folder of its images (default: COCO's layout, "
+             "annotations/instances_val2017.json beside val2017/)"))
+
     # None: the format's default (spec.DEFAULT_ORDER); resolved by order_kind()
     order: str | None = field(default=None, metadata=_flag(
         "--order", choices=ORDER_KINDS,
@@ -197,6 +211,9 @@ class PackOptions:
         d = asdict(self)
         for volatile in ("workers", "overwrite", "resume", "strict", "splits", "engine", "ray_address", "ray_chunk"):
             d.pop(volatile)
+        for name, default in (("image_column", "image"), ("fields", None), ("images", None)):
+            if d[name] == default:  # recorded only when given: indexes of image folders stay as they were
+                d.pop(name)
         d["order"] = self.order_kind()
         return d
 

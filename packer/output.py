@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from packer.errors import OutputError, OutputExistsError
+from packer.formats.fieldstore import is_field_file
 from packer.options import PackOptions
 from readers import spec
 
@@ -245,7 +246,7 @@ def _foreign(folder: Path, split_hint: str | None) -> str | None:
     shards, patterns = _shard_names(folder, {split_hint} if split_hint else set())
     for e in _entries(folder):
         ours = e.is_file(follow_symlinks=False) and (
-            e.name in known or e.name in shards or any(p.fullmatch(e.name) for p in patterns))
+            e.name in known or is_field_file(e.name) or e.name in shards or any(p.fullmatch(e.name) for p in patterns))
         if not ours:
             return e.name
     return None

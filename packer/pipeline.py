@@ -39,6 +39,7 @@ import numpy as np
 
 from packer.errors import OutputExistsError, PackError
 from packer.formats.base import FormatWriter, merged
+from packer.formats.fieldstore import is_field_file
 from packer.journal import Journal, SideFiles, option_differences
 from packer.options import PackOptions
 from packer.output import LOCK_NAME, known_names
@@ -46,6 +47,7 @@ from packer.source import Source
 from packer.workers import Outcome, PrepareStage
 from packer.workers import prepare as prepare_locally
 from readers import spec
+from readers.fields import Schema
 
 __all__ = ["SplitResult", "pack_split", "PackProgress", "VERSION"]
 
@@ -134,7 +136,7 @@ def pack_split(
     try:
         if resumed is None:  # before any data file: from now on the folder reads as an unfinished pack
             journal.save(out)
-        writer = writer_cls(out, split, options, source.total_bytes)
+        writer = writer_cls(out, split, options, source.total_bytes, schema=source.schema)
         writer.open(journal.done, journal.writer)
         stage = _WriteStage(source, out, options, writer, journal, progress, after_checkpoint)
         outcomes = prepare(source, resumed_from, options.image_options(want_pixels=writer.pixels), workers)
@@ -262,7 +264,10 @@ class _WriteStage:
     def _store(self, pos: int, outcome: Outcome) -> None:
         prep, label, journal = outcome.prepared, self.source.labels[pos], self.journal
         assert prep is not None
-        locations = self.writer.append(journal.done, prep, label)
+        if outcome.fields is None:
+            locations = self.writer.append(journal.done, prep, label)
+        else:
+            locations = self.writer.append(journal.done, prep, label, outcome.fields)
         record = {
             "labels": label, "checksums": outcome.crc, "heights": prep.height, "widths": prep.width,
             "sizes": prep.nbytes,
@@ -286,6 +291,8 @@ class _WriteStage:
         arrays = {name: recs[name] for name in spec.REQUIRED_ARRAYS[self.options.format]}
         meta = self._meta(recs)
         meta = merged(meta, self.writer.finalize(meta, arrays))
+        if self.writer.field_store is not None:  # bytes (and rows or values) per extra field, for info
+            meta["field_stats"] = self.writer.field_store.stats
         meta[spec.FILES_CRC_KEY] = file_crcs(self.out, meta)
         spec.write_index(self.out, meta, arrays)
         Journal.discard(self.out)
@@ -302,7 +309,8 @@ class _WriteStage:
         with os.scandir(self.out) as it:
             entries = list(it)
         for entry in entries:
-            if entry.name not in keep and (entry.name in known or entry.name.startswith(shard)
+            if entry.name not in keep and (entry.name in known or is_field_file(entry.name)
+                                           or entry.name.startswith(shard)
                                            and entry.name.endswith((".tar", ".tar.tmp"))):
                 os.unlink(entry.path)
         spec.fsync_dir(self.out)
@@ -311,12 +319,20 @@ class _WriteStage:
 
     def _meta(self, recs: np.ndarray) -> dict[str, Any]:
         source, journal, pixels = self.source, self.journal, self.writer.pixels
-        return {
+        schema = source.schema if source.schema is not None else Schema.default(source.classes)
+        label = schema.labels_field
+        if label is not None and label.classes != dict(enumerate(source.classes)):  # index.json's classes name it
+            schema = Schema(tuple(dataclasses.replace(f, classes=dict(enumerate(source.classes))) if f is label else f
+                                  for f in schema.fields))
+        counts = {} if schema.labels_field is None else {  # a schema without a label: labels.npy holds zeros
+            "class_counts": np.bincount(recs["labels"], minlength=len(source.classes)).tolist()}
+        meta = {
+            **counts,
             "format": self.options.format,
+            "fields": schema.to_json()["fields"],
             "split": journal.identity["split"],
             "num_samples": journal.done,
             "classes": source.classes,
-            "class_counts": np.bincount(recs["labels"], minlength=len(source.classes)).tolist(),
             "storage": {
                 "kind": "pixels" if pixels else "encoded",
                 "encodings": dict(sorted(journal.encodings.items())),
@@ -336,6 +352,8 @@ class _WriteStage:
                       "reencoded": journal.changed, "repaired": journal.repaired},
             "created_by": f"dataset-packer {VERSION}",
         }
+        meta["spec_version"] = spec.spec_version_for(meta)  # 1 for image + label, 2 for any other schema
+        return meta
 
 
 def file_crcs(out: Path, meta: dict[str, Any]) -> dict[str, int]:

@@ -81,6 +81,9 @@ class Source:
     #: folder scan; None otherwise): ``prefix_fingerprint`` covers them, so ``--resume`` sees a file already
     #: packed that was rewritten with the same size
     mtimes: Any = field(default=None, repr=False, compare=False)
+    #: the samples' typed fields (``readers.fields.Schema``); None: image + label, as an ImageFolder gives.
+    #: A source with other fields has its own ``prepare`` stage, whose outcomes carry the fields' blobs.
+    schema: Any = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

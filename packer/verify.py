@@ -10,7 +10,8 @@ fails those checks is reported once and its samples are not read (mapping
 a truncated file could kill the process). Then each sample's stored bytes
 are re-read through the format's reader and their CRC-32 compared with the
 index; for ``wds`` each whole shard's CRC-32 and size too, and every tar
-header in front of a sample.
+header in front of a sample. Typed fields: each extra field's blob against
+``field_checksums.npy`` (:mod:`packer.verify_fields`).
 
 Exit code 0 when everything matches, 1 when anything is damaged, missing
 or unreadable (one line each; never a traceback). Remote datasets
@@ -184,6 +185,9 @@ def verify(path: str | os.PathLike | spec.Index,
             tick(len(ds))
     finally:
         ds.close()
+    from packer.verify_fields import verify_fields
+
+    verify_fields(Path(root), index.meta, report)  # typed fields: field_checksums.npy
     _check_names(index, report)
     return report
 

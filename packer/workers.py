@@ -37,6 +37,8 @@ class Outcome(NamedTuple):
     crc: int = 0  # CRC-32 of what is stored (encoded bytes, or pixels in pixels mode)
     problem: str = ""  # why it was rejected (one line), or the read error naming the file
     unreadable: bool = False  # True: ``problem`` is a read error, which stops the pack (resumable)
+    #: the encoded blobs of the source schema's extra fields (``Schema.extra_fields``, in order); None: none
+    fields: tuple[bytes, ...] | None = None
 
 
 #: (source, first source position, image options, worker count) -> outcomes from that position on

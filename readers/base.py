@@ -17,18 +17,21 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from readers import spec
 from readers.checks import check_index
+from readers.collate import Sample, SampleDict
 from readers.compose import accepts_bytes, warn_if_fused_lost
 from readers.decode import DecodeError, decode_rgb
+from readers.fields import Field, Schema
+from readers.perprocess import PerProcess
 from readers.resolve import resolve_index
 
-__all__ = ["PackedDataset", "MapReader", "to_chw", "IMAGE_KINDS"]
+__all__ = ["PackedDataset", "MapReader", "to_chw", "IMAGE_KINDS", "INDEX_KEY", "load_column"]
 
 #: What a reader's decoded image is: a uint8 CHW tensor, or a PIL RGB image (torchvision pipelines).
 IMAGE_KINDS = ("tensor", "pil")
@@ -46,6 +49,27 @@ def to_chw(arr: np.ndarray) -> torch.Tensor:
     if not chw.flags.writeable or np.shares_memory(chw, arr):
         chw = chw.copy()
     return torch.from_numpy(chw)
+
+
+#: In a dict sample (``fields=None`` on a dataset without ``label``) with ``return_index=True``: the
+#: key of the sample index (field names never start with ``__``).
+INDEX_KEY = "__index__"
+
+
+def load_column(path: str, field: Field, n: int) -> np.ndarray:
+    """Fixed-size field ``field``'s ``(n, *shape)`` index array at ``path``, mapped read-only (the
+    page cache, shared by every worker), its dtype and shape checked against the schema."""
+    os.close(spec.open_regular(path, f"field {field.name!r} array"))  # a regular file, never blocking
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise spec.DatasetFormatError(f"{path}: field {field.name!r} array is damaged ({exc})") from None
+    want = (n, *field.type.shape)
+    if arr.dtype != field.type.dtype or arr.shape != want:
+        raise spec.DatasetFormatError(
+            f"{path}: field {field.name!r} array holds {arr.dtype.str} {arr.shape}; the schema says "
+            f"{field.type.name} for {n} samples ({field.type.dtype.str} {want})")
+    return arr
 
 
 class _IndexArray(NamedTuple):
@@ -76,6 +100,8 @@ class PackedDataset:
         storage_options: dict[str, Any] | None = None,
         retry: Any = None,
         progress: Callable[[int, int], None] | None = None,
+        fields: Sequence[str] | None = None,
+        sample_transform: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         """``source``: a dataset folder or URL, or its index as :func:`readers.spec.read_index` returned it.
 
@@ -88,6 +114,16 @@ class PackedDataset:
         ``retry`` reach the store; ``cache_dir`` / ``cache_limit`` name the
         node-local cache (see docs/remote.md); ``progress(done, total)`` follows
         a download made while opening. All five are ignored for a local folder.
+
+        Fields (docs/fields.md): ``fields=("image", "caption")`` gives each sample as a tuple of
+        those fields in that order, and reads nothing of the others; an unknown name is a
+        ValueError listing the dataset's fields. ``fields=None`` gives ``(image, label)`` for a
+        dataset whose samples have a ``label`` (every dataset of images in class folders), else
+        a dict of every field. ``transform`` applies to the ``image`` field only;
+        ``sample_transform`` receives the whole sample as a dict ``{field: value}`` (after
+        ``transform``) and returns the item: a dict it returns is laid out as above (a tuple in
+        ``fields=`` order, or the dict), anything else is the item as it is. ``return_index``
+        appends the sample index to a tuple, or sets ``"__index__"`` in a dict.
         """
         if image not in IMAGE_KINDS:
             raise ValueError(f"image must be one of {IMAGE_KINDS}, got {image!r}")
@@ -118,6 +154,114 @@ class PackedDataset:
         self.image = image
         self._fused = accepts_bytes(transform)
         warn_if_fused_lost(transform)
+        #: The dataset's fields (readers.fields.Schema; image + label for a dataset packed before fields).
+        self.schema = Schema.from_index(index.meta, self.location_of(spec.INDEX_NAME))
+        self.sample_transform = sample_transform
+        self._select(fields)
+        self._columns: PerProcess[dict[str, np.ndarray]] = PerProcess(dict)  # field -> mapped column
+
+    # ------------------------------------------------------------ fields
+    def _select(self, fields: Sequence[str] | None) -> None:
+        """Which fields each item holds: ``self.fields`` is None for today's ``(image, label)`` item
+        (the fast path), else the names in order; ``self._as_dict`` when items are dicts."""
+        schema, self._as_dict = self.schema, False
+        if isinstance(fields, (str, bytes)):
+            raise ValueError(f"fields= takes a sequence of field names, e.g. ({fields!r},); the fields are "
+                             f"{', '.join(schema.names)}")
+        if fields is not None:
+            names = tuple(f.name for f in schema.select(fields))  # ValueError naming an unknown one
+            if len(set(names)) != len(names):
+                raise ValueError(f"fields= names a field twice: {', '.join(names)}")
+            self.fields: tuple[str, ...] | None = names
+        elif "image" in schema and "label" in schema:
+            fast = self.sample_transform is None and spec.has_label(self.meta)  # the label is labels.npy
+            self.fields = None if fast else ("image", "label")
+        else:
+            self.fields, self._as_dict = schema.names, True
+        variable = [n for n in self.fields or () if not schema[n].type.fixed and schema[n].type.shape]
+        self._variable = frozenset(variable if self._as_dict else (self.fields.index(n) for n in variable))
+
+    def _column(self, field: Field) -> np.ndarray:
+        """Fixed field ``field``'s ``(N, *shape)`` column, mapped in this process on first use."""
+        columns = self._columns.get()
+        arr = columns.get(field.name)
+        if arr is None:
+            arr = columns[field.name] = self._open_column(field)
+        return arr
+
+    def _open_column(self, field: Field) -> np.ndarray:
+        """wds, lmdb, mmap: ``field-<name>.npy`` beside the index (``label``: ``labels.npy`` when the
+        dataset has no ``field-label.npy``, as every dataset packed before fields)."""
+        name = spec.array_file(spec.field_array_name(field.name))
+        if field.name == "label" and not self._has_file(name):
+            return self.labels
+        return load_column(self.file_ref(name)(), field, len(self.labels))
+
+    def _has_file(self, name: str) -> bool:
+        if self.remote is not None:
+            return name in (self.meta.get("files") or {}) or name in (self.meta.get(spec.ARRAYS_KEY) or {})
+        return os.path.lexists(Path(self.root) / name)
+
+    def _read_blobs(self, i: int, fields: Sequence[Field]) -> dict[str, Any]:
+        """The stored blobs of sample ``i``'s variable-size ``fields`` (each format: its layout)."""
+        raise NotImplementedError(f"{type(self).__name__} stores no variable-size fields")
+
+    def _value(self, i: int, field: Field, data: Any) -> Any:
+        """The decoded value of ``field`` from its stored blob (``image``: through ``transform``)."""
+        try:
+            if field.name == "image":
+                return self._convert(data)
+            if field.type.name == "image":  # a second image (a mask): decoded as asked, no transform
+                if not self.decode:
+                    return bytes(data)
+                hwc = decode_rgb(data)
+                if self.image == "pil":
+                    from PIL import Image
+
+                    return Image.fromarray(np.ascontiguousarray(hwc), "RGB")
+                return to_chw(hwc)
+            return self._decode_blob(field, data)
+        except (DecodeError, ValueError) as exc:
+            raise spec.DatasetFormatError(f"{self.where(i)} sample {i} field {field.name!r}: {exc}") from exc
+
+    def _decode_blob(self, field: Field, data: Any) -> Any:
+        """A stored blob's value: ``FieldType.decode`` (wds: its members, ``FieldType.from_member``)."""
+        return field.type.decode(data)
+
+    def _field_item(self, i: int, image: Any = None, blobs: dict[str, Any] | None = None) -> Any:
+        """Sample ``i`` with the selected fields. ``image``: its stored image when already read;
+        ``blobs``: its variable fields' blobs when already read (else read here)."""
+        schema, values = self.schema, {}
+        if blobs is None:
+            wanted = [schema[n] for n in self.fields if n != "image" and not schema[n].type.fixed]
+            blobs = self._read_blobs(i, wanted) if wanted else {}
+        for name in self.fields:
+            f = schema[name]
+            if name == "image":
+                values[name] = self._value(i, f, self.read(i) if image is None else image)
+            elif f.type.fixed:
+                values[name] = f.type.from_row(self._column(f)[i])
+            else:
+                values[name] = self._value(i, f, blobs[name])
+        if self.sample_transform is not None:
+            out = self.sample_transform(values)
+            if not isinstance(out, dict):
+                return (out, i) if self.return_index else out
+            values = out
+        if self._as_dict:
+            out = SampleDict(values, **{INDEX_KEY: i}) if self.return_index else SampleDict(values)
+            out.variable = self._variable
+            return out
+        item = tuple(values[n] for n in self.fields)
+        sample = Sample(item + (i,) if self.return_index else item)
+        sample.variable = self._variable
+        return sample
+
+    def _make(self, i: int) -> Any:
+        """The item of sample ``i``, read by random access."""
+        if self.fields is None:
+            return self._item(i, self.read(i))
+        return self._field_item(i)
 
     # ------------------------------------------------------------ items
     def _label(self, i: int) -> int:
@@ -190,6 +334,9 @@ class PackedDataset:
 
     def close(self) -> None:
         """Close this process's handles (safe to call more than once)."""
+        columns = getattr(self, "_columns", None)
+        if columns is not None:
+            columns.close()  # drops this process's mapped field columns
         remote = getattr(self, "remote", None)
         if remote is not None:
             remote.close()  # unpins this process's cached copies
@@ -250,9 +397,8 @@ class MapReader(PackedDataset, torch.utils.data.Dataset):
     def read_many(self, indices: list[int]) -> list[Any]:
         return [self.read(i) for i in indices]
 
-    def __getitem__(self, i: int) -> tuple:
-        i = self._check(i)
-        return self._item(i, self.read(i))
+    def __getitem__(self, i: int) -> Any:
+        return self._make(self._check(i))
 
     def batchable(self) -> bool:
         """True when ``get_batch`` reads whole batches with these settings (see ``readers.batch``)."""
@@ -268,9 +414,11 @@ class MapReader(PackedDataset, torch.utils.data.Dataset):
         A list of items, or, when the reader is ``batchable()``, a
         ``readers.batch.GatheredItems``: the same items as a sequence, which
         ``readers.loader.Collate`` turns into the batch in one read instead."""
-        if self.batchable():
+        if self.fields is None and self.batchable():
             from readers.batch import GatheredItems
 
             return GatheredItems(self, indices)
         indices = [self._check(i) for i in indices]
+        if self.fields is not None:
+            return [self._field_item(i) for i in indices]
         return [self._item(i, d) for i, d in zip(indices, self.read_many(indices))]

@@ -103,7 +103,7 @@ def _check_class_counts(index: spec.Index, num_classes: int, path: Path) -> None
     """index.json's class_counts (when recorded) must be what labels.npy counts: a label changed
     without its checksum being kept in step (or in a dataset packed before checksums) shows here."""
     counts = index.meta.get("class_counts")
-    if counts is None:
+    if counts is None or "labels" not in index.arrays:
         return
     if not (isinstance(counts, list) and len(counts) == num_classes and all(_whole(c) for c in counts)):
         raise _fail(path, f"class_counts must list one count per class ({num_classes})")
@@ -170,9 +170,10 @@ def _first_bad(name: str, index: spec.Index, bad: Callable[[slice], np.ndarray],
 
 def _check_arrays(index: spec.Index, num_classes: int) -> None:
     a, root, n, fmt = index.arrays, index, index.num_samples, index.format
-    labels = a["labels"]
-    _first_bad("labels", root, lambda s: (labels[s] < 0) | (labels[s] >= num_classes), n,
-               lambda i: f"label {labels[i]} is outside the {num_classes} classes {spec.INDEX_NAME} lists")
+    labels = a.get("labels")
+    if labels is not None and spec.has_label(index.meta):  # a schema without a label: labels.npy means nothing
+        _first_bad("labels", root, lambda s: (labels[s] < 0) | (labels[s] >= num_classes), n,
+                   lambda i: f"label {labels[i]} is outside the {num_classes} classes {spec.INDEX_NAME} lists")
     sizes = a["sizes"]
     _first_bad("sizes", root, lambda s: sizes[s] < 0, n, lambda i: f"size {sizes[i]} is negative")
     for name in ("offsets", "heights", "widths"):

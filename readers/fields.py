@@ -68,7 +68,9 @@ __all__ = [
     "image_extension",
     "NUMERIC_DTYPES",
     "KNOWN_TYPES",
+    "blob_member",
 ]
+
 
 #: Scalar dtype names a numeric type may use, with ``int`` = int64 and ``float`` = float64.
 NUMERIC_DTYPES: Mapping[str, np.dtype] = {
@@ -487,6 +489,17 @@ _SIMPLE: Mapping[str, FieldType] = {"image": ImageType(), "text": TextType(), "j
 _TYPE_RE = re.compile(r"([a-z][a-z0-9]*)(?:\[([^\[\]]*)\])?\Z")
 
 
+_INT32 = NumericType("int32")
+
+
+def blob_member(t: FieldType, blob: bytes | bytearray | memoryview) -> tuple[str, bytes]:
+    """``(extension, bytes)`` of the WebDataset member of a field whose stored blob (``encode``) is ``blob``:
+    the blob itself for text, json, bytes and images, ``t.to_member`` of the value for numbers."""
+    if isinstance(t, NumericType):
+        return t.to_member(t.decode(blob))
+    return t.extension(blob), bytes(blob)
+
+
 def _known() -> str:
     return ", ".join(KNOWN_TYPES)
 
@@ -720,6 +733,28 @@ class Schema:
     @property
     def variable_fields(self) -> tuple[Field, ...]:
         return tuple(f for f in self.fields if not f.type.fixed)
+
+    @property
+    def labels_field(self) -> Field | None:
+        """The field kept in ``labels.npy`` (and ``/labels``, ``key.cls``) as before fields existed: an
+        ``int32`` scalar named ``label``; None when the schema has none (then ``labels.npy`` holds zeros)."""
+        for f in self.fields:
+            if f.name == "label" and f.type == _INT32:
+                return f
+        return None
+
+    @property
+    def extra_fields(self) -> tuple[Field, ...]:
+        """The fields stored beside the ``image`` field and :attr:`labels_field`, in schema order: the
+        ones each format stores by the field layout (``docs/fields.md``) and ``field_checksums.npy`` covers."""
+        keep = self.labels_field
+        return tuple(f for f in self.fields if f.name != "image" and f is not keep)
+
+    @property
+    def is_default(self) -> bool:
+        """True for ``image`` + ``label`` (int32): what the previous release wrote (``spec_version`` 1)."""
+        return self.names == ("image", "label") and self.fields[0].type == _SIMPLE["image"] \
+            and self.labels_field is not None
 
     def field_of_member(self, suffix: str) -> Field | None:
         """The field stored as WebDataset member ``key.<suffix>``, or None."""

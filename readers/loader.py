@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from readers import shmring
 from readers.batch import GatheredItems, byte_batch, shared_tensor
+from readers.collate import collate_fields, is_field_batch
 from readers.env import default_workers, die_with_parent
 from readers.order import batch_counts, worker_lengths
 from readers.registry import open_dataset
@@ -82,6 +83,8 @@ def collate(batch: Sequence[tuple]) -> tuple:
     """Collate (image, label[, index]) items: stack equal-shape images, pack bytes flat."""
     if isinstance(batch, GatheredItems):  # a whole-batch read (readers.batch)
         return batch.gather()
+    if is_field_batch(batch):  # samples with typed fields (readers.collate, docs/fields.md)
+        return collate_fields(batch)
     columns = list(zip(*batch))
     out = [_collate_images(columns[0])]
     out += [torch.as_tensor(c, dtype=torch.int64) for c in columns[1:]]
@@ -100,7 +103,7 @@ class Collate:
         self.ring = shmring.ShmSlots(slots) if shmring.available() else None
 
     def __call__(self, batch: Sequence[tuple]) -> Any:
-        if (self.ring is not None and batch and not isinstance(batch, GatheredItems)
+        if (self.ring is not None and batch and not isinstance(batch, GatheredItems) and not is_field_batch(batch)
                 and isinstance(batch[0][0], (bytes, bytearray)) and get_worker_info() is not None):
             images, *rest = zip(*batch)
             packed = self.ring.pack(images, tuple(torch.as_tensor(c, dtype=torch.int64) for c in rest))

@@ -83,6 +83,11 @@ __all__ = [
     "lock_holder",
     "pack_in_progress",
     "SPEC_VERSION",
+    "READABLE_VERSIONS",
+    "spec_version_for",
+    "has_label",
+    "required_arrays",
+    "field_array_name",
     "FORMATS",
     "ARRAY_DTYPES",
     "REQUIRED_ARRAYS",
@@ -138,7 +143,12 @@ STATE_NAME = "pack-state.json"
 #: A running pack holds an exclusive ``flock`` on this file in each folder it writes; the file holds
 #: its pid and was written when the pack started (a killed pack leaves it unlocked: stale, ignored).
 LOCK_NAME = ".pack-lock"
+#: The version written for a dataset of image + label (the default schema): every release reads it.
 SPEC_VERSION = 1
+#: Versions this release reads: 1 (image + label; ``"fields"`` optional) and 2 (any schema, see
+#: docs/fields.md; written only when the schema is not the default one, so that a release reading
+#: only version 1 refuses it instead of misreading it).
+READABLE_VERSIONS = (1, 2)
 FORMATS = ("wds", "lmdb", "hdf5", "mmap")
 CHECKSUM_ALGO = "crc32"
 #: index.json key: data file name -> CRC-32 of the whole file (beside ``files``: name -> bytes).
@@ -202,6 +212,40 @@ ORDER_KINDS = ("shuffled", "source")
 #: The pack-time order each format gets by default: wds is read sequentially shard by shard, so
 #: its samples are shuffled at pack time; the map-style readers shuffle globally when read.
 DEFAULT_ORDER: Mapping[str, str] = {"wds": "shuffled", "lmdb": "source", "hdf5": "source", "mmap": "source"}
+
+
+def has_label(meta: Mapping[str, Any]) -> bool:
+    """Whether ``labels.npy`` holds the samples' ``label`` (an ``int32`` field named ``label``, as in
+    every index without ``"fields"``); otherwise it holds zeros or is left out, and is not range-checked."""
+    fields = meta.get("fields")
+    return not isinstance(fields, list) or any(isinstance(f, dict) and f.get("name") == "label"
+                                               and f.get("type") == "int32" for f in fields)
+
+
+def spec_version_for(meta: Mapping[str, Any]) -> int:
+    """The ``spec_version`` an index with this metadata is written with: 1 when its ``"fields"``
+    are absent or exactly the default schema (``image``, then ``label`` int32 named by the
+    ``classes``), 2 for any other schema (see :data:`READABLE_VERSIONS`)."""
+    fields = meta.get("fields")
+    if fields is None:
+        return SPEC_VERSION
+    default = [{"name": "image", "type": "image"},
+               {"name": "label", "type": "int32", "classes": list(meta.get("classes") or [])}]
+    return SPEC_VERSION if fields == default else 2
+
+
+def required_arrays(meta: Mapping[str, Any]) -> tuple[str, ...]:
+    """The index arrays a dataset with this metadata has: :data:`REQUIRED_ARRAYS` of its format,
+    less ``labels`` when its schema has no ``label`` (a caption dataset may leave it out)."""
+    names = REQUIRED_ARRAYS[meta["format"]]
+    if has_label(meta):
+        return names
+    return tuple(n for n in names if n != "labels")
+
+
+def field_array_name(field: str) -> str:
+    """The index array (``field-<name>.npy``) holding fixed-size field ``field`` (wds, lmdb, mmap)."""
+    return f"field-{field}"
 
 
 def order_permutation(n: int, seed: int) -> np.ndarray:
@@ -290,7 +334,12 @@ class Index:
 
     @property
     def labels(self) -> np.ndarray:
-        return self.arrays["labels"]
+        """``labels.npy``; for a dataset whose schema has no ``label`` and that left it out, zeros
+        (read-only, no memory: what ``len``, subsets and samplers count by)."""
+        labels = self.arrays.get("labels")
+        if labels is None:
+            labels = np.broadcast_to(np.zeros(1, dtype=ARRAY_DTYPES["labels"]), (self.num_samples,))
+        return labels
 
     def names(self) -> Iterator[str]:
         """Source path of each sample, in sample order (read lazily).
@@ -474,7 +523,9 @@ def read_index(root: str | os.PathLike | Any) -> Index:
     buf = read_regular(member_path(root, INDEX_NAME, "index"), "index", limit=MAX_INDEX_JSON_BYTES)
     meta = _parse_meta(buf, path)
     n, recorded = meta["num_samples"], _recorded(meta, path)
-    loaded = {name: _load_array(root, name, n, recorded and recorded[name]) for name in REQUIRED_ARRAYS[meta["format"]]}
+    optional = () if has_label(meta) or not (root / array_file("labels")).exists() else ("labels",)
+    loaded = {name: _load_array(root, name, n, recorded and recorded.get(name))
+              for name in required_arrays(meta) + optional}
     return Index(root=root, meta=meta, arrays={k: v[0] for k, v in loaded.items()},
                  sources={k: v[1] for k, v in loaded.items()})
 
@@ -483,9 +534,9 @@ def _recorded(meta: dict[str, Any], path: Path | str) -> dict[str, Any] | None:
     """index.json's array checksums (None for a dataset packed before they were recorded)."""
     recorded = meta.get(ARRAYS_KEY)
     if recorded is not None and not (isinstance(recorded, dict)
-                                     and all(a in recorded for a in REQUIRED_ARRAYS[meta["format"]])):
+                                     and all(a in recorded for a in required_arrays(meta))):
         raise DatasetFormatError(f"{path}: {ARRAYS_KEY!r} must list a checksum for each of "
-                                 f"{', '.join(REQUIRED_ARRAYS[meta['format']])}")
+                                 f"{', '.join(required_arrays(meta))}")
     return recorded
 
 
@@ -498,9 +549,10 @@ def _parse_meta(raw: bytes | bytearray, path: Path | str) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise DatasetFormatError(f"{path}: unreadable index (a JSON {type(meta).__name__}, not an object)")
     version = meta.get("spec_version")
-    if version != SPEC_VERSION:
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise DatasetFormatError(
-            f"{path}: spec_version {version!r}, this dataset-packer reads version {SPEC_VERSION}"
+            f"{path}: spec_version {version!r}, this dataset-packer reads version "
+            f"{' or '.join(map(str, READABLE_VERSIONS))}"
         )
     fmt = meta.get("format")
     if not isinstance(fmt, str) or fmt not in REQUIRED_ARRAYS:
@@ -524,7 +576,7 @@ def _read_index_store(store: Any) -> Index:
     path = store.url_of(INDEX_NAME)
     meta = _parse_meta(raw, path)
     n, recorded = meta["num_samples"], _recorded(meta, path)
-    names = REQUIRED_ARRAYS[meta["format"]]
+    names = required_arrays(meta)
 
     def load(name: str) -> np.ndarray:
         try:
@@ -615,10 +667,10 @@ def write_index(root: str | os.PathLike, meta: dict[str, Any], arrays: Mapping[s
     """
     root = Path(root)
     fmt = meta["format"]
-    missing = set(REQUIRED_ARRAYS[fmt]) - set(arrays)
+    missing = set(required_arrays(meta)) - set(arrays)
     if missing:
         raise ValueError(f"format {fmt!r} needs index arrays {sorted(missing)}")
     recorded = {name: _save_array(root, name, values)[1] for name, values in arrays.items()}
-    meta = dict(meta, spec_version=SPEC_VERSION, checksum=CHECKSUM_ALGO)
-    meta[ARRAYS_KEY] = {name: recorded[name] for name in REQUIRED_ARRAYS[fmt]}
+    meta = dict(meta, spec_version=spec_version_for(meta), checksum=CHECKSUM_ALGO)
+    meta[ARRAYS_KEY] = {name: recorded[name] for name in arrays if name in REQUIRED_ARRAYS[fmt]}
     write_json_atomic(root / INDEX_NAME, meta)

@@ -287,14 +287,16 @@ def test_hf_rejects_and_unlabelled_rows(tmp_path, quiet_datasets):
 
 
 @pytest.mark.slow  # subprocess
-def test_hf_without_a_class_label_is_refused(tmp_path, quiet_datasets):
+def test_hf_without_an_image_is_refused(tmp_path, quiet_datasets):
+    # without a ClassLabel a dataset is imported with typed fields (tests/test_fields_pack.py);
+    # without an Image it is refused
     datasets = quiet_datasets
-    ds = datasets.Dataset.from_dict({"image": [{"bytes": b"x", "path": None}], "label": [0]},
-                                    features=datasets.Features({"image": datasets.Image(),
+    ds = datasets.Dataset.from_dict({"picture": [b"x"], "label": [0]},
+                                    features=datasets.Features({"picture": datasets.Value("binary"),
                                                                 "label": datasets.Value("int64")}))
     ds.save_to_disk(str(tmp_path / "hf"))
     r = run(tmp_path / "hf", "-f", "wds", "-o", tmp_path / "out")
-    assert r.returncode == 2 and "needs a ClassLabel column" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "needs an Image column" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_shuffled_imports_read_in_the_written_order(tmp_path, quiet_datasets):

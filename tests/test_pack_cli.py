@@ -283,7 +283,7 @@ def test_every_flag_reaches_its_field():
     values = {"workers": "3", "shard_size": "1GB", "shard_count": "4", "max_side": "7", "quality": "80",
               "resize": "16", "max_pixels": "5", "checkpoint_bytes": "1k",
               "order": "shuffled", "shuffle_seed": "5", "splits": "none", "engine": "ray", "ray_address": "auto",
-              "ray_chunk": "8"}
+              "ray_chunk": "8", "image_column": "img", "fields": "caption:text", "images": "val2017"}
     base = vars(build_parser().parse_args(["src", "-f", "mmap"]))
     fields = list(cli_fields())
     assert {f.name for f, _ in fields} == {f.name for f in dataclasses.fields(PackOptions)}

@@ -7,7 +7,7 @@ the source, parallel preparation, index arrays, journal, resume, progress.
 The pipeline calls, in this order::
 
     open(samples, state)                      fresh (0, None) or resumed from a checkpoint
-    append(sample_no, prepared, label)        once per sample, sample_no = 0, 1, 2, ...
+    append(sample_no, prepared, label[, fields])  once per sample, sample_no = 0, 1, 2, ...
       -> at_checkpoint_boundary()?  -> checkpoint() -> state (saved in the journal)
     end_samples(); checkpoint()               no more samples
     finalize(meta, arrays) -> extra meta      the index arrays are final
@@ -17,6 +17,14 @@ Each sample's index record holds labels, checksums, sizes, heights and
 widths (the pipeline knows them) plus the writer's ``location_fields``:
 where the sample sits in the writer's files, returned by ``append``.
 ``readers.spec.REQUIRED_ARRAYS`` decides which of them the index keeps.
+
+Typed fields: a writer made with a ``schema`` that has extra fields
+(``Schema.extra_fields``: every field but ``image`` and the ``label`` kept in
+``labels.npy``) gets their encoded blobs in ``append(..., fields)``, one per
+extra field in schema order. :attr:`FormatWriter.field_store`
+(``packer.formats.fieldstore``) keeps the fixed ones as columns, their CRCs,
+and (``variable_blobs``) the variable ones as blob + offsets; each format
+stores the rest its own way (``docs/fields.md``).
 """
 
 from __future__ import annotations
@@ -25,8 +33,10 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
+from packer.formats.fieldstore import FieldStore
 from packer.images import Prepared
 from packer.options import PackOptions
+from readers.fields import Schema
 
 __all__ = ["FormatWriter", "merged"]
 
@@ -38,12 +48,20 @@ class FormatWriter(ABC):
     location_fields: ClassVar[tuple[str, ...]] = ()
     #: True when samples are decoded pixels rather than encoded bytes
     pixels: ClassVar[bool] = False
+    #: True when :attr:`field_store` keeps variable fields as blob + offsets (formats without records)
+    variable_blobs: ClassVar[bool] = False
 
-    def __init__(self, root: Path, split: str, options: PackOptions, estimated_bytes: int) -> None:
+    def __init__(self, root: Path, split: str, options: PackOptions, estimated_bytes: int,
+                 schema: Schema | None = None) -> None:
         self.root = root
         self.split = split
         self.options = options
         self.estimated_bytes = estimated_bytes
+        #: the samples' fields (None: image + label, as before fields existed)
+        self.schema = schema
+        self.extra = schema.extra_fields if schema is not None else ()
+        self.field_store = FieldStore(root, schema, self.variable_blobs) if schema is not None and self.extra \
+            else None
 
     @abstractmethod
     def open(self, samples: int, state: dict[str, Any] | None) -> None:
@@ -51,8 +69,10 @@ class FormatWriter(ABC):
         returned ``state``: drop anything written after it."""
 
     @abstractmethod
-    def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[int, ...]:
-        """Append sample number ``sample_no``; return one value per ``location_fields`` name."""
+    def append(self, sample_no: int, prepared: Prepared, label: int,
+               fields: tuple[bytes, ...] | None = None) -> tuple[int, ...]:
+        """Append sample number ``sample_no`` (``fields``: the blobs of :attr:`extra`); return one value per
+        ``location_fields`` name."""
 
     @abstractmethod
     def at_checkpoint_boundary(self) -> bool:

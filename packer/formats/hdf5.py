@@ -6,6 +6,9 @@ Counterpart: ``readers/formats/hdf5.py``. Layout::
               encoded image bytes of every sample, back to back
     /offsets  int64   (N + 1,)        sample i is images[offsets[i]:offsets[i+1]]
     /labels   int32   (N,)
+    /fields/<name>          fixed field: (N, *shape) of its dtype
+    /fields/<name>/data     variable field: uint8, the blobs back to back (chunked like /images)
+    /fields/<name>/offsets  <i8 (N + 1,): sample i is data[offsets[i]:offsets[i+1]]
     /         attrs["dataset-packer"] = the index metadata (JSON; index.json adds
               file sizes, spec_version and checksum)
 
@@ -69,6 +72,7 @@ def _on_file(path: os.PathLike, call: Callable[[int], Any]) -> None:
 class HDF5Writer(FormatWriter):
     format = "hdf5"
     location_fields = ("offsets",)
+    variable_blobs = True
 
     def open(self, samples: int, state: dict[str, Any] | None) -> None:
         self.path = self.root / DATA_FILE[self.format]
@@ -88,6 +92,8 @@ class HDF5Writer(FormatWriter):
         self._block = np.empty(_BLOCK_BYTES, dtype=np.uint8)
         self._fill = 0
         self._since = 0
+        if self.field_store is not None:
+            self.field_store.open(samples)
 
     def _drain(self) -> None:
         if not self._fill:
@@ -102,7 +108,10 @@ class HDF5Writer(FormatWriter):
         self._fill = 0
         _on_file(self.path, start_writeback)  # the disk works while the packer does; the fsync waits less
 
-    def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[int]:
+    def append(self, sample_no: int, prepared: Prepared, label: int,
+               fields: tuple[bytes, ...] | None = None) -> tuple[int]:
+        if self.field_store is not None:
+            self.field_store.append(fields)
         offset, data = self.pos, prepared.data
         if self._fill + len(data) > len(self._block):
             self._drain()
@@ -125,6 +134,8 @@ class HDF5Writer(FormatWriter):
         except (RuntimeError, OSError) as exc:
             raise _h5_error(exc, self.path) from exc
         _on_file(self.path, os.fsync)
+        if self.field_store is not None:
+            self.field_store.checkpoint()
         self._since = 0
         return {"bytes": self.pos}
 
@@ -140,13 +151,45 @@ class HDF5Writer(FormatWriter):
                 if name in self.h5:
                     del self.h5[name]
                 self.h5.create_dataset(name, data=values, track_times=False)
+            field_files = self._write_fields(len(offsets) - 1)
             storage = {"chunk_table": self._chunk_table(), "chunk_bytes": HDF5_CHUNK_BYTES}
             self.h5.attrs["dataset-packer"] = json.dumps(merged(meta, {"storage": storage}), sort_keys=True)
             self.h5.close()
         except (RuntimeError, OSError) as exc:
             raise _h5_error(exc, self.path) from exc
         _on_file(self.path, os.fsync)
-        return {"storage": storage, "files": {self.path.name: self.path.stat().st_size}}
+        if self.field_store is not None:
+            self.field_store.discard()
+        return {"storage": storage, "files": {self.path.name: self.path.stat().st_size, **field_files}}
+
+    def _write_fields(self, n: int) -> dict[str, int]:
+        """``/fields``: the extra fields' columns and blobs, copied from the side files (``FieldStore``)."""
+        if self.field_store is None:
+            return {}
+        store = self.field_store
+        files = store.finalize(n, keep_columns=False)
+        if "fields" in self.h5:
+            del self.h5["fields"]
+        group = self.h5.create_group("fields", track_order=False)
+        for _, f in store.fixed:
+            column = store.column(f, n)
+            _room(self.path, column.nbytes)
+            group.create_dataset(f.name, data=column, track_times=False)
+            del column
+        for _, f in store.variable:
+            offsets = store.offsets(f, n)
+            _room(self.path, int(offsets[-1]) + offsets.nbytes)
+            sub = group.create_group(f.name, track_order=False)
+            data = sub.create_dataset("data", shape=(int(offsets[-1]),), maxshape=(None,), dtype=np.uint8,
+                                      chunks=(max(1, min(HDF5_CHUNK_BYTES, int(offsets[-1]))),),
+                                      track_times=False)
+            with open(store.blob_path(f), "rb") as fh:
+                pos = 0
+                while chunk := fh.read(_BLOCK_BYTES):
+                    data[pos:pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+                    pos += len(chunk)
+            sub.create_dataset("offsets", data=offsets, track_times=False)
+        return files
 
     def _chunk_table(self) -> str | None:
         """Write ``h5chunks.npy``: the file offset of each 1 MiB chunk of /images, in order.
@@ -165,6 +208,8 @@ class HDF5Writer(FormatWriter):
         return HDF5_CHUNK_TABLE
 
     def abort(self) -> None:
+        if self.field_store is not None:
+            self.field_store.close()
         try:
             self.h5.close()
         except (OSError, ValueError, AttributeError):

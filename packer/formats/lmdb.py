@@ -6,6 +6,9 @@ Counterpart: ``readers/formats/lmdb.py``. Layout::
     key  b"__meta__"                             ->  the index metadata (UTF-8 JSON; index.json
                                                      adds file sizes, spec_version, checksum)
 
+    key  b"<10 digits>/<name>"                   ->  a variable field's blob (typed fields; fixed
+                                                     ones are field-<name>.npy beside it)
+
 Keys are fixed-width digits, so LMDB's byte order is sample order and every
 put is an append (``MDB_APPEND``: no page splits, dense pages). Labels live in
 ``labels.npy`` beside it (and in ``__meta__``'s class list for names).
@@ -118,6 +121,10 @@ class LmdbWriter(FormatWriter):
                 while cursor.key() and cursor.key() != spec.LMDB_META_KEY:
                     cursor.delete()
             txn.delete(spec.LMDB_META_KEY)
+        if self.field_store is not None:
+            self.field_store.open(samples)
+        # variable fields' values, put in key order after the image (MDB_APPEND needs ascending keys)
+        self._var = sorted(((b"/" + f.name.encode(), i) for i, f in enumerate(self.extra) if not f.type.fixed))
         self._psize = self.env.stat()["psize"]
         self._txn = self.env.begin(write=True)
         self._committed()
@@ -147,9 +154,16 @@ class LmdbWriter(FormatWriter):
         used = self._base_pages + self._txn_pages  # after the commit, at most this many pages
         self._commit(max(2 * self._map_pages, 2 * (used + pages + 2 * _SPARE_PAGES)) * self._psize)
 
-    def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[()]:
-        self._put(spec.lmdb_key(sample_no), prepared.data)
+    def append(self, sample_no: int, prepared: Prepared, label: int,
+               fields: tuple[bytes, ...] | None = None) -> tuple[()]:
+        key = spec.lmdb_key(sample_no)
+        self._put(key, prepared.data)
         self._since_checkpoint += len(prepared.data)
+        if self.field_store is not None:
+            self.field_store.append(fields)
+            for suffix, i in self._var:
+                self._put(key + suffix, fields[i])
+                self._since_checkpoint += len(fields[i])
         if self._txn_bytes >= TXN_BYTES:
             self._commit()
         return ()
@@ -175,6 +189,8 @@ class LmdbWriter(FormatWriter):
             self.env.sync(True)  # metasync=False: the last commit's meta page is durable from here
         except lmdb.Error as exc:
             raise _lmdb_error(exc, self.root) from exc
+        if self.field_store is not None:
+            self.field_store.checkpoint()
         self._since_checkpoint = 0
         return {}
 
@@ -188,9 +204,14 @@ class LmdbWriter(FormatWriter):
         self.env.close()
         data = self.root / spec.DATA_FILE[self.format]
         _pad_tail(data)
-        return {"files": {data.name: data.stat().st_size}}
+        files = {data.name: data.stat().st_size}
+        if self.field_store is not None:
+            files.update(self.field_store.finalize(meta["num_samples"]))
+        return {"files": files}
 
     def abort(self) -> None:
+        if self.field_store is not None:
+            self.field_store.close()
         try:
             self._txn.abort()
             self.env.close()

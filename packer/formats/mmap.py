@@ -44,6 +44,7 @@ class MemmapWriter(FormatWriter):
     format = "mmap"
     location_fields = ("offsets",)
     pixels = True
+    variable_blobs = True  # other fields: field-<name>.npy, or field-<name>.bin + field-<name>.offsets.npy
 
     def open(self, samples: int, state: dict[str, Any] | None) -> None:
         self.path = self.root / DATA_FILE[self.format]
@@ -55,8 +56,13 @@ class MemmapWriter(FormatWriter):
         self._file.write(b"\0" * MMAP_HEADER_BYTES)
         self._file.seek(MMAP_HEADER_BYTES + self.pos)
         self._since = 0
+        if self.field_store is not None:
+            self.field_store.open(samples)
 
-    def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[int]:
+    def append(self, sample_no: int, prepared: Prepared, label: int,
+               fields: tuple[bytes, ...] | None = None) -> tuple[int]:
+        if self.field_store is not None:
+            self.field_store.append(fields)
         offset = self.pos
         px = prepared.pixels
         self._file.write(memoryview(px).cast("B"))
@@ -70,6 +76,8 @@ class MemmapWriter(FormatWriter):
     def checkpoint(self) -> dict[str, Any]:
         self._file.flush()
         os.fsync(self._file.fileno())
+        if self.field_store is not None:
+            self.field_store.checkpoint()
         self._since = 0
         return {"bytes": self.pos}
 
@@ -82,11 +90,16 @@ class MemmapWriter(FormatWriter):
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
+        files = {self.path.name: self.path.stat().st_size}
+        if self.field_store is not None:
+            files.update(self.field_store.finalize(n))
         return {
             "storage": {"fixed_shape": [size, size, 3] if size else None, "data_offset": MMAP_HEADER_BYTES},
-            "files": {self.path.name: self.path.stat().st_size},
+            "files": files,
         }
 
     def abort(self) -> None:
+        if self.field_store is not None:
+            self.field_store.close()
         if not self._file.closed:
             self._file.close()

@@ -37,6 +37,7 @@ from packer.formats.base import FormatWriter
 from packer.images import Prepared
 from packer.output import SHARD_LOG_NAME, start_writeback
 from readers import spec
+from readers.fields import blob_member, member_suffix
 
 __all__ = ["WdsWriter", "ShardLog", "sample_tar", "sample_span", "END_OF_ARCHIVE"]
 
@@ -164,6 +165,8 @@ class WdsWriter(FormatWriter):
     _log: ShardLog | None = None
 
     def open(self, samples: int, state: dict[str, Any] | None) -> None:
+        if self.field_store is not None:
+            self.field_store.open(samples)
         self._log = ShardLog(self.root)
         self.shards: list[dict[str, Any]] = self._log.resume(state)
         keep = {s["name"] for s in self.shards}
@@ -191,12 +194,16 @@ class WdsWriter(FormatWriter):
             start_writeback(self._file.fileno(), self._written_back, self._pos - self._written_back)
             self._written_back = self._pos
 
-    def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[int, int]:
+    def append(self, sample_no: int, prepared: Prepared, label: int,
+               fields: tuple[bytes, ...] | None = None) -> tuple[int, int]:
         if self._file is None:
             self._start_shard()
             self._first = sample_no
         offset = self._pos + sample_span(len(prepared.data))[0]
-        head, tail = sample_tar(sample_no, prepared.ext, len(prepared.data), label)
+        if self.schema is None or self.schema.is_default:
+            head, tail = sample_tar(sample_no, prepared.ext, len(prepared.data), label)
+        else:
+            head, tail = self._field_tar(sample_no, prepared, label, fields or ())
         self._emit(b"".join((head, prepared.data, tail)))  # one write and one checksum call per sample
         self._count += 1
         shard = len(self.shards)
@@ -204,6 +211,27 @@ class WdsWriter(FormatWriter):
         if self._pos >= self.options.shard_size or (limit is not None and self._count >= limit):
             self._close_shard()
         return offset, shard
+
+    def _field_tar(self, sample_no: int, prepared: Prepared, label: int,
+                   fields: tuple[bytes, ...]) -> tuple[bytes, bytes]:
+        """The members around the image of a sample with typed fields: ``key.<image ext>`` first (its data
+        at ``offsets[i]`` as always), ``key.cls`` when the schema keeps a label, then one member per extra
+        field, ``key.<member_suffix(name, ext)>`` (``key.caption.txt``, ``key.boxes.npy``, ``key.txt``)."""
+        assert self.field_store is not None or not self.extra
+        if self.field_store is not None:
+            self.field_store.append(fields)
+        key = spec.wds_key(sample_no)
+        size = len(prepared.data)
+        parts = [_pad(size)]
+        members = []
+        if self.schema.labels_field is not None:
+            members.append(("cls", str(label).encode()))
+        for f, blob in zip(self.extra, fields, strict=True):
+            ext, data = blob_member(f.type, blob)
+            members.append((member_suffix(f.name, ext), data))
+        for suffix, data in members:
+            parts += [tar_header(f"{key}.{suffix}", len(data)), data, _pad(len(data))]
+        return tar_header(f"{key}.{prepared.ext}", size), b"".join(parts)
 
     def _close_shard(self) -> None:
         self._emit(b"\0" * (2 * spec.TAR_BLOCK))  # end-of-archive marker
@@ -226,6 +254,8 @@ class WdsWriter(FormatWriter):
         # Only closed shards are durable (each fsynced as it closed); an open one is rewritten on resume.
         self._just_closed = False
         assert self._log is not None
+        if self.field_store is not None:
+            self.field_store.checkpoint()
         return self._log.checkpoint(len(self.shards))
 
     def end_samples(self) -> None:
@@ -237,7 +267,10 @@ class WdsWriter(FormatWriter):
         if self._log is not None:
             self._log.close()  # the index lists the shards from now on; the journal's clean-up deletes the log
         self._write_wids_index()
-        return {"shards": self.shards, "files": {s["name"]: s["bytes"] for s in self.shards},
+        files = {s["name"]: s["bytes"] for s in self.shards}
+        if self.field_store is not None:
+            files.update(self.field_store.finalize(meta["num_samples"]))
+        return {"shards": self.shards, "files": files,
                 "storage": {"wids_index": spec.WIDS_INDEX_NAME}}
 
     def _write_wids_index(self) -> None:
@@ -256,6 +289,8 @@ class WdsWriter(FormatWriter):
             self._file = None
         if self._log is not None:
             self._log.close()
+        if self.field_store is not None:
+            self.field_store.close()
 
 
 #: closes every shard: two zero blocks

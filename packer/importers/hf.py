@@ -15,6 +15,15 @@ non-image file in a folder is. The stored image bytes (or the file an image
 ``path`` points to) go through the same validation as a folder's files.
 ``names.jsonl`` records ``<row>`` or ``<row>:<path>`` when the image has a path.
 
+**Every column as a field.** A dataset with columns beyond its image and ClassLabel (or with no
+ClassLabel) is imported with typed fields (``readers.fields``), each column by its feature type:
+the first ``Image`` column is the field ``image`` (any other ``Image`` a second image), ``Value``
+strings ``text``, numbers their dtype (``bool`` as ``uint8``), ``binary`` ``bytes``, a ``ClassLabel``
+``int32`` with its names as the field's classes (named ``label``: kept in ``labels.npy`` as
+before), ``Sequence`` of numbers ``DTYPE[*]`` (of fixed-length sequences ``DTYPE[*,k]``; a fixed
+length ``DTYPE[k]``), ``Array2D``/``Array3D`` their shape, anything else ``json``. A value that does
+not fit its field is a one-line reject naming the row and column.
+
 ``datasets`` (and its ``pyarrow``) is an optional dependency
 (``pip install 'dataset-packer[hf]'``), imported only when such a source is packed.
 """
@@ -30,9 +39,11 @@ from typing import Any, Iterator
 
 from packer.errors import SourceError
 from packer.images import ImageOptions, RejectedImage, check_file_size
-from packer.importers.stage import Unreadable, bytes_stage
+from packer.importers.stage import Unreadable, bytes_stage, fields_stage
 from packer.source import Source
 from packer.workers import read_source
+from readers.fields import (NUMERIC_DTYPES, Field, FieldType, FieldTypeError, FieldValueError, ImageType, JsonType,
+                            NumericType, Schema, check_field_name, parse_type)
 
 __all__ = ["is_hf_source", "scan_hf"]
 
@@ -68,12 +79,75 @@ class _Columns:
     image: str
     label: str
     classes: list[str]
+    #: every column as a field (None: image + label, as before fields existed)
+    schema: Schema | None = None
+
+
+_VALUE_TYPES = {"string": "text", "large_string": "text", "bool": "uint8", "binary": "bytes", "large_binary": "bytes",
+                "float": "float32", "double": "float64"}
+
+
+def _numeric(dtype: str) -> str | None:
+    name = _VALUE_TYPES.get(dtype, dtype)
+    return name if name in NUMERIC_DTYPES else None
+
+
+def _feature_type(f: Any) -> tuple[FieldType, dict[int, str] | None]:
+    """The field type of a ``datasets`` feature (and class names for a ClassLabel)."""
+    ds = _datasets()
+    if isinstance(f, ds.Image):
+        return ImageType(), None
+    if isinstance(f, ds.ClassLabel):
+        return NumericType("int32"), dict(enumerate(f.names))
+    if isinstance(f, ds.Value):
+        name = _VALUE_TYPES.get(f.dtype, f.dtype)
+        return (parse_type(name), None) if name in ("text", "bytes") or name in NUMERIC_DTYPES else (JsonType(), None)
+    arrays = tuple(getattr(ds, n) for n in ("Array2D", "Array3D", "Array4D", "Array5D") if hasattr(ds, n))
+    if arrays and isinstance(f, arrays) and _numeric(f.dtype):
+        shape = tuple(f.shape)
+        if all(isinstance(d, int) and d >= 1 for d in shape):
+            return NumericType(_numeric(f.dtype), shape), None
+        if shape[0] is None and all(isinstance(d, int) and d >= 1 for d in shape[1:]):
+            return NumericType(_numeric(f.dtype), shape), None
+    seq = getattr(ds, "Sequence", None)
+    lists = tuple(t for t in (seq, getattr(ds, "List", None), getattr(ds, "LargeList", None)) if t is not None)
+    if lists and isinstance(f, lists):
+        inner = f.feature
+        length = getattr(f, "length", -1)
+        if isinstance(inner, ds.Value) and _numeric(inner.dtype):
+            return NumericType(_numeric(inner.dtype), (None if length in (-1, None) else length,)), None
+        if isinstance(inner, lists) and isinstance(inner.feature, ds.Value) and _numeric(inner.feature.dtype) \
+                and getattr(inner, "length", -1) not in (-1, None):
+            return NumericType(_numeric(inner.feature.dtype), (None if length in (-1, None) else length,
+                                                               inner.length)), None
+    return JsonType(), None
+
+
+def _schema(features: Any, image: str, where: Path) -> Schema:
+    out = [Field("image", ImageType())]
+    for name, f in features.items():
+        if name == image:
+            continue
+        if name == "image":
+            raise SourceError(f"{where}: column 'image' is not the first Image column ({image!r} is); the image "
+                              "field is named 'image': rename the column")
+        try:
+            t, classes = _feature_type(f)
+            out.append(Field(check_field_name(name), t, classes))
+        except FieldTypeError as exc:
+            raise SourceError(f"{where}: column {name!r} cannot be a field ({exc})") from None
+    try:
+        return Schema(tuple(out))
+    except FieldTypeError as exc:
+        raise SourceError(f"{where}: {exc}") from None
 
 
 def _columns(features: Any, where: Path) -> _Columns:
     ds = _datasets()
     image = next((k for k, f in features.items() if isinstance(f, ds.Image)), None)
     label = next((k for k, f in features.items() if isinstance(f, ds.ClassLabel)), None)
+    if image is not None and (label is None or len(features) > 2):
+        return _Columns(image, label or "", [], schema=_schema(features, image, where))
     if image is None or label is None:
         missing = "an Image column" if image is None else "a ClassLabel column"
         columns = ", ".join(f"{k} {type(f).__name__}" for k, f in features.items())
@@ -184,6 +258,8 @@ def _fields(batch: Any, column: str) -> tuple[list[int | None], list[str | None]
 
 def _scan_table(split: str, table: Any) -> Source:
     cols = table.columns
+    if cols.schema is not None:
+        return _scan_fields(split, table)
     paths, labels, sizes, ignored, rows = [], [], [], [], []
     row = 0
     for batch in table.batches(0, [cols.image, cols.label]):
@@ -226,12 +302,13 @@ def _read(table: Any, rows: list[int], positions: list[int], opts: ImageOptions)
             yield _image_bytes(image or {}, table.path, opts)
 
 
-def _image_bytes(image: dict, base: Path, opts: ImageOptions) -> Any:
+def _image_bytes(image: dict, base: Path, opts: ImageOptions | None) -> Any:
     """An image's bytes, embedded in the table or read from the file it names (not read when the file
     is over the byte budget: ``packer.workers.read_source``)."""
     if image.get("bytes") is not None:
         try:
-            check_file_size(len(image["bytes"]), opts)  # before it goes to a worker
+            if opts is not None:
+                check_file_size(len(image["bytes"]), opts)  # before it goes to a worker
         except RejectedImage as exc:
             return str(exc)
         return image["bytes"]
@@ -244,6 +321,94 @@ def _image_bytes(image: dict, base: Path, opts: ImageOptions) -> Any:
         return f"image file {path} not found"
     except OSError as exc:
         return Unreadable(f"{path}: read error: {exc.strerror or exc}")
+
+
+def _scan_fields(split: str, table: Any) -> Source:
+    """Every column as a field: the checked values held, each image read (by row) when it is packed."""
+    cols = table.columns
+    schema = cols.schema
+    extra = schema.extra_fields
+    label = schema.labels_field
+    names = [f.name for f in schema.fields[1:]]
+    paths, labels, sizes, entries, ignored = [], [], [], [], []
+    row = 0
+    for batch in table.batches(0, [cols.image] + names):
+        lengths, image_paths = _fields(batch, cols.image)
+        values = {n: batch.column(n).to_pylist() for n in names}
+        for j, (length, path) in enumerate(zip(lengths, image_paths)):
+            where = f"{table.path} row {row + 1}"
+            name = f"{row}:{path}" if path else str(row)
+            if label is not None:  # a ClassLabel named label: as before fields, -1 (no label) is ignored
+                value = values["label"][j]
+                if value is None or value < 0:
+                    ignored.append(name)
+                    row += 1
+                    continue
+                if value >= len(label.classes):
+                    raise SourceError(f"{table.path}: row {row}: label {value:,} is not one of the "
+                                      f"{len(label.classes):,} classes of column 'label'")
+            paths.append(name)
+            sizes.append(length if length is not None else _file_size(path, table.path) if path else 0)
+            labels.append(0)
+            entries.append(_entry(schema, extra, {n: values[n][j] for n in names}, row, where, table.path))
+            if label is not None and isinstance(entries[-1], tuple):
+                labels[-1] = int(values["label"][j])
+            row += 1
+    if not paths:
+        raise SourceError(f"{table.path}: no rows in split {split!r}")
+    classes = [label.classes.get(i, str(i)) for i in range(len(label.classes))] if label is not None else []
+    source = Source(table.path, classes, paths, labels, sizes, ignored=ignored, kind="hf", schema=schema,
+                    details={"split": split, "image_column": cols.image, "rows": table.rows})
+    source.prepare = fields_stage(entries, extra, reader=lambda: _RowReader(table))
+    return source
+
+
+def _entry(schema: Schema, extra: tuple, values: dict[str, Any], row: int, where: str, base: Path) -> Any:
+    """``(row, checked values, where)``, or a reject's one-line reason naming the row and column."""
+    out = []
+    for f in schema.fields[1:]:
+        value = values[f.name]
+        if value is None and not isinstance(f.type, JsonType):
+            return f"{where} column {f.name!r}: no value (null)"
+        if isinstance(f.type, ImageType):
+            if not value or (value.get("bytes") is None and not value.get("path")):
+                return f"{where} column {f.name!r}: no image (null)"
+            got = _image_bytes(value, base, None)
+            if not isinstance(got, bytes):
+                return f"{where} column {f.name!r}: {got}"
+            value = got
+        try:
+            value = f.type.check(value, f.name)
+        except FieldValueError as exc:
+            return f"{where} column {f.name!r}: {str(exc).split(': ', 1)[-1]}"
+        if f in extra:
+            out.append(value)
+    return (row, tuple(out), where)
+
+
+class _RowReader:
+    """A fields source's image, read by row (``packer.importers.stage.fields_stage``)."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def read(self, row: int, opts: ImageOptions) -> Any:
+        (image,) = self.table.take([row], self.table.columns.image)
+        if not image or (image.get("bytes") is None and not image.get("path")):
+            return "no image (null)"
+        got = _image_bytes(image, self.table.path, opts)
+        if isinstance(got, Unreadable):
+            raise OSError(str(got))
+        return got
+
+    def values(self, values: tuple) -> tuple:
+        return values
+
+    def where(self, row: int) -> str:
+        return f"{self.table.path} row {row + 1}"
+
+    def close(self) -> None:
+        pass
 
 
 def scan_hf(src: Path) -> list[tuple[str, Source]]:

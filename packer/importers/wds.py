@@ -22,10 +22,21 @@ is not JSON, or nests too deeply for the parser, stops it the same way. Samples 
 (shards sorted by file name). Samples without an image or a label are
 counted as ignored, like non-image files in a folder. Every image then goes
 through the same validation as a folder's files.
+
+**Every member as a field.** Shards with members beyond the image and its label (img2dataset's
+``key.jpg`` + ``key.txt`` + ``key.json``, ``key.boxes.npy``, ``key.mask.png``, ...), or whose
+samples have no label, are imported with typed fields (``readers.fields``): each member suffix
+becomes a field, as ``readers.fields.member_suffix`` names them (``txt`` -> field ``txt``,
+``caption.txt`` -> ``caption``, ``cls`` -> ``label``), typed by its extension (``txt`` text,
+``json`` json, ``cls`` int, ``npy`` an array of the dtype and shape the members have -- a
+varying leading dim gives ``DTYPE[*,...]`` --, an image extension a second image, anything else
+bytes). A sample lacking a member that others have is a one-line reject naming the shard, the
+key and the field; so is a member its type cannot decode.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -34,10 +45,14 @@ import tarfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
+
 from packer.errors import SourceError
 from packer.images import ImageOptions, RejectedImage, check_file_size
-from packer.importers.stage import Unreadable, bytes_stage
+from packer.importers.stage import Unreadable, bytes_stage, fields_stage, label_names
 from packer.source import IMAGE_EXTENSIONS, Source
+from readers.fields import (Field, FieldType, FieldTypeError, ImageType, NumericType, Schema, check_field_name,
+                            parse_type)
 
 __all__ = ["is_wds_source", "scan_wds", "shard_files", "MIN_CLASS_LIMIT"]
 
@@ -86,8 +101,9 @@ def _label_of(members: dict[str, bytes], where: str) -> int | str | None:
     return None
 
 
-def _samples(shard: Path) -> Iterator[tuple[str, str, int, int, dict[str, bytes]]]:
-    """(key, image extension, data offset, size, small members) of each sample in ``shard``."""
+def _samples(shard: Path) -> Iterator[tuple[str, str, int, int, dict[str, bytes], dict[str, tuple[int, int]]]]:
+    """(key, image extension, data offset, size, small members, every other member's (offset, size)) of each
+    sample in ``shard``."""
     try:
         tar = tarfile.open(shard, "r:")
     except (tarfile.TarError, OSError) as exc:
@@ -110,13 +126,15 @@ def _samples(shard: Path) -> Iterator[tuple[str, str, int, int, dict[str, bytes]
             yield _sample(tar, key, group)
 
 
-def _sample(tar: tarfile.TarFile, key: str, group: list) -> tuple[str, str, int, int, dict[str, bytes]]:
+def _sample(tar: tarfile.TarFile, key: str, group: list) -> tuple[str, str, int, int, dict[str, bytes],
+                                                                  dict[str, tuple[int, int]]]:
     image = next(((ext, m) for ext, m in group if ext in _IMAGE_EXTS), None)
     small = {ext: tar.extractfile(m).read() for ext, m in group if ext in ("cls", "json") and m.size < 1 << 20}
+    others = {ext: (m.offset_data, m.size) for ext, m in group if image is None or m is not image[1]}
     if image is None:
-        return key, "", 0, 0, small
+        return key, "", 0, 0, small, others
     ext, m = image
-    return key, ext, m.offset_data, m.size, small
+    return key, ext, m.offset_data, m.size, small, others
 
 
 def _classes(raw: list[int | str], where: Path, member: Callable[[int], str]) -> tuple[list[str], list[int]]:
@@ -143,8 +161,10 @@ def scan_wds(src: Path) -> Source:
     shards = [src] if src.is_file() else shard_files(src)
     root = src
     paths, raw, sizes, where, ignored = [], [], [], [], []
+    if _has_fields(shards):
+        return _scan_fields(src, shards)
     for k, shard in enumerate(shards):
-        for key, ext, offset, size, small in _samples(shard):
+        for key, ext, offset, size, small, _others in _samples(shard):
             rel = f"{shard.name}/{key}"
             label = _label_of(small, f"{shard}:{key}")
             if not ext or label is None:
@@ -200,3 +220,156 @@ def _read(shards: list[Path], where: list[tuple[int, int]], sizes: list[int], po
     finally:
         if fd is not None:
             os.close(fd)
+
+
+# ------------------------------------------------------------------------- every member as a field
+def _has_fields(shards: list[Path]) -> bool:
+    """Some sample holds members beyond its image and label (``cls`` / ``json``), or no sample has a label."""
+    labelled = False
+    for k, shard in enumerate(shards):
+        for key, ext, _offset, _size, small, others in _samples(shard):
+            if ext and any(e not in ("cls", "json") for e in others):  # samples without an image are ignored
+                return True
+            if ext and not labelled:
+                try:
+                    labelled = _label_of(small, f"{shard}:{key}") is not None
+                except SourceError:
+                    return True  # a .json that is no label: a json field
+    return not labelled
+
+
+def _field_of(suffix: str, where: str) -> tuple[str, str]:
+    """(field name, type kind) of member suffix ``suffix``: ``caption.txt`` -> (caption, text)."""
+    name, _, ext = suffix.rpartition(".")
+    if not name:
+        name = {"cls": "label"}.get(ext, ext)
+    kind = {"txt": "text", "text": "text", "json": "json", "cls": "int", "npy": "npy"}.get(ext)
+    if kind is None:
+        kind = "image" if ext in _IMAGE_EXTS else "bytes"
+    try:
+        check_field_name(name)
+    except FieldTypeError as exc:
+        raise SourceError(f"{where}: member suffix {suffix!r} cannot be a field ({exc})") from None
+    return name, kind
+
+
+def _npy_type(arrays: list[tuple[np.dtype, tuple[int, ...]]], where: str) -> FieldType:
+    dtypes = {d for d, _ in arrays}
+    if len(dtypes) != 1:
+        raise SourceError(f"{where}: the .npy members hold different dtypes ({', '.join(sorted(map(str, dtypes)))})")
+    dtype = dtypes.pop()
+    shapes = {s for _, s in arrays}
+    if len(shapes) == 1 and all(d >= 1 for d in next(iter(shapes))):
+        return NumericType(dtype, next(iter(shapes)))
+    rest = {s[1:] for s in shapes}
+    if len(rest) != 1 or any(len(s) == 0 for s in shapes):
+        raise SourceError(f"{where}: the .npy members' shapes differ beyond their first dim ({sorted(shapes)[:3]})")
+    return NumericType(dtype, (None, *rest.pop()))
+
+
+def _scan_fields(src: Path, shards: list[Path]) -> Source:
+
+    order: dict[str, str] = {}  # suffix -> field name, first seen first
+    kinds: dict[str, str] = {}
+    npy: dict[str, list] = {}
+    samples = []  # (k, key, image ext, offset, size, others, label or None)
+    for k, shard in enumerate(shards):
+        fd = None
+        try:
+            for key, ext, offset, size, small, others in _samples(shard):
+                label = _label_of({"cls": small["cls"]}, f"{shard}:{key}") if "cls" in small else None
+                if isinstance(label, int) and label < 0:
+                    raise SourceError(f"{shard}:{key}.cls: negative class index {label}")
+                samples.append((k, key, ext, offset, size, others, label))
+                for suffix, (off, n) in others.items():
+                    if suffix not in order:
+                        order[suffix], kinds[suffix] = _field_of(suffix, f"{shard}:{key}.{suffix}")
+                    if kinds[suffix] == "npy":
+                        fd = fd if fd is not None else os.open(shard, os.O_RDONLY)
+                        head = os.pread(fd, min(n, 4096), off)
+                        try:
+                            buf = io.BytesIO(head)
+                            version = np.lib.format.read_magic(buf)
+                            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                           else np.lib.format.read_array_header_2_0)
+                            shape, _fortran, dtype = read_header(buf)
+                        except (ValueError, EOFError) as exc:
+                            raise SourceError(f"{shard}:{key}.{suffix}: not a .npy array ({exc})") from None
+                        npy.setdefault(suffix, []).append((np.dtype(dtype).newbyteorder("<"), tuple(shape)))
+        finally:
+            if fd is not None:
+                os.close(fd)
+    fields = [Field("image", ImageType())]
+    types: dict[str, FieldType] = {}
+    for suffix, name in order.items():
+        kind = kinds[suffix]
+        if kind == "npy":
+            t = _npy_type(npy[suffix], f"{src}: member .{suffix}")
+        elif kind == "int":
+            t = NumericType("int32" if name == "label" else "int64")
+        else:
+            t = parse_type(kind)
+        types[suffix] = t
+        fields.append(Field(name, t))
+    try:
+        schema = Schema(tuple(fields))
+    except FieldTypeError as exc:
+        raise SourceError(f"{src}: {exc}") from None
+    extra = schema.extra_fields
+    suffix_of = {name: suffix for suffix, name in order.items()}
+    paths, labels, sizes, entries, ignored = [], [], [], [], []
+    needed = [f.name for f in schema.fields[1:]]
+    for k, key, ext, offset, size, others, label in samples:
+        rel = f"{shards[k].name}/{key}"
+        if not ext:
+            ignored.append(rel)
+            continue
+        where = f"{shards[k]}:{key}"
+        missing = [name for name in needed if suffix_of[name] not in others]
+        paths.append(f"{rel}.{ext}")
+        sizes.append(size)
+        labels.append(label if isinstance(label, int) and schema.labels_field is not None else 0)
+        if missing:
+            entries.append(f"{where}: no member {key}.{suffix_of[missing[0]]} (field {missing[0]!r})")
+            continue
+        entries.append(((k, offset, size), tuple((k, *others[suffix_of[f.name]]) for f in extra), where))
+    if not paths:
+        raise SourceError(f"{src}: no images in the shards (each sample needs an image, e.g. key.jpg)")
+    if ignored:
+        log.warning("%d sample(s) without an image ignored, e.g. %s", len(ignored), ignored[0])
+    classes = label_names(schema.labels_field, labels, src, MIN_CLASS_LIMIT) if schema.labels_field else []
+    source = Source(src, classes, paths, labels, sizes, ignored=ignored, kind="wds", schema=schema,
+                    details={"shards": len(shards), "first_shard": shards[0].name if shards else None})
+    source.prepare = fields_stage(entries, extra, reader=lambda: _MemberReader(shards), members=True)
+    return source
+
+
+class _MemberReader:
+    """Reads ``(shard number, offset, size)`` members, one shard open at a time."""
+
+    def __init__(self, shards: list[Path]) -> None:
+        self.shards = shards
+        self._fd, self._k = None, -1
+
+    def read(self, ref: tuple[int, int, int], opts: ImageOptions | None = None) -> bytes:
+        k, offset, size = ref
+        if opts is not None:
+            check_file_size(size, opts)
+        if k != self._k:
+            self.close()
+            self._fd, self._k = os.open(self.shards[k], os.O_RDONLY | os.O_CLOEXEC), k
+        data = os.pread(self._fd, size, offset)
+        if len(data) != size:
+            raise OSError(f"{self.shards[k]} changed while it was being packed (ends before byte {offset + size})")
+        return data
+
+    def values(self, refs: tuple) -> tuple[bytes, ...]:
+        return tuple(self.read(r) for r in refs)
+
+    def where(self, ref: tuple[int, int, int]) -> str:
+        return str(self.shards[ref[0]])
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd, self._k = None, -1

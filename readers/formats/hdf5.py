@@ -67,6 +67,22 @@ def _open_h5(file: Callable[[], str], size: int | None = None) -> h5py.File:
     return f
 
 
+def _field_dataset(f: h5py.File, file: str, name: str) -> h5py.Dataset:
+    """``/fields/<name>`` (a fixed field) or ``/fields/<name>/data`` / ``offsets``, checked as
+    ``/images`` is: a hard link to a dataset stored in ``file`` itself, without filters."""
+    link = f.get(name, getlink=True)
+    if not isinstance(link, h5py.HardLink) or not isinstance(f.get(name), h5py.Dataset):
+        raise spec.DatasetFormatError(f"{file}: /{name} is missing or not a dataset stored in this file; refusing it")
+    ds = f[name]
+    if ds.is_virtual or ds.external:
+        raise spec.DatasetFormatError(f"{file}: /{name} stores its bytes in other files; refusing it")
+    dcpl = ds.id.get_create_plist()
+    if dcpl.get_nfilters():
+        raise spec.DatasetFormatError(f"{file}: /{name} is stored through HDF5 filters; the packer writes it "
+                                      "unfiltered: refusing it")
+    return ds
+
+
 def _close_h5(f: h5py.File) -> None:
     f.close()
 
@@ -196,8 +212,60 @@ class HDF5Dataset(MapReader):
             raise RemoteIntegrityError(f"{self.data_location} sample {i}: checksum mismatch (CRC-32 {got:08x}, "
                                        f"the index says {want:08x}): damaged object")
 
+    # ------------------------------------------------------------ fields (docs/fields.md)
+    def _h5_field(self, name: str) -> h5py.Dataset:
+        if self.ranged:
+            raise ValueError(f"{self.data_location}: fields other than image and label of a remote hdf5 "
+                             "dataset are read from its cached copy: open it with cache_dir=...")
+        return _field_dataset(self._h5.get(), self.data_location, name)
+
+    def _open_column(self, field: Any) -> np.ndarray:
+        """``/fields/<name>`` (N, *shape); ``label`` of a dataset packed before fields: ``labels.npy``."""
+        f = self._h5.get() if not self.ranged else None
+        if field.name == "label" and (f is None or f"fields/{field.name}" not in f):
+            return self.labels
+        ds = self._h5_field(f"fields/{field.name}")
+        want = (len(self.labels), *field.type.shape)
+        if ds.dtype != field.type.dtype or ds.shape != want:
+            raise spec.DatasetFormatError(
+                f"{self.data_location}: /fields/{field.name} holds {ds.dtype.str} {ds.shape}; the schema says "
+                f"{field.type.name} for {want[0]} samples ({field.type.dtype.str} {want})")
+        offset = ds.id.get_offset()
+        if offset is not None and ds.size:  # contiguous: mapped, the page cache shared by every worker
+            return np.memmap(self._h5.get().filename, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
+        return ds[()]
+
+    def _read_blobs(self, i: int, fields: list) -> dict[str, bytes]:
+        """Variable fields: ``/fields/<name>/data[off[i]:off[i+1]]`` with ``off`` = ``/fields/<name>/offsets``."""
+        out = {}
+        for f in fields:
+            offsets = self._column_offsets(f.name)
+            start, end = int(offsets[i]), int(offsets[i + 1])
+            data = self._h5_field(f"fields/{f.name}/data")
+            if not 0 <= start <= end <= data.shape[0]:
+                raise spec.DatasetFormatError(f"{self.data_location}: sample {i} field {f.name!r} spans bytes "
+                                              f"{start}..{end}, outside /fields/{f.name}/data ({data.shape[0]})")
+            try:
+                out[f.name] = data[start:end].tobytes()
+            except OSError as exc:
+                raise spec.DatasetFormatError(f"{self.data_location} sample {i} field {f.name!r}: unreadable "
+                                              f"({exc})") from None
+        return out
+
+    def _column_offsets(self, name: str) -> np.ndarray:
+        columns = self._columns.get()
+        key = name + "/offsets"
+        arr = columns.get(key)
+        if arr is None:
+            ds = self._h5_field(f"fields/{key}")
+            if ds.shape != (len(self.labels) + 1,) or ds.dtype.kind not in "iu":
+                raise spec.DatasetFormatError(f"{self.data_location}: /fields/{key} must hold "
+                                              f"{len(self.labels) + 1} integers, holds {ds.dtype.str} {ds.shape}")
+            arr = columns[key] = np.asarray(ds[()], dtype=np.int64)
+        return arr
+
     def batchable(self) -> bool:
-        return not self.decode and self._chunks is not None and not self.ranged
+        return not self.decode and self.fields is None and self._chunks is not None and not self.ranged
 
     def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
         """``decode=False`` with a chunk table: each sample copied from a read-only mapping of the

@@ -144,17 +144,35 @@ class LMDBDataset(MapReader):
     def read(self, i: int) -> bytes:
         return self._read([i])[0]
 
+    def _read_blobs(self, i: int, fields: list) -> dict[str, bytes]:
+        """Variable fields: the values at ``lmdb_key(i) + b"/" + name`` (docs/fields.md), one
+        transaction; fixed ones are ``field-<name>.npy`` columns (``PackedDataset._column``)."""
+        out = {}
+        with self._txn() as txn:
+            for f in fields:
+                key = spec.lmdb_key(i) + b"/" + f.name.encode()
+                try:
+                    value = txn.get(key)
+                except lmdb.Error as exc:
+                    raise spec.DatasetFormatError(f"{self.data_location} sample {i} field {f.name!r}: "
+                                                  f"unreadable ({exc})") from None
+                if value is None:
+                    raise spec.DatasetFormatError(f"{self.data_location}: sample {i} field {f.name!r} (key "
+                                                  f"{key.decode()}) is missing")
+                out[f.name] = bytes(value)
+        return out
+
     def read_many(self, indices: list[int]) -> list[bytes]:
         return self._read(indices)
 
     def batchable(self) -> bool:
-        return not self.decode
+        return not self.decode and self.fields is None
 
     def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
         """``decode=False``: the batch's values copied straight out of the map into one ByteBatch
         (one transaction, no per-sample ``bytes``; each value's size checked as in ``read``);
         see ``readers.batch``. None when decoding."""
-        if self.decode:
+        if not self.batchable():
             return None
         idx = index_array(indices, len(self.labels))
         sizes = self._sizes[idx]

@@ -79,6 +79,37 @@ class MemmapDataset(MapReader):
             spec.member_path(self.root, self.data_name, "data file")
         size = (self.meta.get("files") or {}).get(self.data_name)
         self._map = PerProcess(functools.partial(_open_flat, self.file_ref(self.data_name), size))
+        self._blobs: PerProcess[dict[str, tuple[np.ndarray, np.ndarray]]] = PerProcess(dict)
+
+    def _blob_file(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Variable field ``name``: ``field-<name>.bin`` mapped, and ``field-<name>.offsets.npy``
+        (``<i8``, N + 1; sample i is ``bin[off[i]:off[i+1]]``), in this process on first use."""
+        files = self._blobs.get()
+        got = files.get(name)
+        if got is None:
+            base = spec.field_array_name(name)
+            offsets = spec.map_npy(self.file_ref(base + ".offsets.npy")(), np.dtype("<i8"), len(self.labels) + 1,
+                                   what=f"field {name!r} offsets")[0]
+            fd = spec.open_regular(self.file_ref(base + ".bin")(), f"field {name!r} data")
+            try:
+                data = spec.map_file(fd)
+            finally:
+                os.close(fd)
+            bad = np.flatnonzero((offsets[1:] < offsets[:-1]) | (offsets[1:] > len(data)))
+            if len(bad) or (len(offsets) and offsets[0] < 0):
+                k = int(bad[0]) if len(bad) else 0
+                raise spec.DatasetFormatError(
+                    f"{self.location_of(base + '.offsets.npy')}: sample {k}: offsets {offsets[k]}..{offsets[k + 1]} "
+                    f"do not lie in {base}.bin ({len(data)} bytes)")
+            got = files[name] = (data, offsets)
+        return got
+
+    def _read_blobs(self, i: int, fields: list) -> dict[str, bytes]:
+        out = {}
+        for f in fields:
+            data, offsets = self._blob_file(f.name)
+            out[f.name] = data[int(offsets[i]):int(offsets[i + 1])].tobytes()
+        return out
 
     def read(self, i: int) -> np.ndarray:
         h, w = int(self._heights[i]), int(self._widths[i])
@@ -127,7 +158,7 @@ class MemmapDataset(MapReader):
         return flat[: n * stride].reshape(n, *shape)
 
     def batchable(self) -> bool:
-        return self.transform is None and self.rows() is not None
+        return self.transform is None and self.fields is None and self.rows() is not None
 
     def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
         """The whole batch in one gather (``numpy.take``) into one buffer; see ``readers.batch``.
@@ -136,7 +167,7 @@ class MemmapDataset(MapReader):
         rows, not transposed). ``decode=False``: a ByteBatch of each sample's HWC bytes.
         None (use ``__getitems__``) with a transform or without a fixed shape.
         """
-        if self.transform is not None:
+        if self.transform is not None or self.fields is not None:
             return None
         rows = self.rows()
         if rows is None:
@@ -162,4 +193,5 @@ class MemmapDataset(MapReader):
 
     def close(self) -> None:
         self._map.close()
+        self._blobs.close()
         super().close()

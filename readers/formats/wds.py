@@ -134,7 +134,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         """The item of sample ``i`` (of a subset: its ``i``-th kept sample), read by random access
         (as ``readers.mix`` reads a wds source)."""
         real = int(self._real(np.asarray([i]))[0])
-        return self._item(real, self.read(real))
+        return self._make(real)
 
     # ------------------------------------------------------------ shards
     @property
@@ -284,6 +284,90 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         finally:
             os.close(fd)
 
+    # ------------------------------------------------------------ fields (docs/fields.md)
+    def _member_fields(self) -> dict[str, Any]:
+        """Member suffix (lower case) -> field, for every member a sample of this schema can hold."""
+        table = self.__dict__.get("_suffixes")
+        if table is None:
+            table = self.__dict__["_suffixes"] = {s.lower(): f for f in self.schema for s in f.suffixes()}
+        return table
+
+    def _members(self, pread: Any, shard: int, i: int, names: set[str]) -> dict[str, bytes]:
+        """The members of sample ``i`` holding the fields ``names``, walking its tar headers from
+        its first member (at ``offsets[i]``; the writer puts the ``image`` first) to the first
+        header of another key. Unwanted members are skipped, never read; each header's checksum
+        is checked. ``pread(pos, n)`` reads the shard."""
+        key = (spec.wds_key(i) + ".").encode()
+        table, out = self._member_fields(), {}
+        pos = int(self._offsets[i]) - wds_io.BLOCK
+        where = lambda: f"{self.shard_location(shard)} sample {i} at byte {pos}"  # noqa: E731
+        while len(out) < len(names):
+            header = pread(pos, wds_io.BLOCK)
+            if len(header) < wds_io.BLOCK or not header.startswith(key):
+                break
+            parsed = wds_io.parse_header(header)
+            if parsed is None:
+                raise spec.DatasetFormatError(f"{where()}: damaged tar header")
+            member, size = parsed
+            suffix = member[len(key):].decode("utf-8", "replace")
+            f = table.get(suffix.lower())
+            if f is not None and f.name in names:
+                data = pread(pos + wds_io.BLOCK, size)
+                if len(data) != size:
+                    raise spec.DatasetFormatError(f"{where()}: shard ends early (member {suffix}): truncated")
+                out[f.name] = data
+            pos += wds_io.BLOCK + -(-size // wds_io.BLOCK) * wds_io.BLOCK
+        missing = sorted(names - out.keys())
+        if missing:
+            raise spec.DatasetFormatError(f"{self.shard_location(shard)}: sample {i} has no member for field "
+                                          f"{missing[0]!r} (looked for key {key.decode()}"
+                                          f"{{{','.join(self.schema[missing[0]].suffixes())}}})")
+        return out
+
+    def _decode_blob(self, field: Any, data: Any) -> Any:
+        return field.type.from_member(data, field.name)  # .npy, decimal .cls, JSON numbers (docs/fields.md)
+
+    def _pread_of(self, shard: int, fd: int | None) -> Any:
+        if fd is not None:
+            return lambda pos, n: os.pread(fd, n, pos)
+        name = self.shard_names[shard]
+        return lambda pos, n: self.remote.read_range(name, pos, n)  # remote: one range request each
+
+    def _stored_fields(self) -> set[str]:
+        """The selected fields read from the shard's members (the others are index-array columns)."""
+        return {n for n in self.fields if not self.schema[n].type.fixed}
+
+    def _read_blobs(self, i: int, fields: list) -> dict[str, bytes]:
+        shard = self.shard_of(i)
+        fd = self.open_shard(shard) if self.remote is None else None
+        try:
+            return self._members(self._pread_of(shard, fd), shard, i, {f.name for f in fields})
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _field_items(self, order: np.ndarray) -> Iterator[Any]:
+        """The items of ``order`` with the selected fields: per sample, a walk over its members
+        (local shards: ``pread``, a few kept open; remote: range requests, slow -- see docs/fields.md)."""
+        names = self._stored_fields()
+        fds: dict[int, int] = {}
+        try:
+            for i in order.tolist():
+                shard = int(self._shard_of[i])
+                fd = None
+                if self.remote is None:
+                    fd = fds.pop(shard, None)
+                    if fd is None:
+                        if len(fds) >= wds_io.MAX_OPEN:
+                            os.close(fds.pop(next(iter(fds))))
+                        fd = self.open_shard(shard)
+                    fds[shard] = fd
+                blobs = self._members(self._pread_of(shard, fd), shard, i, names) if names else {}
+                yield self._field_item(i, blobs.get("image"), blobs)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
     def _env(self) -> WorkerEnv:
         env = current_worker_env()
         if self._world is not None:
@@ -299,6 +383,9 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         passes, self._passes[slot] = self._passes[slot], self._passes[slot] + 1  # see set_epoch
         order = self.sample_order(env) if passes == 0 else self._real(worker_order(self.layout, self.settings,
                                                                                     self.epoch + passes, env))
+        if self.fields is not None:
+            yield from self._field_items(order)
+            return
         # The open runs plus the shards still in the buffer: local files kept open at once.
         pairs = wds_io.shard_io(self, keep=2 * self.open_shards + 2).samples(order.tolist())
         try:

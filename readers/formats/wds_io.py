@@ -35,7 +35,7 @@ import numpy as np
 
 from readers import spec
 
-__all__ = ["LocalShards", "CachedShards", "StreamedShards", "shard_io", "check_sample",
+__all__ = ["LocalShards", "CachedShards", "StreamedShards", "shard_io", "check_sample", "parse_header",
            "STREAM_CHUNK", "STREAM_READAHEAD", "CACHE_DEPTH"]
 
 BLOCK = spec.TAR_BLOCK
@@ -55,6 +55,15 @@ def _octal(field: bytes) -> int:
         return int(field.strip(b"\0 ") or b"0", 8)
     except ValueError:
         return -1
+
+
+def parse_header(header: bytes) -> tuple[bytes, int] | None:
+    """``(member name, data size)`` of a 512-byte ustar header, or None when its checksum (byte
+    sum, checksum field read as spaces) or size field is damaged."""
+    size = _octal(header[124:136])
+    if size < 0 or _octal(header[148:156]) != sum(header[:148]) + 256 + sum(header[156:]):
+        return None
+    return bytes(header[:100]).rstrip(b"\0"), size
 
 
 def check_sample(blob: bytes | memoryview, i: int, size: int, where: Callable[[], str]) -> bytes:

@@ -1,0 +1,240 @@
+"""The typed fields of a pack (``readers.fields.Schema.extra_fields``) kept in side files while it runs,
+and turned into the files every format shares at the end. Used by all four writers.
+
+Counterpart: the readers of each format (``docs/fields.md``, "How each format stores fields").
+While the pack runs, in the dataset folder::
+
+    field-<name>.npy.part        fixed field: the raw little-endian rows, nbytes each, sample order
+    field-<name>.bin.part        variable field (``variable=True``): the blobs back to back
+    field-<name>.ends.part       ... and <i8 per sample: where its blob ends in the .bin.part
+    field_checksums.part         <u4 x F per sample: CRC-32 of each extra field's blob
+    field_sizes.part             <i8 x F per sample: each blob's length (for the stats in index.json)
+
+A checkpoint fsyncs them; a resume cuts each back to the samples of the checkpoint
+(``samples * row bytes``; a blob file to the last end kept). :meth:`FieldStore.finalize` writes::
+
+    field-<name>.npy             (N, *shape) of the field's dtype (an .npy file; mapped by readers)
+    field-<name>.bin             variable: the blobs (the .bin.part renamed)
+    field-<name>.offsets.npy     variable: <i8 (N + 1,), sample i is bin[off[i]:off[i+1]]
+    field_checksums.npy          <u4 (N, F): F = len(extra_fields), in schema order
+
+HDF5 copies the columns into ``/fields`` and keeps none of these files but ``field_checksums.npy``
+(``keep=False`` for the column files).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, BinaryIO, Sequence
+
+import numpy as np
+
+from readers import spec
+from readers.fields import Field, NumericType, Schema
+
+__all__ = ["FieldStore", "FIELD_CHECKSUMS", "field_file", "offsets_file", "blob_file", "is_field_file"]
+
+#: ``(N, F) <u4``: the CRC-32 of each extra field's stored blob per sample (``readers.spec.checksum``).
+FIELD_CHECKSUMS = "field_checksums.npy"
+_CRC_PART = "field_checksums.part"
+_SIZES_PART = "field_sizes.part"
+_OFFSET = np.dtype("<i8")  # byte positions: blobs of a large dataset pass 2**31
+_CRC = np.dtype("<u4")
+
+
+def field_file(name: str) -> str:
+    """A fixed field's column ``(N, *shape)``."""
+    return f"field-{name}.npy"
+
+
+def blob_file(name: str) -> str:
+    """A variable field's blobs, back to back."""
+    return f"field-{name}.bin"
+
+
+def offsets_file(name: str) -> str:
+    """A variable field's ``<i8 (N + 1,)`` offsets into :func:`blob_file`."""
+    return f"field-{name}.offsets.npy"
+
+
+def is_field_file(name: str) -> bool:
+    """A file name this module writes (final or in progress): ``--overwrite`` may delete it."""
+    if name in (FIELD_CHECKSUMS, _CRC_PART, _SIZES_PART) or name == FIELD_CHECKSUMS + ".tmp":
+        return True
+    return name.startswith("field-") and name.endswith((".npy", ".bin", ".part", ".tmp"))
+
+
+def _save_npy(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _raw_to_npy(raw: Path, path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """The raw rows in ``raw`` as the .npy file ``path`` (header + the same bytes), durably; ``raw`` goes."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as out, open(raw, "rb") as src:
+        np.lib.format.write_array_header_1_0(out, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                   "fortran_order": False, "shape": shape})
+        while chunk := src.read(1 << 22):
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    raw.unlink()
+
+
+class FieldStore:
+    """Side files of the extra fields of ``schema`` in ``root`` (see the module docstring).
+
+    ``variable``: keep variable fields as blob + offsets too (mmap, hdf5); wds and lmdb store them
+    as members / values and pass ``variable=False``.
+    """
+
+    def __init__(self, root: Path, schema: Schema, variable: bool) -> None:
+        self.root = root
+        self.fields: tuple[Field, ...] = schema.extra_fields
+        self.fixed = [(i, f) for i, f in enumerate(self.fields) if f.type.fixed]
+        self.variable = [(i, f) for i, f in enumerate(self.fields) if not f.type.fixed] if variable else []
+        self._files: dict[str, BinaryIO] = {}
+        self._ends: dict[str, int] = {}
+        self.samples = 0
+        #: after :meth:`finalize`: field name -> stats (bytes, min/max bytes, rows or values)
+        self.stats: dict[str, dict[str, Any]] = {}
+
+    def _part(self, name: str) -> Path:
+        return self.root / name
+
+    def open(self, samples: int) -> None:
+        """Start, or resume with the first ``samples`` samples kept (a checkpoint vouched for them)."""
+        self.samples = samples
+        width = len(self.fields) * _CRC.itemsize
+        self._open(_CRC_PART, samples * width)
+        self._open(_SIZES_PART, samples * len(self.fields) * _OFFSET.itemsize)
+        for _, f in self.fixed:
+            self._open(field_file(f.name) + ".part", samples * f.type.dtype.itemsize * int(np.prod(f.type.shape)))
+        for _, f in self.variable:
+            ends = self._part(blob_file(f.name).replace(".bin", ".ends") + ".part")
+            end = 0
+            if samples and ends.exists():
+                with open(ends, "rb") as e:
+                    e.seek((samples - 1) * _OFFSET.itemsize)
+                    end = int(np.frombuffer(e.read(_OFFSET.itemsize), _OFFSET)[0])
+            self._open(ends.name, samples * _OFFSET.itemsize)
+            self._open(blob_file(f.name) + ".part", end)
+            self._ends[f.name] = end
+
+    def _open(self, name: str, keep: int) -> None:
+        path = self._part(name)
+        fh = open(path, "r+b" if keep and path.exists() else "wb")
+        fh.truncate(keep)
+        fh.seek(keep)
+        self._files[name] = fh
+
+    def append(self, blobs: Sequence[bytes]) -> np.ndarray:
+        """One sample's blobs (one per extra field, in order); returns their CRC-32s."""
+        crcs = np.array([spec.checksum(b) for b in blobs], dtype=_CRC)
+        self._files[_CRC_PART].write(crcs.tobytes())
+        self._files[_SIZES_PART].write(np.array([len(b) for b in blobs], dtype=_OFFSET).tobytes())
+        for i, f in self.fixed:
+            self._files[field_file(f.name) + ".part"].write(blobs[i])
+        for i, f in self.variable:
+            self._files[blob_file(f.name) + ".part"].write(blobs[i])
+            self._ends[f.name] += len(blobs[i])
+            self._files[blob_file(f.name).replace(".bin", ".ends") + ".part"].write(
+                np.array([self._ends[f.name]], dtype=_OFFSET).tobytes())
+        self.samples += 1
+        return crcs
+
+    def checkpoint(self) -> None:
+        for fh in self._files.values():
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def close(self) -> None:
+        for fh in self._files.values():
+            fh.close()
+        self._files.clear()
+
+    def finalize(self, n: int, keep_columns: bool = True) -> dict[str, int]:
+        """Write the final files for ``n`` samples; data file name -> bytes (for index.json's ``files``).
+        ``keep_columns=False``: the column files are left to :meth:`columns` / :meth:`blobs` and
+        :meth:`discard` (HDF5 copies them); only ``field_checksums.npy`` is written."""
+        self.checkpoint()
+        self.close()
+        crcs = np.fromfile(self._part(_CRC_PART), dtype=_CRC).reshape(n, len(self.fields))
+        _save_npy(self.root / FIELD_CHECKSUMS, crcs)
+        self._part(_CRC_PART).unlink()
+        sizes = np.fromfile(self._part(_SIZES_PART), dtype=_OFFSET).reshape(n, len(self.fields))
+        self.stats = {f.name: self._stats(f, sizes[:, j], n) for j, f in enumerate(self.fields)}
+        self._part(_SIZES_PART).unlink()
+        files = {FIELD_CHECKSUMS: (self.root / FIELD_CHECKSUMS).stat().st_size}
+        if not keep_columns:
+            return files
+        for _, f in self.fixed:
+            path = self.root / field_file(f.name)
+            _raw_to_npy(self._part(path.name + ".part"), path, f.type.dtype, (n, *f.type.shape))
+            files[path.name] = path.stat().st_size
+        for _, f in self.variable:
+            offsets = self.offsets(f, n)
+            _save_npy(self.root / offsets_file(f.name), offsets)
+            self._part(blob_file(f.name).replace(".bin", ".ends") + ".part").unlink()
+            blob = self.root / blob_file(f.name)
+            with open(self._part(blob.name + ".part"), "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(self._part(blob.name + ".part"), blob)
+            files[blob.name] = blob.stat().st_size
+            files[offsets_file(f.name)] = (self.root / offsets_file(f.name)).stat().st_size
+        spec.fsync_dir(self.root)
+        return files
+
+    def _stats(self, f: Field, sizes: np.ndarray, n: int) -> dict[str, Any]:
+        """Per-field stats for index.json's ``field_stats`` (``pack-dataset info`` prints them)."""
+        out: dict[str, Any] = {"bytes": int(sizes.sum())}
+        if n:
+            out.update(min_bytes=int(sizes.min()), max_bytes=int(sizes.max()))
+        t = f.type
+        if isinstance(t, NumericType) and not t.fixed and n:
+            row = t.nbytes
+            out.update(min_rows=int(sizes.min()) // row, max_rows=int(sizes.max()) // row)
+        if isinstance(t, NumericType) and t.fixed and n:
+            col = self.column(f, n)
+            values = np.asarray(col)
+            if values.size and (t.integer or np.isfinite(values).any()):
+                lo, hi = (values.min(), values.max()) if t.integer else (np.nanmin(values[np.isfinite(values)]),
+                                                                       np.nanmax(values[np.isfinite(values)]))
+                out.update(min=lo.item(), max=hi.item())
+            del col, values
+        return out
+
+    # ---- for a writer that copies the columns elsewhere (HDF5), after finalize(keep_columns=False)
+    def column(self, f: Field, n: int) -> np.ndarray:
+        """A fixed field's ``(n, *shape)`` rows, mapped from its side file."""
+        path = self._part(field_file(f.name) + ".part")
+        if n == 0 or path.stat().st_size == 0:
+            return np.zeros((n, *f.type.shape), dtype=f.type.dtype)
+        return np.memmap(path, dtype=f.type.dtype, mode="r", shape=(n, *f.type.shape))
+
+    def offsets(self, f: Field, n: int) -> np.ndarray:
+        ends = self._part(blob_file(f.name).replace(".bin", ".ends") + ".part")
+        out = np.zeros(n + 1, dtype=_OFFSET)
+        out[1:] = np.fromfile(ends, dtype=_OFFSET, count=n)
+        return out
+
+    def blob_path(self, f: Field) -> Path:
+        return self._part(blob_file(f.name) + ".part")
+
+    def discard(self) -> None:
+        """Remove the column side files (after a writer copied them)."""
+        for _, f in self.fixed:
+            self._part(field_file(f.name) + ".part").unlink(missing_ok=True)
+        for _, f in self.variable:
+            self._part(blob_file(f.name) + ".part").unlink(missing_ok=True)
+            self._part(blob_file(f.name).replace(".bin", ".ends") + ".part").unlink(missing_ok=True)
+
+    def state(self) -> dict[str, Any]:
+        return {"field_samples": self.samples}
