@@ -225,6 +225,18 @@ def test_unknown_field_is_one_line_listing_the_fields(rich, fmt):
         open_dataset(rich[fmt], fields="caption")
 
 
+def test_a_label_of_another_type_reads_its_own_column(source, tmp_path):
+    """labels.npy is the label only for an int32 ``label`` (zeros otherwise): an int64 label is read
+    from its field column, and ``fields=None`` still gives ``(image, label)``."""
+    root = pack_fields(*source, tmp_path / "ds", "lmdb", {"label": ("int64", lambda i: 2**40 + i)}, keep_label=False)
+    ds = open_dataset(root, decode=False, return_index=True)
+    try:
+        assert not spec.has_label(ds.meta) and ds.fields == ("image", "label")
+        assert [t[1] for t in items(ds)] == [2**40 + i for i in range(N)]
+    finally:
+        ds.close()
+
+
 def test_a_schema_without_label_may_leave_out_labels_npy(captions, tmp_path):
     root = Path(shutil.copytree(captions["lmdb"], tmp_path / "nolabels"))
     meta = json.loads((root / "index.json").read_text())
