@@ -1,9 +1,7 @@
 """Reading samples with typed fields (issue 24, docs/fields.md): every format, every field type.
 
-The datasets are made by :func:`with_fields`: a real pack of a small image folder, then the
-extra fields added exactly as docs/fields.md "How each format stores fields" lays them out.
-TEST-ONLY: it stands in for the pack side's writers until they land; then these tests build
-with ``pack-dataset`` from a manifest instead.
+The datasets are packed by ``pack-dataset``'s own sources: a JSONL manifest over generated
+images (:func:`pack_fields`) and a hand-made COCO instances json (:func:`pack_coco`).
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import json
 import shutil
 import tarfile
 import warnings
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +23,7 @@ from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers import spec
 from readers.collate import FieldCollate, Sample, collate_fields
-from readers.fields import Field, NumericType, Schema, member_suffix, parse_type
+from readers.fields import Schema, parse_type
 from readers.loader import collate, make_loader
 from readers.registry import open_dataset
 from readers.spec import FORMATS, DatasetFormatError
@@ -55,129 +52,75 @@ COLUMNS = {
 }
 
 
-def with_fields(packed: Path, out: Path, columns: dict, keep_label: bool = True) -> Path:
-    """A copy of the packed dataset ``packed`` with the fields ``columns`` (name -> ``(type, value of
-    sample i[, classes])``) added as docs/fields.md lays them out (TEST-ONLY writer)."""
-    shutil.copytree(packed, out)
-    index = spec.read_index(out)
-    meta, n, fmt = dict(index.meta), index.num_samples, index.format
-    fields = [Field("image", parse_type("image"))]
-    if keep_label:
-        fields.append(Field("label", NumericType("int32"), dict(enumerate(meta["classes"]))))
-    fields += [Field(name, parse_type(t, name), *rest) for name, (t, _, *rest) in columns.items()]
-    schema = Schema(tuple(fields))
-    meta["fields"] = schema.to_json()["fields"]
-    values = {name: [schema[name].type.check(fn(i), name) for i in range(n)] for name, (_, fn, *_r) in columns.items()}
-    extra = [schema[name] for name in columns]
-    arrays = {k: np.array(v) for k, v in index.arrays.items()}
-    files, crcs = meta.setdefault("files", {}), meta.setdefault(spec.FILES_CRC_KEY, {})
+def pack_fields(images: list[Path], labels: list[int], out: Path, fmt: str, columns: dict,
+                keep_label: bool = True) -> Path:
+    """``images`` (with their class ``labels``) and the fields ``columns`` (name -> ``(type, value of
+    sample i)``) packed into ``fmt`` by ``pack-dataset``'s manifest source: a JSONL manifest, one row
+    per sample in order, the types stated with ``fields=`` (an image column: a PNG file's path)."""
+    work = out.with_name(out.name + "-src")
+    work.mkdir(parents=True)
+    types = (["label:int32"] if keep_label else []) + [f"{name}:{t}" for name, (t, _) in columns.items()]
+    with open(work / "rows.jsonl", "w", encoding="utf-8") as f:
+        for i, image in enumerate(images):
+            row: dict = {"image": str(image)}
+            if keep_label:
+                row["label"] = labels[i]
+            for name, (t, fn) in columns.items():
+                value = fn(i)
+                if t == "image":
+                    (work / f"{name}-{i}.png").write_bytes(value)
+                    value = f"{name}-{i}.png"
+                row[name] = value
+            f.write(json.dumps(row) + "\n")
+    pack(work / "rows.jsonl", out, PackOptions(format=fmt, workers=1, order="source", fields=",".join(types),
+                                               **({"shard_count": 3} if fmt == "wds" else {})))
+    return out
 
-    def record(name: str) -> None:
-        data = (out / name).read_bytes()
-        files[name], crcs[name] = len(data), zlib.crc32(data)
 
-    if fmt != "hdf5":
-        for f in extra:
-            if f.type.fixed:
-                col = np.stack([f.type.to_row(v) for v in values[f.name]]).astype(f.type.dtype)
-                np.save(out / f"field-{f.name}.npy", col, allow_pickle=False)
-    if fmt == "lmdb":
-        import lmdb
-
-        env = lmdb.open(str(out), map_size=1 << 28, subdir=True)
-        with env.begin(write=True) as txn:
-            for f in extra:
-                if not f.type.fixed:
-                    for i, v in enumerate(values[f.name]):
-                        txn.put(spec.lmdb_key(i) + b"/" + f.name.encode(), f.type.encode(v))
-        env.close()
-        (out / "lock.mdb").unlink()
-        record("data.mdb")
-    elif fmt == "mmap":
-        for f in extra:
-            if not f.type.fixed:
-                blobs = [f.type.encode(v) for v in values[f.name]]
-                (out / f"field-{f.name}.bin").write_bytes(b"".join(blobs))
-                np.save(out / f"field-{f.name}.offsets.npy", np.cumsum([0] + [len(b) for b in blobs]).astype("<i8"))
-    elif fmt == "hdf5":
-        import h5py
-
-        with h5py.File(out / "data.h5", "a") as h5:
-            for f in extra:
-                if f.type.fixed:
-                    h5.create_dataset(f"fields/{f.name}", data=np.stack([f.type.to_row(v) for v in values[f.name]])
-                                      .astype(f.type.dtype))
-                else:
-                    blobs = [f.type.encode(v) for v in values[f.name]]
-                    h5.create_dataset(f"fields/{f.name}/data", data=np.frombuffer(b"".join(blobs), np.uint8),
-                                      maxshape=(None,), chunks=(1 << 16,))
-                    h5.create_dataset(f"fields/{f.name}/offsets",
-                                      data=np.cumsum([0] + [len(b) for b in blobs]).astype("<i8"))
-        record("data.h5")
-    elif fmt == "wds":
-        for shard in meta["shards"]:
-            path = out / shard["name"]
-            with tarfile.open(path) as tar:
-                members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
-            with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-                def add(name: str, data: bytes) -> None:
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-
-                for k, (name, data) in enumerate(members):
-                    key, ext = name.split(".", 1)
-                    if ext != "cls" or keep_label:
-                        add(name, data)
-                    if k + 1 == len(members) or members[k + 1][0].split(".", 1)[0] != key:  # the key's last
-                        for f in extra:
-                            e, blob = f.type.to_member(values[f.name][int(key)], f.name)
-                            add(f"{key}.{member_suffix(f.name, e)}", blob)
-            with tarfile.open(path) as tar:
-                for m in tar.getmembers():
-                    key, ext = m.name.split(".", 1)
-                    if ext in ("jpg", "png", "jpeg"):
-                        arrays["offsets"][int(key)] = m.offset_data
-            record(shard["name"])
-            shard["bytes"], shard["crc32"] = files[shard["name"]], crcs[shard["name"]]
-    if not keep_label:
-        arrays.pop("labels")
-        (out / "labels.npy").unlink()
-        meta.pop("class_counts", None)
-    for key in ("spec_version", spec.ARRAYS_KEY):
-        meta.pop(key)
-    spec.write_index(out, meta, arrays)
+def pack_coco(images: list[Path], out: Path, fmt: str, annotations) -> Path:
+    """``images`` as a COCO instances json (``annotations(i)``: ``[(bbox, category_id), ...]`` of image
+    i; categories 1 person, 3 car) packed into ``fmt`` by ``pack-dataset``'s COCO source."""
+    work = out.with_name(out.name + "-src")
+    (work / "images").mkdir(parents=True)
+    ims, anns = [], []
+    for i, image in enumerate(images):
+        name = f"{i:03d}{image.suffix}"
+        shutil.copyfile(image, work / "images" / name)
+        with Image.open(image) as im:
+            ims.append({"id": 100 + i, "file_name": name, "width": im.width, "height": im.height})
+        for box, cat in annotations(i):
+            anns.append({"id": len(anns) + 1, "image_id": 100 + i, "category_id": cat, "bbox": box,
+                         "area": box[2] * box[3], "iscrowd": 0})
+    instances = work / "instances_val.json"
+    instances.write_text(json.dumps({"images": ims, "annotations": anns,
+                                     "categories": [{"id": 1, "name": "person"}, {"id": 3, "name": "car"}]}))
+    pack(instances, out, PackOptions(format=fmt, workers=1, order="source", images=str(work / "images"),
+                                     **({"shard_count": 3} if fmt == "wds" else {})))
     return out
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("fields-src")
-    src = make_image_folder(root / "src", classes=2, per_class=4, size=(30, 26), seed=3)
-    for p in sorted(src.rglob("*")):
-        if p.is_file() and p.name != "notes.txt" and len(list(src.rglob("*.*"))) > N + 1:
-            p.unlink()  # N images in all
-            break
-    out = {}
-    for fmt in FORMATS:
-        pack(src, root / fmt, PackOptions(format=fmt, workers=1, order="source",
-                                          **({"shard_count": 3} if fmt == "wds" else {})))
-        out[fmt] = root / fmt
-    return out
+def source(tmp_path_factory) -> tuple[list[Path], list[int]]:
+    """N generated images (two classes) and their class indices, in ImageFolder order."""
+    src = make_image_folder(tmp_path_factory.mktemp("fields-src") / "src", classes=2, per_class=4, size=(30, 26),
+                            seed=3)
+    files = [(p, label) for label, d in enumerate(sorted(p for p in src.iterdir() if p.is_dir()))
+             for p in sorted(d.iterdir()) if p.suffix.lower() in (".jpeg", ".png")][:N]
+    return [p for p, _ in files], [label for _, label in files]
 
 
 @pytest.fixture(scope="module")
-def rich(packed, tmp_path_factory) -> dict[str, Path]:
+def rich(source, tmp_path_factory) -> dict[str, Path]:
     """format -> dataset with image, label and every kind of field."""
     root = tmp_path_factory.mktemp("fields-rich")
-    return {fmt: with_fields(packed[fmt], root / fmt, COLUMNS) for fmt in FORMATS}
+    return {fmt: pack_fields(*source, root / fmt, fmt, COLUMNS) for fmt in FORMATS}
 
 
 @pytest.fixture(scope="module")
-def captions(packed, tmp_path_factory) -> dict[str, Path]:
-    """format -> dataset of image + caption only (no label, no labels.npy)."""
+def captions(source, tmp_path_factory) -> dict[str, Path]:
+    """format -> dataset of image + caption only (no label)."""
     root = tmp_path_factory.mktemp("fields-captions")
-    return {fmt: with_fields(packed[fmt], root / fmt, {"caption": COLUMNS["caption"]}, keep_label=False)
+    return {fmt: pack_fields(*source, root / fmt, fmt, {"caption": COLUMNS["caption"]}, keep_label=False)
             for fmt in FORMATS}
 
 
@@ -263,7 +206,7 @@ def test_fields_none_keeps_image_label_or_gives_a_dict(rich, captions, fmt):
         first = items(old)[0]
         assert type(first) is tuple and len(first) == 3 and isinstance(first[1], int)
         got = items(cap)
-        assert cap.index.meta["spec_version"] == 2 and "labels" not in cap.index.arrays
+        assert cap.index.meta["spec_version"] == 2 and cap.fields == ("image", "caption")
         assert [sorted(d) for d in got] == [["__index__", "caption", "image"]] * N
         assert [d["caption"] for d in got] == [expected("caption", i) for i in range(N)]
         assert [d["image"] for d in got] == stored_images(captions[fmt])
@@ -280,6 +223,34 @@ def test_unknown_field_is_one_line_listing_the_fields(rich, fmt):
     assert "\n" not in msg and "'captoin'" in msg and "image, label, caption, boxes" in msg
     with pytest.raises(ValueError, match="sequence of field names"):
         open_dataset(rich[fmt], fields="caption")
+
+
+def test_a_label_of_another_type_reads_its_own_column(source, tmp_path):
+    """labels.npy is the label only for an int32 ``label`` (zeros otherwise): an int64 label is read
+    from its field column, and ``fields=None`` still gives ``(image, label)``."""
+    root = pack_fields(*source, tmp_path / "ds", "lmdb", {"label": ("int64", lambda i: 2**40 + i)}, keep_label=False)
+    ds = open_dataset(root, decode=False, return_index=True)
+    try:
+        assert not spec.has_label(ds.meta) and ds.fields == ("image", "label")
+        assert [t[1] for t in items(ds)] == [2**40 + i for i in range(N)]
+    finally:
+        ds.close()
+
+
+def test_a_schema_without_label_may_leave_out_labels_npy(captions, tmp_path):
+    root = Path(shutil.copytree(captions["lmdb"], tmp_path / "nolabels"))
+    meta = json.loads((root / "index.json").read_text())
+    del meta[spec.ARRAYS_KEY]["labels"]
+    meta.pop("class_counts", None)
+    (root / "index.json").write_text(json.dumps(meta))
+    (root / "labels.npy").unlink()
+    assert spec.required_arrays(meta) == ("checksums", "sizes")
+    ds = open_dataset(root, return_index=True)
+    try:
+        assert "labels" not in ds.index.arrays and len(ds) == N and ds.labels.tolist() == [0] * N
+        assert [d["caption"] for d in items(ds)] == [expected("caption", i) for i in range(N)]
+    finally:
+        ds.close()
 
 
 def test_spec_version_2_reads_and_3_is_refused(rich, tmp_path):
@@ -519,9 +490,7 @@ CAPTIONS = ["a dog on a beach", "two cats asleep", "a red car", "a bowl of soup"
             "a city at night", "an old bridge"]
 RECIPES = {  # heading -> (format, fields added)
     "Image-caption pairs, CLIP-style": ("wds", {"caption": ("text", lambda i: CAPTIONS[i])}),
-    "COCO detection: variable-length boxes": ("lmdb", {
-        "boxes": ("float32[*,4]", lambda i: [[2.0 * k, 1.0, 10.5, 8.0] for k in range(i % 3)]),
-        "category_ids": ("int32[*]", lambda i: [1, 3][: i % 3], {1: "person", 3: "car"})}),
+    "COCO detection: variable-length boxes": ("lmdb", None),  # a COCO instances json (pack_coco)
     "Multi-label tags": ("hdf5", {"tags": ("uint8[6]", lambda i: [(i >> k) & 1 for k in range(6)])}),
 }
 
@@ -536,12 +505,16 @@ def recipe_blocks(heading: str) -> tuple[str, str]:
 
 @pytest.mark.slow  # runs each recipe in a fresh interpreter, as a user would
 @pytest.mark.parametrize("heading", RECIPES)
-def test_recipes_run_as_shown(packed, tmp_path, heading):
+def test_recipes_run_as_shown(source, tmp_path, heading):
     import subprocess
     import sys
 
     fmt, columns = RECIPES[heading]
-    root = with_fields(packed[fmt], tmp_path / "ds", columns, keep_label=False)
+    if columns is None:
+        root = pack_coco(source[0], tmp_path / "ds", fmt,
+                         lambda i: [([2.0 * k, 1.0, 10.5, 8.0], [1, 3][k]) for k in range(i % 3)])
+    else:
+        root = pack_fields(*source, tmp_path / "ds", fmt, columns, keep_label=False)
     code, shown = recipe_blocks(heading)
     script = tmp_path / "recipe.py"
     script.write_text(code)
@@ -590,7 +563,7 @@ def test_a_wds_sample_without_the_fields_member_names_it(rich, tmp_path):
         ds.schema = Schema.of({"image": "image", "label": "int32", "caption": "text", "other": "text"})
         ds.__dict__.pop("_suffixes", None)
         ds._select(("other",))
-        with pytest.raises(DatasetFormatError, match=r"src-000000.tar: sample 0 has no member for field 'other'"):
+        with pytest.raises(DatasetFormatError, match=r"-000000.tar: sample 0 has no member for field 'other'"):
             next(iter(ds))
     finally:
         ds.close()
