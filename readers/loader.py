@@ -40,7 +40,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from readers import shmring
-from readers.batch import GatheredItems, byte_batch, shared_tensor
+from readers.batch import GatheredItems, batch_buffer, byte_batch, shared_tensor
 from readers.env import default_workers, die_with_parent
 from readers.order import batch_counts, worker_lengths
 from readers.registry import open_dataset
@@ -89,24 +89,50 @@ def collate(batch: Sequence[tuple]) -> tuple:
 
 
 class Collate:
-    """``collate`` plus reusable shared-memory slots for encoded bytes (see readers.shmring).
+    """``collate`` plus reusable shared-memory slots for whole batches (see readers.shmring).
 
-    In a loader worker, a batch of ``bytes`` items is written into one of the
-    worker's reusable slots and rebuilt as a ByteBatch in the main process;
-    everything else (and the main process itself) goes through ``collate``.
+    In a loader worker, a batch goes into one of the worker's reusable slots
+    and the main process rebuilds it as views of that slot: a whole-batch read
+    (``GatheredItems``: ByteBatches of ``decode=False`` readers, mmap's pixel
+    tensors) is written there directly by ``get_batch``, a batch of ``bytes``
+    items is copied there. Everything else (decoded items, a batch for which no
+    slot freed up within ``wait_s``, and the main process itself) goes through
+    ``collate``.
     """
 
-    def __init__(self, slots: int = 4) -> None:
-        self.ring = shmring.ShmSlots(slots) if shmring.available() else None
+    def __init__(self, slots: int = 4, wait_s: float = 0.05) -> None:
+        self.ring = shmring.ShmSlots(slots, wait_s) if shmring.available() else None
 
     def __call__(self, batch: Sequence[tuple]) -> Any:
-        if (self.ring is not None and batch and not isinstance(batch, GatheredItems)
-                and isinstance(batch[0][0], (bytes, bytearray)) and get_worker_info() is not None):
+        if self.ring is None or not batch or get_worker_info() is None:
+            return collate(batch)  # the main process: nothing to send
+        if isinstance(batch, GatheredItems):
+            return self._gathered(batch)
+        if isinstance(batch[0][0], (bytes, bytearray)):
             images, *rest = zip(*batch)
             packed = self.ring.pack(images, tuple(torch.as_tensor(c, dtype=torch.int64) for c in rest))
             if packed is not None:
                 return packed
-        return collate(batch)  # whole-batch reads, decoded images, the main process
+        return collate(batch)  # decoded images, or no free slot in time
+
+    def _gathered(self, items: GatheredItems) -> Any:
+        """The whole-batch read written straight into a free slot (sent as a reference to it)."""
+        ring, got = self.ring, []
+
+        def alloc(nbytes: int) -> Any:  # the batch's one buffer: the slot (a second one: not in the slot)
+            slot = ring.slot(nbytes) if not got else None
+            got.append(slot)
+            return slot.array if slot is not None else batch_buffer(nbytes)
+
+        result = items.gather(alloc)
+        slot = got[0] if got else None
+        if slot is None:  # no free slot in time (the caller keeps its batches): the ordinary way
+            return result
+        sent = ring.send(slot, result)
+        if sent is not None:
+            return sent
+        # a batch of another shape than send knows: read it again outside the slot (which stays free)
+        return GatheredItems(items.dataset, items.indices.tolist()).gather()
 
 
 STATE_VERSION = 1
@@ -537,7 +563,7 @@ def make_loader(
     generator.manual_seed(seed)
     loader = PackedLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin,
-        drop_last=drop_last, collate_fn=collate_fn or Collate(slots=prefetch_factor + 2),
+        drop_last=drop_last, collate_fn=collate_fn or Collate(slots=prefetch_factor + 3),
         worker_init_fn=_WorkerInit(worker_init_fn), generator=generator, **kwargs,
     )
     loader._seed, loader._distributed = seed, distributed
