@@ -47,7 +47,7 @@ from readers.registry import open_dataset
 from readers.sampler import EpochSampler, EpochSpec
 from readers.shmring import ByteBatch
 
-__all__ = ["make_loader", "PackedLoader", "ThreadLoader", "EpochSampler", "ByteBatch", "collate", "shm_check", "ShmSpace",
+__all__ = ["make_loader", "choose_workers", "PackedLoader", "ThreadLoader", "EpochSampler", "ByteBatch", "collate", "shm_check", "ShmSpace",
            "use_file_system_sharing"]
 
 log = logging.getLogger(__name__)
@@ -451,6 +451,59 @@ def use_file_system_sharing(space: ShmSpace, stacklevel: int = 1) -> None:
     )
 
 
+WORKER_KINDS = ("auto", "threads", "processes")
+
+
+def _own_transform(transform: Any) -> bool:
+    """A transform of this package (``readers.transforms``), or a Compose of nothing else: its work
+    (JPEG decode in libjpeg-turbo, torch resize kernels) runs with the GIL released."""
+    steps = getattr(transform, "transforms", None)
+    if type(transform).__name__ == "Compose" and isinstance(steps, (list, tuple)):
+        return bool(steps) and all(_own_transform(t) for t in steps)
+    return type(transform).__module__.startswith("readers.")
+
+
+def _gil_free(dataset: Any) -> str | None:
+    """Why ``dataset``'s per-sample work may hold the GIL (so worker processes suit it better), or None
+    when it releases it: a reader of this package reading stored bytes, stored pixels, or decoding
+    with its own decode and transforms."""
+    sources = getattr(dataset, "sources", None)
+    if sources is not None:  # a mixture: every source must do
+        return next((why for why in map(_gil_free, sources) if why is not None), None)
+    if type(dataset).__module__ == "readers.subsets":
+        return _gil_free(dataset.dataset)
+    from readers.base import PackedDataset
+
+    if not isinstance(dataset, PackedDataset):
+        return f"a dataset of your own ({type(dataset).__name__})"
+    if not dataset.decode:
+        return None
+    if dataset.image == "pil":
+        return "image='pil' (PIL images)"
+    if dataset.transform is not None and not _own_transform(dataset.transform):
+        return f"a Python transform of your own ({type(dataset.transform).__name__})"
+    return None
+
+
+def choose_workers(dataset: Any, *, num_workers: int, collate_fn: Callable | None = None,
+                   multiprocessing_context: Any = None) -> tuple[str, str]:
+    """The worker kind ``make_loader(workers="auto")`` picks for ``dataset``, and why: ``("threads", why)``
+    when the per-sample work releases the GIL (this package's readers, with ``decode=False``, stored
+    pixels, or their own decode and transforms) so threads do it without copying batches between
+    processes; ``("processes", why)`` when Python code of the caller's own runs per sample or per
+    batch (a transform, a ``collate_fn``, a dataset), which would hold the GIL in threads."""
+    if num_workers == 0:
+        return "processes", "num_workers=0: everything runs in the calling thread"
+    if multiprocessing_context is not None:
+        return "processes", "a multiprocessing_context was given"
+    if collate_fn is not None:
+        return "processes", f"a collate_fn of your own ({getattr(collate_fn, '__name__', type(collate_fn).__name__)})"
+    why = _gil_free(dataset)
+    if why is not None:
+        return "processes", why
+    return "threads", "the reader's own work releases the GIL (stored bytes, stored pixels, its own decode and transforms)"
+
+
 # Over 60 lines only because the public entry point lists and documents every knob; the body is ~35.
 def make_loader(
     dataset: Any,
@@ -467,7 +520,7 @@ def make_loader(
     distributed: bool | None = None,
     multiprocessing_context: Any = None,
     worker_init_fn: Callable[[int], None] | None = None,
-    workers: str = "processes",
+    workers: str = "auto",
     samples_per_epoch: int | None = None,
     replacement: bool = False,
     **kwargs: Any,
@@ -488,10 +541,14 @@ def make_loader(
     ``num_workers`` (default): the usable CPUs divided by the training
     processes on this machine (``LOCAL_WORLD_SIZE``), at least 1.
 
-    ``workers="threads"`` runs the workers as threads of this process instead
-    (:class:`ThreadLoader`: the same sampler, order, epochs, seeds and resume;
-    a batch never crosses a process wall). Worth it where the per-sample work
-    releases the GIL, as the readers' own does; see ``readers/threads.py``.
+    ``workers``: ``"auto"`` (default) picks by what the pipeline does
+    (:func:`choose_workers`) and logs one line saying which and why:
+    ``"threads"`` (:class:`ThreadLoader`: the same sampler, order, epochs,
+    seeds and resume; a batch never crosses a process wall) where the
+    per-sample work releases the GIL, as this package's readers, decode and
+    transforms do; ``"processes"`` (DataLoader worker processes) where Python
+    code of your own runs per sample or batch (a transform, a ``collate_fn``,
+    a dataset). Either value forces that kind; see ``readers/threads.py``.
     ``worker_init_fn(worker_id)`` runs in each worker, process or thread.
 
     ``dataset``: a reader, or a path / URL, opened with ``readers.open_dataset``
@@ -512,8 +569,10 @@ def make_loader(
     :class:`readers.mixture.Mixture` brings its own epochs (``mix(..., samples_per_epoch=)``)
     and its ``seed``, when given, decides its order. See docs/training.md.
     """
-    if workers not in ("processes", "threads"):
-        raise ValueError(f"workers must be 'processes' or 'threads', got {workers!r}")
+    if workers is None:
+        workers = "auto"
+    if workers not in WORKER_KINDS:
+        raise ValueError(f"workers must be one of {', '.join(map(repr, WORKER_KINDS))}, got {workers!r}")
     if isinstance(dataset, (str, os.PathLike)):
         dataset = open_dataset(dataset)
     spec: EpochSpec | None = getattr(dataset, "spec", None)
@@ -531,6 +590,10 @@ def make_loader(
     if getattr(dataset, "sources", None) is not None and getattr(dataset, "seed", None) is not None:
         seed = int(dataset.seed)  # the mixture's own seed
     kind, workers = workers, default_workers() if num_workers is None else num_workers
+    if kind == "auto":
+        kind, why = choose_workers(dataset, num_workers=workers, collate_fn=collate_fn,
+                                   multiprocessing_context=multiprocessing_context)
+        log.info("make_loader: %d worker %s: %s (workers='threads' or 'processes' to choose)", workers, kind, why)
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     sampler = kwargs.pop("sampler", None)
     if "batch_sampler" in kwargs:  # DataLoader's rule: a batch sampler replaces all four

@@ -128,7 +128,7 @@ def test_finished_loaders_leave_no_mappings(packed_generated):
     """The main process unmaps the slots of workers that have exited."""
     ds = open_dataset(packed_generated["lmdb"], decode=False)
     for _round in range(3):
-        loader = make_loader(ds, batch_size=4, num_workers=2)
+        loader = make_loader(ds, batch_size=4, num_workers=2, workers="processes")
         for _batch in loader:
             pass
         pids = {w.pid for w in loader._iterator._workers}
