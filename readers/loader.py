@@ -486,16 +486,19 @@ def _gil_free(dataset: Any) -> str | None:
 
 
 def choose_workers(dataset: Any, *, num_workers: int, collate_fn: Callable | None = None,
-                   multiprocessing_context: Any = None) -> tuple[str, str]:
+                   multiprocessing_context: Any = None, worker_init_fn: Callable | None = None) -> tuple[str, str]:
     """The worker kind ``make_loader(workers="auto")`` picks for ``dataset``, and why: ``("threads", why)``
     when the per-sample work releases the GIL (this package's readers, with ``decode=False``, stored
     pixels, or their own decode and transforms) so threads do it without copying batches between
     processes; ``("processes", why)`` when Python code of the caller's own runs per sample or per
-    batch (a transform, a ``collate_fn``, a dataset), which would hold the GIL in threads."""
+    batch (a transform, a ``collate_fn``, a dataset), which would hold the GIL in threads, or a
+    ``worker_init_fn`` (often written for worker processes: ``get_worker_info()``, global seeds)."""
     if num_workers == 0:
         return "processes", "num_workers=0: everything runs in the calling thread"
     if multiprocessing_context is not None:
         return "processes", "a multiprocessing_context was given"
+    if worker_init_fn is not None:
+        return "processes", "a worker_init_fn of your own"
     if collate_fn is not None:
         return "processes", f"a collate_fn of your own ({getattr(collate_fn, '__name__', type(collate_fn).__name__)})"
     why = _gil_free(dataset)
@@ -548,7 +551,7 @@ def make_loader(
     per-sample work releases the GIL, as this package's readers, decode and
     transforms do; ``"processes"`` (DataLoader worker processes) where Python
     code of your own runs per sample or batch (a transform, a ``collate_fn``,
-    a dataset). Either value forces that kind; see ``readers/threads.py``.
+    a dataset) or in each worker (a ``worker_init_fn``). Either value forces that kind; see ``readers/threads.py``.
     ``worker_init_fn(worker_id)`` runs in each worker, process or thread.
 
     ``dataset``: a reader, or a path / URL, opened with ``readers.open_dataset``
@@ -592,7 +595,7 @@ def make_loader(
     kind, workers = workers, default_workers() if num_workers is None else num_workers
     if kind == "auto":
         kind, why = choose_workers(dataset, num_workers=workers, collate_fn=collate_fn,
-                                   multiprocessing_context=multiprocessing_context)
+                                   multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn)
         log.info("make_loader: %d worker %s: %s (workers='threads' or 'processes' to choose)", workers, kind, why)
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     sampler = kwargs.pop("sampler", None)

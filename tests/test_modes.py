@@ -53,6 +53,7 @@ PROCESSES = [
     ("wds", {"image": "pil"}, {}, "image='pil'"),
     ("lmdb", {"decode": False}, {"collate_fn": collate}, "collate_fn of your own (collate)"),
     ("mmap-fixed", {}, {"num_workers": 0}, "num_workers=0"),
+    ("lmdb", {"decode": False}, {"worker_init_fn": print}, "worker_init_fn of your own"),
 ]
 
 
