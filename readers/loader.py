@@ -95,9 +95,10 @@ class Collate:
     and the main process rebuilds it as views of that slot: a whole-batch read
     (``GatheredItems``: ByteBatches of ``decode=False`` readers, mmap's pixel
     tensors) is written there directly by ``get_batch``, a batch of ``bytes``
-    items is copied there. Everything else (decoded items, a batch for which no
-    slot freed up within ``wait_s``, and the main process itself) goes through
-    ``collate``.
+    items is copied there, decoded images of one shape are stacked there.
+    Everything else (PIL images, images of different shapes, a batch for which
+    no slot freed up within ``wait_s``, and the main process itself) goes
+    through ``collate``.
     """
 
     def __init__(self, slots: int = 4, wait_s: float = 0.05) -> None:
@@ -108,12 +109,31 @@ class Collate:
             return collate(batch)  # the main process: nothing to send
         if isinstance(batch, GatheredItems):
             return self._gathered(batch)
-        if isinstance(batch[0][0], (bytes, bytearray)):
+        first = batch[0][0]
+        if isinstance(first, (bytes, bytearray)):
             images, *rest = zip(*batch)
             packed = self.ring.pack(images, tuple(torch.as_tensor(c, dtype=torch.int64) for c in rest))
             if packed is not None:
                 return packed
-        return collate(batch)  # decoded images, or no free slot in time
+        elif isinstance(first, torch.Tensor) and first.dtype != torch.bfloat16 and first.device.type == "cpu":
+            stacked = self._stacked(batch)
+            if stacked is not None:
+                return stacked
+        return collate(batch)  # other items, or no free slot in time
+
+    def _stacked(self, batch: Sequence[tuple]) -> Any:
+        """Decoded images of one shape and dtype stacked straight into a free slot (one copy each)."""
+        images, *rest = zip(*batch)
+        first = images[0]
+        if not all(isinstance(t, torch.Tensor) and t.shape == first.shape and t.dtype == first.dtype for t in images):
+            return None
+        slot = self.ring.slot(len(images) * first.numel() * first.element_size())
+        if slot is None:
+            return None
+        out = slot.array.view(first.numpy().dtype).reshape(len(images), *first.shape)
+        np.stack([t.numpy() for t in images], out=out)
+        sent = self.ring.send(slot, (torch.from_numpy(out), *(torch.as_tensor(c, dtype=torch.int64) for c in rest)))
+        return sent
 
     def _gathered(self, items: GatheredItems) -> Any:
         """The whole-batch read written straight into a free slot (sent as a reference to it)."""

@@ -17,8 +17,8 @@ So each worker keeps one segment with a few fixed slots and reuses them::
 
 The worker writes a batch into a free slot -- a batch of encoded bytes
 (:meth:`ShmSlots.pack`), or a whole-batch read (``get_batch``) written there
-directly (:meth:`ShmSlots.slot`, then :meth:`ShmSlots.send`): ByteBatches
-and uint8 pixel tensors -- marks it in flight and sends only (segment name,
+directly (:meth:`ShmSlots.slot`, then :meth:`ShmSlots.send`): ByteBatches,
+pixel tensors, decoded images stacked there -- marks it in flight and sends only (segment name,
 slot, the layout of the batch's tensors, its small arrays) through the
 loader's queue. The main process rebuilds the batch's tensors as views of
 the slot (nothing is copied) and the slot is free again once every tensor
@@ -124,9 +124,10 @@ def _rebuild(name: str, fd: int, slot: int, capacity: int, layout: tuple) -> tup
 
 def _build(base: torch.Tensor, part: tuple) -> Any:
     kind = part[0]
-    if kind == "slot":  # a uint8 tensor in the slot: its size, stride and offset there
-        _, size, stride, offset = part
-        return torch.as_strided(base, size, stride, offset)
+    if kind == "slot":  # a tensor in the slot: its size, stride (elements), byte offset there and dtype
+        _, size, stride, offset, dtype = part
+        typed = base.view(getattr(torch, dtype))  # the slot's capacity is a multiple of every element size
+        return torch.as_strided(typed, size, stride, offset // typed.element_size())
     if kind == "bytes":
         return ByteBatch(_build(base, part[1]), torch.from_numpy(part[2]))
     return torch.from_numpy(part[1])  # "array": a small array sent by value (labels, indices)
@@ -206,15 +207,18 @@ class _Segment:
         self.fd = -1  # the memfd (kept open: the main process opens it through /proc), or -1
         self.retired: list = []  # (mapping, fd) of replaced segments that still had batches in flight
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Any = os.close) -> None:  # (os.close bound now: this may run at interpreter exit)
         """Close this process's mapping and memfd (in a forked copy: the copy's descriptors only)."""
         self.view = None
         for mm, fd in self.retired + [(self.mm, self.fd)]:
             if mm is not None:
-                _close_quietly(mm)
+                try:
+                    mm.close()
+                except BufferError:
+                    pass  # batches over it keep the mapping alive
             if fd >= 0:
                 try:
-                    os.close(fd)
+                    _close(fd)
                 except OSError:
                     pass
 
@@ -231,16 +235,17 @@ class Slot:
         self.nbytes = nbytes
 
     def describe(self, t: torch.Tensor) -> tuple | None:
-        """How the main process rebuilds ``t`` from this slot, or None when ``t`` is not a uint8 tensor in it."""
-        if t.dtype != torch.uint8 or t.device.type != "cpu":
+        """How the main process rebuilds ``t`` from this slot, or None when ``t`` is not a CPU tensor in it."""
+        if t.device.type != "cpu" or t.dtype in (torch.bool, torch.complex32) or t.is_quantized:
             return None
-        offset = t.data_ptr() - self.address
+        dtype, esize = str(t.dtype).removeprefix("torch."), t.element_size()
         if t.numel() == 0:
-            return ("slot", tuple(t.shape), tuple(t.stride()), 0)
-        last = offset + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-        if offset < 0 or last >= self.nbytes or min(t.stride(), default=1) < 0:
+            return ("slot", tuple(t.shape), tuple(t.stride()), 0, dtype)
+        offset = t.data_ptr() - self.address
+        end = offset + esize * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
+        if offset < 0 or offset % esize or end > self.nbytes or min(t.stride(), default=1) < 0:
             return None
-        return ("slot", tuple(t.shape), tuple(t.stride()), offset)
+        return ("slot", tuple(t.shape), tuple(t.stride()), offset, dtype)
 
 
 class ShmSlots:
@@ -260,7 +265,7 @@ class ShmSlots:
         if seg.mm is not None:
             self._retire(seg)
         seg.gen += 1
-        seg.capacity = max(need + need // 4, 8 << 20)
+        seg.capacity = max(need + need // 4, 8 << 20) + 4095 & ~4095  # whole pages: every dtype's alignment
         seg.name = f"dataset-packer-{os.getpid()}-{id(self):x}-{seg.gen}"
         size = HEADER + seg.capacity * self.slots
         fd, seg.fd = _create_memfd(seg.name), -1
@@ -312,7 +317,7 @@ class ShmSlots:
             time.sleep(0.0002)
 
     def send(self, slot: Slot, batch: Sequence[Any]) -> _InSlot | None:
-        """Mark ``slot`` in flight and describe ``batch`` (a tuple of ByteBatches and uint8 tensors in the
+        """Mark ``slot`` in flight and describe ``batch`` (a tuple of ByteBatches and tensors in the
         slot, and small tensors or arrays sent by value) for the main process; None (slot left free) when
         a part of it is anything else."""
         layout = []
@@ -323,7 +328,7 @@ class ShmSlots:
                     return None
                 layout.append(("bytes", data, part.offsets.numpy()))
             elif isinstance(part, torch.Tensor) and part.device.type == "cpu":
-                inside = slot.describe(part) if part.dtype == torch.uint8 else None
+                inside = slot.describe(part)
                 if inside is None and part.numel() * part.element_size() > (1 << 16):
                     return None  # a big tensor outside the slot: sent the ordinary way
                 layout.append(inside if inside is not None else ("array", part.numpy().copy()))

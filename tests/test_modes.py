@@ -186,3 +186,28 @@ def test_transforms_that_resample_stay_per_sample(packed, transform):
     assert not ds.batchable() and ds.get_batch([0, 1]) is None
     assert isinstance(ds.__getitems__([0, 1]), list)
     ds.close()
+
+
+def to_float(image):
+    """A user's transform making float images (what ToTensor gives)."""
+    return image.to(torch.float32).div(255)
+
+
+@pytest.mark.slow  # DataLoader worker processes
+def test_decoded_images_of_a_users_transform_are_stacked_into_slots(packed):
+    shmring.release_dead()
+    ds = open_dataset(packed["mmap-fixed"], transform=to_float, return_index=True)
+    loader = make_loader(ds, batch_size=4, num_workers=2, persistent_workers=False)
+    assert type(loader) is PackedLoader  # a transform of the caller's own: processes
+    seen, attached = [], set()
+    for images, labels, index in loader:
+        expected = collate([ds[i] for i in index.tolist()])
+        assert images.dtype == torch.float32 and torch.equal(images, expected[0]) and torch.equal(labels, expected[1])
+        seen += index.tolist()
+        attached |= _worker_segments()
+    del images, labels, index
+    assert sorted(seen) == list(range(len(ds)))
+    assert len({shmring.pid_of(n) for n in attached}) == 2, attached
+    del loader
+    gc.collect()
+    ds.close()
