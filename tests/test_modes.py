@@ -211,3 +211,23 @@ def test_decoded_images_of_a_users_transform_are_stacked_into_slots(packed):
     del loader
     gc.collect()
     ds.close()
+
+
+@pytest.mark.slow  # a subprocess with worker pools
+def test_bench_modes_quick(tmp_path):
+    """benchmarks/bench_modes.py --quick runs end to end (a smoke test; the figures are not checked)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_modes.py"
+    out = tmp_path / "modes.json"
+    r = subprocess.run([sys.executable, "-W", "error", str(script), "--quick", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    rows = {line.split()[0] for line in r.stdout.splitlines()[2:] if line and not line.startswith(("raw224 /", "pil /"))}
+    assert rows == {"bytes/wds", "bytes/lmdb", "bytes/hdf5", "raw/mmap", "raw224/mmap", "pil/wds", "naive"}
+    results = json.loads(out.read_text())["results"]
+    assert len(results) == 6 * 3 + 1 and all(v > 0 for v in results.values())
+    assert [p.name for p in tmp_path.iterdir()] == ["modes.json"]
