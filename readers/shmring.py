@@ -198,12 +198,12 @@ class _InSlot:
 
 
 class _Segment:
-    """One worker's segment: its mapping (and a numpy view of it), name, slot capacity, next slot, generation."""
+    """One worker's segment: its mapping (and a numpy view of it), name, slot capacity, generation."""
 
     def __init__(self) -> None:
         self.mm: mmap.mmap | None = None
         self.view: np.ndarray | None = None
-        self.name, self.capacity, self.next, self.gen = "", 0, 0, 0
+        self.name, self.capacity, self.gen = "", 0, 0
         self.fd = -1  # the memfd (kept open: the main process opens it through /proc), or -1
         self.retired: list = []  # (mapping, fd) of replaced segments that still had batches in flight
 
@@ -280,7 +280,6 @@ class ShmSlots:
             if seg.fd != fd:
                 os.close(fd)
         seg.view = np.frombuffer(seg.mm, dtype=np.uint8)
-        seg.next = 0
         return seg
 
     def _retire(self, seg: _Segment) -> None:
@@ -300,17 +299,16 @@ class ShmSlots:
         seg.mm, seg.fd = None, -1
 
     def slot(self, nbytes: int) -> Slot | None:
-        """A free slot of at least ``nbytes`` (the next in ring order, else any free one); None when
-        none freed up within ``wait_s``. Write the batch into ``slot.array``, then :meth:`send` it."""
+        """The first free slot of at least ``nbytes``; None when none freed up within ``wait_s``. Write
+        the batch into ``slot.array``, then :meth:`send` it. (The first free one: a slot's pages are
+        memory once written, so a worker uses as few slots as batches it has in flight at once.)"""
         seg = self._segment(nbytes)
         mm = seg.mm
         assert mm is not None
         deadline = time.monotonic() + self.wait_s
         while True:
-            for k in range(self.slots):
-                index = (seg.next + k) % self.slots
+            for index in range(self.slots):
                 if mm[index] == 0:  # the main process is done with this slot
-                    seg.next = (index + 1) % self.slots
                     return Slot(seg, index, nbytes)
             if time.monotonic() > deadline:
                 return None
