@@ -1,4 +1,5 @@
-"""Loading with threads instead of worker processes: ``make_loader(..., workers="threads")``.
+"""Loading with threads instead of worker processes: ``make_loader(..., workers="threads")``, and what
+``make_loader`` picks by default (``workers="auto"``) for the readers' own work.
 
 Where a sample's work releases the GIL -- ``os.pread`` and LMDB reads,
 memory copies of whole batches (``numpy.take``), libjpeg-turbo decoding
