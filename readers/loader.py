@@ -11,10 +11,14 @@
 * reproducible: a seeded generator (so workers' base seeds repeat), a
   ``worker_init_fn`` that seeds numpy and ``random`` per worker, and an
   epoch counter that reaches samplers and persistent workers;
-* batches as tensors, which travel from workers through shared memory:
-  ``decode=False`` samples (Python ``bytes``) are packed by the worker into
-  a :class:`ByteBatch` (one flat uint8 tensor in shared memory plus
-  offsets), not sent as a list of ``bytes`` that must be pickled;
+* worker threads where the reader's own work releases the GIL, worker
+  processes where Python code of the caller's own runs (``workers="auto"``,
+  :func:`choose_workers`; one log line says which and why);
+* batches as tensors, which travel from worker processes through reusable
+  shared-memory slots (:mod:`readers.shmring`): a whole-batch read, a batch
+  of ``decode=False`` samples as a :class:`ByteBatch` (one flat uint8 tensor
+  plus offsets) or decoded images of one shape, handed out as views of the
+  slot, never a list of ``bytes`` that must be pickled;
 * exact mid-epoch resume: ``state_dict()`` / ``load_state_dict()`` (the
   protocol of torchdata's ``StatefulDataLoader``, which Lightning and
   ``accelerator.save_state`` call), skipping by index arithmetic, never by
