@@ -412,6 +412,7 @@ class ThreadLoader(PackedLoader):
         super().__init__(dataset, num_workers=num_workers, pin_memory=False, persistent_workers=False,
                          prefetch_factor=prefetch_factor if num_workers else None, **kwargs)
         self.pin_batches = pin_memory  # pinned by the loader threads, not by DataLoader's pin thread
+        self.pin_now = False  # this epoch's: pin_batches where an accelerator is there (readers.threads)
         self.whole_batches = whole_batches
         self._shard_maps: dict[int, Any] = {}  # thread -> its ShardMaps (shard mappings, headers checked), kept between epochs
 

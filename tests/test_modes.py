@@ -231,3 +231,16 @@ def test_bench_modes_quick(tmp_path):
     results = json.loads(out.read_text())["results"]
     assert len(results) == 6 * 3 + 1 and all(v > 0 for v in results.values())
     assert [p.name for p in tmp_path.iterdir()] == ["modes.json"]
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="pins for real where an accelerator is there")
+@pytest.mark.parametrize("kind", ["threads", "processes"])
+def test_pin_memory_without_an_accelerator_warns_and_loads(packed, kind):
+    """As a DataLoader's iterator does: a warning, no pinning, every batch (the threads used to fail)."""
+    ds = open_dataset(packed["mmap-fixed"], return_index=True)
+    loader = make_loader(ds, batch_size=4, num_workers=0 if kind == "processes" else 2, workers=kind,
+                         pin_memory=True)
+    with pytest.warns(UserWarning, match="no accelerator is found"):
+        seen = [i for _, _, index in loader for i in index.tolist()]
+    assert sorted(seen) == list(range(len(ds)))
+    ds.close()
