@@ -11,10 +11,14 @@
 * reproducible: a seeded generator (so workers' base seeds repeat), a
   ``worker_init_fn`` that seeds numpy and ``random`` per worker, and an
   epoch counter that reaches samplers and persistent workers;
-* batches as tensors, which travel from workers through shared memory:
-  ``decode=False`` samples (Python ``bytes``) are packed by the worker into
-  a :class:`ByteBatch` (one flat uint8 tensor in shared memory plus
-  offsets), not sent as a list of ``bytes`` that must be pickled;
+* worker threads where the reader's own work releases the GIL, worker
+  processes where Python code of the caller's own runs (``workers="auto"``,
+  :func:`choose_workers`; one log line says which and why);
+* batches as tensors, which travel from worker processes through reusable
+  shared-memory slots (:mod:`readers.shmring`): a whole-batch read, a batch
+  of ``decode=False`` samples as a :class:`ByteBatch` (one flat uint8 tensor
+  plus offsets) or decoded images of one shape, handed out as views of the
+  slot, never a list of ``bytes`` that must be pickled;
 * exact mid-epoch resume: ``state_dict()`` / ``load_state_dict()`` (the
   protocol of torchdata's ``StatefulDataLoader``, which Lightning and
   ``accelerator.save_state`` call), skipping by index arithmetic, never by
@@ -40,7 +44,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from readers import shmring
-from readers.batch import GatheredItems, byte_batch, shared_tensor
+from readers.batch import GatheredItems, batch_buffer, byte_batch, shared_tensor
 from readers.collate import collate_fields, is_field_batch
 from readers.env import default_workers, die_with_parent
 from readers.order import batch_counts, worker_lengths
@@ -48,7 +52,7 @@ from readers.registry import open_dataset
 from readers.sampler import EpochSampler, EpochSpec
 from readers.shmring import ByteBatch
 
-__all__ = ["make_loader", "PackedLoader", "ThreadLoader", "EpochSampler", "ByteBatch", "collate", "shm_check", "ShmSpace",
+__all__ = ["make_loader", "choose_workers", "PackedLoader", "ThreadLoader", "EpochSampler", "ByteBatch", "collate", "shm_check", "ShmSpace",
            "use_file_system_sharing"]
 
 log = logging.getLogger(__name__)
@@ -92,24 +96,72 @@ def collate(batch: Sequence[tuple]) -> tuple:
 
 
 class Collate:
-    """``collate`` plus reusable shared-memory slots for encoded bytes (see readers.shmring).
+    """``collate`` plus reusable shared-memory slots for whole batches (see readers.shmring).
 
-    In a loader worker, a batch of ``bytes`` items is written into one of the
-    worker's reusable slots and rebuilt as a ByteBatch in the main process;
-    everything else (and the main process itself) goes through ``collate``.
+    In a loader worker, a batch goes into one of the worker's reusable slots
+    and the main process rebuilds it as views of that slot: a whole-batch read
+    (``GatheredItems``: ByteBatches of ``decode=False`` readers, mmap's pixel
+    tensors) is written there directly by ``get_batch``, a batch of ``bytes``
+    items is copied there, decoded images of one shape are stacked there.
+    Everything else (PIL images, images of different shapes, a batch for which
+    no slot freed up within ``wait_s``, and the main process itself) goes
+    through ``collate``.
     """
 
-    def __init__(self, slots: int = 4) -> None:
-        self.ring = shmring.ShmSlots(slots) if shmring.available() else None
+    def __init__(self, slots: int = 4, wait_s: float = 0.05) -> None:
+        self.ring = shmring.ShmSlots(slots, wait_s) if shmring.available() else None
 
     def __call__(self, batch: Sequence[tuple]) -> Any:
-        if (self.ring is not None and batch and not isinstance(batch, GatheredItems) and not is_field_batch(batch)
-                and isinstance(batch[0][0], (bytes, bytearray)) and get_worker_info() is not None):
+        if self.ring is None or not batch or get_worker_info() is None:
+            return collate(batch)  # the main process: nothing to send
+        if isinstance(batch, GatheredItems):
+            return self._gathered(batch)
+        if is_field_batch(batch):
+            return collate(batch)  # samples with typed fields: readers.collate
+        first = batch[0][0]
+        if isinstance(first, (bytes, bytearray)):
             images, *rest = zip(*batch)
             packed = self.ring.pack(images, tuple(torch.as_tensor(c, dtype=torch.int64) for c in rest))
             if packed is not None:
                 return packed
-        return collate(batch)  # whole-batch reads, decoded images, the main process
+        elif isinstance(first, torch.Tensor) and first.dtype != torch.bfloat16 and first.device.type == "cpu":
+            stacked = self._stacked(batch)
+            if stacked is not None:
+                return stacked
+        return collate(batch)  # other items, or no free slot in time
+
+    def _stacked(self, batch: Sequence[tuple]) -> Any:
+        """Decoded images of one shape and dtype stacked straight into a free slot (one copy each)."""
+        images, *rest = zip(*batch)
+        first = images[0]
+        if not all(isinstance(t, torch.Tensor) and t.shape == first.shape and t.dtype == first.dtype for t in images):
+            return None
+        slot = self.ring.slot(len(images) * first.numel() * first.element_size())
+        if slot is None:
+            return None
+        out = slot.array.view(first.numpy().dtype).reshape(len(images), *first.shape)
+        np.stack([t.numpy() for t in images], out=out)
+        sent = self.ring.send(slot, (torch.from_numpy(out), *(torch.as_tensor(c, dtype=torch.int64) for c in rest)))
+        return sent
+
+    def _gathered(self, items: GatheredItems) -> Any:
+        """The whole-batch read written straight into a free slot (sent as a reference to it)."""
+        ring, got = self.ring, []
+
+        def alloc(nbytes: int) -> Any:  # the batch's one buffer: the slot (a second one: not in the slot)
+            slot = ring.slot(nbytes) if not got else None
+            got.append(slot)
+            return slot.array if slot is not None else batch_buffer(nbytes)
+
+        result = items.gather(alloc)
+        slot = got[0] if got else None
+        if slot is None:  # no free slot in time (the caller keeps its batches): the ordinary way
+            return result
+        sent = ring.send(slot, result)
+        if sent is not None:
+            return sent
+        # a batch of another shape than send knows: read it again outside the slot (which stays free)
+        return GatheredItems(items.dataset, items.indices.tolist()).gather()
 
 
 STATE_VERSION = 1
@@ -365,6 +417,7 @@ class ThreadLoader(PackedLoader):
         super().__init__(dataset, num_workers=num_workers, pin_memory=False, persistent_workers=False,
                          prefetch_factor=prefetch_factor if num_workers else None, **kwargs)
         self.pin_batches = pin_memory  # pinned by the loader threads, not by DataLoader's pin thread
+        self.pin_now = False  # this epoch's: pin_batches where an accelerator is there (readers.threads)
         self.whole_batches = whole_batches
         self._shard_maps: dict[int, Any] = {}  # thread -> its ShardMaps (shard mappings, headers checked), kept between epochs
 
@@ -428,6 +481,62 @@ def use_file_system_sharing(space: ShmSpace, stacklevel: int = 1) -> None:
     )
 
 
+WORKER_KINDS = ("auto", "threads", "processes")
+
+
+def _own_transform(transform: Any) -> bool:
+    """A transform of this package (``readers.transforms``), or a Compose of nothing else: its work
+    (JPEG decode in libjpeg-turbo, torch resize kernels) runs with the GIL released."""
+    steps = getattr(transform, "transforms", None)
+    if type(transform).__name__ == "Compose" and isinstance(steps, (list, tuple)):
+        return bool(steps) and all(_own_transform(t) for t in steps)
+    return type(transform).__module__.startswith("readers.")
+
+
+def _gil_free(dataset: Any) -> str | None:
+    """Why ``dataset``'s per-sample work may hold the GIL (so worker processes suit it better), or None
+    when it releases it: a reader of this package reading stored bytes, stored pixels, or decoding
+    with its own decode and transforms."""
+    sources = getattr(dataset, "sources", None)
+    if sources is not None:  # a mixture: every source must do
+        return next((why for why in map(_gil_free, sources) if why is not None), None)
+    if type(dataset).__module__ == "readers.subsets":
+        return _gil_free(dataset.dataset)
+    from readers.base import PackedDataset
+
+    if not isinstance(dataset, PackedDataset):
+        return f"a dataset of your own ({type(dataset).__name__})"
+    if not dataset.decode:
+        return None
+    if dataset.image == "pil":
+        return "image='pil' (PIL images)"
+    if dataset.transform is not None and not _own_transform(dataset.transform):
+        return f"a Python transform of your own ({type(dataset.transform).__name__})"
+    return None
+
+
+def choose_workers(dataset: Any, *, num_workers: int, collate_fn: Callable | None = None,
+                   multiprocessing_context: Any = None, worker_init_fn: Callable | None = None) -> tuple[str, str]:
+    """The worker kind ``make_loader(workers="auto")`` picks for ``dataset``, and why: ``("threads", why)``
+    when the per-sample work releases the GIL (this package's readers, with ``decode=False``, stored
+    pixels, or their own decode and transforms) so threads do it without copying batches between
+    processes; ``("processes", why)`` when Python code of the caller's own runs per sample or per
+    batch (a transform, a ``collate_fn``, a dataset), which would hold the GIL in threads, or a
+    ``worker_init_fn`` (often written for worker processes: ``get_worker_info()``, global seeds)."""
+    if num_workers == 0:
+        return "processes", "num_workers=0: everything runs in the calling thread"
+    if multiprocessing_context is not None:
+        return "processes", "a multiprocessing_context was given"
+    if worker_init_fn is not None:
+        return "processes", "a worker_init_fn of your own"
+    if collate_fn is not None:
+        return "processes", f"a collate_fn of your own ({getattr(collate_fn, '__name__', type(collate_fn).__name__)})"
+    why = _gil_free(dataset)
+    if why is not None:
+        return "processes", why
+    return "threads", "the reader's own work releases the GIL (stored bytes, stored pixels, its own decode and transforms)"
+
+
 # Over 60 lines only because the public entry point lists and documents every knob; the body is ~35.
 def make_loader(
     dataset: Any,
@@ -444,7 +553,7 @@ def make_loader(
     distributed: bool | None = None,
     multiprocessing_context: Any = None,
     worker_init_fn: Callable[[int], None] | None = None,
-    workers: str = "processes",
+    workers: str = "auto",
     samples_per_epoch: int | None = None,
     replacement: bool = False,
     **kwargs: Any,
@@ -465,10 +574,14 @@ def make_loader(
     ``num_workers`` (default): the usable CPUs divided by the training
     processes on this machine (``LOCAL_WORLD_SIZE``), at least 1.
 
-    ``workers="threads"`` runs the workers as threads of this process instead
-    (:class:`ThreadLoader`: the same sampler, order, epochs, seeds and resume;
-    a batch never crosses a process wall). Worth it where the per-sample work
-    releases the GIL, as the readers' own does; see ``readers/threads.py``.
+    ``workers``: ``"auto"`` (default) picks by what the pipeline does
+    (:func:`choose_workers`) and logs one line saying which and why:
+    ``"threads"`` (:class:`ThreadLoader`: the same sampler, order, epochs,
+    seeds and resume; a batch never crosses a process wall) where the
+    per-sample work releases the GIL, as this package's readers, decode and
+    transforms do; ``"processes"`` (DataLoader worker processes) where Python
+    code of your own runs per sample or batch (a transform, a ``collate_fn``,
+    a dataset) or in each worker (a ``worker_init_fn``). Either value forces that kind; see ``readers/threads.py``.
     ``worker_init_fn(worker_id)`` runs in each worker, process or thread.
 
     ``dataset``: a reader, or a path / URL, opened with ``readers.open_dataset``
@@ -489,8 +602,10 @@ def make_loader(
     :class:`readers.mixture.Mixture` brings its own epochs (``mix(..., samples_per_epoch=)``)
     and its ``seed``, when given, decides its order. See docs/training.md.
     """
-    if workers not in ("processes", "threads"):
-        raise ValueError(f"workers must be 'processes' or 'threads', got {workers!r}")
+    if workers is None:
+        workers = "auto"
+    if workers not in WORKER_KINDS:
+        raise ValueError(f"workers must be one of {', '.join(map(repr, WORKER_KINDS))}, got {workers!r}")
     if isinstance(dataset, (str, os.PathLike)):
         dataset = open_dataset(dataset)
     spec: EpochSpec | None = getattr(dataset, "spec", None)
@@ -508,6 +623,10 @@ def make_loader(
     if getattr(dataset, "sources", None) is not None and getattr(dataset, "seed", None) is not None:
         seed = int(dataset.seed)  # the mixture's own seed
     kind, workers = workers, default_workers() if num_workers is None else num_workers
+    if kind == "auto":
+        kind, why = choose_workers(dataset, num_workers=workers, collate_fn=collate_fn,
+                                   multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn)
+        log.info("make_loader: %d worker %s: %s (workers='threads' or 'processes' to choose)", workers, kind, why)
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     sampler = kwargs.pop("sampler", None)
     if "batch_sampler" in kwargs:  # DataLoader's rule: a batch sampler replaces all four
@@ -540,7 +659,7 @@ def make_loader(
     generator.manual_seed(seed)
     loader = PackedLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin,
-        drop_last=drop_last, collate_fn=collate_fn or Collate(slots=prefetch_factor + 2),
+        drop_last=drop_last, collate_fn=collate_fn or Collate(slots=prefetch_factor + 3),
         worker_init_fn=_WorkerInit(worker_init_fn), generator=generator, **kwargs,
     )
     loader._seed, loader._distributed = seed, distributed

@@ -41,8 +41,9 @@ _POW8_6 = 8 ** np.arange(5, -1, -1, dtype=np.int64)
 
 
 def supported(dataset: Any) -> bool:
-    """True for a ShardDataset this module reads: local shards, ``decode=False``."""
-    return (getattr(dataset, "format", "") == "wds" and not dataset.decode
+    """True for a ShardDataset this module reads: local shards, ``decode=False``, image + label items
+    (not ``fields=``: those samples are read member by member, see docs/fields.md)."""
+    return (getattr(dataset, "format", "") == "wds" and not dataset.decode and getattr(dataset, "fields", None) is None
             and getattr(dataset, "remote", None) is None and hasattr(dataset, "sample_order"))
 
 

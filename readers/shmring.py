@@ -1,25 +1,31 @@
-"""Reusable shared-memory slots for batches of encoded bytes (``decode=False``).
+"""Reusable shared-memory slots for whole batches sent by loader worker processes.
 
-Sending a batch of ~100 KB samples from a loader worker costs either a
+Sending a batch of several megabytes from a loader worker costs either a
 pickle through a pipe (two copies, and the main process re-parses every
-``bytes``) or a fresh shared-memory tensor per batch. A fresh segment means
-fresh pages, and first-touch page faults dominate: measured on this
-project's 2-core VM, 14 ms to allocate and fill a 6 MB shared tensor against
-0.2 ms to refill a reused buffer.
+``bytes``) or a fresh shared-memory tensor per batch (what torch does with a
+tensor a worker returns). A fresh segment means fresh pages, and first-touch
+page faults dominate: measured on this project's 2-core VM, 14 ms to
+allocate and fill a 6 MB shared tensor against 0.2 ms to refill a reused
+buffer.
 
-So each worker keeps one segment in ``/dev/shm`` with a few fixed slots and
-reuses them::
+So each worker keeps one segment with a few fixed slots and reuses them::
 
     +--------------------------+----------------+----------------+-----+
     | header: 1 flag per slot  | slot 0         | slot 1         | ... |
     | (0 free, 1 in flight)    | capacity bytes | capacity bytes |     |
     +--------------------------+----------------+----------------+-----+
 
-The worker writes a batch into a free slot, marks it in flight and sends
-only (segment name, slot, offsets) through the loader's queue. When the
-main process unpickles that message it copies the slot into an ordinary
-array (heap memory that malloc reuses: no page faults), marks the slot free
-and hands out the copy, so no user-visible tensor ever aliases a slot.
+The worker writes a batch into a free slot -- a batch of encoded bytes
+(:meth:`ShmSlots.pack`), or a whole-batch read (``get_batch``) written there
+directly (:meth:`ShmSlots.slot`, then :meth:`ShmSlots.send`): ByteBatches,
+pixel tensors, decoded images stacked there -- marks it in flight and sends only (segment name,
+slot, the layout of the batch's tensors, its small arrays) through the
+loader's queue. The main process rebuilds the batch's tensors as views of
+the slot (nothing is copied) and the slot is free again once every tensor
+over it is gone (a numpy base array's ``__del__``): a training loop that
+drops each batch as it takes the next frees its slots as it goes. A
+worker that finds no free slot within ``wait_s`` (the caller holds on to
+its batches) sends that batch the ordinary way.
 
 No name outlives its users. The segment is an anonymous ``memfd_create``
 file: it never appears in ``/dev/shm``; the main process maps it through
@@ -28,9 +34,9 @@ it once both have unmapped it or died, however they die (a training loop that
 raises, Ctrl-C, SIGKILL). Where ``memfd_create`` is missing, a named file in
 ``/dev/shm`` is used instead and unlinked as soon as the main process has
 mapped it (a worker killed before that leaves it behind). The main process
-unmaps the segments of workers that have exited (when it attaches a new
-segment, and at the start of every epoch), so finished loaders leave no
-memory behind.
+drops the segments of workers that have exited (when it attaches a new
+segment, and at the start of every epoch); a mapping stays until the last
+batch over it is gone, so finished loaders leave no memory behind.
 """
 
 from __future__ import annotations
@@ -39,14 +45,15 @@ import mmap
 import multiprocessing.util
 import os
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
+import torch
 
 from readers.batch import ByteBatch, new_byte_batch  # ByteBatch re-exported: it was defined here
 from readers.perprocess import PerProcess
 
-__all__ = ["ByteBatch", "ShmSlots", "available", "release_dead"]
+__all__ = ["ByteBatch", "ShmSlots", "Slot", "available", "release_dead"]
 
 HEADER = 64  # bytes: one flag per slot, at most 64 slots
 _SHM_DIR = "/dev/shm"
@@ -68,29 +75,62 @@ def _open_segment(name: str, fd: int) -> int:
     return opened
 
 
-def _rebuild(name: str, fd: int, slot: int, capacity: int, offsets: np.ndarray, rest: tuple) -> tuple:
-    """Runs in the receiving process: copy the slot out, free it, return a plain batch."""
+def _close_quietly(mm: mmap.mmap) -> None:
+    """Unmap now, or -- while batches handed out are views of it -- when the last of them is gone."""
+    try:
+        mm.close()
+    except BufferError:
+        pass  # exported: the views keep the mapping alive and unmap it with their last reference
+
+
+class _SlotMemory(np.ndarray):
+    """The main process's view of one slot: frees the slot when it (and so every tensor over it) is gone."""
+
+    def __array_finalize__(self, obj: Any) -> None:
+        pass  # views of it do not free the slot; they keep this base alive instead
+
+    def __del__(self) -> None:
+        freed = getattr(self, "_frees", None)
+        if freed is not None:
+            mm, slot = freed
+            try:
+                mm[slot] = 0  # free the slot for the worker
+            except ValueError:
+                pass  # the mapping was closed: the worker is gone
+
+
+def _attach(name: str, fd: int, capacity: int) -> mmap.mmap:
     mm = ATTACHED.get(name)
     if mm is None:
         for old in [n for n in ATTACHED if n.rsplit("-", 1)[0] == name.rsplit("-", 1)[0]]:
-            ATTACHED.pop(old).close()  # the worker moved to a bigger segment
+            _close_quietly(ATTACHED.pop(old))  # the worker moved to a bigger segment
         release_dead()
         opened = _open_segment(name, fd)
         try:
             mm = ATTACHED[name] = mmap.mmap(opened, HEADER + capacity * _slots_of(opened, capacity))
         finally:
             os.close(opened)
-    total = int(offsets[-1])
-    start = HEADER + slot * capacity
-    batch, data = new_byte_batch(offsets, _private)
-    data[:] = np.frombuffer(mm, dtype=np.uint8, count=total, offset=start)
-    mm[slot] = 0  # free the slot for the worker
-    return (batch, *rest)
+    return mm
 
 
-def _private(nbytes: int) -> np.ndarray:
-    """A fresh buffer the received batch owns (the slot is reused by the worker right after)."""
-    return np.empty(nbytes, dtype=np.uint8)
+def _rebuild(name: str, fd: int, slot: int, capacity: int, layout: tuple) -> tuple:
+    """Runs in the receiving process: the batch, its tensors views of the slot (freed when they are gone)."""
+    mm = _attach(name, fd, capacity)
+    memory = np.frombuffer(mm, dtype=np.uint8, count=capacity, offset=HEADER + slot * capacity).view(_SlotMemory)
+    memory._frees = (mm, slot)
+    base = torch.from_numpy(memory)
+    return tuple(_build(base, part) for part in layout)
+
+
+def _build(base: torch.Tensor, part: tuple) -> Any:
+    kind = part[0]
+    if kind == "slot":  # a tensor in the slot: its size, stride (elements), byte offset there and dtype
+        _, size, stride, offset, dtype = part
+        typed = base.view(getattr(torch, dtype))  # the slot's capacity is a multiple of every element size
+        return torch.as_strided(typed, size, stride, offset // typed.element_size())
+    if kind == "bytes":
+        return ByteBatch(_build(base, part[1]), torch.from_numpy(part[2]))
+    return torch.from_numpy(part[1])  # "array": a small array sent by value (labels, indices)
 
 
 def pid_of(name: str) -> int:
@@ -99,7 +139,8 @@ def pid_of(name: str) -> int:
 
 
 def release_dead() -> int:
-    """Unmap the segments of workers that have exited (a finished loader's); return how many."""
+    """Drop the segments of workers that have exited (a finished loader's); return how many.
+    A mapping that batches still use is unmapped when the last of them is gone."""
     dead = []
     for name in ATTACHED:
         try:
@@ -109,7 +150,7 @@ def release_dead() -> int:
         except PermissionError:
             pass
     for name in dead:
-        ATTACHED.pop(name).close()
+        _close_quietly(ATTACHED.pop(name))
     return len(dead)
 
 
@@ -147,34 +188,64 @@ def _create_named(name: str) -> int:
 
 
 class _InSlot:
-    """What crosses the queue: a reference to a filled slot (rebuilt by ``_rebuild``)."""
+    """What crosses the queue: a reference to a filled slot and its batch's layout (rebuilt by ``_rebuild``)."""
 
-    def __init__(self, name: str, fd: int, slot: int, capacity: int, offsets: np.ndarray, rest: tuple) -> None:
-        self.args = (name, fd, slot, capacity, offsets, rest)
+    def __init__(self, name: str, fd: int, slot: int, capacity: int, layout: tuple) -> None:
+        self.args = (name, fd, slot, capacity, layout)
 
     def __reduce__(self) -> tuple:
         return _rebuild, self.args
 
 
 class _Segment:
-    """One worker's segment: its mapping, name, slot capacity, next slot, generation."""
+    """One worker's segment: its mapping (and a numpy view of it), name, slot capacity, generation."""
 
     def __init__(self) -> None:
         self.mm: mmap.mmap | None = None
-        self.name, self.capacity, self.next, self.gen = "", 0, 0, 0
+        self.view: np.ndarray | None = None
+        self.name, self.capacity, self.gen = "", 0, 0
         self.fd = -1  # the memfd (kept open: the main process opens it through /proc), or -1
         self.retired: list = []  # (mapping, fd) of replaced segments that still had batches in flight
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Any = os.close) -> None:  # (os.close bound now: this may run at interpreter exit)
         """Close this process's mapping and memfd (in a forked copy: the copy's descriptors only)."""
+        self.view = None
         for mm, fd in self.retired + [(self.mm, self.fd)]:
             if mm is not None:
-                mm.close()
+                try:
+                    mm.close()
+                except BufferError:
+                    pass  # batches over it keep the mapping alive
             if fd >= 0:
                 try:
-                    os.close(fd)
+                    _close(fd)
                 except OSError:
                     pass
+
+
+class Slot:
+    """A free slot a batch is written into (from :meth:`ShmSlots.slot`); ``array``: its uint8 memory."""
+
+    def __init__(self, seg: _Segment, index: int, nbytes: int) -> None:
+        self.seg, self.index = seg, index
+        start = HEADER + index * seg.capacity
+        assert seg.view is not None
+        self.array = seg.view[start:start + nbytes]
+        self.address = seg.view.ctypes.data + start
+        self.nbytes = nbytes
+
+    def describe(self, t: torch.Tensor) -> tuple | None:
+        """How the main process rebuilds ``t`` from this slot, or None when ``t`` is not a CPU tensor in it."""
+        if t.device.type != "cpu" or t.dtype in (torch.bool, torch.complex32) or t.is_quantized:
+            return None
+        dtype, esize = str(t.dtype).removeprefix("torch."), t.element_size()
+        if t.numel() == 0:
+            return ("slot", tuple(t.shape), tuple(t.stride()), 0, dtype)
+        offset = t.data_ptr() - self.address
+        end = offset + esize * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
+        if offset < 0 or offset % esize or end > self.nbytes or min(t.stride(), default=1) < 0:
+            return None
+        return ("slot", tuple(t.shape), tuple(t.stride()), offset, dtype)
 
 
 class ShmSlots:
@@ -194,7 +265,7 @@ class ShmSlots:
         if seg.mm is not None:
             self._retire(seg)
         seg.gen += 1
-        seg.capacity = max(need * 2, 8 << 20)
+        seg.capacity = max(need + need // 4, 8 << 20) + 4095 & ~4095  # whole pages: every dtype's alignment
         seg.name = f"dataset-packer-{os.getpid()}-{id(self):x}-{seg.gen}"
         size = HEADER + seg.capacity * self.slots
         fd, seg.fd = _create_memfd(seg.name), -1
@@ -208,38 +279,76 @@ class ShmSlots:
         finally:
             if seg.fd != fd:
                 os.close(fd)
-        seg.next = 0
+        seg.view = np.frombuffer(seg.mm, dtype=np.uint8)
         return seg
 
     def _retire(self, seg: _Segment) -> None:
-        """Drop the segment a bigger one replaces, once the main process has copied out every
-        batch in it (a memfd must stay open until the main process has opened it)."""
+        """Drop the segment a bigger one replaces, once the main process is done with every batch
+        in it (a memfd must stay open until the main process has opened it)."""
         mm, deadline = seg.mm, time.monotonic() + self.wait_s
         assert mm is not None
+        seg.view = None
         while any(mm[k] for k in range(self.slots)) and time.monotonic() < deadline:
             time.sleep(0.0005)
         if any(mm[k] for k in range(self.slots)):
             seg.retired.append((mm, seg.fd))  # still in flight: kept until this worker exits
         else:
-            mm.close()
+            _close_quietly(mm)
             if seg.fd >= 0:
                 os.close(seg.fd)
         seg.mm, seg.fd = None, -1
 
-    def pack(self, items: Sequence[bytes], rest: tuple) -> _InSlot | None:
-        """Write ``items`` into a free slot; None when no slot freed up in time."""
-        offsets = np.zeros(len(items) + 1, dtype=np.int64)
-        np.cumsum([len(b) for b in items], out=offsets[1:])
-        seg = self._segment(int(offsets[-1]))
-        mm, slot = seg.mm, seg.next
+    def slot(self, nbytes: int) -> Slot | None:
+        """The first free slot of at least ``nbytes``; None when none freed up within ``wait_s``. Write
+        the batch into ``slot.array``, then :meth:`send` it. (The first free one: a slot's pages are
+        memory once written, so a worker uses as few slots as batches it has in flight at once.)"""
+        seg = self._segment(nbytes)
+        mm = seg.mm
+        assert mm is not None
         deadline = time.monotonic() + self.wait_s
-        while mm[slot] != 0:  # the main process has not copied this slot out yet
+        while True:
+            for index in range(self.slots):
+                if mm[index] == 0:  # the main process is done with this slot
+                    return Slot(seg, index, nbytes)
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.0002)
-        start = HEADER + slot * seg.capacity
-        for k, b in enumerate(items):
-            mm[start + offsets[k]:start + offsets[k + 1]] = b
-        mm[slot] = 1
-        seg.next = (slot + 1) % self.slots
-        return _InSlot(seg.name, seg.fd, slot, seg.capacity, offsets, rest)
+
+    def send(self, slot: Slot, batch: Sequence[Any]) -> _InSlot | None:
+        """Mark ``slot`` in flight and describe ``batch`` (a tuple of ByteBatches and tensors in the
+        slot, and small tensors or arrays sent by value) for the main process; None (slot left free) when
+        a part of it is anything else."""
+        layout = []
+        for part in batch:
+            if isinstance(part, ByteBatch):
+                data = slot.describe(part.data)
+                if data is None:
+                    return None
+                layout.append(("bytes", data, part.offsets.numpy()))
+            elif isinstance(part, torch.Tensor) and part.device.type == "cpu":
+                inside = slot.describe(part)
+                if inside is None and part.numel() * part.element_size() > (1 << 16):
+                    return None  # a big tensor outside the slot: sent the ordinary way
+                layout.append(inside if inside is not None else ("array", part.numpy().copy()))
+            elif isinstance(part, np.ndarray) and part.nbytes <= (1 << 16):
+                layout.append(("array", part.copy()))
+            else:
+                return None
+        seg = slot.seg
+        assert seg.mm is not None
+        seg.mm[slot.index] = 1
+        return _InSlot(seg.name, seg.fd, slot.index, seg.capacity, tuple(layout))
+
+    def pack(self, items: Sequence[bytes], rest: tuple) -> _InSlot | None:
+        """Write ``items`` into a free slot as a ByteBatch, followed by ``rest`` (small tensors);
+        None when no slot freed up in time."""
+        offsets = np.zeros(len(items) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in items], out=offsets[1:])
+        slot = self.slot(int(offsets[-1]))
+        if slot is None:
+            return None
+        batch, data = new_byte_batch(offsets, lambda n: slot.array[:n])
+        out, bounds = memoryview(data), offsets.tolist()
+        for b, lo, hi in zip(items, bounds, bounds[1:]):
+            out[lo:hi] = b
+        return self.send(slot, (batch, *rest))

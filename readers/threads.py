@@ -1,4 +1,5 @@
-"""Loading with threads instead of worker processes: ``make_loader(..., workers="threads")``.
+"""Loading with threads instead of worker processes: ``make_loader(..., workers="threads")``, and what
+``make_loader`` picks by default (``workers="auto"``) for the readers' own work.
 
 Where a sample's work releases the GIL -- ``os.pread`` and LMDB reads,
 memory copies of whole batches (``numpy.take``), libjpeg-turbo decoding
@@ -46,6 +47,7 @@ from __future__ import annotations
 import functools
 import queue
 import threading
+import warnings
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -131,6 +133,11 @@ class ThreadBatches:
         # the workers' base seed, drawn like a DataLoader draws it (PackedLoader seeds the
         # generator per epoch, so an epoch -- and a resumed one -- repeats its seeds)
         base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
+        # pinning needs an accelerator: without one, warn and do not pin, as a DataLoader's iterator does
+        loader.pin_now = loader.pin_batches and torch.accelerator.is_available()
+        if loader.pin_batches and not loader.pin_now:
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
+                          "then device pinned memory won't be used.", stacklevel=3)
         if isinstance(loader.dataset, IterableDataset):
             self._len = len(loader)
             jobs: Callable[[int, int], Iterable[Any]] = functools.partial(_stream_jobs, loader)
@@ -163,7 +170,7 @@ class ThreadBatches:
 
 
 def _pinned(loader: Any, batch: Any) -> Any:
-    if not loader.pin_batches:
+    if not loader.pin_now:
         return batch
     from torch.utils.data._utils.pin_memory import pin_memory
 

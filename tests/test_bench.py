@@ -164,7 +164,8 @@ def test_measure_format(packed_generated, fmt):
 @pytest.mark.slow  # subprocess
 def test_run_isolated(packed_generated):
     path = packed_generated["wds"]
-    stats = run_isolated(measure_format, {"path": path, "mode": "raw", "num_workers": 1, "batch_size": 8},
+    stats = run_isolated(measure_format, {"path": path, "mode": "raw", "num_workers": 1, "batch_size": 8,
+                                          "workers": "processes"},  # (the default, threads, has no worker PSS)
                                torch_threads=1)
     assert stats.samples == 28 and stats.pss_main_mb > 0 and stats.pss_workers_mb > 0
     with pytest.raises(RuntimeError, match="ValueError"):

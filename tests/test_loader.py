@@ -42,7 +42,8 @@ def indices(loader, n: int) -> list[list[int]]:
 
 def loader_for(root, workers: int, seed: int = 7, **kw):
     ds = open_dataset(root, return_index=True, decode=kw.pop("decode", True))
-    return make_loader(ds, batch_size=kw.pop("batch_size", BATCH), num_workers=workers, seed=seed, **kw)
+    return make_loader(ds, batch_size=kw.pop("batch_size", BATCH), num_workers=workers, seed=seed,
+                       workers=kw.pop("kind", "auto"), **kw)
 
 
 # --------------------------------------------------------------------------- epochs and order
@@ -113,13 +114,13 @@ def test_shard_dataset_worker_interleaving_is_deterministic(packed_generated, mo
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 def test_set_epoch_reaches_persistent_workers(packed_generated, fmt):
     root = packed_generated[fmt]
-    loader = loader_for(root, 2, persistent_workers=True)
+    loader = loader_for(root, 2, persistent_workers=True, kind="processes")
     e0 = epoch(loader)[0]
     workers = [w.pid for w in loader._iterator._workers]
     e1 = epoch(loader)[0]  # the next iter() is epoch 1
     assert [w.pid for w in loader._iterator._workers] == workers, "workers were not persistent"
     assert loader.epoch == 1 and e1 != e0
-    fresh = loader_for(root, 2, persistent_workers=True)
+    fresh = loader_for(root, 2, persistent_workers=True, kind="processes")
     fresh.set_epoch(1)
     assert epoch(fresh)[0] == e1, "epoch 1 in persistent workers != a fresh loader's epoch 1"
     loader.set_epoch(0)
@@ -181,7 +182,7 @@ def test_default_num_workers_is_available_cpus(packed_generated, monkeypatch):
     ds = open_dataset(packed_generated["lmdb"])
     assert make_loader(ds, batch_size=2).num_workers == available_cpus()
     monkeypatch.setattr(readers.env, "available_cpus", lambda: 1)  # (more than the host has would warn)
-    loader = make_loader(ds, batch_size=2)
+    loader = make_loader(ds, batch_size=2, workers="processes")
     assert loader.num_workers == 1 and loader.persistent_workers and loader.prefetch_factor == 2
 
 
@@ -260,7 +261,7 @@ def test_make_loader_checks_shm(packed_generated, monkeypatch, restore_sharing_s
     monkeypatch.setattr(readers.loader.shutil, "disk_usage", small_shm)
     ds = open_dataset(packed_generated["lmdb"])
     with pytest.warns(RuntimeWarning, match="--shm-size") as record:
-        make_loader(ds, batch_size=64, num_workers=2)
+        make_loader(ds, batch_size=64, num_workers=2, workers="processes")  # threads need no shared memory
     assert record[0].filename == __file__  # the warning points at the make_loader call
     assert torch.multiprocessing.get_sharing_strategy() == "file_system"
 
@@ -397,7 +398,7 @@ def test_shard_split_through_real_loaders(packed_33, monkeypatch):
             return WorkerEnv(r, R, *((info.id, info.num_workers) if info else (0, 1)))
 
         monkeypatch.setattr(readers.env, "worker_env_hook", hook)
-        loader = loader_for(root, 2, decode=False, persistent_workers=False)
+        loader = loader_for(root, 2, decode=False, persistent_workers=False, kind="processes")
         got, b = epoch(loader)
         seen.append(got)
         batches.append(b)

@@ -61,7 +61,7 @@ def measure(root: str, workers: int, epochs: int = EPOCHS, batch_size: int = 16)
     from readers import make_loader, open_dataset
 
     loader = make_loader(open_dataset(root), batch_size=batch_size, num_workers=workers, seed=0,
-                         persistent_workers=True)
+                         persistent_workers=True, workers="processes")  # the memory of worker processes
     out = []
     for _ in range(epochs):
         it = iter(loader)

@@ -47,7 +47,8 @@ def packed41(tmp_path_factory) -> dict[str, Path]:
 
 def loader_for(root, workers, batch=4, **kw):
     ds = open_dataset(root, decode=False, return_index=True)
-    return make_loader(ds, batch_size=batch, num_workers=workers, seed=kw.pop("seed", 1), **kw)
+    return make_loader(ds, batch_size=batch, num_workers=workers, seed=kw.pop("seed", 1),
+                       workers=kw.pop("kind", "auto"), **kw)
 
 
 def run_epoch(loader) -> list[list[int]]:
@@ -102,7 +103,7 @@ def test_resume_on_a_live_loader_with_persistent_workers(packed41, fmt):
     ref = loader_for(packed41[fmt], 2)
     epochs = [run_epoch(ref) for _ in range(2)]
     del ref
-    live = loader_for(packed41[fmt], 2, persistent_workers=True)
+    live = loader_for(packed41[fmt], 2, persistent_workers=True, kind="processes")
     got = take(live, 3)
     state = live.state_dict()
     workers = [w.pid for w in live._iterator._workers]
@@ -145,9 +146,11 @@ def test_changed_workers_or_batch_size_deliver_the_rest_exactly_once(packed41, f
 
 
 def _hook(rank, world):
-    def env():
-        info = get_worker_info()
-        return WorkerEnv(rank, world, *((info.id, info.num_workers) if info else (0, 1)))
+    def env():  # a worker process's id, or a loader thread's (make_loader may pick either)
+        info, thread = get_worker_info(), readers.env.thread_worker()
+        if info is not None:
+            return WorkerEnv(rank, world, info.id, info.num_workers)
+        return WorkerEnv(rank, world, *((thread.worker_id, thread.num_workers) if thread else (0, 1)))
     return env
 
 

@@ -158,28 +158,52 @@ class MemmapDataset(MapReader):
         return flat[: n * stride].reshape(n, *shape)
 
     def batchable(self) -> bool:
-        return self.transform is None and self.fields is None and self.rows() is not None
+        return (self.fields is None and (not self.decode or self.transform is None or self._crop_box() is not None)
+                and self.rows() is not None)
+
+    def _crop_box(self) -> tuple[int, int, int, int] | None:
+        """``(top, left, height, width)`` when the transform only crops this pack's stored pixels: the readers'
+        eval transform (``ResizeCenterCrop``) whose resize is the stored shorter side, so its output is
+        exactly that window of every sample (no resampling); None for any other transform or shape."""
+        from readers.transforms import ResizeCenterCrop
+
+        shape, t = self.fixed_shape, self.transform
+        if type(t) is not ResizeCenterCrop or not shape or min(shape[0], shape[1]) != t.options.resize:
+            return None
+        box = t.box(int(shape[0]), int(shape[1]))
+        if any(v != int(v) for v in box) or (int(box.height), int(box.width)) != t.options.size:
+            return None
+        return int(box.top), int(box.left), int(box.height), int(box.width)
 
     def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
         """The whole batch in one gather (``numpy.take``) into one buffer; see ``readers.batch``.
 
         Decoded: a uint8 ``[B, 3, S, S]`` tensor in ``channels_last`` layout (the stored HWC
-        rows, not transposed). ``decode=False``: a ByteBatch of each sample's HWC bytes.
-        None (use ``__getitems__``) with a transform or without a fixed shape.
+        rows, not transposed). ``decode=False``: a ByteBatch of each sample's HWC bytes. With
+        the eval transform on pixels stored at its resize size (``_crop_box``): the window of
+        every sample copied straight into the batch, ``[B, 3, h, w]`` ``channels_last``.
+        None (use ``__getitems__``) with another transform or without a fixed shape.
         """
-        if self.transform is not None or self.fields is not None:
+        crop = self._crop_box() if self.decode and self.transform is not None else None
+        if self.fields is not None or (self.decode and self.transform is not None and crop is None):
             return None
         rows = self.rows()
         if rows is None:
             return None
         idx = index_array(indices, len(self.labels))
-        shape = rows.shape[1:]
+        shape = rows.shape[1:] if crop is None else (crop[2], crop[3], rows.shape[3])
         nbytes = int(np.prod(shape))
         batch, flat = new_byte_batch(np.arange(len(idx) + 1, dtype=np.int64) * nbytes, alloc)
         out = flat.reshape(len(idx), *shape)
-        # mode="clip": the indices are checked already, and with the default "raise" numpy writes
-        # through a temporary buffer when given `out` (measured: 2.5x slower)
-        np.take(rows, idx, axis=0, out=out, mode="clip")
+        if crop is None:
+            # mode="clip": the indices are checked already, and with the default "raise" numpy writes
+            # through a temporary buffer when given `out` (measured: 2.5x slower)
+            np.take(rows, idx, axis=0, out=out, mode="clip")
+        else:  # one strided copy per sample (np.take would first copy the whole cropped view)
+            top, left, h, w = crop
+            window = rows[:, top:top + h, left:left + w]
+            for k, i in enumerate(idx.tolist()):
+                out[k] = window[i]
         if self.decode:
             images: Any = torch.from_numpy(out).permute(0, 3, 1, 2)
         else:
