@@ -11,7 +11,7 @@ is gone; :func:`warn_if_fused_lost` says so, once per process.
 
 from __future__ import annotations
 
-__all__ = ["Compose", "accepts_bytes", "warn_if_fused_lost"]
+__all__ = ["Compose", "accepts_bytes", "steps", "warn_if_fused_lost"]
 
 
 class Compose:
@@ -38,11 +38,11 @@ class Compose:
         return "Compose([" + ", ".join(repr(t) for t in self.transforms) + "])"
 
 
-def _steps(transform) -> list | None:
+def steps(transform) -> list | None:
     """The steps of a sequential Compose (ours, torchvision's v1 or v2), or None."""
-    steps = getattr(transform, "transforms", None)
-    if type(transform).__name__ == "Compose" and isinstance(steps, (list, tuple)):
-        return list(steps)
+    inner = getattr(transform, "transforms", None)
+    if type(transform).__name__ == "Compose" and isinstance(inner, (list, tuple)):
+        return list(inner)
     return None
 
 
@@ -54,8 +54,8 @@ def accepts_bytes(transform) -> bool:
         return False
     if getattr(transform, "accepts_bytes", False) is True:
         return True
-    steps = _steps(transform)
-    return bool(steps) and accepts_bytes(steps[0])
+    parts = steps(transform)
+    return bool(parts) and accepts_bytes(parts[0])
 
 
 def _fused_within(transform, depth: int = 0) -> list:

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from readers import shmring
+from readers import compose, shmring
 from readers.batch import GatheredItems, batch_buffer, byte_batch, shared_tensor
 from readers.collate import collate_fields, is_field_batch
 from readers.env import default_workers, die_with_parent
@@ -487,9 +487,9 @@ WORKER_KINDS = ("auto", "threads", "processes")
 def _own_transform(transform: Any) -> bool:
     """A transform of this package (``readers.transforms``), or a Compose of nothing else: its work
     (JPEG decode in libjpeg-turbo, torch resize kernels) runs with the GIL released."""
-    steps = getattr(transform, "transforms", None)
-    if type(transform).__name__ == "Compose" and isinstance(steps, (list, tuple)):
-        return bool(steps) and all(_own_transform(t) for t in steps)
+    parts = compose.steps(transform)
+    if parts is not None:
+        return bool(parts) and all(_own_transform(t) for t in parts)
     return type(transform).__module__.startswith("readers.")
 
 
