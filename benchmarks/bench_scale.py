@@ -33,7 +33,8 @@ Per format and N (each in a fresh process, so memory figures are its own):
 * ``state_dict``: bytes of a mid-epoch ``PackedLoader.state_dict()`` as JSON.
 * ``resume``: an exact mid-epoch resume of 8 ranks (half an epoch delivered):
   for each rank, the time to compute what it reads next (map-style: the
-  sampler's list; wds: each of its 8 workers' orders); the slowest rank.
+  sampler's list; wds: each of its 8 workers' orders, which the workers
+  compute in parallel: the slowest worker); the slowest rank.
 * ``info`` / ``verify``: ``pack-dataset info`` (and for packs ``verify``):
   time and the command's peak RSS.
 
@@ -42,7 +43,7 @@ Each figure is printed with its ratio to the previous N of the same format
 
 Usage::
 
-    python benchmarks/bench_scale.py --quick            # 10k and 100k packs (wds, lmdb), index-only 1M: ~2-3 min
+    python benchmarks/bench_scale.py --quick            # 10k packs, 100k (wds only), index-only 1M: ~3 min
     python benchmarks/bench_scale.py                    # 10k / 100k / 1.28M packs, index-only 14M and 100M
     python benchmarks/bench_scale.py --json out.json --keep
 """
@@ -54,7 +55,6 @@ import json
 import multiprocessing
 import os
 import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -73,7 +73,7 @@ IMAGE_BYTES = 700  # index-only: stored bytes of each sample (a 32 x 32 JPEG is 
 RANKS, WORKERS, BATCH = 8, 8, 256
 SHARD_SAMPLES = 10_000  # index-only wds: samples per shard
 
-QUICK = {"packs": [10_000, 100_000], "pack_formats": {10_000: FORMATS, 100_000: ("wds", "lmdb")},
+QUICK = {"packs": [10_000, 100_000], "pack_formats": {10_000: FORMATS, 100_000: ("wds",)},
          "index": [1_000_000]}
 FULL = {"packs": [10_000, 100_000, 1_281_167], "pack_formats": {}, "index": [14_000_000, 100_000_000]}
 
@@ -100,6 +100,16 @@ def smaps(pid: int, folder: str | None) -> dict[str, int]:
             elif first == "Rss:":
                 out["rss"] += int(line.split()[1]) * 1024
     return out
+
+
+def peak_rss() -> int:
+    """This process's peak RSS in bytes (``VmHWM``: of this program only; ``ru_maxrss`` also counts
+    what the parent held when it forked us)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 # ----------------------------------------------------------------------------- building data
@@ -231,13 +241,11 @@ def _run(cmd: list[str], timeout: float) -> dict[str, Any]:
         proc.communicate()
         raise
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # max over children so far: see below
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[-4:])}: exit {proc.returncode}: {(err or out).strip()[-2000:]}")
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     res = json.loads(lines[-1]) if lines else {}
     res.setdefault("wall_s", wall)
-    res.setdefault("children_peak", peak)
     return res
 
 
@@ -250,13 +258,13 @@ def probe_pack(src: str, out: str, fmt: str, workers: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     scan(src)
     scan_s = time.perf_counter() - t0
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = peak_rss()
     t0 = time.perf_counter()
     [result] = pack(src, out, PackOptions(**pack_options(fmt, workers)))
     pack_s = time.perf_counter() - t0
     n = json.loads((Path(out) / "index.json").read_text())["num_samples"]
     return {"scan_s": scan_s, "pack_s": pack_s, "images_per_s": n / pack_s,
-            "pack_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "scan_rss": before * 1024}
+            "pack_rss": peak_rss(), "scan_rss": before}
 
 
 def _worker_main(conn: Any, folder: str) -> None:
@@ -362,21 +370,23 @@ def probe_read(folder: str, packed: bool) -> dict[str, Any]:
         res["state_bytes"] = len(json.dumps(state))
         point = {k: v for k, v in state.items() if k not in ("version", "epoch", "finished")}
         point["exact"] = True
-        worst = 0.0
+        worst = 0.0  # the slowest rank; a wds rank's workers compute their orders in parallel: its slowest worker
         tracemalloc.start()
         for rank in range(RANKS):
-            t0 = time.perf_counter()
             if wds:
                 ds.resume_at(point)
                 for w in range(WORKERS):
+                    t0 = time.perf_counter()
                     ds.sample_order(WorkerEnv(rank, RANKS, w, WORKERS), epoch=1)
+                    worst = max(worst, time.perf_counter() - t0)
                 ds.resume_at(None)
             else:
+                t0 = time.perf_counter()
                 env.worker_env_hook = lambda rank=rank: WorkerEnv(rank, RANKS, 0, 1)
                 sampler.resume = point
                 sampler.indices()
                 sampler.resume = None
-            worst = max(worst, time.perf_counter() - t0)
+                worst = max(worst, time.perf_counter() - t0)
         res["resume_peak"] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         res["resume_s"] = worst
@@ -391,26 +401,33 @@ def probe(argv: list[str]) -> int:
         res = probe_pack(argv[1], argv[2], argv[3], int(argv[4]))
     elif kind == "read":
         res = probe_read(argv[1], argv[2] == "packed")
+    elif kind == "cli":
+        res = probe_cli(argv[1], argv[2])
     else:
         raise SystemExit(f"unknown probe {kind}")
     print(json.dumps(res))
     return 0
 
 
-def cli(command: str, folder: Path) -> dict[str, Any]:
-    """``pack-dataset COMMAND FOLDER``: seconds and peak RSS (its own process: wait4's rusage)."""
+def probe_cli(command: str, folder: str) -> dict[str, Any]:
+    """``pack-dataset COMMAND FOLDER`` in this process (its output discarded): seconds and peak RSS."""
+    import contextlib
+    import io
+
+    from packer.cli import main as pack_dataset
+
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "packer.cli", command, str(folder)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode() if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
-    if proc.returncode != 0:
-        raise RuntimeError(f"pack-dataset {command} {folder}: exit {proc.returncode}: {err.strip()[-500:]}")
-    return {f"{command}_s": wall, f"{command}_rss": usage.ru_maxrss * 1024}
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = pack_dataset([command, folder])
+    if code:
+        raise SystemExit(f"pack-dataset {command} {folder}: exit {code}")
+    return {f"{command}_s": time.perf_counter() - t0, f"{command}_rss": peak_rss()}
+
+
+def cli(command: str, folder: Path) -> dict[str, Any]:
+    """``pack-dataset COMMAND FOLDER``: seconds and peak RSS, in a fresh process."""
+    res = _child("cli", command, str(folder))
+    return {k: res[k] for k in (f"{command}_s", f"{command}_rss")}
 
 
 # ----------------------------------------------------------------------------- the run
@@ -556,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--probe":
         return probe(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="10k and 100k packs (100k: wds and lmdb), index-only 1M")
+    p.add_argument("--quick", action="store_true", help="10k packs, a 100k wds pack, index-only 1M")
     p.add_argument("--workdir", default="/work/big/scale", help="where data is built (default %(default)s)")
     p.add_argument("--packs", type=int, nargs="*", help="pack sizes (default: 10k 100k 1.28M; --quick: 10k 100k)")
     p.add_argument("--index", type=int, nargs="*", help="index-only sizes (default: 14M 100M; --quick: 1M)")
