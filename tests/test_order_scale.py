@@ -224,7 +224,7 @@ def _point(world, bs, delivered, **kw):
                 delivered=delivered, map_order=readers.order.MAP_ORDER, **kw)
 
 
-@pytest.mark.parametrize("n", [1, 2, 5, 16, 17, 1000, 65_537])
+@pytest.mark.parametrize("n", [1, 2, 5, 16, 17, 1000, 65_535, 65_536, 65_537, 300_001])
 def test_shuffle_at_is_a_permutation_and_the_ranks_split_it_as_distributed_sampler(n):
     """shuffle_at is a bijection of range(n) for every n, and each rank's share (computed alone)
     is positions rank, rank+R, ... of it, padded or cut as DistributedSampler pads or cuts."""
