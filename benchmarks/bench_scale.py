@@ -295,6 +295,11 @@ def probe_read(folder: str, packed: bool) -> dict[str, Any]:
 
     import readers
     import readers.env as env
+    import readers.formats.hdf5  # noqa: F401 - imported before the clock starts: open is not an import
+    import readers.formats.lmdb  # noqa: F401
+    import readers.formats.mmap  # noqa: F401
+    import readers.formats.wds  # noqa: F401
+    import readers.loader  # noqa: F401
     from readers.env import WorkerEnv
     from readers.sampler import EpochSampler
 
