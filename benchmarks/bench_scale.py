@@ -494,8 +494,26 @@ def ratios(rows: list[dict[str, Any]]) -> None:
         last[row["format"]] = row
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    keys = [(k, h, kind) for k, h, kind in COLUMNS if any(k in r for r in rows)]
+GROUPS = {  # the printed tables: one per stage, so that each fits a page
+    "packing": ("scan_s", "images_per_s", "pack_rss", "disk_ratio", "verify_s", "verify_rss"),
+    "opening and reading": ("open_s", "open_private", "open_mapped", "random_us", "first_batch_s", "worker_private",
+                            "info_s", "info_rss"),
+    "epoch order and resume": ("order_s", "order_peak", "state_bytes", "resume_s", "resume_peak"),
+}
+
+
+def tables(rows: list[dict[str, Any]]) -> str:
+    """One markdown table per :data:`GROUPS` entry (rows without any of its figures left out)."""
+    out = []
+    for title, keys in GROUPS.items():
+        part = [r for r in rows if any(k in r for k in keys)]
+        if part:
+            out += [f"{title}:", "", table(part, keys), ""]
+    return "\n".join(out)
+
+
+def table(rows: list[dict[str, Any]], only: tuple[str, ...] | None = None) -> str:
+    keys = [(k, h, kind) for k, h, kind in COLUMNS if any(k in r for r in rows) and (only is None or k in only)]
     head = "| format | N | kind | " + " | ".join(h for _, h, _ in keys) + " |"
     lines = [head, "|---|---:|---|" + "---:|" * len(keys)]
     for r in rows:
@@ -619,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verify_max is None:
         args.verify_max = 10_000 if args.quick else 100_000
     rows = run(args)
-    print(table(rows))
+    print(tables(rows))
     bad = checks(rows)
     for line in bad:
         print("MISSED:", line)
