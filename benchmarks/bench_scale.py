@@ -609,8 +609,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows.sort(key=lambda r: (FORMATS.index(r["format"]), r["n"]))
     ratios(rows)
     if not args.keep:
-        shutil.rmtree(work / "template", ignore_errors=True)
-        shutil.rmtree(work / "template-images", ignore_errors=True)
+        for name in ("template", "template-images", "packs", "index"):
+            shutil.rmtree(work / name, ignore_errors=True)
     return rows
 
 
