@@ -23,7 +23,7 @@ import re
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from packer.errors import SourceError
 from readers import spec
 
 __all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "Source", "SourceError", "scan", "scan_listing", "URLRoot",
-           "find_split_dirs", "parse_splits"]
+           "find_split_dirs", "parse_splits", "StringColumn", "StringBuilder", "IntColumn"]
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +49,225 @@ _SPLIT_RE = re.compile(r"(%s)(?:[-_ ]?\d+|[-_ ]?(?:%s))?" % ("|".join(SPLIT_NAME
                        re.IGNORECASE)
 
 
+# ---------------------------------------------------------------------------- columns without per-file objects
+#: entries hashed, decoded or gathered per step: bounds the Python objects alive at once
+_CHUNK = 1 << 14
+
+
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")  # a name os.scandir decoded so round-trips
+
+
+class StringColumn(Sequence[str]):
+    """Strings as one UTF-8 blob and an offsets array (a few bytes a string, no Python object each).
+
+    ``column[i]`` decodes one string, ``column[a:b]`` is a view (no copy), iteration decodes a
+    chunk at a time. ``order`` (optional) maps each position to a string of the blob: a permuted
+    view (:meth:`take`) costs one int64 a string, not a second blob.
+    """
+
+    __slots__ = ("_blob", "_offsets", "_order", "_start", "_stop")
+
+    def __init__(self, blob: Any, offsets: np.ndarray, order: np.ndarray | None = None,
+                 start: int = 0, stop: int | None = None) -> None:
+        self._blob = np.frombuffer(blob, dtype=np.uint8) if not isinstance(blob, np.ndarray) else blob
+        self._offsets = offsets  # len(strings of the blob) + 1, starting at 0
+        self._order = order
+        n = len(offsets) - 1 if order is None else len(order)
+        self._start, self._stop = start, n if stop is None else stop
+
+    @classmethod
+    def of(cls, strings: Iterable[str]) -> StringColumn:
+        builder = StringBuilder()
+        for s in strings:
+            builder.append(s)
+        return builder.build()
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    def _base(self, pos: int) -> int:
+        """The blob's string number of absolute position ``pos``."""
+        return pos if self._order is None else int(self._order[pos])
+
+    def _bytes(self, j: int) -> bytes:
+        return self._blob[self._offsets[j]:self._offsets[j + 1]].tobytes()
+
+    def __getitem__(self, key):  # type: ignore[override]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step != 1:
+                return self.take(np.arange(start, stop, step))
+            return StringColumn(self._blob, self._offsets, self._order, self._start + start,
+                                self._start + max(start, stop))
+        pos = key + len(self) if key < 0 else key
+        if not 0 <= pos < len(self):
+            raise IndexError(key)
+        return self._bytes(self._base(self._start + pos)).decode("utf-8", "surrogateescape")
+
+    def encoded_chunks(self) -> Iterator[list[bytes]]:
+        """The strings' UTF-8 bytes, a list of up to a chunk of them at a time."""
+        offsets = self._offsets
+        for a in range(self._start, self._stop, _CHUNK):
+            b = min(a + _CHUNK, self._stop)
+            if self._order is None:
+                lo, hi = int(offsets[a]), int(offsets[b])
+                data, ends = self._blob[lo:hi].tobytes(), (offsets[a:b + 1] - lo).tolist()
+                yield [data[ends[k]:ends[k + 1]] for k in range(b - a)]
+            else:
+                yield [self._bytes(j) for j in self._order[a:b].tolist()]
+
+    def __iter__(self) -> Iterator[str]:
+        for chunk in self.encoded_chunks():
+            for raw in chunk:
+                yield raw.decode("utf-8", "surrogateescape")
+
+    def take(self, indices: Any) -> StringColumn:
+        """The strings at ``indices`` (positions of this column), as a view of the same blob."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError("take(): index out of range")
+        base = idx + self._start if self._order is None else self._order[self._start:self._stop][idx]
+        return StringColumn(self._blob, self._offsets, base)
+
+    def compact(self) -> StringColumn:
+        """This view as a column of its own (only its strings' bytes): what pickles and travels."""
+        if self._order is None and self._start == 0 and self._stop == len(self._offsets) - 1:
+            return self
+        builder = StringBuilder()
+        for chunk in self.encoded_chunks():
+            builder.extend_encoded(chunk)
+        return builder.build()
+
+    def __reduce__(self) -> tuple:
+        c = self.compact()
+        return StringColumn, (c._blob.tobytes(), c._offsets)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held (the blob and the index arrays, the whole blob for a view)."""
+        return self._blob.nbytes + self._offsets.nbytes + (0 if self._order is None else self._order.nbytes)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        head = ", ".join(repr(s) for s in self[:3])
+        return f"StringColumn([{head}{', ...' if len(self) > 3 else ''}], {len(self)} strings)"
+
+
+class StringBuilder:
+    """Appends strings to a growing blob and offsets (8 + len(UTF-8) bytes a string)."""
+
+    def __init__(self) -> None:
+        self._blob = bytearray()
+        self._offsets = array.array("q", [0])
+
+    def append(self, text: str) -> None:
+        self._blob += _encode(text)
+        self._offsets.append(len(self._blob))
+
+    def extend_encoded(self, items: Iterable[bytes]) -> None:
+        for raw in items:
+            self._blob += raw
+            self._offsets.append(len(self._blob))
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def build(self) -> StringColumn:
+        offsets = np.frombuffer(self._offsets, dtype=np.int64)
+        return StringColumn(np.frombuffer(self._blob, dtype=np.uint8) if self._blob else np.zeros(0, np.uint8),
+                            offsets)
+
+
+class IntColumn(Sequence[int]):
+    """A numpy integer array read as a sequence of Python ints (``column[i]`` is an ``int``, a slice a view).
+
+    What ``Source`` holds for labels and sizes: a few bytes a sample, no Python object each; ``array``
+    is the numpy array itself."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, values: Any, dtype: Any = np.int64) -> None:
+        self.array = values if isinstance(values, np.ndarray) else np.asarray(values, dtype=dtype)
+        if self.array.ndim != 1:
+            raise ValueError(f"IntColumn: a 1-D array, not {self.array.ndim}-D")
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, key):  # type: ignore[override]
+        if isinstance(key, slice):
+            return IntColumn(self.array[key])
+        return int(self.array[key])
+
+    def __iter__(self) -> Iterator[int]:
+        for a in range(0, len(self.array), _CHUNK):
+            yield from self.array[a:a + _CHUNK].tolist()
+
+    def take(self, indices: Any) -> IntColumn:
+        return IntColumn(self.array[np.asarray(indices, dtype=np.int64)])
+
+    def sum(self) -> int:
+        return int(self.array.sum(dtype=np.int64)) if len(self.array) else 0
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return self.array if dtype is None else self.array.astype(dtype)
+
+    def __reduce__(self) -> tuple:
+        return IntColumn, (np.ascontiguousarray(self.array),)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, IntColumn):
+            other = other.array
+        elif not isinstance(other, (Sequence, np.ndarray)) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and bool(np.array_equal(self.array, np.asarray(other)))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"IntColumn({self.array!r})"
+
+
+def _column(values: Any, dtype: Any) -> Any:
+    """``values`` as an :class:`IntColumn` (lists, tuples, arrays); any other sequence is kept as it is."""
+    if isinstance(values, IntColumn):
+        return values
+    if isinstance(values, (list, tuple, np.ndarray, array.array, range)):
+        return IntColumn(np.asarray(values, dtype=dtype))
+    return values
+
+
+def _strings(values: Any) -> Any:
+    """``values`` as a :class:`StringColumn` (lists and tuples); any other sequence is kept as it is."""
+    return StringColumn.of(values) if isinstance(values, (list, tuple)) else values
+
+
+def _label_dtype(classes: int) -> Any:
+    return np.int16 if classes <= np.iinfo(np.int16).max else np.int32
+
+
 @dataclass
 class Source:
-    """One split: classes in sorted order and samples sorted by class then path."""
+    """One split: classes in sorted order and samples sorted by class then path.
+
+    ``paths``, ``labels`` and ``sizes`` are sequences indexed by position; lists given to the
+    constructor are turned into compact columns (:class:`StringColumn`, :class:`IntColumn`: no
+    Python object per file). Any other sequence (``packer.convert``'s names read on demand) is
+    kept as it is.
+    """
 
     root: Path
     classes: list[str]
-    paths: list[str]  # relative to root: "<class>/<file>" (or deeper, as ImageFolder walks)
-    labels: list[int]
-    sizes: list[int]
+    paths: Sequence[str]  # relative to root: "<class>/<file>" (or deeper, as ImageFolder walks)
+    labels: Sequence[int]
+    sizes: Sequence[int]
     ignored: list[str] = field(default_factory=list)  # files that are not images by name
     skipped_links: list[str] = field(default_factory=list)  # symlinks leaving root
     #: what the source is: "folder" (ImageFolder tree), "wds" (tar shards), "hf" (Hugging Face
@@ -73,14 +283,23 @@ class Source:
     _fingerprint: str | None = field(default=None, repr=False, compare=False)
     #: the order of ``paths`` as index.json records it (``scan`` gives the source order)
     order: dict = field(default_factory=lambda: {"kind": "source"})
-    #: scan position of each entry of ``paths`` (None: the scan order itself); sources read by position
-    #: (``prepare`` stages of imports) follow it
-    origin: list[int] | None = field(default=None, repr=False, compare=False)
+    #: scan position of each entry of ``paths``, an int64 array (None: the scan order itself); sources
+    #: read by position (``prepare`` stages of imports) follow it
+    origin: np.ndarray | None = field(default=None, repr=False, compare=False)
     _prefix: list | None = field(default=None, repr=False, compare=False)  # [entries hashed, sha256 states]
     #: modification time (ns) of each entry of ``paths``, as an int64 array, where the source has them (a
     #: folder scan; None otherwise): ``prefix_fingerprint`` covers them, so ``--resume`` sees a file already
     #: packed that was rewritten with the same size
     mtimes: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.paths = _strings(self.paths)
+        self.labels = _column(self.labels, _label_dtype(len(self.classes)))
+        self.sizes = _column(self.sizes, np.int64)
+        if self.origin is not None:
+            self.origin = np.asarray(self.origin, dtype=np.int64)
+        if self.mtimes is not None:
+            self.mtimes = np.asarray(self.mtimes, dtype=np.int64)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -89,7 +308,7 @@ class Source:
 
     @property
     def total_bytes(self) -> int:
-        return sum(self.sizes)
+        return self.sizes.sum() if isinstance(self.sizes, IntColumn) else sum(self.sizes)
 
     def describe(self) -> dict[str, Any]:
         """Where the samples come from (index.json's ``source`` record and the journal)."""
@@ -102,7 +321,10 @@ class Source:
         the journal records it at every checkpoint.
         """
         if self._fingerprint is None:
-            self._fingerprint = self._hash()
+            h = hashlib.sha256()
+            for data in self._entries(0, len(self.paths)):
+                h.update(data)
+            self._fingerprint = h.hexdigest()
         return self._fingerprint
 
     def ordered(self, kind: str, seed: int = 0) -> Source:
@@ -111,6 +333,7 @@ class Source:
         The one place a pack's sample order is decided (``packer.api.plan``), so the writer,
         the journal, ``--resume`` and any prepare engine see the same list. The fingerprint
         stays the scanned order's: it identifies the files, the order is a packing option.
+        The shuffled paths are a permuted view of the scanned ones (one int64 a file).
         """
         if kind not in spec.ORDER_KINDS:
             raise ValueError(f"unknown order {kind!r}; choose one of {', '.join(spec.ORDER_KINDS)}")
@@ -120,22 +343,35 @@ class Source:
             raise ValueError("ordered() applies to a source in scanned order")
         if kind == "source":
             return self
-        perm_array = spec.order_permutation(len(self.paths), seed)
-        perm = perm_array.tolist()
-        mtimes = None if self.mtimes is None else np.asarray(self.mtimes)[perm_array]
-        return replace(self, paths=[self.paths[i] for i in perm], labels=[self.labels[i] for i in perm],
-                       sizes=[self.sizes[i] for i in perm], _fingerprint=self.fingerprint(),
+        perm = spec.order_permutation(len(self.paths), seed).astype(np.int64, copy=False)
+        mtimes = None if self.mtimes is None else self.mtimes[perm]
+        return replace(self, paths=_take(self.paths, perm), labels=_take(self.labels, perm),
+                       sizes=_take(self.sizes, perm), _fingerprint=self.fingerprint(),
                        order={"kind": kind, "seed": int(seed)}, origin=perm, _prefix=None, mtimes=mtimes)
 
-    def positions(self, start: int) -> list[int]:
+    def positions(self, start: int) -> Sequence[int]:
         """Scan positions of the samples from ``start`` on, in the order they are written."""
-        return list(range(start, len(self.paths))) if self.origin is None else self.origin[start:]
+        return range(start, len(self.paths)) if self.origin is None else IntColumn(self.origin[start:])
 
-    def _hash(self) -> str:
-        h = hashlib.sha256()
-        for p, s, label in zip(self.paths, self.sizes, self.labels):
-            h.update(_entry(p, s, label))
-        return h.hexdigest()
+    def _entries(self, a: int, b: int) -> Iterator[bytes]:
+        """:func:`_entry` of the entries ``a`` to ``b``, joined a chunk at a time (what is hashed)."""
+        paths = self.paths[a:b]
+        if isinstance(paths, StringColumn) and isinstance(self.sizes, IntColumn) \
+                and isinstance(self.labels, IntColumn):
+            pos = a
+            for chunk in paths.encoded_chunks():
+                end = pos + len(chunk)
+                sizes, labels = self.sizes.array[pos:end].tolist(), self.labels.array[pos:end].tolist()
+                yield b"".join([b"%d\0%s\0%d\n" % (label, p, size) for p, size, label in zip(chunk, sizes, labels)])
+                pos = end
+            return
+        batch: list[bytes] = []
+        for p, s, label in zip(paths, self.sizes[a:b], self.labels[a:b]):
+            batch.append(_entry(p, s, label))
+            if len(batch) >= _CHUNK:
+                yield b"".join(batch)
+                batch.clear()
+        yield b"".join(batch)
 
     def prefix_fingerprint(self, n: int) -> str:
         """Hash of the first ``n`` entries in writing order (``paths`` as they are: the resume
@@ -148,10 +384,11 @@ class Source:
             pos, h, t = self._prefix
         else:
             pos, h, t = 0, hashlib.sha256(), hashlib.sha256()
-        for p, s, label in zip(self.paths[pos:n], self.sizes[pos:n], self.labels[pos:n]):
-            h.update(_entry(p, s, label))
+        for data in self._entries(pos, n):
+            h.update(data)
         if self.mtimes is not None:
-            t.update(np.ascontiguousarray(self.mtimes[pos:n], dtype="<i8").tobytes())
+            for a in range(pos, n, _CHUNK):
+                t.update(np.ascontiguousarray(self.mtimes[a:min(a + _CHUNK, n)], dtype="<i8").tobytes())
         self._prefix = [n, h, t]
         return h.copy().hexdigest() + ("" if self.mtimes is None else "/" + t.copy().hexdigest())
 
@@ -167,6 +404,11 @@ class Source:
             if ctime > newest:
                 newest, found = ctime, rel
         return found
+
+
+def _take(values: Sequence, perm: np.ndarray) -> Sequence:
+    take = getattr(values, "take", None)
+    return take(perm) if take is not None else [values[i] for i in perm.tolist()]
 
 
 def _entry(path: str, size: int, label: int) -> bytes:
@@ -293,10 +535,11 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
     real_root = root.resolve()
     skipped: list[str] = []
     classes = _class_folders(root, real_root, follow_symlinks, skipped)
-    paths: list[str] = []
-    labels: list[int] = []
-    sizes: list[int] = []
-    mtimes = array.array("q")  # 8 bytes a file, not a Python int
+    # No Python object per file is kept: ImageNet has 1.28M of them (compact columns, see StringColumn)
+    paths = StringBuilder()
+    labels = array.array("i")
+    sizes = array.array("q")
+    mtimes = array.array("q")
     ignored: list[str] = []
     special: list[str] = []
     for label, cls in enumerate(classes):
@@ -322,27 +565,27 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
                     special.append(rel)
                     ignored.append(rel)
                     continue
-                size = st.st_size
                 paths.append(rel)
                 labels.append(label)
-                sizes.append(size)
+                sizes.append(st.st_size)
                 mtimes.append(st.st_mtime_ns)
     if special:
         log.warning("%d file(s) named like images are not regular files (FIFO, device, socket) and are "
                     "ignored: %s", len(special), ", ".join(str(root / r) for r in special[:5]))
     loose = [e.name for e in _listdir(root) if e.is_file() and not _is_hidden(e.name)]
     ignored.extend(sorted(loose))
-    if not paths:
+    if not len(paths):
         hint = ""
         if any(_is_image_name(n) for n in loose):
             hint = " (the images lie directly in it: put them in one sub-folder per class)"
         raise SourceError(f"{root}: no images found ({'/'.join(IMAGE_EXTENSIONS)} in root/<class>/){hint}")
-    used = set(labels)
-    empty = [c for i, c in enumerate(classes) if i not in used]
+    label_array = np.frombuffer(labels, dtype=np.int32).astype(_label_dtype(len(classes)))
+    counts = np.bincount(label_array, minlength=len(classes))
+    empty = [c for i, c in enumerate(classes) if not counts[i]]
     if empty:
         log.warning("%d class folder(s) hold no images and keep their label: %s", len(empty), ", ".join(empty[:5]))
-    return Source(root, classes, paths, labels, sizes, ignored, skipped,
-                  mtimes=np.frombuffer(mtimes, dtype=np.int64) if mtimes else None)
+    return Source(root, classes, paths.build(), IntColumn(label_array), IntColumn(np.frombuffer(sizes, np.int64)),
+                  ignored, skipped, mtimes=np.frombuffer(mtimes, dtype=np.int64))
 
 
 class URLRoot(str):
@@ -382,9 +625,9 @@ def scan_listing(root: URLRoot, objects: dict[str, int]) -> Source:
     if classes and all(_SPLIT_RE.fullmatch(c) and all(n.count("/") >= 2 for n in folders[c]) for c in classes):
         raise SourceError(f"{root}: holds split folders ({', '.join(classes)}); pack each split's prefix "
                           f"on its own (e.g. {root / classes[0]})")
-    paths, labels, sizes, ignored = [], [], [], []
+    paths, labels, sizes, ignored = StringBuilder(), array.array("i"), array.array("q"), []
     for label, cls in enumerate(classes):
-        for name in sorted(folders[cls], key=lambda n: tuple(n.rsplit("/", 1))):
+        for name in sorted(folders.pop(cls), key=lambda n: tuple(n.rsplit("/", 1))):
             if _is_image_name(name.rsplit("/", 1)[1]):
                 paths.append(name)
                 labels.append(label)
@@ -392,6 +635,7 @@ def scan_listing(root: URLRoot, objects: dict[str, int]) -> Source:
             else:
                 ignored.append(name)
     ignored.extend(sorted(loose))
-    if not paths:
+    if not len(paths):
         raise SourceError(f"{root}: no images found ({'/'.join(IMAGE_EXTENSIONS)} in root/<class>/)")
-    return Source(root, classes, paths, labels, sizes, ignored)  # type: ignore[arg-type]  # a URL, not a Path
+    return Source(root, classes, paths.build(), IntColumn(np.frombuffer(labels, np.int32)),  # type: ignore[arg-type]
+                  IntColumn(np.frombuffer(sizes, np.int64)), ignored)  # root: a URL, not a Path

@@ -21,17 +21,20 @@ non-image file in a folder is. The stored image bytes (or the file an image
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
+
+import numpy as np
 
 from packer.errors import SourceError
 from packer.images import ImageOptions, RejectedImage, check_file_size
 from packer.importers.stage import Unreadable, bytes_stage
-from packer.source import Source
+from packer.source import IntColumn, Source, StringBuilder
 from packer.workers import read_source
 
 __all__ = ["is_hf_source", "scan_hf"]
@@ -184,7 +187,9 @@ def _fields(batch: Any, column: str) -> tuple[list[int | None], list[str | None]
 
 def _scan_table(split: str, table: Any) -> Source:
     cols = table.columns
-    paths, labels, sizes, ignored, rows = [], [], [], [], []
+    # compact columns, no Python object per row (see packer.source.StringColumn)
+    paths, labels, sizes, rows = StringBuilder(), array.array("i"), array.array("q"), array.array("q")
+    ignored: list[str] = []
     row = 0
     for batch in table.batches(0, [cols.image, cols.label]):
         lengths, names = _fields(batch, cols.image)
@@ -201,12 +206,14 @@ def _scan_table(split: str, table: Any) -> Source:
                 sizes.append(length if length is not None else _file_size(path, table.path))
                 rows.append(row)
             row += 1
-    if not paths:
+    if not len(paths):
         raise SourceError(f"{table.path}: no labelled images in split {split!r}")
-    source = Source(table.path, cols.classes, paths, labels, sizes, ignored=ignored, kind="hf",
+    source = Source(table.path, cols.classes, paths.build(), IntColumn(np.frombuffer(labels, dtype=np.int32)),
+                    IntColumn(np.frombuffer(sizes, dtype=np.int64)), ignored=ignored, kind="hf",
                     details={"split": split, "image_column": cols.image, "label_column": cols.label,
                              "rows": table.rows})
-    source.prepare = bytes_stage(lambda positions, opts: _read(table, rows, positions, opts))
+    row_of = IntColumn(np.frombuffer(rows, dtype=np.int64))
+    source.prepare = bytes_stage(lambda positions, opts: _read(table, row_of, positions, opts))
     return source
 
 
@@ -217,7 +224,7 @@ def _file_size(path: str, base: Path) -> int:
         return 0
 
 
-def _read(table: Any, rows: list[int], positions: list[int], opts: ImageOptions) -> Iterator[Any]:
+def _read(table: Any, rows: Sequence[int], positions: Sequence[int], opts: ImageOptions) -> Iterator[Any]:
     """The image bytes of the samples at ``positions`` (scan positions), in that order (a rejection
     reason when an image's bytes and file are missing, or over the byte budget)."""
     for a in range(0, len(positions), _BATCH):
