@@ -1,0 +1,107 @@
+"""The packer's listing of the source costs a few bytes a file (issue 22 item 3): ``packer.source``
+keeps compact columns, no Python object per file; its fingerprints are the list-based ones."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packer.source import IntColumn, Source, StringColumn, scan
+
+PER_CLASS = 500  # files per class folder: the same in every tree, so per-folder costs cancel out
+
+
+def sparse_tree(root: Path, files: int) -> Path:
+    """``files`` ImageNet-named files of 3,000-ish bytes, sparse (no data written: the scan reads none)."""
+    for c in range(files // PER_CLASS):
+        d = root / f"n{c:08d}"
+        d.mkdir(parents=True)
+        for i in range(PER_CLASS):
+            fd = os.open(d / f"n{c:08d}_{i + 10_000}.JPEG", os.O_WRONLY | os.O_CREAT, 0o644)
+            os.ftruncate(fd, 3_000 + i)  # sizes past the small ints Python caches
+            os.close(fd)
+    return root
+
+
+def scan_memory(root: Path) -> tuple[int, int, Source]:
+    """(bytes the scan's result keeps, the scan's peak, the result), as tracemalloc counts them."""
+    tracemalloc.start()
+    try:
+        source = scan(root)
+        kept, peak = tracemalloc.get_traced_memory()
+        return kept, peak, source
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_scanned_file_costs_a_few_bytes(tmp_path):
+    """Kept memory grows by what the columns need: the name's UTF-8 bytes (here 30), an offset, a size
+    and a modification time (8 each) and a 2-byte label, about 60 bytes; the released packer kept a
+    str, two ints and three list slots per file, 144 bytes here (190-380 B/file at 1.28M, issue 22).
+    The scan's peak (columns being built, one folder's listing) grows no faster."""
+    small, large = 1_000, 4_000
+    kept_small, peak_small, _ = scan_memory(sparse_tree(tmp_path / "a", small))
+    kept_large, peak_large, s2 = scan_memory(sparse_tree(tmp_path / "b", large))
+    assert len(s2.paths) == large and s2.sizes[1] == 3_001
+    per_file, peak_per_file = ((x - y) / (large - small) for x, y in ((kept_large, kept_small),
+                                                                       (peak_large, peak_small)))
+    name = len(s2.paths[-1])
+    assert per_file < name + 40, f"{per_file:.0f} bytes kept per file (names of {name} bytes)"
+    assert peak_per_file < name + 60, f"the scan's peak grows {peak_per_file:.0f} bytes per file"
+
+
+def _reference_fingerprint(paths, sizes, labels) -> str:
+    """The fingerprint as the released packer computed it (a loop over Python lists)."""
+    h = hashlib.sha256()
+    for p, s, label in zip(paths, sizes, labels):
+        h.update(f"{label}\0{p}\0{s}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def test_fingerprints_are_the_list_based_ones(tmp_path):
+    """Hashed a chunk at a time from the columns, the fingerprint and every prefix fingerprint are the
+    bytes the list-based loop hashed: a --resume of a pack started by the released packer resumes."""
+    root = sparse_tree(tmp_path / "src", 1_500)
+    (root / "n00000001" / "caf\udce9.JPEG".encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape")
+     ).write_bytes(b"x" * 7)  # a name that is not UTF-8
+    src = scan(root)
+    paths, sizes, labels = list(src.paths), list(src.sizes), list(src.labels)
+    assert any("\udce9" in p for p in paths)
+    assert src.fingerprint() == _reference_fingerprint(paths, sizes, labels)
+    times = np.asarray(src.mtimes, dtype="<i8")
+    for n in (0, 1, 777, 1_000, len(paths)):
+        want = _reference_fingerprint(paths[:n], sizes[:n], labels[:n])
+        want += "/" + hashlib.sha256(times[:n].tobytes()).hexdigest()
+        assert src.prefix_fingerprint(n) == want
+    shuffled = src.ordered("shuffled", seed=3)
+    perm = shuffled.origin
+    assert shuffled.fingerprint() == src.fingerprint()  # the scanned order's
+    spaths = [paths[i] for i in perm]
+    assert list(shuffled.paths) == spaths and list(shuffled.labels) == [labels[i] for i in perm]
+    n = 1_234
+    want = _reference_fingerprint(spaths[:n], [sizes[i] for i in perm[:n]], [labels[i] for i in perm[:n]])
+    assert shuffled.prefix_fingerprint(n).split("/")[0] == want
+    # small lists (an importer's, a test's) get the same fingerprint
+    listed = Source(root, src.classes, paths, labels, sizes)
+    assert isinstance(listed.paths, StringColumn) and listed.fingerprint() == src.fingerprint()
+
+
+def test_columns_read_like_lists():
+    names = ["a/x.jpg", "b/caf\udce9.png", "", "c/" + "é" * 40 + ".jpg"]
+    col = StringColumn.of(names)
+    assert col == names and list(col) == names and len(col) == 4 and col[-1] == names[-1]
+    assert col[1:3] == names[1:3] and col[::2] == names[::2] and col[3:1] == []
+    assert col.take([3, 0]) == [names[3], names[0]] and col.take([3, 0])[1:] == [names[0]]
+    assert pickle.loads(pickle.dumps(col[1:3])) == names[1:3]
+    assert pickle.loads(pickle.dumps(col.take([2, 1]))) == [names[2], names[1]]
+    with pytest.raises(IndexError):
+        col[4]
+    ints = IntColumn(np.array([5, 3_000_000_000, 7]))
+    assert ints == [5, 3_000_000_000, 7] and ints[1] == 3_000_000_000 and type(ints[1]) is int
+    assert ints[1:] == [3_000_000_000, 7] and ints.sum() == 3_000_000_012 and ints.take([2, 0]) == [7, 5]
