@@ -16,6 +16,8 @@ whose classes are the top folders, as torchvision's ImageFolder reads it.
 from __future__ import annotations
 
 import array
+import contextlib
+import contextvars
 import hashlib
 import logging
 import os
@@ -31,7 +33,7 @@ from packer.errors import SourceError
 from readers import spec
 
 __all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "Source", "SourceError", "scan", "scan_listing", "URLRoot",
-           "find_split_dirs", "parse_splits", "StringColumn", "StringBuilder", "IntColumn"]
+           "find_split_dirs", "parse_splits", "list_folder", "listings", "StringColumn", "StringBuilder", "IntColumn"]
 
 log = logging.getLogger(__name__)
 
@@ -424,28 +426,71 @@ def _is_image_name(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS) and not _is_hidden(name)
 
 
-def _walk_error(exc: OSError) -> None:
-    raise SourceError(f"{exc.filename}: cannot read the folder ({exc.strerror or exc})")
+_LISTINGS: contextvars.ContextVar[dict[str, list[os.DirEntry]] | None] = contextvars.ContextVar(
+    "packer_source_listings", default=None)
+
+
+@contextlib.contextmanager
+def listings() -> Iterator[None]:
+    """Within this block every folder is listed once (``packer.api.plan``: recognizing the source, finding
+    its splits and scanning it). A listing taken to recognize the source is kept until the scan walks
+    that folder and takes it; the scan keeps none, so what is kept is the few folders looked at first."""
+    token = _LISTINGS.set({})
+    try:
+        yield
+    finally:
+        _LISTINGS.reset(token)
+
+
+def list_folder(folder: str | os.PathLike, *, take: bool = False) -> list[os.DirEntry]:
+    """The entries of ``folder`` sorted by name (OSError if it cannot be listed), listed once inside
+    :func:`listings`; ``take``: the last use (the scan's), the listing is not kept."""
+    cache, key = _LISTINGS.get(), os.fspath(folder)
+    if cache is not None and key in cache:
+        return cache.pop(key) if take else cache[key]
+    with os.scandir(key) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    if cache is not None and not take:
+        cache[key] = entries
+    return entries
+
+
+def _listdir(folder: Path, *, take: bool = False) -> list[os.DirEntry]:
+    try:
+        return list_folder(folder, take=take)
+    except OSError as exc:
+        raise SourceError(f"{folder}: cannot read the folder ({exc.strerror or exc})") from None
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # follows a symlink, as os.walk(followlinks=True) does
+    except OSError:
+        return False
+
+
+def _walk(top: str, *, take: bool = False) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(top, followlinks=True)`` (top-down, names sorted) over :func:`list_folder`, so a folder
+    listed to recognize the source is not listed again; an unreadable folder is a SourceError."""
+    dirs: list[str] = []
+    files: list[str] = []
+    for e in _listdir(Path(top), take=take):
+        (dirs if _is_dir(e) else files).append(e.name)
+    yield top, dirs, files
+    for d in dirs:
+        yield from _walk(os.path.join(top, d), take=take)
 
 
 def _has_images(folder: Path) -> bool:
-    for _dirpath, _dirs, files in os.walk(folder, onerror=_walk_error):
+    for _dirpath, _dirs, files in _walk(os.fspath(folder)):
         if any(_is_image_name(f) for f in files):
             return True
     return False
 
 
-def _listdir(folder: Path) -> list[os.DirEntry]:
-    try:
-        with os.scandir(folder) as it:
-            return sorted(it, key=lambda e: e.name)
-    except OSError as exc:
-        raise SourceError(f"{folder}: cannot read the folder ({exc.strerror or exc})") from None
-
-
 def _is_tree(folder: Path) -> bool:
     """``folder`` is an ImageFolder tree: some sub-folder of it holds images."""
-    return any(e.is_dir() and not _is_hidden(e.name) and _has_images(Path(e.path)) for e in _listdir(folder))
+    return any(_is_dir(e) and not _is_hidden(e.name) and _has_images(Path(e.path)) for e in _listdir(folder))
 
 
 def parse_splits(text: str) -> str:
@@ -475,7 +520,7 @@ def find_split_dirs(root: Path, splits: str = "auto") -> list[Path]:
             if not d.is_dir() or not _is_tree(d):
                 raise SourceError(f"{d}: --splits names it, but it is not a folder of class folders with images")
         return sorted(chosen)
-    subdirs = [Path(e.path) for e in _listdir(root) if e.is_dir() and not _is_hidden(e.name)]
+    subdirs = [Path(e.path) for e in _listdir(root) if _is_dir(e) and not _is_hidden(e.name)]
     for d in subdirs:
         if any(e.is_file() and _is_image_name(e.name) for e in _listdir(d)):
             return []  # a class folder with images inside: root itself is the ImageFolder
@@ -485,19 +530,18 @@ def find_split_dirs(root: Path, splits: str = "auto") -> list[Path]:
     return [] if others else splits_found
 
 
-def _class_folders(root: Path, real_root: Path, follow_symlinks: bool, skipped: list[str]) -> list[str]:
-    """Class folder names in sorted order; symlinked ones leaving ``root`` go to ``skipped``."""
-    try:
-        classes = []
-        for e in sorted(os.scandir(root), key=lambda e: e.name):
-            if not e.is_dir() or _is_hidden(e.name):
-                continue
-            if e.is_symlink() and not follow_symlinks and not Path(e.path).resolve().is_relative_to(real_root):
-                skipped.append(e.name)
-                continue
-            classes.append(e.name)
-    except PermissionError as exc:
-        raise SourceError(f"{root}: cannot list the folder ({exc.strerror})") from exc
+def _class_folders(entries: list[os.DirEntry], real_root: Path, follow_symlinks: bool,
+                   skipped: list[str]) -> list[str]:
+    """Class folder names of the root's ``entries`` in sorted order; symlinked ones leaving the root go
+    to ``skipped``."""
+    classes = []
+    for e in entries:
+        if not _is_dir(e) or _is_hidden(e.name):
+            continue
+        if e.is_symlink() and not follow_symlinks and not Path(e.path).resolve().is_relative_to(real_root):
+            skipped.append(e.name)
+            continue
+        classes.append(e.name)
     return classes
 
 
@@ -510,7 +554,7 @@ def _walk_class(root: Path, cls: str, real_root: Path, follow_symlinks: bool,
     """
     steps = []
     visited: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True, onerror=_walk_error):
+    for dirpath, dirnames, filenames in _walk(os.path.join(root, cls), take=True):
         real = os.path.realpath(dirpath)
         if real in visited:  # a symlink loop
             dirnames.clear()
@@ -521,7 +565,7 @@ def _walk_class(root: Path, cls: str, real_root: Path, follow_symlinks: bool,
             if full.is_symlink() and not follow_symlinks and not full.resolve().is_relative_to(real_root):
                 dirnames.remove(d)
                 skipped.append(full.relative_to(root).as_posix())
-        steps.append((dirpath, sorted(filenames)))
+        steps.append((dirpath, filenames))  # sorted by name already
     return sorted(steps)
 
 
@@ -534,7 +578,10 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
         raise SourceError(f"{root}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
     real_root = root.resolve()
     skipped: list[str] = []
-    classes = _class_folders(root, real_root, follow_symlinks, skipped)
+    top = _listdir(root, take=True)  # listed once: class folders, and the loose files ignored
+    classes = _class_folders(top, real_root, follow_symlinks, skipped)
+    loose = [e.name for e in top if not _is_hidden(e.name) and e.is_file()]
+    del top
     # No Python object per file is kept: ImageNet has 1.28M of them (compact columns, see StringColumn)
     paths = StringBuilder()
     labels = array.array("i")
@@ -572,8 +619,7 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
     if special:
         log.warning("%d file(s) named like images are not regular files (FIFO, device, socket) and are "
                     "ignored: %s", len(special), ", ".join(str(root / r) for r in special[:5]))
-    loose = [e.name for e in _listdir(root) if e.is_file() and not _is_hidden(e.name)]
-    ignored.extend(sorted(loose))
+    ignored.extend(loose)  # sorted by name already
     if not len(paths):
         hint = ""
         if any(_is_image_name(n) for n in loose):

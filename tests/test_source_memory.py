@@ -7,11 +7,14 @@ import hashlib
 import os
 import pickle
 import tracemalloc
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from packer import PackOptions
+from packer.api import plan
 from packer.source import IntColumn, Source, StringColumn, scan
 
 PER_CLASS = 500  # files per class folder: the same in every tree, so per-folder costs cancel out
@@ -105,3 +108,40 @@ def test_columns_read_like_lists():
     ints = IntColumn(np.array([5, 3_000_000_000, 7]))
     assert ints == [5, 3_000_000_000, 7] and ints[1] == 3_000_000_000 and type(ints[1]) is int
     assert ints[1:] == [3_000_000_000, 7] and ints.sum() == 3_000_000_012 and ints.take([2, 0]) == [7, 5]
+
+
+def _count_listings(monkeypatch) -> Counter:
+    """Counts every folder listing (os.scandir, os.listdir: os.walk, glob and Path.iterdir use them)."""
+    calls: Counter = Counter()
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    def scandir(path="."):
+        calls[os.path.realpath(path)] += 1
+        return real_scandir(path)
+
+    def listdir(path="."):
+        calls[os.path.realpath(path)] += 1
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "listdir", listdir)
+    return calls
+
+
+@pytest.mark.parametrize("layout", ["folder", "splits"])
+def test_plan_lists_each_folder_once(tmp_path, monkeypatch, layout):
+    """Recognizing the source (tar shards? a Hugging Face dataset? splits?) and scanning it list every
+    folder once (the released packer listed the root 7 times and the first class folder 3 times)."""
+    src = tmp_path / "src"
+    if layout == "folder":
+        sparse_tree(src, 1_000)
+    else:
+        sparse_tree(src / "train", 1_000)
+        sparse_tree(src / "val", 500)
+    calls = _count_listings(monkeypatch)
+    jobs = plan(src, tmp_path / "out", PackOptions(format="lmdb"))
+    monkeypatch.undo()
+    folders = {os.path.realpath(d) for d, _, _ in os.walk(src)}
+    listed_in_src = {k: v for k, v in calls.items() if k in folders}
+    assert set(listed_in_src) == folders and set(listed_in_src.values()) == {1}, listed_in_src
+    assert sum(len(source.paths) for _, source, _ in jobs) == (1_000 if layout == "folder" else 1_500)

@@ -34,7 +34,7 @@ import numpy as np
 from packer.errors import SourceError
 from packer.images import ImageOptions, RejectedImage, check_file_size
 from packer.importers.stage import Unreadable, bytes_stage
-from packer.source import IntColumn, Source, StringBuilder
+from packer.source import IntColumn, Source, StringBuilder, list_folder
 from packer.workers import read_source
 
 __all__ = ["is_hf_source", "scan_hf"]
@@ -46,8 +46,12 @@ _HUB_SPLIT = re.compile(r"^(?P<split>[A-Za-z0-9_.]+?)-\d{5}-of-\d{5}\.parquet$")
 def _parquet_files(src: Path) -> list[Path]:
     if src.is_file():
         return [src] if src.suffix.lower() == ".parquet" else []
-    folder = src / "data" if (src / "data").is_dir() and not any(src.glob("*.parquet")) else src
-    return sorted(p for p in folder.glob("*.parquet") if p.is_file() and not p.name.startswith("."))
+    def parquet(folder: Path) -> list[Path]:  # glob("*.parquet") over the one listing of the folder
+        return [Path(e.path) for e in list_folder(folder) if e.name.endswith(".parquet")
+                and not e.name.startswith(".") and e.is_file()]
+
+    here = parquet(src)
+    return parquet(src / "data") if not here and (src / "data").is_dir() else here
 
 
 def is_hf_source(src: Path) -> bool:

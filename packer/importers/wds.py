@@ -40,7 +40,7 @@ import numpy as np
 from packer.errors import SourceError
 from packer.images import ImageOptions, RejectedImage, check_file_size
 from packer.importers.stage import Unreadable, bytes_stage
-from packer.source import IMAGE_EXTENSIONS, IntColumn, Source, StringBuilder
+from packer.source import IMAGE_EXTENSIONS, IntColumn, Source, StringBuilder, list_folder
 
 __all__ = ["is_wds_source", "scan_wds", "shard_files", "MIN_CLASS_LIMIT"]
 
@@ -56,8 +56,8 @@ MIN_CLASS_LIMIT = 1_000_000
 def shard_files(folder: Path) -> list[Path]:
     """The ``.tar`` files directly in ``folder``, sorted by name."""
     # The name first: an image folder's thousands of files need no stat to be ruled out.
-    return sorted(p for p in folder.iterdir() if p.name.lower().endswith(".tar") and not p.name.startswith(".")
-                  and p.is_file())
+    return [Path(e.path) for e in list_folder(folder) if e.name.lower().endswith(".tar")
+            and not e.name.startswith(".") and e.is_file()]
 
 
 def is_wds_source(src: Path) -> bool:
