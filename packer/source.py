@@ -54,6 +54,8 @@ _SPLIT_RE = re.compile(r"(%s)(?:[-_ ]?\d+|[-_ ]?(?:%s))?" % ("|".join(SPLIT_NAME
 # ---------------------------------------------------------------------------- columns without per-file objects
 #: entries hashed, decoded or gathered per step: bounds the Python objects alive at once
 _CHUNK = 1 << 14
+#: entries between two saved states of the fingerprint's hash (``Source._marks``)
+_MARK_EVERY = 1 << 16
 
 
 def _encode(text: str) -> bytes:
@@ -288,7 +290,11 @@ class Source:
     #: scan position of each entry of ``paths``, an int64 array (None: the scan order itself); sources
     #: read by position (``prepare`` stages of imports) follow it
     origin: np.ndarray | None = field(default=None, repr=False, compare=False)
-    _prefix: list | None = field(default=None, repr=False, compare=False)  # [entries hashed, sha256 states]
+    #: [entries hashed, their sha256, modification times hashed, their sha256] (``prefix_fingerprint``)
+    _prefix: list | None = field(default=None, repr=False, compare=False)
+    #: (position, sha256 of the entries before it) every _MARK_EVERY entries, kept by ``fingerprint``:
+    #: the prefix fingerprint of any position starts from the mark before it, not from the top
+    _marks: list | None = field(default=None, repr=False, compare=False)
     #: modification time (ns) of each entry of ``paths``, as an int64 array, where the source has them (a
     #: folder scan; None otherwise): ``prefix_fingerprint`` covers them, so ``--resume`` sees a file already
     #: packed that was rewritten with the same size
@@ -305,7 +311,7 @@ class Source:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_prefix"] = None  # a hash object does not pickle; rebuilt on demand
+        state["_prefix"] = state["_marks"] = None  # a hash object does not pickle; rebuilt on demand
         return state
 
     @property
@@ -323,10 +329,13 @@ class Source:
         the journal records it at every checkpoint.
         """
         if self._fingerprint is None:
-            h = hashlib.sha256()
-            for data in self._entries(0, len(self.paths)):
-                h.update(data)
-            self._fingerprint = h.hexdigest()
+            h, marks, n = hashlib.sha256(), [], len(self.paths)
+            for a in range(0, n, _MARK_EVERY):
+                marks.append((a, h.copy()))
+                for data in self._entries(a, min(a + _MARK_EVERY, n)):
+                    h.update(data)
+            marks.append((n, h.copy()))
+            self._fingerprint, self._marks = h.hexdigest(), marks
         return self._fingerprint
 
     def ordered(self, kind: str, seed: int = 0) -> Source:
@@ -349,7 +358,8 @@ class Source:
         mtimes = None if self.mtimes is None else self.mtimes[perm]
         return replace(self, paths=_take(self.paths, perm), labels=_take(self.labels, perm),
                        sizes=_take(self.sizes, perm), _fingerprint=self.fingerprint(),
-                       order={"kind": kind, "seed": int(seed)}, origin=perm, _prefix=None, mtimes=mtimes)
+                       order={"kind": kind, "seed": int(seed)}, origin=perm, _prefix=None, _marks=None,
+                       mtimes=mtimes)
 
     def positions(self, start: int) -> Sequence[int]:
         """Scan positions of the samples from ``start`` on, in the order they are written."""
@@ -382,16 +392,22 @@ class Source:
 
         With ``mtimes``, ``"<hash of the list>/<hash of their modification times>"``: the
         part after the slash changes when a file is rewritten with the same size."""
-        if self._prefix is not None and self._prefix[0] <= n:
-            pos, h, t = self._prefix
-        else:
-            pos, h, t = 0, hashlib.sha256(), hashlib.sha256()
+        pos, h, tpos, t = self._prefix if self._prefix is not None else (0, hashlib.sha256(), 0, hashlib.sha256())
+        if pos > n:
+            pos, h = 0, hashlib.sha256()
+        if tpos > n:
+            tpos, t = 0, hashlib.sha256()
+        if self._marks:  # the whole list was hashed in this order: start from the mark before n
+            k = min(n // _MARK_EVERY, len(self._marks) - 1)
+            at, mark = self._marks[k] if self._marks[k][0] <= n else self._marks[k - 1]
+            if pos < at <= n:
+                pos, h = at, mark.copy()
         for data in self._entries(pos, n):
             h.update(data)
         if self.mtimes is not None:
-            for a in range(pos, n, _CHUNK):
+            for a in range(tpos, n, _CHUNK):
                 t.update(np.ascontiguousarray(self.mtimes[a:min(a + _CHUNK, n)], dtype="<i8").tobytes())
-        self._prefix = [n, h, t]
+        self._prefix = [n, h, n, t]
         return h.copy().hexdigest() + ("" if self.mtimes is None else "/" + t.copy().hexdigest())
 
     def changed_last(self, n: int) -> str | None:

@@ -8,13 +8,17 @@ import os
 import pickle
 import tracemalloc
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from packer import PackOptions
+import packer.source as source_module
+from conftest import make_image_folder
+from packer import WRITERS, PackOptions
 from packer.api import plan
+from packer.pipeline import pack_split
 from packer.source import IntColumn, Source, StringColumn, scan
 
 PER_CLASS = 500  # files per class folder: the same in every tree, so per-folder costs cancel out
@@ -145,3 +149,58 @@ def test_plan_lists_each_folder_once(tmp_path, monkeypatch, layout):
     listed_in_src = {k: v for k, v in calls.items() if k in folders}
     assert set(listed_in_src) == folders and set(listed_in_src.values()) == {1}, listed_in_src
     assert sum(len(source.paths) for _, source, _ in jobs) == (1_000 if layout == "folder" else 1_500)
+
+
+def test_prefix_fingerprints_start_from_the_fingerprints_marks(tmp_path, monkeypatch):
+    """With the fingerprint's saved states every 16 entries, a prefix fingerprint anywhere, in any
+    order of asking, is still the list-based hash, and costs only the entries past the mark before it."""
+    monkeypatch.setattr(source_module, "_MARK_EVERY", 16)
+    src = scan(sparse_tree(tmp_path / "src", 1_000))
+    paths, sizes, labels = list(src.paths), list(src.sizes), list(src.labels)
+    hashed = _count_hashed(monkeypatch)
+    src.fingerprint()
+    assert sum(hashed) == len(paths)
+    for n in (999, 1_000, 17, 16, 15, 0, 500, 640):
+        hashed.clear()
+        assert src.prefix_fingerprint(n).split("/")[0] == _reference_fingerprint(paths[:n], sizes[:n], labels[:n])
+        assert sum(hashed) < 16
+
+
+def _count_hashed(monkeypatch) -> list[int]:
+    """Entries hashed by each call of Source._entries (the one place entries are hashed)."""
+    counts: list[int] = []
+    real = Source._entries
+
+    def entries(self, a, b):
+        counts.append(max(0, min(b, len(self.paths)) - a))
+        return real(self, a, b)
+
+    monkeypatch.setattr(Source, "_entries", entries)
+    return counts
+
+
+def test_resume_does_not_hash_the_packed_part_again(tmp_path, monkeypatch):
+    """--resume of a pack in scanned order: the fingerprint hashes the list once; the check of the part
+    already packed starts from the fingerprint's mark before it (it hashed those entries already) and
+    the checkpoints after it go on from there: N + (N - done) + 16 entries, not 2N."""
+    monkeypatch.setattr(source_module, "_MARK_EVERY", 16)
+    root = make_image_folder(tmp_path / "src", classes=3, per_class=30, size=(24, 20), png_every=0)
+    options = PackOptions(format="lmdb", checkpoint_bytes=20_000)
+    checkpoints = []
+
+    def stop_after_second(journal):
+        checkpoints.append(journal.next_source)
+        if len(checkpoints) == 2:
+            raise KeyboardInterrupt  # the pack is interrupted after a durable checkpoint
+
+    with pytest.raises(KeyboardInterrupt):
+        pack_split(scan(root), tmp_path / "out", "train", options, WRITERS["lmdb"], 1,
+                   after_checkpoint=stop_after_second)
+    done = checkpoints[-1]
+    source = scan(root)  # what --resume scans
+    n = len(source.paths)
+    assert 16 < done < n - 16
+    hashed = _count_hashed(monkeypatch)
+    result = pack_split(source, tmp_path / "out", "train", replace(options, resume=True), WRITERS["lmdb"], 1)
+    assert result.resumed_from == done and result.images == n
+    assert sum(hashed) <= n + (n - done) + 16, hashed
