@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from packer.columns import IntColumn
 from packer.errors import OutputError, PackError, SourceError
 from packer.images import ImageOptions, Prepared, RejectedImage, prepare_image
 from packer.importers.stage import ordered_outcomes
@@ -46,7 +47,7 @@ from packer.readahead import read_ahead
 from packer.options import PackOptions, cli_fields
 from packer.output import OutputLock, lock_holder, prepare_output
 from packer.pipeline import PackProgress, SplitResult, pack_split
-from packer.source import IntColumn, Source
+from packer.source import Source
 from packer.workers import Outcome
 from readers import spec
 

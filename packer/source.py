@@ -25,15 +25,17 @@ import re
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from packer.columns import CHUNK, IntBuilder, IntColumn, StringBuilder, StringColumn, spilled
 from packer.errors import SourceError
 from readers import spec
 
 __all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "Source", "SourceError", "scan", "scan_listing", "URLRoot",
-           "find_split_dirs", "parse_splits", "list_folder", "listings", "StringColumn", "StringBuilder", "IntColumn"]
+           "find_split_dirs", "parse_splits", "list_folder", "listings", "StringColumn", "StringBuilder", "IntColumn",
+           "IntBuilder"]
 
 log = logging.getLogger(__name__)
 
@@ -51,192 +53,10 @@ _SPLIT_RE = re.compile(r"(%s)(?:[-_ ]?\d+|[-_ ]?(?:%s))?" % ("|".join(SPLIT_NAME
                        re.IGNORECASE)
 
 
-# ---------------------------------------------------------------------------- columns without per-file objects
-#: entries hashed, decoded or gathered per step: bounds the Python objects alive at once
-_CHUNK = 1 << 14
+#: entries hashed per step (bounds the Python objects alive at once)
+_CHUNK = CHUNK
 #: entries between two saved states of the fingerprint's hash (``Source._marks``)
 _MARK_EVERY = 1 << 16
-
-
-def _encode(text: str) -> bytes:
-    return text.encode("utf-8", "surrogateescape")  # a name os.scandir decoded so round-trips
-
-
-class StringColumn(Sequence[str]):
-    """Strings as one UTF-8 blob and an offsets array (a few bytes a string, no Python object each).
-
-    ``column[i]`` decodes one string, ``column[a:b]`` is a view (no copy), iteration decodes a
-    chunk at a time. ``order`` (optional) maps each position to a string of the blob: a permuted
-    view (:meth:`take`) costs one int64 a string, not a second blob.
-    """
-
-    __slots__ = ("_blob", "_offsets", "_order", "_start", "_stop")
-
-    def __init__(self, blob: Any, offsets: np.ndarray, order: np.ndarray | None = None,
-                 start: int = 0, stop: int | None = None) -> None:
-        self._blob = np.frombuffer(blob, dtype=np.uint8) if not isinstance(blob, np.ndarray) else blob
-        self._offsets = offsets  # len(strings of the blob) + 1, starting at 0
-        self._order = order
-        n = len(offsets) - 1 if order is None else len(order)
-        self._start, self._stop = start, n if stop is None else stop
-
-    @classmethod
-    def of(cls, strings: Iterable[str]) -> StringColumn:
-        builder = StringBuilder()
-        for s in strings:
-            builder.append(s)
-        return builder.build()
-
-    def __len__(self) -> int:
-        return self._stop - self._start
-
-    def _base(self, pos: int) -> int:
-        """The blob's string number of absolute position ``pos``."""
-        return pos if self._order is None else int(self._order[pos])
-
-    def _bytes(self, j: int) -> bytes:
-        return self._blob[self._offsets[j]:self._offsets[j + 1]].tobytes()
-
-    def __getitem__(self, key):  # type: ignore[override]
-        if isinstance(key, slice):
-            start, stop, step = key.indices(len(self))
-            if step != 1:
-                return self.take(np.arange(start, stop, step))
-            return StringColumn(self._blob, self._offsets, self._order, self._start + start,
-                                self._start + max(start, stop))
-        pos = key + len(self) if key < 0 else key
-        if not 0 <= pos < len(self):
-            raise IndexError(key)
-        return self._bytes(self._base(self._start + pos)).decode("utf-8", "surrogateescape")
-
-    def encoded_chunks(self) -> Iterator[list[bytes]]:
-        """The strings' UTF-8 bytes, a list of up to a chunk of them at a time."""
-        offsets = self._offsets
-        for a in range(self._start, self._stop, _CHUNK):
-            b = min(a + _CHUNK, self._stop)
-            if self._order is None:
-                lo, hi = int(offsets[a]), int(offsets[b])
-                data, ends = self._blob[lo:hi].tobytes(), (offsets[a:b + 1] - lo).tolist()
-                yield [data[ends[k]:ends[k + 1]] for k in range(b - a)]
-            else:
-                yield [self._bytes(j) for j in self._order[a:b].tolist()]
-
-    def __iter__(self) -> Iterator[str]:
-        for chunk in self.encoded_chunks():
-            for raw in chunk:
-                yield raw.decode("utf-8", "surrogateescape")
-
-    def take(self, indices: Any) -> StringColumn:
-        """The strings at ``indices`` (positions of this column), as a view of the same blob."""
-        idx = np.asarray(indices, dtype=np.int64)
-        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
-            raise IndexError("take(): index out of range")
-        base = idx + self._start if self._order is None else self._order[self._start:self._stop][idx]
-        return StringColumn(self._blob, self._offsets, base)
-
-    def compact(self) -> StringColumn:
-        """This view as a column of its own (only its strings' bytes): what pickles and travels."""
-        if self._order is None and self._start == 0 and self._stop == len(self._offsets) - 1:
-            return self
-        builder = StringBuilder()
-        for chunk in self.encoded_chunks():
-            builder.extend_encoded(chunk)
-        return builder.build()
-
-    def __reduce__(self) -> tuple:
-        c = self.compact()
-        return StringColumn, (c._blob.tobytes(), c._offsets)
-
-    @property
-    def nbytes(self) -> int:
-        """Memory held (the blob and the index arrays, the whole blob for a view)."""
-        return self._blob.nbytes + self._offsets.nbytes + (0 if self._order is None else self._order.nbytes)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        head = ", ".join(repr(s) for s in self[:3])
-        return f"StringColumn([{head}{', ...' if len(self) > 3 else ''}], {len(self)} strings)"
-
-
-class StringBuilder:
-    """Appends strings to a growing blob and offsets (8 + len(UTF-8) bytes a string)."""
-
-    def __init__(self) -> None:
-        self._blob = bytearray()
-        self._offsets = array.array("q", [0])
-
-    def append(self, text: str) -> None:
-        self._blob += _encode(text)
-        self._offsets.append(len(self._blob))
-
-    def extend_encoded(self, items: Iterable[bytes]) -> None:
-        for raw in items:
-            self._blob += raw
-            self._offsets.append(len(self._blob))
-
-    def __len__(self) -> int:
-        return len(self._offsets) - 1
-
-    def build(self) -> StringColumn:
-        offsets = np.frombuffer(self._offsets, dtype=np.int64)
-        return StringColumn(np.frombuffer(self._blob, dtype=np.uint8) if self._blob else np.zeros(0, np.uint8),
-                            offsets)
-
-
-class IntColumn(Sequence[int]):
-    """A numpy integer array read as a sequence of Python ints (``column[i]`` is an ``int``, a slice a view).
-
-    What ``Source`` holds for labels and sizes: a few bytes a sample, no Python object each; ``array``
-    is the numpy array itself."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, values: Any, dtype: Any = np.int64) -> None:
-        self.array = values if isinstance(values, np.ndarray) else np.asarray(values, dtype=dtype)
-        if self.array.ndim != 1:
-            raise ValueError(f"IntColumn: a 1-D array, not {self.array.ndim}-D")
-
-    def __len__(self) -> int:
-        return len(self.array)
-
-    def __getitem__(self, key):  # type: ignore[override]
-        if isinstance(key, slice):
-            return IntColumn(self.array[key])
-        return int(self.array[key])
-
-    def __iter__(self) -> Iterator[int]:
-        for a in range(0, len(self.array), _CHUNK):
-            yield from self.array[a:a + _CHUNK].tolist()
-
-    def take(self, indices: Any) -> IntColumn:
-        return IntColumn(self.array[np.asarray(indices, dtype=np.int64)])
-
-    def sum(self) -> int:
-        return int(self.array.sum(dtype=np.int64)) if len(self.array) else 0
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return self.array if dtype is None else self.array.astype(dtype)
-
-    def __reduce__(self) -> tuple:
-        return IntColumn, (np.ascontiguousarray(self.array),)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, IntColumn):
-            other = other.array
-        elif not isinstance(other, (Sequence, np.ndarray)) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(self) == len(other) and bool(np.array_equal(self.array, np.asarray(other)))
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"IntColumn({self.array!r})"
 
 
 def _column(values: Any, dtype: Any) -> Any:
@@ -244,7 +64,7 @@ def _column(values: Any, dtype: Any) -> Any:
     if isinstance(values, IntColumn):
         return values
     if isinstance(values, (list, tuple, np.ndarray, array.array, range)):
-        return IntColumn(np.asarray(values, dtype=dtype))
+        return IntColumn(np.asarray(values, dtype=dtype) if not isinstance(values, np.ndarray) else values)
     return values
 
 
@@ -307,7 +127,7 @@ class Source:
         if self.origin is not None:
             self.origin = np.asarray(self.origin, dtype=np.int64)
         if self.mtimes is not None:
-            self.mtimes = np.asarray(self.mtimes, dtype=np.int64)
+            self.mtimes = _column(self.mtimes, np.int64)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -354,8 +174,8 @@ class Source:
             raise ValueError("ordered() applies to a source in scanned order")
         if kind == "source":
             return self
-        perm = spec.order_permutation(len(self.paths), seed).astype(np.int64, copy=False)
-        mtimes = None if self.mtimes is None else self.mtimes[perm]
+        perm = spilled(spec.order_permutation(len(self.paths), seed).astype(np.int64, copy=False))
+        mtimes = None if self.mtimes is None else _take(self.mtimes, perm)
         return replace(self, paths=_take(self.paths, perm), labels=_take(self.labels, perm),
                        sizes=_take(self.sizes, perm), _fingerprint=self.fingerprint(),
                        order={"kind": kind, "seed": int(seed)}, origin=perm, _prefix=None, _marks=None,
@@ -373,7 +193,7 @@ class Source:
             pos = a
             for chunk in paths.encoded_chunks():
                 end = pos + len(chunk)
-                sizes, labels = self.sizes.array[pos:end].tolist(), self.labels.array[pos:end].tolist()
+                sizes, labels = self.sizes.values(pos, end).tolist(), self.labels.values(pos, end).tolist()
                 yield b"".join([b"%d\0%s\0%d\n" % (label, p, size) for p, size, label in zip(chunk, sizes, labels)])
                 pos = end
             return
@@ -406,7 +226,7 @@ class Source:
             h.update(data)
         if self.mtimes is not None:
             for a in range(tpos, n, _CHUNK):
-                t.update(np.ascontiguousarray(self.mtimes[a:min(a + _CHUNK, n)], dtype="<i8").tobytes())
+                t.update(np.ascontiguousarray(self.mtimes.values(a, min(a + _CHUNK, n)), dtype="<i8").tobytes())
         self._prefix = [n, h, n, t]
         return h.copy().hexdigest() + ("" if self.mtimes is None else "/" + t.copy().hexdigest())
 
@@ -599,10 +419,8 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
     loose = [e.name for e in top if not _is_hidden(e.name) and e.is_file()]
     del top
     # No Python object per file is kept: ImageNet has 1.28M of them (compact columns, see StringColumn)
-    paths = StringBuilder()
-    labels = array.array("i")
-    sizes = array.array("q")
-    mtimes = array.array("q")
+    paths, sizes, mtimes = StringBuilder(), IntBuilder("q"), IntBuilder("q")
+    labels = IntBuilder("h" if _label_dtype(len(classes)) == np.int16 else "i")
     ignored: list[str] = []
     special: list[str] = []
     for label, cls in enumerate(classes):
@@ -641,13 +459,13 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
         if any(_is_image_name(n) for n in loose):
             hint = " (the images lie directly in it: put them in one sub-folder per class)"
         raise SourceError(f"{root}: no images found ({'/'.join(IMAGE_EXTENSIONS)} in root/<class>/){hint}")
-    label_array = np.frombuffer(labels, dtype=np.int32).astype(_label_dtype(len(classes)))
-    counts = np.bincount(label_array, minlength=len(classes))
+    label_column = labels.build()
+    counts = np.bincount(label_column.array, minlength=len(classes))
     empty = [c for i, c in enumerate(classes) if not counts[i]]
     if empty:
         log.warning("%d class folder(s) hold no images and keep their label: %s", len(empty), ", ".join(empty[:5]))
-    return Source(root, classes, paths.build(), IntColumn(label_array), IntColumn(np.frombuffer(sizes, np.int64)),
-                  ignored, skipped, mtimes=np.frombuffer(mtimes, dtype=np.int64))
+    return Source(root, classes, paths.build(), label_column, sizes.build(), ignored, skipped,
+                  mtimes=mtimes.build())
 
 
 class URLRoot(str):
@@ -687,7 +505,7 @@ def scan_listing(root: URLRoot, objects: dict[str, int]) -> Source:
     if classes and all(_SPLIT_RE.fullmatch(c) and all(n.count("/") >= 2 for n in folders[c]) for c in classes):
         raise SourceError(f"{root}: holds split folders ({', '.join(classes)}); pack each split's prefix "
                           f"on its own (e.g. {root / classes[0]})")
-    paths, labels, sizes, ignored = StringBuilder(), array.array("i"), array.array("q"), []
+    paths, labels, sizes, ignored = StringBuilder(), IntBuilder("i"), IntBuilder("q"), []
     for label, cls in enumerate(classes):
         for name in sorted(folders.pop(cls), key=lambda n: tuple(n.rsplit("/", 1))):
             if _is_image_name(name.rsplit("/", 1)[1]):
@@ -699,5 +517,4 @@ def scan_listing(root: URLRoot, objects: dict[str, int]) -> Source:
     ignored.extend(sorted(loose))
     if not len(paths):
         raise SourceError(f"{root}: no images found ({'/'.join(IMAGE_EXTENSIONS)} in root/<class>/)")
-    return Source(root, classes, paths.build(), IntColumn(np.frombuffer(labels, np.int32)),  # type: ignore[arg-type]
-                  IntColumn(np.frombuffer(sizes, np.int64)), ignored)  # root: a URL, not a Path
+    return Source(root, classes, paths.build(), labels.build(), sizes.build(), ignored)  # type: ignore[arg-type]

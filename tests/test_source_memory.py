@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import tempfile
 import tracemalloc
 from collections import Counter
 from dataclasses import replace
@@ -14,12 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import packer.columns as columns
 import packer.source as source_module
 from conftest import make_image_folder
 from packer import WRITERS, PackOptions
 from packer.api import plan
 from packer.pipeline import pack_split
-from packer.source import IntColumn, Source, StringColumn, scan
+from packer.columns import IntColumn, StringColumn
+from packer.source import Source, scan
 
 PER_CLASS = 500  # files per class folder: the same in every tree, so per-folder costs cancel out
 
@@ -204,3 +207,23 @@ def test_resume_does_not_hash_the_packed_part_again(tmp_path, monkeypatch):
     result = pack_split(source, tmp_path / "out", "train", replace(options, resume=True), WRITERS["lmdb"], 1)
     assert result.resumed_from == done and result.images == n
     assert sum(hashed) <= n + (n - done) + 16, hashed
+
+
+def test_large_columns_live_in_a_mapped_file(tmp_path, monkeypatch):
+    """Past SPILL_BYTES a column moves to an unlinked temporary file, mapped read-only: the scan keeps
+    (almost) nothing in private memory, reads the same, hashes the same and leaves no file behind."""
+    root = sparse_tree(tmp_path / "src", 4_000)
+    in_memory = scan(root)
+    monkeypatch.setattr(columns, "SPILL_BYTES", 4_096)
+    kept, _peak, mapped = scan_memory(root)
+    assert kept / len(mapped.paths) < 4, f"{kept / len(mapped.paths):.1f} bytes kept per file"
+    mapped_files = [line for line in Path("/proc/self/maps").read_text().splitlines()
+                    if tempfile.gettempdir() in line and line.endswith("(deleted)")]
+    assert len(mapped_files) >= 3  # names, offsets, sizes, times (...): file-backed, unlinked
+    assert mapped.paths == in_memory.paths and mapped.sizes == in_memory.sizes
+    assert mapped.labels == in_memory.labels and mapped.mtimes == in_memory.mtimes
+    assert mapped.fingerprint() == in_memory.fingerprint()
+    assert mapped.prefix_fingerprint(3_333) == in_memory.prefix_fingerprint(3_333)
+    a, b = mapped.ordered("shuffled", 5), in_memory.ordered("shuffled", 5)
+    assert a.paths == b.paths and a.sizes == b.sizes and a.prefix_fingerprint(777) == b.prefix_fingerprint(777)
+    del mapped, a  # the police fixture checks that the mappings' descriptors go with them

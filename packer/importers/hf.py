@@ -21,7 +21,6 @@ non-image file in a folder is. The stored image bytes (or the file an image
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import re
@@ -29,12 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import numpy as np
-
 from packer.errors import SourceError
 from packer.images import ImageOptions, RejectedImage, check_file_size
 from packer.importers.stage import Unreadable, bytes_stage
-from packer.source import IntColumn, Source, StringBuilder, list_folder
+from packer.columns import IntBuilder, StringBuilder
+from packer.source import Source, list_folder
 from packer.workers import read_source
 
 __all__ = ["is_hf_source", "scan_hf"]
@@ -192,7 +190,7 @@ def _fields(batch: Any, column: str) -> tuple[list[int | None], list[str | None]
 def _scan_table(split: str, table: Any) -> Source:
     cols = table.columns
     # compact columns, no Python object per row (see packer.source.StringColumn)
-    paths, labels, sizes, rows = StringBuilder(), array.array("i"), array.array("q"), array.array("q")
+    paths, labels, sizes, rows = StringBuilder(), IntBuilder("i"), IntBuilder("q"), IntBuilder("q")
     ignored: list[str] = []
     row = 0
     for batch in table.batches(0, [cols.image, cols.label]):
@@ -212,11 +210,10 @@ def _scan_table(split: str, table: Any) -> Source:
             row += 1
     if not len(paths):
         raise SourceError(f"{table.path}: no labelled images in split {split!r}")
-    source = Source(table.path, cols.classes, paths.build(), IntColumn(np.frombuffer(labels, dtype=np.int32)),
-                    IntColumn(np.frombuffer(sizes, dtype=np.int64)), ignored=ignored, kind="hf",
+    source = Source(table.path, cols.classes, paths.build(), labels.build(), sizes.build(), ignored=ignored, kind="hf",
                     details={"split": split, "image_column": cols.image, "label_column": cols.label,
                              "rows": table.rows})
-    row_of = IntColumn(np.frombuffer(rows, dtype=np.int64))
+    row_of = rows.build()
     source.prepare = bytes_stage(lambda positions, opts: _read(table, row_of, positions, opts))
     return source
 

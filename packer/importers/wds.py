@@ -40,7 +40,8 @@ import numpy as np
 from packer.errors import SourceError
 from packer.images import ImageOptions, RejectedImage, check_file_size
 from packer.importers.stage import Unreadable, bytes_stage
-from packer.source import IMAGE_EXTENSIONS, IntColumn, Source, StringBuilder, list_folder
+from packer.columns import IntBuilder, IntColumn, StringBuilder, spilled
+from packer.source import IMAGE_EXTENSIONS, Source, list_folder
 
 __all__ = ["is_wds_source", "scan_wds", "shard_files", "MIN_CLASS_LIMIT"]
 
@@ -164,8 +165,8 @@ def scan_wds(src: Path) -> Source:
     shards = [src] if src.is_file() else shard_files(src)
     root = src
     # compact columns, no Python object per sample (see packer.source.StringColumn)
-    names, raw, sizes, shard_of, offsets = StringBuilder(), _Labels(), array.array("q"), array.array("i"), \
-        array.array("q")
+    names, raw, sizes, shard_at, offset_at = StringBuilder(), _Labels(), IntBuilder("q"), IntBuilder("i"), \
+        IntBuilder("q")
     ignored: list[str] = []
     for k, shard in enumerate(shards):
         for key, ext, offset, size, small in _samples(shard):
@@ -177,9 +178,9 @@ def scan_wds(src: Path) -> Source:
             raw.append(label, src)
             names.append(f"{rel}.{ext}")
             sizes.append(size)
-            shard_of.append(k)
-            offsets.append(offset)
-    paths = names.build()
+            shard_at.append(k)
+            offset_at.append(offset)
+    paths, shard_of = names.build(), shard_at.build()
     if not len(paths):
         raise SourceError(f"{src}: no labelled images in the shards (each sample needs an image, e.g. key.jpg, "
                           "and a label: key.cls, or key.json with a \"label\")")
@@ -190,9 +191,9 @@ def scan_wds(src: Path) -> Source:
         return f"{shards[shard_of[i]]}:{key} label"
 
     classes, labels = raw.classes(member)
-    size_column = IntColumn(np.frombuffer(sizes, dtype=np.int64))
-    where = (IntColumn(np.frombuffer(shard_of, dtype=np.int32)), IntColumn(np.frombuffer(offsets, dtype=np.int64)))
-    source = Source(root, classes, paths, IntColumn(labels), size_column, ignored=ignored, kind="wds",
+    size_column = sizes.build()
+    where = (shard_of, offset_at.build())
+    source = Source(root, classes, paths, IntColumn(spilled(labels)), size_column, ignored=ignored, kind="wds",
                     details={"shards": len(shards), "first_shard": shards[0].name if shards else None})
     source.prepare = bytes_stage(lambda positions, opts: _read(shards, where, size_column, positions, opts))
     return source
