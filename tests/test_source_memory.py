@@ -20,9 +20,11 @@ import packer.source as source_module
 from conftest import make_image_folder
 from packer import WRITERS, PackOptions
 from packer.api import plan
+from packer.journal import RECORD_BATCH, Journal, SideFiles
 from packer.pipeline import pack_split
 from packer.columns import IntColumn, StringColumn
 from packer.source import Source, scan
+from readers import spec
 
 PER_CLASS = 500  # files per class folder: the same in every tree, so per-folder costs cancel out
 
@@ -227,3 +229,28 @@ def test_large_columns_live_in_a_mapped_file(tmp_path, monkeypatch):
     a, b = mapped.ordered("shuffled", 5), in_memory.ordered("shuffled", 5)
     assert a.paths == b.paths and a.sizes == b.sizes and a.prefix_fingerprint(777) == b.prefix_fingerprint(777)
     del mapped, a  # the police fixture checks that the mappings' descriptors go with them
+
+
+def test_records_wait_in_memory_a_batch_at_a_time(tmp_path):
+    """Between checkpoints (256 MB of tiny images: ~200k samples) the per-sample records go to
+    records.bin a batch at a time, not into a list of Python tuples (~150 bytes a sample)."""
+    journal = Journal({"format": "lmdb", "split": "t", "options": {}, "fingerprint": ""})
+    files = SideFiles(tmp_path, journal)
+    try:
+        n = 20_000
+        record = lambda i: tuple(i + k * 1_000_003 for k in range(len(spec.RECORD_DTYPE.names)))  # noqa: E731
+        tracemalloc.start()
+        try:
+            for i in range(n):
+                files.add_sample(record(i), f"c/{i}.jpg")
+            kept = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert kept < 2 * RECORD_BATCH * spec.RECORD_DTYPE.itemsize, f"{kept / n:.0f} bytes a sample kept"
+        files.sync(journal)
+    finally:
+        files.close()
+    recs = SideFiles.read_records(tmp_path)
+    assert len(recs) == n and tuple(recs[12_345].tolist()) == record(12_345)
+    assert journal.records_len == n * spec.RECORD_DTYPE.itemsize
+    del recs
