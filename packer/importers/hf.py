@@ -22,7 +22,6 @@ non-image file in a folder is. The stored image bytes (or the file an image
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
