@@ -29,7 +29,7 @@ __all__ = ["StringColumn", "StringBuilder", "IntColumn", "IntBuilder", "SPILL_BY
 #: entries decoded or gathered per step: bounds the Python objects alive at once
 CHUNK = 1 << 14
 #: a column being built moves to a temporary file past this many bytes
-SPILL_BYTES = 8 << 20
+SPILL_BYTES = 1 << 20
 
 
 def _encode(text: str) -> bytes:
