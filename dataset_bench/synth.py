@@ -35,11 +35,12 @@ _PHOTOS: dict[Path, list[Image.Image]] = {}  # per source folder, loaded once pe
 
 @dataclass(frozen=True)
 class SynthOptions:
-    size: tuple[int, int] = (480, 400)  # width, height before the +-40 px jitter
+    size: tuple[int, int] = (480, 400)  # width, height before the +-jitter px jitter
     quality: int = 90
     noise: float = 16.0  # std of the Gaussian noise in grey levels (16: ~95 KB per image)
     gray_fraction: float = 0.0  # share of grayscale JPEGs (ImageNet has a few percent)
     seed: int = 0
+    jitter: int = 40  # each side varies by up to this many pixels (0: every image is exactly ``size``)
 
 
 def _photos(source: Path) -> list[Image.Image]:
@@ -60,13 +61,28 @@ def _photos(source: Path) -> list[Image.Image]:
     return _PHOTOS[source]
 
 
+_SMALL: dict[int, Image.Image] = {}
+
+
+def _small(photo: Image.Image) -> Image.Image:
+    """``photo`` with its longer side at 96 px (made once per process)."""
+    key = id(photo)
+    if key not in _SMALL:
+        small = photo.copy()
+        small.thumbnail((96, 96))
+        _SMALL[key] = small
+    return _SMALL[key]
+
+
 def _make_one(job: tuple[Path, int, SynthOptions, Path]) -> int:
     path, index, opts, source = job
     rng = np.random.default_rng([opts.seed, index])
     photos = _photos(source)
     photo = photos[int(rng.integers(len(photos)))]
-    w = opts.size[0] + int(rng.integers(-40, 41))
-    h = opts.size[1] + int(rng.integers(-40, 41))
+    if max(opts.size) + opts.jitter <= 64:  # thumbnails: cut from a small copy (cropping 1600 px photos dominates)
+        photo = _small(photo)
+    w = opts.size[0] + int(rng.integers(-opts.jitter, opts.jitter + 1))
+    h = opts.size[1] + int(rng.integers(-opts.jitter, opts.jitter + 1))
     area = photo.width * photo.height * rng.uniform(0.35, 1.0)  # crop 35-100% of the photo
     aspect = (w / h) * float(np.exp(rng.uniform(-0.15, 0.15)))
     cw = int(min(photo.width, round(np.sqrt(area * aspect))))

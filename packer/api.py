@@ -30,7 +30,7 @@ from packer.output import OutputLock, prepare_output
 from packer.pipeline import PackProgress, SplitResult
 from packer.remote_output import StagedOutput
 from packer.rowsource import scan_rows
-from packer.source import Source, URLRoot, find_split_dirs, scan, scan_listing
+from packer.source import Source, URLRoot, find_split_dirs, listings, scan, scan_listing
 from readers.location import UnsupportedLocationError, parse_location
 
 __all__ = ["pack", "WRITERS", "plan", "PackOutput", "FolderOutput"]
@@ -75,21 +75,8 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *
         return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
     if not src.exists():
         raise SourceError(f"{src}: no such folder")
-    # a manifest or COCO json (typed fields), WebDataset shards or a Hugging Face dataset (None: an image folder)
-    imported = scan_rows(src, options) or scan_import(src)
-    if imported is not None:
-        jobs = [(split, source, out if len(imported) == 1 else out / split) for split, source in imported]
-    elif not src.is_dir():
-        raise SourceError(f"{src}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
-    elif splits := find_split_dirs(src, options.splits):
-        names = [_split_name(d) for d in splits]
-        clash = sorted({n for n in names if names.count(n) > 1})
-        if clash:
-            raise SourceError(f"{src}: split folders {', '.join(d.name for d in splits if _split_name(d) in clash)} "
-                              f"would all be written to {out / clash[0]}; rename them")
-        jobs = [(_split_name(d), scan(d, follow_symlinks=options.follow_symlinks), out / _split_name(d)) for d in splits]
-    else:
-        jobs = [(_split_name(src), scan(src, follow_symlinks=options.follow_symlinks), out)]
+    with listings():  # each folder listed once: recognizing the source, its splits, the scan
+        jobs = _local_jobs(src, out, options)
     if out.resolve().is_relative_to(src.resolve()):
         raise OutputError(f"{out} lies inside the source folder {src}; choose an output outside it")
     if src.resolve().is_relative_to(out.resolve()):
@@ -97,6 +84,25 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *
     single = jobs[0][0] if len(jobs) == 1 and jobs[0][2] == out else None
     prepare_output(out, options, [dest for _, _, dest in jobs], lock, split_hint=single, role=role)
     return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
+
+
+def _local_jobs(src: Path, out: Path, options: PackOptions) -> list[tuple[str, Source, Path]]:
+    """(split name, source, output folder) of each split of the local source ``src``."""
+    # a manifest or COCO json (typed fields), WebDataset shards or a Hugging Face dataset (None: an image folder)
+    imported = scan_rows(src, options) or scan_import(src)
+    if imported is not None:
+        return [(split, source, out if len(imported) == 1 else out / split) for split, source in imported]
+    if not src.is_dir():
+        raise SourceError(f"{src}: not a folder (expected an ImageFolder tree root/<class>/<image>)")
+    splits = find_split_dirs(src, options.splits)
+    if not splits:
+        return [(_split_name(src), scan(src, follow_symlinks=options.follow_symlinks), out)]
+    names = [_split_name(d) for d in splits]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise SourceError(f"{src}: split folders {', '.join(d.name for d in splits if _split_name(d) in clash)} "
+                          f"would all be written to {out / clash[0]}; rename them")
+    return [(_split_name(d), scan(d, follow_symlinks=options.follow_symlinks), out / _split_name(d)) for d in splits]
 
 
 def _remote_source(url: str, out: Path, storage_options: dict[str, Any] | None,

@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from packer.columns import IntColumn
 from packer.errors import OutputError, PackError, SourceError
 from packer.images import ImageOptions, Prepared, RejectedImage, prepare_image
 from packer.importers.stage import ordered_outcomes
@@ -85,7 +86,7 @@ def dataset_source(index: spec.Index) -> Source:
         pass
     schema = Schema.from_index(meta, str(index.location))
     return Source(root=index.root, classes=index.classes, paths=_Names(index),  # type: ignore[arg-type]
-                  labels=_Ints(index.labels), sizes=_Ints(arrays["sizes"]),  # type: ignore[arg-type]
+                  labels=IntColumn(index.labels), sizes=IntColumn(arrays["sizes"]),  # type: ignore[arg-type]
                   kind="dataset", details=details, _fingerprint=h.hexdigest(),
                   order=meta.get("order") or {"kind": "source"},  # the samples keep the dataset's order
                   schema=None if schema.is_default else schema)
@@ -168,25 +169,6 @@ class _Names(Sequence[str]):
 
     def __getstate__(self) -> dict:
         return {"_index": self._index, "_n": self._n, "_readers": {}}  # open readers stay in this process
-
-
-class _Ints(Sequence[int]):
-    """An index array as a sequence of Python ints (what ``Source`` holds), without copying it into a list."""
-
-    def __init__(self, array: np.ndarray) -> None:
-        self._array = array
-
-    def __len__(self) -> int:
-        return len(self._array)
-
-    def __getitem__(self, key):  # type: ignore[override]
-        if isinstance(key, slice):
-            return self._array[key].tolist()
-        return int(self._array[key])
-
-    def __iter__(self) -> Iterator[int]:
-        for a in range(0, len(self._array), 4096):
-            yield from self._array[a:a + 4096].tolist()
 
 
 # ---------------------------------------------------------------------------- reading the source

@@ -2,7 +2,8 @@
 
 :func:`describe` returns a JSON-able description (``--json`` prints it);
 :func:`render` turns it into the text that ``pack-dataset info`` prints. A
-complete dataset is described from its ``index.json``; an interrupted one
+complete dataset is described from its ``index.json`` alone (no index array is read: O(1)
+in the number of samples, :func:`readers.spec.read_meta`); an interrupted one
 from its journal (``pack-state.json``), with the command that resumes it.
 A folder of split datasets is described split by split.
 """
@@ -20,7 +21,6 @@ from typing import Any, TextIO
 
 from packer.output import lock_holder
 from readers import spec
-from readers.resolve import resolve_index
 
 __all__ = ["describe", "render", "write_json", "ClassList", "resume_command", "add_arguments", "run", "main"]
 
@@ -137,14 +137,13 @@ def _origin(source: dict[str, Any], stats: dict[str, Any]) -> tuple[list[dict[st
     return chain, source, stats
 
 
-def _complete(root: Path | str, index: spec.Index, usage: tuple[int, int] | None = None) -> dict[str, Any]:
-    meta = index.meta
+def _complete(root: Path | str, meta: dict[str, Any], usage: tuple[int, int] | None = None) -> dict[str, Any]:
     chain, source, stats = _origin(meta.get("source", {}), meta.get("stats", {}))
     size, files = usage if usage is not None else _disk_usage(Path(root))
     return {
         "path": str(root), "state": "complete", "format": meta["format"], "split": meta.get("split"),
         "spec_version": meta.get("spec_version"), "checksum": meta.get("checksum"),
-        "samples": index.num_samples,
+        "samples": int(meta["num_samples"]),
         "classes": ClassList(meta["classes"], meta.get("class_counts")),  # made as asked for (50M classes)
         "fields": meta.get("fields") or [{"name": "image", "type": "image"}, {"name": "label", "type": "int32"}],
         "field_stats": meta.get("field_stats") or {},
@@ -214,8 +213,8 @@ def describe_remote(url: str, storage_options: dict[str, Any] | None = None) -> 
 
     store = open_store(url, storage_options)
     if store.exists(spec.INDEX_NAME):
-        index = resolve_index(store)
-        return _complete(url, index, _recorded_usage(index.meta))
+        meta = spec.read_meta(store)  # index.json only: info never reads the index arrays
+        return _complete(url, meta, _recorded_usage(meta))
     roots = remote_roots(url, storage_options)
     if roots != [url]:
         return {"path": url, "state": "complete", "splits": [describe_remote(u, storage_options) for u in roots]}
@@ -235,7 +234,7 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
     if not root.exists():
         raise FileNotFoundError(f"{root}: no such dataset folder")
     if (root / spec.INDEX_NAME).is_file():
-        return _complete(root, resolve_index(root))
+        return _complete(root, spec.read_meta(root))
     if (root / spec.STATE_NAME).is_file():
         return _incomplete(root)
     splits = sorted(p for p in root.iterdir() if p.is_dir()

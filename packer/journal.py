@@ -51,6 +51,9 @@ __all__ = ["Journal", "SideFiles", "RECORDS_NAME", "option_differences"]
 log = logging.getLogger(__name__)
 
 RECORDS_NAME = "records.bin"
+#: records kept in memory before they are written (unsynced) to records.bin: a checkpoint every
+#: 256 MB of tiny images is ~200k samples, which must not wait in memory as Python tuples
+RECORD_BATCH = 4096
 
 
 def option_differences(then: dict[str, Any], now: dict[str, Any]) -> str:
@@ -206,12 +209,16 @@ class SideFiles:
             raise
         self._files = tuple(files)
         self.records, self.names, self.rejects, self.repairs = self._files
-        self._pending: list[tuple] = []
+        self._pending = np.zeros(RECORD_BATCH, dtype=spec.RECORD_DTYPE)
+        self._filled = 0
         self._synced = False  # the first sync makes every file durable (resume may have truncated them)
 
     def add_sample(self, record: tuple, rel: str) -> None:
         """One written sample: its index record (fields of RECORD_DTYPE, in order) and source path."""
-        self._pending.append(record)
+        self._pending[self._filled] = record
+        self._filled += 1
+        if self._filled == RECORD_BATCH:
+            self._drain()
         self.names.write((json.dumps(rel) + "\n").encode())  # ASCII escapes: any file name round-trips
 
     def add_reject(self, rel: str, reason: str) -> None:
@@ -222,9 +229,7 @@ class SideFiles:
 
     def sync(self, journal: Journal) -> None:
         """Make everything added so far durable and record the files' lengths in ``journal``."""
-        if self._pending:
-            self.records.write(np.array(self._pending, dtype=spec.RECORD_DTYPE).tobytes())
-            self._pending.clear()
+        self._drain()
         lengths = (journal.records_len, journal.names_len, journal.rejects_len, journal.repairs_len)
         for f, synced in zip(self._files, lengths):
             f.flush()
@@ -233,6 +238,12 @@ class SideFiles:
         self._synced = True
         journal.records_len, journal.names_len, journal.rejects_len, journal.repairs_len = (
             f.tell() for f in self._files)
+
+    def _drain(self) -> None:
+        """Write the records kept so far (durable at the next sync; a resume cuts back what is not)."""
+        if self._filled:
+            self.records.write(self._pending[:self._filled].tobytes())
+            self._filled = 0
 
     def close(self) -> None:
         for f in self._files:
@@ -250,4 +261,9 @@ class SideFiles:
 
     @staticmethod
     def read_records(out: Path) -> np.ndarray:
-        return np.fromfile(out / RECORDS_NAME, dtype=spec.RECORD_DTYPE)
+        """The records, mapped read-only (file-backed, not read into memory; 36 bytes a sample)."""
+        path = out / RECORDS_NAME
+        count = path.stat().st_size // spec.RECORD_DTYPE.itemsize
+        if not count:
+            return np.zeros(0, dtype=spec.RECORD_DTYPE)
+        return np.memmap(path, dtype=spec.RECORD_DTYPE, mode="r", shape=(count,))

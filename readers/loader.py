@@ -250,6 +250,7 @@ class PackedLoader(DataLoader):
             spec = getattr(sampler, "spec", None)
             extra = {"seed": getattr(sampler, "seed", self._seed), "shuffle": getattr(sampler, "shuffle", False),
                      "sampler_drop_last": bool(getattr(sampler, "drop_last", False)),
+                     "map_order": getattr(sampler, "map_order", None),  # a state without it: numpy's shuffle
                      "epoch_spec": None if spec is None else spec.as_dict()}
         return {"kind": "shards" if iterable else "map", "num_samples": num_samples,
                 "batch_size": self.batch_size, "drop_last": self.drop_last, "world_size": world,

@@ -9,6 +9,10 @@ delivered without reading it) and the shuffle-quality simulation
 Map-style readers (lmdb, hdf5, mmap): one permutation of all N samples per
 ``(seed, epoch)``, cut into ranks like ``DistributedSampler`` (rank r takes
 positions r, r+R, r+2R, ... of the padded permutation). See :func:`rank_indices`.
+The permutation is a keyed bijection (:func:`shuffle_at`) evaluated at the
+rank's positions only: an epoch start or an exact resume costs O(N / R) time
+and memory per rank, never an N-sized array (100M samples, 8 ranks: 12.5M
+values, not a permutation of 100M in every rank).
 
 ``ShardDataset`` (wds), for rank r of R and loader worker w of W:
 
@@ -50,17 +54,114 @@ from readers.env import WorkerEnv
 __all__ = ["ShardLayout", "ShardSettings", "shard_stream", "interleave", "buffer_shuffle",
            "worker_order", "round_robin", "batch_counts", "consumed_batches", "permutation", "rank_indices",
            "worker_lengths", "shards_delivered", "resume_order", "is_exact", "settings_of", "shares",
-           "source_stream", "epoch_draw"]
+           "source_stream", "epoch_draw", "shuffle_at", "rank_positions", "rank_order", "MAP_ORDER", "MAP_ORDERS"]
 
 
 # --------------------------------------------------------------------------- map-style
 
 
-def permutation(n: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """The epoch's order of all ``n`` samples (``arange(n)`` without shuffling)."""
+#: How a map-style epoch is shuffled, as a resume point records it (``map_order``): ``"feistel"``
+#: (:func:`shuffle_at`, evaluated for any positions without the others); ``"rng"``: numpy's
+#: ``default_rng([seed, epoch]).permutation(n)`` of all n samples, what releases before
+#: ``map_order`` existed shuffled with (a resume point without the key is one of those).
+MAP_ORDERS = ("feistel", "rng")
+MAP_ORDER = "feistel"
+_ROUNDS = 8  # Feistel rounds (fewer left pairs of nearby positions correlated at 1,000 samples)
+_SMALL = 1 << 16  # below this many samples the whole permutation is numpy's (cheap, and exact for tiny n)
+_BLOCK = 1 << 16  # positions per vectorized step (temporaries of 512 KB: they stay in cache)
+_MUL = np.uint64(0x9E3779B97F4A7C15)  # odd; the high bits of x * _MUL mix every bit of x
+
+
+def _round_keys(seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([int(seed), int(epoch), 0xFE15]).integers(0, 2**63, _ROUNDS, dtype=np.uint64)
+
+
+def _feistel(x: np.ndarray, bits: int, keys: np.ndarray) -> np.ndarray:
+    """One pass of the keyed Feistel network over ``bits``-bit values (a bijection of them).
+
+    ``x`` is cut into a high part of ``bits - bits // 2`` bits and a low part of ``bits // 2``;
+    each round maps ``(L, R)`` to ``(R, L xor F(R))``, the new right part as wide as the old left
+    one (an unbalanced network when ``bits`` is odd); ``F(R)`` is the top bits of
+    ``(R xor key) x _MUL`` (multiply-shift hashing)."""
+    wl, wr = bits - bits // 2, bits // 2
+    left, right = x >> np.uint64(wr), x & np.uint64((1 << wr) - 1)
+    for k in keys:
+        z = right ^ k
+        z *= _MUL
+        z >>= np.uint64(64 - wl)
+        z ^= left
+        left, right, wl, wr = right, z, wr, wl
+    return (left << np.uint64(wr)) | right
+
+
+def shuffle_at(positions: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
+    """``perm[positions]`` of the epoch's permutation of ``n`` samples, computed for these positions
+    alone: O(len(positions)) time and memory, never the other ``n`` entries.
+
+    The permutation is a keyed Feistel network on the ``2^b`` values of ``b = bits(n - 1)`` bits
+    (``2^b < 2n``), keys drawn from ``(seed, epoch)``, restricted to ``[0, n)`` by cycle walking
+    (a value at or past ``n`` is encrypted again until it lands inside: a bijection of ``[0, n)``;
+    fewer than 2 passes are expected). Below ``_SMALL`` samples it is numpy's permutation of all
+    of them (cheap there; a Feistel network on a few bits is a poor shuffle). Its shuffle quality
+    is numpy's permutation's (``readers.quality``, ``benchmarks/bench_shuffle.py``).
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    if n <= 1 or len(positions) == 0:
+        return positions.copy()
+    if n < _SMALL:
+        return np.random.default_rng([int(seed), int(epoch), 0xFE15]).permutation(n)[positions]
+    bits = (n - 1).bit_length()
+    keys = _round_keys(seed, epoch)
+    out = np.empty(len(positions), dtype=np.int64)
+    limit = np.uint64(n)
+    for lo in range(0, len(positions), _BLOCK):
+        y = _feistel(positions[lo:lo + _BLOCK].astype(np.uint64), bits, keys)
+        outside = np.flatnonzero(y >= limit)
+        while len(outside):
+            y[outside] = _feistel(y[outside], bits, keys)
+            outside = outside[y[outside] >= limit]
+        out[lo:lo + _BLOCK] = y.astype(np.int64)
+    return out
+
+
+def permutation(n: int, seed: int, epoch: int, shuffle: bool = True, kind: str = MAP_ORDER) -> np.ndarray:
+    """The epoch's order of all ``n`` samples (``arange(n)`` without shuffling); ``kind`` one of
+    :data:`MAP_ORDERS` (``"rng"`` for a resume point saved by a release before ``map_order``)."""
     if not shuffle:
         return np.arange(n, dtype=np.int64)
-    return np.random.default_rng([int(seed), int(epoch)]).permutation(n)
+    if kind == "rng":
+        return np.random.default_rng([int(seed), int(epoch)]).permutation(n)
+    if kind != MAP_ORDER:
+        raise ValueError(f"unknown map-style order {kind!r} (known: {', '.join(MAP_ORDERS)})")
+    return shuffle_at(np.arange(n, dtype=np.int64), n, seed, epoch)
+
+
+def rank_positions(n: int, world: int, rank: int, drop_last: bool = False, start: int = 0,
+                   stop: int | None = None) -> np.ndarray:
+    """Positions of the epoch's list that rank ``rank`` of ``world`` takes, its ``start``-th to
+    ``stop``-th (default: to its end): ``rank, rank + world, ...`` of the list cut (``drop_last``)
+    or padded to a multiple of ``world``, padding repeating the list's start (``DistributedSampler``'s
+    split); a position at or past ``n`` is given as the one it repeats."""
+    size = n - n % world if drop_last else (n + -n % world if n else 0)
+    end = size if stop is None else min(size, rank + stop * world)
+    pos = np.arange(rank + start * world, end, world, dtype=np.int64)
+    if n and len(pos) and pos[-1] >= n:
+        pos[pos >= n] = (pos[pos >= n] - n) % n
+    return pos
+
+
+def rank_order(n: int, seed: int, epoch: int, shuffle: bool, world: int, rank: int, drop_last: bool = False,
+               start: int = 0) -> np.ndarray:
+    """:func:`rank_indices` without a resume, from the rank's ``start``-th sample on, computed for
+    that share alone (O(n / world), positions made a block at a time): what an epoch start and an
+    exact resume cost."""
+    size = n - n % world if drop_last else (n + -n % world if n else 0)
+    count = max(0, len(range(rank + start * world, size, world)))
+    out = np.empty(count, dtype=np.int64)
+    for lo in range(0, count, _BLOCK):
+        pos = rank_positions(n, world, rank, drop_last, start + lo, start + lo + _BLOCK)
+        out[lo:lo + len(pos)] = shuffle_at(pos, n, seed, epoch) if shuffle else pos
+    return out
 
 
 def _split_ranks(order: np.ndarray, pad_from: np.ndarray, world: int, rank: int, drop_last: bool) -> np.ndarray:
@@ -88,6 +189,8 @@ def rank_indices(n: int, seed: int, epoch: int, shuffle: bool, world: int, rank:
     the uninterrupted rank's list from position ``G / world`` on. ``perm``: the epoch's
     permutation, when the caller has computed it already.
     """
+    if consumed is None and perm is None:
+        return rank_order(n, seed, epoch, shuffle, world, rank, drop_last)
     if perm is None:
         perm = permutation(n, seed, epoch, shuffle)
     rest = perm if consumed is None else perm[~consumed[perm]]

@@ -3,7 +3,9 @@
 One permutation of all samples per ``(seed, epoch)``, split over DDP ranks
 the way ``DistributedSampler`` splits (rank r takes positions r, r+R, ... of
 the permutation, padded by repeating its start, or cut with ``drop_last``):
-see :func:`readers.order.rank_indices`.
+see :func:`readers.order.rank_indices`. Each rank computes only its own share
+of the permutation (:func:`readers.order.shuffle_at`, a keyed bijection), so
+an epoch start and an exact resume cost O(N / ranks) per rank.
 
 It *is* a ``DistributedSampler`` (frameworks such as Lightning check that and
 then leave the loader alone), but the rank and world size are read when it is
@@ -19,6 +21,9 @@ out and the rest is split over the current ranks. With unchanged settings
 that is exactly the uninterrupted rank's list from where it stopped (the
 delivered samples are a prefix of the permutation); with another world size
 or batch size every remaining sample still comes once (plus padding).
+A point saved by a release before ``map_order`` was recorded (numpy's
+permutation of all N, ``"rng"``) resumes that way too: its delivered samples
+are those of numpy's permutation, the rest comes in this release's order.
 
 Epochs of a set length and mixtures (``spec``, an :class:`EpochSpec`): the
 epoch is the list of :func:`readers.order.epoch_draw` (``samples_per_epoch``
@@ -38,9 +43,11 @@ import numpy as np
 from torch.utils.data import DistributedSampler
 
 from readers.env import current_worker_env
-from readers.order import epoch_draw, permutation, rank_indices, shares
+from readers.order import MAP_ORDER, epoch_draw, permutation, rank_indices, rank_order, shares
 
 __all__ = ["EpochSampler", "EpochSpec", "map_delivered", "exact_resume"]
+
+_ITER_BLOCK = 1 << 16  # indices turned into Python ints at a time while iterating
 
 
 @dataclass(frozen=True)
@@ -89,8 +96,8 @@ def map_delivered(n: int, epoch: int, point: dict[str, Any], perm: np.ndarray | 
     the ranks took its first ``R x taken`` positions: one permutation (``perm``, when the caller
     has it already) and a prefix, never a list per rank.
     """
-    if perm is None:
-        perm = permutation(n, point["seed"], epoch, bool(point["shuffle"]))
+    if perm is None:  # a point saved before ``map_order`` was recorded shuffled with numpy's permutation
+        perm = permutation(n, point["seed"], epoch, bool(point["shuffle"]), point.get("map_order", "rng"))
     prior = map_delivered(n, epoch, point["after"], perm) if point.get("after") else None
     world, take = point["world_size"], point["delivered"] * point["batch_size"]
     rest = perm if prior is None else perm[~prior[perm]]
@@ -104,12 +111,20 @@ def map_delivered(n: int, epoch: int, point: dict[str, Any], perm: np.ndarray | 
     return mask
 
 
-def exact_resume(point: dict[str, Any], world: int, seed: int, shuffle: bool, drop_last: bool) -> bool:
+def exact_resume(point: dict[str, Any], world: int, seed: int, shuffle: bool, drop_last: bool,
+                 spec: bool = False) -> bool:
     """True when a rank of ``world`` with these settings continues ``point`` by skipping its own
-    first ``delivered x batch_size`` samples (same ranks and order, no earlier resume)."""
+    first ``delivered x batch_size`` samples (same ranks and order, no earlier resume). ``spec``:
+    the epoch is an :class:`EpochSpec`'s draw (its order does not depend on ``map_order``)."""
     return (not point.get("after") and point["world_size"] == world and point["seed"] == seed
             and bool(point["shuffle"]) == shuffle
-            and bool(point.get("sampler_drop_last", point["drop_last"])) == drop_last)
+            and bool(point.get("sampler_drop_last", point["drop_last"])) == drop_last
+            and (spec or not shuffle or _same_order(point)))
+
+
+def _same_order(point: dict[str, Any]) -> bool:
+    """The point was saved with this release's map-style shuffle (one without ``map_order``: numpy's)."""
+    return point.get("map_order", "rng") == MAP_ORDER
 
 
 class EpochSampler(DistributedSampler):
@@ -119,6 +134,9 @@ class EpochSampler(DistributedSampler):
     or ``WORLD_SIZE > 1`` at iteration time; False never splits; True splits by
     the rank in force. ``drop_last`` as ``DistributedSampler``'s.
     """
+
+    #: The shuffle this sampler uses (:data:`readers.order.MAP_ORDERS`); a loader's state records it.
+    map_order = MAP_ORDER
 
     def __init__(self, n: int, shuffle: bool = True, seed: int = 0, *, distributed: bool | None = None,
                  drop_last: bool = False, spec: EpochSpec | None = None) -> None:
@@ -192,19 +210,21 @@ class EpochSampler(DistributedSampler):
         else: ``range(n)``, shuffled), after ``point``."""
         rank, world = self._ranks()
         n, shuffle = (self.n, self.shuffle) if self.spec is None else (self.spec.length, False)
-        if point and exact_resume(point, world, self.seed, self.shuffle, self.drop_last):
-            # the ranks had taken a prefix of the same list each: skip it (one permutation, as any epoch)
-            mine = rank_indices(n, self.seed, self.epoch, shuffle, world, rank, self.drop_last)
-            return mine[point["delivered"] * point["batch_size"]:]
+        if not point or exact_resume(point, world, self.seed, self.shuffle, self.drop_last, self.spec is not None):
+            # an epoch start, or the ranks had taken a prefix of the same list each: skip it. Only this
+            # rank's share of the permutation is computed (O(n / world)), from where it resumes.
+            start = point["delivered"] * point["batch_size"] if point else 0
+            return rank_order(n, self.seed, self.epoch, shuffle, world, rank, self.drop_last, start)
         perm = permutation(n, self.seed, self.epoch, shuffle)
-        consumed = None
-        if point:
-            same = (point["seed"] == self.seed and bool(point["shuffle"]) == self.shuffle) or self.spec is not None
-            consumed = map_delivered(n, self.epoch, point, perm if same else None)
+        same = (point["seed"] == self.seed and bool(point["shuffle"]) == self.shuffle
+                and (not self.shuffle or _same_order(point))) or self.spec is not None
+        consumed = map_delivered(n, self.epoch, point, perm if same else None)
         return rank_indices(n, self.seed, self.epoch, shuffle, world, rank, self.drop_last, consumed, perm)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.indices().tolist())
+        indices = self.indices()
+        for lo in range(0, len(indices), _ITER_BLOCK):  # Python ints a block at a time, not 36 B per sample
+            yield from indices[lo:lo + _ITER_BLOCK].tolist()
 
     def __len__(self) -> int:
         return self.num_samples

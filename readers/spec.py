@@ -97,6 +97,7 @@ __all__ = [
     "Index",
     "checksum",
     "read_index",
+    "read_meta",
     "write_index",
     "find_splits",
     "wds_key",
@@ -475,6 +476,19 @@ def find_splits(root: str | os.PathLike) -> list[str]:
     return sorted(p.name for p in root.iterdir() if (p / INDEX_NAME).is_file())
 
 
+def read_meta(root: str | os.PathLike | Any) -> dict[str, Any]:
+    """``index.json`` of the dataset at ``root`` (a local folder or a :class:`readers.remote.Store`),
+    parsed and checked as :func:`read_index` checks it, without reading any index array: what
+    ``pack-dataset info`` needs (O(1) in the number of samples). Same errors as :func:`read_index`."""
+    if not isinstance(root, (str, os.PathLike)) and is_remote(root):
+        try:
+            raw = root.read(INDEX_NAME)
+        except FileNotFoundError:
+            raise _missing_remote_index(root) from None
+        return _parse_meta(raw, root.url_of(INDEX_NAME))
+    return _local_meta(root)[1]
+
+
 def read_index(root: str | os.PathLike | Any) -> Index:
     """Read and check ``root/index.json`` and its arrays; clear errors otherwise.
 
@@ -490,6 +504,17 @@ def read_index(root: str | os.PathLike | Any) -> Index:
     """
     if not isinstance(root, (str, os.PathLike)) and is_remote(root):
         return _read_index_store(root)
+    root, meta = _local_meta(root)
+    n, recorded = meta["num_samples"], _recorded(meta, root / INDEX_NAME)
+    optional = () if has_label(meta) or not (root / array_file("labels")).exists() else ("labels",)
+    loaded = {name: _load_array(root, name, n, recorded and recorded.get(name))
+              for name in required_arrays(meta) + optional}
+    return Index(root=root, meta=meta, arrays={k: v[0] for k, v in loaded.items()},
+                 sources={k: v[1] for k, v in loaded.items()})
+
+
+def _local_meta(root: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    """(folder, parsed index.json) of a local dataset; the errors :func:`read_index` documents."""
     root = parse_location(root)  # file:// -> its path; gs:// and other schemes: UnsupportedLocationError
     if isinstance(root, str):
         raise ValueError(f"{root} is a URL: open it with readers.open_dataset(url, storage_options=...) "
@@ -521,13 +546,7 @@ def read_index(root: str | os.PathLike | Any) -> Index:
                 f"see {root / REJECTS_NAME})")
         raise DatasetFormatError(f"{root}: not a packed dataset (no {INDEX_NAME})")
     buf = read_regular(member_path(root, INDEX_NAME, "index"), "index", limit=MAX_INDEX_JSON_BYTES)
-    meta = _parse_meta(buf, path)
-    n, recorded = meta["num_samples"], _recorded(meta, path)
-    optional = () if has_label(meta) or not (root / array_file("labels")).exists() else ("labels",)
-    loaded = {name: _load_array(root, name, n, recorded and recorded.get(name))
-              for name in required_arrays(meta) + optional}
-    return Index(root=root, meta=meta, arrays={k: v[0] for k, v in loaded.items()},
-                 sources={k: v[1] for k, v in loaded.items()})
+    return root, _parse_meta(buf, path)
 
 
 def _recorded(meta: dict[str, Any], path: Path | str) -> dict[str, Any] | None:

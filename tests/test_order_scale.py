@@ -1,6 +1,7 @@
 """The epoch order at scale: each loader worker builds only its own share (memory O(N / workers),
-vectorized), identical to the step-by-step definition; a map-style resume costs one permutation
-(an exact one: skipping a prefix), not one per rank.
+vectorized), identical to the step-by-step definition; a map-style rank computes only its share of
+the epoch's permutation (an epoch start and an exact resume: O(N / ranks)), and a resume at another
+world size one permutation, not one per rank.
 
 The reference functions below are the step-by-step definitions the readers used before they were
 vectorized (one Python step per sample over the whole epoch's stream): the order must stay what it
@@ -192,13 +193,14 @@ def test_an_exact_resume_builds_one_worker_share():
 
 @pytest.fixture
 def permutations(monkeypatch):
-    """Counts the epoch permutations computed (readers.order.permutation, wherever it is called from)."""
+    """Counts the permutations of all n samples computed (readers.order.permutation, wherever it is
+    called from): a rank's share is computed by shuffle_at without one."""
     calls = []
     real = readers.order.permutation
 
-    def counting(n, seed, epoch, shuffle=True):
+    def counting(n, seed, epoch, shuffle=True, kind=readers.order.MAP_ORDER):
         calls.append(n)
-        return real(n, seed, epoch, shuffle)
+        return real(n, seed, epoch, shuffle, kind)
 
     monkeypatch.setattr(readers.order, "permutation", counting)
     monkeypatch.setattr(readers.sampler, "permutation", counting)
@@ -217,17 +219,35 @@ def _rank_list(n, world, rank, point=None):
         readers.env.worker_env_hook = hook
 
 
+def _point(world, bs, delivered, **kw):
+    return dict(seed=0, shuffle=True, drop_last=False, sampler_drop_last=False, world_size=world, batch_size=bs,
+                delivered=delivered, map_order=readers.order.MAP_ORDER, **kw)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 16, 17, 1000, 65_535, 65_536, 65_537, 300_001])
+def test_shuffle_at_is_a_permutation_and_the_ranks_split_it_as_distributed_sampler(n):
+    """shuffle_at is a bijection of range(n) for every n, and each rank's share (computed alone)
+    is positions rank, rank+R, ... of it, padded or cut as DistributedSampler pads or cuts."""
+    perm = readers.order.permutation(n, 3, 1)
+    assert np.array_equal(np.sort(perm), np.arange(n))
+    assert not np.array_equal(perm, readers.order.permutation(n, 3, 2)) or n < 3, "the epoch does not reshuffle"
+    for world in (1, 3, 8):
+        for drop_last in (False, True):
+            padded = np.concatenate([perm, np.resize(perm, -n % world)]) if not drop_last else perm[:n - n % world]
+            for rank in range(world):
+                got = readers.order.rank_order(n, 3, 1, True, world, rank, drop_last)
+                assert got.tolist() == padded[rank::world].tolist()
+
+
 @pytest.mark.parametrize("n", [10_000, 100_000])
-def test_map_resume_computes_one_permutation_whatever_the_ranks(permutations, n):
+def test_map_resume_computes_no_permutation_of_all_samples(permutations, n):
     world, bs = 8, 32
     whole = [_rank_list(n, world, r) for r in range(world)]
-    point = dict(seed=0, shuffle=True, drop_last=False, sampler_drop_last=False, world_size=world, batch_size=bs,
-                 delivered=10)
-    permutations.clear()
+    assert permutations == [], "an epoch start computed a permutation of all n samples in a rank"
+    point = _point(world, bs, 10)
     exact = _rank_list(n, world, 5, point)
-    assert permutations == [n], "an exact resume costs more than the epoch's one permutation"
+    assert permutations == [], "an exact resume computed a permutation of all n samples"
     assert exact.tolist() == whole[5][10 * bs:].tolist()
-    permutations.clear()
     rest = [_rank_list(n, 3, r, point) for r in range(3)]
     assert permutations == [n] * 3, "a resume at another world size computed a permutation per old rank"
     delivered = np.concatenate([w[:10 * bs] for w in whole])
@@ -235,36 +255,40 @@ def test_map_resume_computes_one_permutation_whatever_the_ranks(permutations, n)
     assert set(seen.tolist()) == set(range(n)) and len(seen) - n < 3
 
 
-def test_map_exact_resume_memory_is_an_epoch_start(permutations):
-    n, world = 400_000, 8
-    point = dict(seed=0, shuffle=True, drop_last=False, sampler_drop_last=False, world_size=world, batch_size=64,
-                 delivered=100)
+def test_map_epoch_start_and_exact_resume_memory_is_the_ranks_share():
+    """An 8-rank epoch start or exact resume holds O(n / 8) (it held a permutation of all n: 8n bytes)."""
+    n, world = 4_000_000, 8
     start = _peak_bytes(_rank_list, n, world, 5)
-    resume = _peak_bytes(_rank_list, n, world, 5, point)
-    assert resume <= 1.1 * start, f"exact resume {resume} B, an epoch start {start} B"
+    resume = _peak_bytes(_rank_list, n, world, 5, _point(world, 64, 100))
+    share = 8 * n // world  # the rank's list, int64
+    for what, peak in (("epoch start", start), ("exact resume", resume)):
+        assert peak < 2 * share + (6 << 20), f"{what}: {peak} B for a share of {share} B"
+        assert peak < 8 * n / 2, f"{what}: {peak} B, as much as a permutation of all samples"
 
 
-# a padded old split whose last range lies wholly past the end (it read only repeats)
-@example(sizes=[9], old=(4, 1), new=(1, 1), pads=(True, False), bs=1, drop_last=False, when=0.5, seed=0,
-         buffers=(1, 1))
-@settings(max_examples=300, deadline=None)
-@given(sizes=st.lists(st.integers(0, 25), min_size=1, max_size=12), old=st.tuples(st.integers(1, 4), st.integers(1, 3)),
-       new=st.tuples(st.integers(1, 4), st.integers(1, 3)), pads=st.tuples(st.booleans(), st.booleans()),
-       bs=st.integers(1, 6), drop_last=st.booleans(), when=st.floats(0, 1), seed=st.integers(0, 100),
-       buffers=st.tuples(st.integers(1, 9), st.integers(1, 9)))
-def test_a_resume_at_other_settings_equals_removing_the_delivered_mask(sizes, old, new, pads, bs, drop_last, when,
-                                                                       seed, buffers):
-    """The per-share resume (a few old workers' orders) gives what removing the mask of every
-    delivered sample from the whole stream gives."""
-    layout = ShardLayout.from_sizes(sizes)
-    before = ShardSettings(seed, True, buffers[0], 3, pads[0])
-    after = ShardSettings(seed, True, buffers[1], 2, pads[1])
-    counts = batch_counts(worker_lengths(layout.num_samples, old[0], old[1], before.pad), bs, drop_last)
-    point = dict(before.as_dict(), batch_size=bs, drop_last=drop_last, world_size=old[0], num_workers=old[1],
-                 delivered=int(when * sum(counts)), exact=False)
-    mask = readers.order.shards_delivered(layout, 4, point)
-    for rank in range(new[0]):
-        for w in range(new[1]):
-            env = WorkerEnv(rank, new[0], w, new[1])
-            assert np.array_equal(resume_order(layout, after, 4, env, point),
-                                  worker_order(layout, after, 4, env, consumed=mask)), (rank, w)
+def test_a_state_saved_with_numpys_shuffle_resumes_each_remaining_sample_once():
+    """A resume point from a release before map_order (numpy's permutation of all n): its delivered
+    samples are those of numpy's order; the rest comes once, in this release's order."""
+    n, world, bs, delivered = 5_000, 4, 16, 20
+    old = np.random.default_rng([0, 2]).permutation(n)  # what that release's ranks split in epoch 2
+    taken = np.concatenate([old[r::world][:delivered * bs] for r in range(world)])
+    point = {k: v for k, v in _point(world, bs, delivered).items() if k != "map_order"}
+    rest = [_rank_list(n, world, r, point) for r in range(world)]
+    seen = np.concatenate([taken] + rest)
+    assert sorted(seen.tolist()) == list(range(n))
+
+
+def test_epoch_sampler_iterates_without_a_python_int_per_sample():
+    """Iterating the sampler turns its indices into Python ints a block at a time (a list of the
+    whole share was 36 bytes a sample: 450 MB per rank at 100M samples and 8 ranks)."""
+    n = 1_000_000
+    sampler = EpochSampler(n, seed=0, distributed=False)
+    tracemalloc.start()
+    try:
+        it = iter(sampler)
+        first = [next(it) for _ in range(100_000)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert first == sampler.indices()[:100_000].tolist()
+    assert peak < 16 << 20, f"{peak} B while iterating {n} indices"

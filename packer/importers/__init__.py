@@ -18,7 +18,7 @@ from pathlib import Path
 from packer.errors import SourceError
 from packer.importers.hf import is_hf_source, scan_hf
 from packer.importers.wds import is_wds_source, scan_wds, shard_files
-from packer.source import Source
+from packer.source import Source, list_folder
 
 __all__ = ["scan_import", "source_kind"]
 
@@ -40,7 +40,7 @@ def _wds_splits(src: Path) -> list[Path]:
     if not src.is_dir() or _holds_shards(src):
         return []
     try:
-        subdirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
+        subdirs = [Path(e.path) for e in list_folder(src) if e.is_dir() and not e.name.startswith(".")]
     except OSError:
         return []
     for d in subdirs:

@@ -31,16 +31,16 @@ not fit its field is a one-line reject naming the row and column.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from packer.errors import SourceError
 from packer.images import ImageOptions, RejectedImage, check_file_size
 from packer.importers.stage import Unreadable, bytes_stage, fields_stage
-from packer.source import Source
+from packer.columns import IntBuilder, StringBuilder
+from packer.source import Source, list_folder
 from packer.workers import read_source
 from readers.fields import (NUMERIC_DTYPES, Field, FieldType, FieldTypeError, FieldValueError, ImageType, JsonType,
                             NumericType, Schema, check_field_name, parse_type)
@@ -54,8 +54,12 @@ _HUB_SPLIT = re.compile(r"^(?P<split>[A-Za-z0-9_.]+?)-\d{5}-of-\d{5}\.parquet$")
 def _parquet_files(src: Path) -> list[Path]:
     if src.is_file():
         return [src] if src.suffix.lower() == ".parquet" else []
-    folder = src / "data" if (src / "data").is_dir() and not any(src.glob("*.parquet")) else src
-    return sorted(p for p in folder.glob("*.parquet") if p.is_file() and not p.name.startswith("."))
+    def parquet(folder: Path) -> list[Path]:  # glob("*.parquet") over the one listing of the folder
+        return [Path(e.path) for e in list_folder(folder) if e.name.endswith(".parquet")
+                and not e.name.startswith(".") and e.is_file()]
+
+    here = parquet(src)
+    return parquet(src / "data") if not here and (src / "data").is_dir() else here
 
 
 def is_hf_source(src: Path) -> bool:
@@ -260,7 +264,9 @@ def _scan_table(split: str, table: Any) -> Source:
     cols = table.columns
     if cols.schema is not None:
         return _scan_fields(split, table)
-    paths, labels, sizes, ignored, rows = [], [], [], [], []
+    # compact columns, no Python object per row (see packer.source.StringColumn)
+    paths, labels, sizes, rows = StringBuilder(), IntBuilder("i"), IntBuilder("q"), IntBuilder("q")
+    ignored: list[str] = []
     row = 0
     for batch in table.batches(0, [cols.image, cols.label]):
         lengths, names = _fields(batch, cols.image)
@@ -277,12 +283,13 @@ def _scan_table(split: str, table: Any) -> Source:
                 sizes.append(length if length is not None else _file_size(path, table.path))
                 rows.append(row)
             row += 1
-    if not paths:
+    if not len(paths):
         raise SourceError(f"{table.path}: no labelled images in split {split!r}")
-    source = Source(table.path, cols.classes, paths, labels, sizes, ignored=ignored, kind="hf",
+    source = Source(table.path, cols.classes, paths.build(), labels.build(), sizes.build(), ignored=ignored, kind="hf",
                     details={"split": split, "image_column": cols.image, "label_column": cols.label,
                              "rows": table.rows})
-    source.prepare = bytes_stage(lambda positions, opts: _read(table, rows, positions, opts))
+    row_of = rows.build()
+    source.prepare = bytes_stage(lambda positions, opts: _read(table, row_of, positions, opts))
     return source
 
 
@@ -293,7 +300,7 @@ def _file_size(path: str, base: Path) -> int:
         return 0
 
 
-def _read(table: Any, rows: list[int], positions: list[int], opts: ImageOptions) -> Iterator[Any]:
+def _read(table: Any, rows: Sequence[int], positions: Sequence[int], opts: ImageOptions) -> Iterator[Any]:
     """The image bytes of the samples at ``positions`` (scan positions), in that order (a rejection
     reason when an image's bytes and file are missing, or over the byte budget)."""
     for a in range(0, len(positions), _BATCH):

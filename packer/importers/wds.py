@@ -36,6 +36,7 @@ key and the field; so is a member its type cannot decode.
 
 from __future__ import annotations
 
+import array
 import io
 import json
 import logging
@@ -43,14 +44,15 @@ import os
 import re
 import tarfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from packer.errors import SourceError
 from packer.images import ImageOptions, RejectedImage, check_file_size
 from packer.importers.stage import Unreadable, bytes_stage, fields_stage, label_names
-from packer.source import IMAGE_EXTENSIONS, Source
+from packer.columns import IntBuilder, IntColumn, StringBuilder, spilled
+from packer.source import IMAGE_EXTENSIONS, Source, list_folder
 from readers.fields import (Field, FieldType, FieldTypeError, ImageType, NumericType, Schema, check_field_name,
                             parse_type)
 
@@ -68,8 +70,8 @@ MIN_CLASS_LIMIT = 1_000_000
 def shard_files(folder: Path) -> list[Path]:
     """The ``.tar`` files directly in ``folder``, sorted by name."""
     # The name first: an image folder's thousands of files need no stat to be ruled out.
-    return sorted(p for p in folder.iterdir() if p.name.lower().endswith(".tar") and not p.name.startswith(".")
-                  and p.is_file())
+    return [Path(e.path) for e in list_folder(folder) if e.name.lower().endswith(".tar")
+            and not e.name.startswith(".") and e.is_file()]
 
 
 def is_wds_source(src: Path) -> bool:
@@ -137,32 +139,53 @@ def _sample(tar: tarfile.TarFile, key: str, group: list) -> tuple[str, str, int,
     return key, ext, m.offset_data, m.size, small, others
 
 
-def _classes(raw: list[int | str], where: Path, member: Callable[[int], str]) -> tuple[list[str], list[int]]:
-    """Class names and labels; ``member(i)``: where sample ``i``'s label was read, for messages."""
-    if all(isinstance(v, int) for v in raw):
-        low, high = min(raw), max(raw)
-        if low < 0:
-            raise SourceError(f"{member(raw.index(low))}: negative class index {low} in the labels")
-        limit = max(MIN_CLASS_LIMIT, len(raw))
-        if high >= limit:
-            raise SourceError(f"{member(raw.index(high))}: class index {high:,} is too large: at most {limit:,} "
-                              f"classes (max of {MIN_CLASS_LIMIT:,} and the {len(raw):,} labelled samples) "
-                              "are taken from integer labels")
-        return [str(i) for i in range(high + 1)], list(raw)
-    if all(isinstance(v, str) for v in raw):
-        names = sorted(set(raw))
-        position = {n: i for i, n in enumerate(names)}
-        return names, [position[v] for v in raw]
-    raise SourceError(f"{where}: labels mix class indexes and class names; use one kind")
+class _Labels:
+    """The labels read, as the shards give them: class indexes (8 bytes each) or class names (a number
+    each, for the names seen so far); one kind only."""
+
+    def __init__(self) -> None:
+        self.ints = array.array("q")
+        self.names: dict[str, int] = {}
+        self.named = array.array("i")  # number of each sample's name in ``names``, in order of appearance
+
+    def append(self, label: int | str, where: Path) -> None:
+        if (self.named if isinstance(label, int) else self.ints):
+            raise SourceError(f"{where}: labels mix class indexes and class names; use one kind")
+        if isinstance(label, int):
+            self.ints.append(label)
+        else:
+            self.named.append(self.names.setdefault(label, len(self.names)))
+
+    def classes(self, member: Callable[[int], str]) -> tuple[list[str], np.ndarray]:
+        """Class names and labels; ``member(i)``: where sample ``i``'s label was read, for messages."""
+        if self.ints:
+            raw = np.frombuffer(self.ints, dtype=np.int64)
+            low, high = int(raw.min()), int(raw.max())
+            if low < 0:
+                raise SourceError(f"{member(int(raw.argmin()))}: negative class index {low} in the labels")
+            limit = max(MIN_CLASS_LIMIT, len(raw))
+            if high >= limit:
+                raise SourceError(f"{member(int(raw.argmax()))}: class index {high:,} is too large: at most "
+                                  f"{limit:,} classes (max of {MIN_CLASS_LIMIT:,} and the {len(raw):,} labelled "
+                                  "samples) are taken from integer labels")
+            return [str(i) for i in range(high + 1)], raw.astype(np.int32)
+        names = sorted(self.names)  # labels are the names' positions, like ImageFolder's sorted class folders
+        position = np.empty(len(names), dtype=np.int32)
+        for i, name in enumerate(names):
+            position[self.names[name]] = i
+        return names, position[np.frombuffer(self.named, dtype=np.int32)]
 
 
 def scan_wds(src: Path) -> Source:
     """Scan the shards of ``src`` (a .tar file, or a folder of them) into a :class:`Source`."""
     shards = [src] if src.is_file() else shard_files(src)
     root = src
-    paths, raw, sizes, where, ignored = [], [], [], [], []
     if _has_fields(shards):
         return _scan_fields(src, shards)
+    # compact columns, no Python object per sample (see packer.source.StringColumn)
+    names, raw, sizes, shard_at, offset_at = StringBuilder(), _Labels(), IntBuilder("q"), IntBuilder("i"), \
+        IntBuilder("q")
+    ignored: list[str] = []
     for k, shard in enumerate(shards):
         for key, ext, offset, size, small, _others in _samples(shard):
             rel = f"{shard.name}/{key}"
@@ -170,34 +193,40 @@ def scan_wds(src: Path) -> Source:
             if not ext or label is None:
                 ignored.append(rel)
                 continue
-            paths.append(f"{rel}.{ext}")
-            raw.append(label)
+            raw.append(label, src)
+            names.append(f"{rel}.{ext}")
             sizes.append(size)
-            where.append((k, offset))
-    if not paths:
+            shard_at.append(k)
+            offset_at.append(offset)
+    paths, shard_of = names.build(), shard_at.build()
+    if not len(paths):
         raise SourceError(f"{src}: no labelled images in the shards (each sample needs an image, e.g. key.jpg, "
                           "and a label: key.cls, or key.json with a \"label\")")
     if ignored:
         log.warning("%d sample(s) without an image or a label ignored, e.g. %s", len(ignored), ignored[0])
     def member(i: int) -> str:  # "<shard path>:<key> label": sample i, whose .cls (or .json) gave the label
         key = paths[i].partition("/")[2].rsplit(".", 1)[0]
-        return f"{shards[where[i][0]]}:{key} label"
+        return f"{shards[shard_of[i]]}:{key} label"
 
-    classes, labels = _classes(raw, src, member)
-    source = Source(root, classes, paths, labels, sizes, ignored=ignored, kind="wds",
+    classes, labels = raw.classes(member)
+    size_column = sizes.build()
+    where = (shard_of, offset_at.build())
+    source = Source(root, classes, paths, IntColumn(spilled(labels)), size_column, ignored=ignored, kind="wds",
                     details={"shards": len(shards), "first_shard": shards[0].name if shards else None})
-    source.prepare = bytes_stage(lambda positions, opts: _read(shards, where, sizes, positions, opts))
+    source.prepare = bytes_stage(lambda positions, opts: _read(shards, where, size_column, positions, opts))
     return source
 
 
-def _read(shards: list[Path], where: list[tuple[int, int]], sizes: list[int], positions: list[int],
-          opts: ImageOptions) -> Iterator[Any]:
+def _read(shards: list[Path], where: tuple[Sequence[int], Sequence[int]], sizes: Sequence[int],
+          positions: Sequence[int], opts: ImageOptions) -> Iterator[Any]:
     """The image bytes of the samples at ``positions`` (scan positions), in that order; a member whose
-    header declares more than the byte budget is a reject, not read."""
+    header declares more than the byte budget is a reject, not read. ``where``: each sample's shard
+    number and data offset."""
     fd, open_k = None, -1
+    shard_of, offsets = where
     try:
         for pos in positions:
-            k, offset = where[pos]
+            k, offset = shard_of[pos], offsets[pos]
             try:
                 check_file_size(sizes[pos], opts)
             except RejectedImage as exc:
