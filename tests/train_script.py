@@ -37,6 +37,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("out", type=Path)
     p.add_argument("roots", nargs="+")
     p.add_argument("--workers", type=int, default=0)
+    # worker processes: what the leftover and kill tests are about (make_loader's default may pick threads)
+    p.add_argument("--kind", default="processes", choices=("auto", "processes", "threads"))
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--every", type=int, default=2)
@@ -59,7 +61,7 @@ def main() -> None:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
         rank = dist.get_rank()
     loaders = [make_loader(open_dataset(root, return_index=True, decode=a.decode), batch_size=a.batch,
-                           num_workers=a.workers, seed=3) for root in a.roots]
+                           num_workers=a.workers, workers=a.kind, seed=3) for root in a.roots]
     state_file = a.out / "state.pt"
     if a.resume:
         saved = torch.load(state_file)
