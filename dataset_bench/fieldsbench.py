@@ -163,8 +163,8 @@ def _measure(root: Path, job: dict[str, Any]) -> dict[str, Any]:
     fd, out = tempfile.mkstemp(prefix="dataset-bench-fields-", suffix=".json")
     os.close(fd)
     try:
-        proc = subprocess.run([sys.executable, "-P", str(Path(__file__).resolve()), out], input=json.dumps(job).encode(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_side_env(root), check=False)
+        proc = subprocess.run([sys.executable, "-P", str(Path(__file__).resolve()), out],
+                              input=json.dumps(job).encode(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_side_env(root), check=False)
         text = Path(out).read_text()
     finally:
         os.unlink(out)
@@ -277,7 +277,8 @@ def fields_report(result: FieldsResult) -> str:
     cfg = result.config
     lines = [f"fields benchmark: previous release {result.baseline} vs this checkout, {cfg['generate']} images, "
              f"batch {cfg['batch_size']}, {cfg['repeats']} repeats (median, min-max), samples/s",
-             f"load average (1 min) over the run: {min(result.loads, default=0):.1f}-{max(result.loads, default=0):.1f}",
+             f"load average (1 min) over the run: {min(result.loads, default=0):.1f}-"
+             f"{max(result.loads, default=0):.1f}",
              ""]
 
     def fig(s: dict[str, float] | None) -> str:
