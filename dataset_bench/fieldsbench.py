@@ -164,7 +164,8 @@ def _measure(root: Path, job: dict[str, Any]) -> dict[str, Any]:
     os.close(fd)
     try:
         proc = subprocess.run([sys.executable, "-P", str(Path(__file__).resolve()), out],
-                              input=json.dumps(job).encode(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_side_env(root), check=False)
+                              input=json.dumps(job).encode(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env=_side_env(root), check=False)
         text = Path(out).read_text()
     finally:
         os.unlink(out)
