@@ -19,7 +19,7 @@ from dataset_bench.run import BenchProgress, run_benchmark
 from packer import PackError, SourceError
 from readers.spec import FORMATS
 
-__all__ = ["build_parser", "config_from_args", "main"]
+__all__ = ["build_parser", "build_fields_parser", "config_from_args", "main"]
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  dataset-bench --src imagenet/val --datasets out/val-wds out/val-mmap --cache warm\n"
         "  dataset-bench --quick\n"
         "  dataset-bench --remote --generate 2000 --json remote.json\n"
-        "  dataset-bench --peers [--quick]   side by side with the peers, every target ratio (see --peers --help)",
+        "  dataset-bench --peers [--quick]   side by side with the peers, every target ratio (see --peers --help)\n"
+        "  dataset-bench --fields [--quick]  image+label vs the previous release, image+caption (see --fields --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--src", help="image folder (root/<class>/<image>): the naive baseline; packed into every "
@@ -136,8 +137,80 @@ def _missing_for(args: argparse.Namespace) -> str | None:
     return None
 
 
+def build_fields_parser() -> argparse.ArgumentParser:
+    from dataset_bench.fieldsbench import BASELINE_REV, FORMATS as FIELDS_FORMATS, MODES as FIELDS_MODES
+
+    p = argparse.ArgumentParser(
+        prog="dataset-bench --fields",
+        description="Image+label reading of the previous release beside this checkout in the same run (each "
+        "case in a fresh interpreter, interleaved, median and min-max of the repeats), plus image+caption rows "
+        "(a JSONL manifest of the same images with a caption per row, read with fields=('image', 'caption')).",
+        epilog="examples:\n"
+        "  dataset-bench --fields --generate 2000 --json fields.json\n"
+        "  dataset-bench --fields --baseline-rev v0.9 --formats wds,mmap --repeats 5\n"
+        "  dataset-bench --fields --quick",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    old = p.add_mutually_exclusive_group()
+    old.add_argument("--baseline-rev", default=None, metavar="REV", help="git commit of the previous release; "
+                     f"its readers/ is exported with git archive (default {BASELINE_REV})")
+    old.add_argument("--baseline-src", metavar="DIR", help="a folder holding the previous release's readers/ "
+                     "package, instead of --baseline-rev")
+    p.add_argument("--generate", type=int, metavar="N", help="ImageNet-like JPEGs to generate (default 2000; "
+                   "--quick 48)")
+    p.add_argument("--work", metavar="DIR", help="keep generated and packed data here (default: a temporary "
+                   "folder, removed afterwards; an existing DIR/images is reused)")
+    p.add_argument("--formats", type=_choices(FIELDS_FORMATS), default=None, help="formats (default: all; --quick wds)")
+    p.add_argument("--modes", type=_choices(FIELDS_MODES), default=None, help="raw (decode=False) and/or decoded")
+    p.add_argument("--workers", type=_int_list, default=None, help="num_workers with workers='processes' "
+                   "(default 0,2; --quick 0)")
+    p.add_argument("--defaults-workers", type=_int_list, default=None, help="num_workers also read with "
+                   "make_loader's default worker kind (no workers=; default 2; --quick none)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved runs per case (default 3; --quick 1)")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size (default 64; --quick 16)")
+    p.add_argument("--max-samples", type=int, help="stop each pass after this many samples")
+    p.add_argument("--json", metavar="FILE", help="write all results as JSON")
+    p.add_argument("--quick", action="store_true", help="tiny run for smoke tests")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+    return p
+
+
+def _fields_main(argv: Sequence[str]) -> int:
+    from dataset_bench.fieldsbench import FieldsConfig, fields_report, run_fields_bench
+
+    parser = build_fields_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    given = {"generate": args.generate, "formats": args.formats, "modes": args.modes, "workers": args.workers,
+             "defaults_workers": args.defaults_workers, "repeats": args.repeats, "batch_size": args.batch_size,
+             "max_samples": args.max_samples, "baseline_rev": args.baseline_rev, "baseline_src": args.baseline_src,
+             "work_dir": args.work}
+    for name in ("generate", "repeats", "batch_size", "max_samples"):
+        if given[name] is not None and given[name] < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {given[name]}")
+    config = (FieldsConfig.quick_defaults(**given) if args.quick
+              else FieldsConfig(**{k: v for k, v in given.items() if v is not None}))
+    bar: Any = _Bar() if args.progress else None
+    try:
+        result = run_fields_bench(config, progress=None if bar is None else
+                                  lambda step, done, total: bar(BenchProgress(step=step, done=done, total=total)))
+    except (ValueError, OSError, RuntimeError, PackError, SourceError) as exc:
+        print(f"dataset-bench: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if bar is not None:
+            bar.close()
+    print(fields_report(result))
+    if args.json:
+        print(f"wrote {result.save_json(args.json)}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if "--fields" in args_list:  # image+label vs the previous release, image+caption (--fields --help)
+        args_list.remove("--fields")
+        return _fields_main(args_list)
     if "--peers" in args_list:  # the side-by-side run with the peers (its own options: --peers --help)
         from dataset_bench.sidecli import main as peers_main
 
