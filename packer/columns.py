@@ -29,7 +29,7 @@ __all__ = ["StringColumn", "StringBuilder", "IntColumn", "IntBuilder", "SPILL_BY
 #: entries decoded or gathered per step: bounds the Python objects alive at once
 CHUNK = 1 << 14
 #: a column being built moves to a temporary file past this many bytes
-SPILL_BYTES = 8 << 20
+SPILL_BYTES = 1 << 20
 
 
 def _encode(text: str) -> bytes:
@@ -200,7 +200,10 @@ class StringColumn(Sequence[str]):
         idx = np.asarray(indices, dtype=np.int64)
         if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError("take(): index out of range")
-        base = idx + self._start if self._order is None else self._order[self._start:self._stop][idx]
+        if self._order is not None:
+            base = self._order[self._start:self._stop][idx]
+        else:
+            base = idx + self._start if self._start else idx  # the caller's (mapped) array, not a copy
         return StringColumn(self._blob, self._offsets, base)
 
     def compact(self) -> StringColumn:

@@ -13,7 +13,7 @@ sub-folders). Any other nesting (``root/cat/2020/x.jpg``) is one dataset
 whose classes are the top folders, as torchvision's ImageFolder reads it.
 
 Memory: a :class:`Source` holds its paths, labels, sizes and modification
-times as columns (``packer.columns``: no Python object per file; past 8 MB a
+times as columns (``packer.columns``: no Python object per file; past 1 MB a
 column lives in a mapped temporary file). Inside :func:`listings` (``plan``)
 every folder is listed once, whether to recognize the source or to scan it.
 """
