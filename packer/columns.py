@@ -200,7 +200,10 @@ class StringColumn(Sequence[str]):
         idx = np.asarray(indices, dtype=np.int64)
         if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError("take(): index out of range")
-        base = idx + self._start if self._order is None else self._order[self._start:self._stop][idx]
+        if self._order is not None:
+            base = self._order[self._start:self._stop][idx]
+        else:
+            base = idx + self._start if self._start else idx  # the caller's (mapped) array, not a copy
         return StringColumn(self._blob, self._offsets, base)
 
     def compact(self) -> StringColumn:
