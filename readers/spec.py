@@ -649,13 +649,11 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     fsync_dir(path.parent)
 
 
-def _npy_bytes(name: str, values: Any) -> tuple[np.ndarray, bytes]:
+def _contiguous(name: str, values: Any) -> np.ndarray:
     arr = np.ascontiguousarray(values, dtype=ARRAY_DTYPES[name])
     if arr.ndim != 1:
         raise ValueError(f"index array {name!r} must be one-dimensional, got shape {arr.shape}")
-    out = io.BytesIO()
-    np.save(out, arr, allow_pickle=False)
-    return arr, out.getvalue()
+    return arr
 
 
 def save_array(root: str | os.PathLike, name: str, values: Any) -> np.ndarray:
@@ -665,17 +663,19 @@ def save_array(root: str | os.PathLike, name: str, values: Any) -> np.ndarray:
 
 
 def _save_array(root: Path, name: str, values: Any) -> tuple[np.ndarray, dict[str, int]]:
-    arr, data = _npy_bytes(name, values)
+    arr = _contiguous(name, values)
     path = root / array_file(name)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        f.write(data)
+        np.save(f, arr, allow_pickle=False)  # header, then the values straight from the array: no copy of them
         f.flush()
         os.fsync(f.fileno())
+        size = f.tell()
+    crc = file_checksum(tmp)  # read back in 8 MB blocks (page cache): memory flat in N
     # Renamed over, never rewritten in place: a reader that has the old array mapped keeps its inode
     # (writing into a mapped file would change, or cut short, what that reader sees).
     os.replace(tmp, path)
-    return arr, {"crc32": checksum(data), "bytes": len(data)}
+    return arr, {"crc32": crc, "bytes": size}
 
 
 def write_index(root: str | os.PathLike, meta: dict[str, Any], arrays: Mapping[str, Any]) -> None:
