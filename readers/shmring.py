@@ -129,7 +129,8 @@ def _build(base: torch.Tensor, part: tuple) -> Any:
         typed = base.view(getattr(torch, dtype))  # the slot's capacity is a multiple of every element size
         return torch.as_strided(typed, size, stride, offset // typed.element_size())
     if kind == "bytes":
-        return ByteBatch(_build(base, part[1]), torch.from_numpy(part[2]))
+        data = _build(base, part[1])  # the bytes, already in the slot: the batch is built over them
+        return new_byte_batch(part[2], lambda n: data)[0]
     return torch.from_numpy(part[1])  # "array": a small array sent by value (labels, indices)
 
 

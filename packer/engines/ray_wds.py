@@ -94,8 +94,9 @@ class RayWdsWriter(WdsWriter):
     """WdsWriter's decisions and finish, with the shard bytes written by Ray tasks."""
 
     def __init__(self, root: Path, split: str, options: PackOptions, estimated_bytes: int, *,
-                 session: ShardTasks, output: Any = None) -> None:
-        super().__init__(root, split, options, estimated_bytes)
+                 session: ShardTasks, output: Any = None, schema: Any = None) -> None:
+        # a source with fields is prepared on this machine (packer.engines.ray), so schema is None here
+        super().__init__(root, split, options, estimated_bytes, schema=schema)
         self.session = session
         self.output = output if output is not None else LocalOutput(root)  # or a StoreOutput (s3://)
 
