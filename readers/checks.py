@@ -14,6 +14,9 @@ lengths). :func:`check_index` checks what they *say*, so that no reader
   bytes inside its file as ``index.json`` records the file's size (tar
   shards: after its 512-byte header; mmap: ``offset + height*width*3``).
 
+Both checks are O(N): a local dataset whose files pass them is recorded once per machine
+(:mod:`readers.checkcache`) and later opens of the same, unchanged files skip them.
+
 Every failure is a :class:`readers.spec.DatasetFormatError` naming the file
 (``index.json`` or the array) and, for arrays, the first bad sample.
 Memory stays flat at ImageNet size: arrays are checked in slices.
@@ -26,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from readers import spec
+from readers import checkcache, spec
 
 __all__ = ["check_index", "data_files"]
 
@@ -95,8 +98,25 @@ def check_index(index: spec.Index) -> None:
         _check_hdf5_storage(storage, path)
     elif fmt == "mmap":
         _check_mmap_storage(storage, path)
+    key = _checked_key(index)
+    if key is not None and checkcache.passed(spec.VALUES_CHECK, key):
+        return  # these very files passed on this machine before (readers.checkcache)
     _check_arrays(index, len(classes))
     _check_class_counts(index, len(classes), path)
+    if key is not None and _checked_key(index) == key:
+        checkcache.record(spec.VALUES_CHECK, key)
+
+
+def _checked_key(index: spec.Index) -> list | None:
+    """The record of :mod:`readers.checkcache` for the values of a local index's arrays, when each
+    array is the file it was mapped from (None otherwise: a remote index, one built in memory)."""
+    sources = index.sources
+    if index.store is not None or not sources or set(sources) != set(index.arrays):
+        return None
+    key = spec.checked_files_key(Path(index.root), index.meta, index.arrays)
+    if key is None or any(tuple(ident[:4]) != tuple(sources[name]) for name, ident in key[2]):
+        return None
+    return key
 
 
 def _check_class_counts(index: spec.Index, num_classes: int, path: Path) -> None:
