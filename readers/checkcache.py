@@ -25,7 +25,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, TypeVar
 
 __all__ = ["ENV_DIR", "ENV_SWITCH", "VERSION", "folder", "full_checks", "meta_digest", "passed", "record",
            "stat_key"]
@@ -80,28 +80,31 @@ def meta_digest(meta: Any) -> str:
     return hashlib.sha256(json.dumps(meta, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _text(kind: str, parts: Iterable[Any]) -> str:
-    return json.dumps([VERSION, kind, list(parts)], default=str)
+def _text(kind: str, parts: list) -> str:
+    return json.dumps([VERSION, kind, parts], default=str)
 
 
-def _file(base: Path, text: str) -> Path:
-    return base / (hashlib.sha256(text.encode()).hexdigest() + ".json")
+def _file(base: Path, kind: str, parts: list) -> Path:
+    """One record per check kind and dataset (``parts[0]``, its folder): a re-pack replaces it,
+    so the folder holds at most one small file per kind for each dataset opened on this machine."""
+    slot = json.dumps([VERSION, kind, parts[0] if parts else None], default=str)
+    return base / (hashlib.sha256(slot.encode()).hexdigest() + ".json")
 
 
-def passed(kind: str, parts: Iterable[Any]) -> bool:
-    """Whether a check ``kind`` of exactly ``parts`` passed on this machine before."""
+def passed(kind: str, parts: list) -> bool:
+    """Whether a check ``kind`` of exactly ``parts`` (``parts[0]``: the dataset) passed on this machine before."""
     base = folder()
     if base is None:
         return False
     text = _text(kind, parts)
     try:
-        with open(_file(base, text), encoding="utf-8") as f:
+        with open(_file(base, kind, parts), encoding="utf-8") as f:
             return f.read(len(text) + 1) == text
     except (OSError, ValueError):  # no record, an unreadable folder, a damaged record
         return False
 
 
-def record(kind: str, parts: Iterable[Any]) -> None:
+def record(kind: str, parts: list) -> None:
     """Note that check ``kind`` of ``parts`` passed (nothing when the folder cannot be written)."""
     base = folder()
     if base is None:
@@ -113,7 +116,7 @@ def record(kind: str, parts: Iterable[Any]) -> None:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
-            os.replace(tmp, _file(base, text))
+            os.replace(tmp, _file(base, kind, parts))
         except BaseException:
             os.unlink(tmp)
             raise

@@ -135,3 +135,18 @@ def test_verify_checks_in_full_whatever_is_recorded(packed_generated, tmp_path, 
     before = (len(crcs), len(values))
     assert verify(root).ok
     assert len(crcs) >= 2 * before[0] and len(values) == 2 * before[1]
+
+
+def test_a_rewritten_array_replaces_the_record_and_is_checked_again(packed_generated, tmp_path, counters,
+                                                                     cache_dir):
+    """One record per dataset and check: rewriting a file (same bytes: only its ctime changes) means
+    full checks once more, and the folder still holds one record per check, not one per version."""
+    crcs, values = counters
+    root = copy_of(packed_generated, "lmdb", tmp_path)
+    open_dataset(root, decode=False)
+    assert len(list((cache_dir / "checked").iterdir())) == 2  # the checksums, the values
+    edit_keeping_mtime(root / spec.array_file("sizes"), lambda b: b)
+    open_dataset(root, decode=False)
+    open_dataset(root, decode=False)
+    assert len(values) == 2
+    assert len(list((cache_dir / "checked").iterdir())) == 2
