@@ -34,6 +34,7 @@ from readers import checkcache, spec
 __all__ = ["check_index", "data_files"]
 
 _SLICE = 1 << 18  # samples per vectorized step (bounded temporaries for 1.28M-sample indexes)
+_BYTES_LIMIT = 1 << 63  # byte counts and sample counts are compared with int64 arrays
 
 
 def _fail(path: Path | str, why: str) -> spec.DatasetFormatError:
@@ -84,7 +85,7 @@ def check_index(index: spec.Index) -> None:
     files = _field(meta, "files", dict, path, {})
     for name, size in files.items():
         spec.check_member_name(name, f"{path}: file")
-        if not _whole(size) or size < 0:
+        if not _whole(size) or not 0 <= size < _BYTES_LIMIT:
             raise _fail(path, f"files[{name!r}] must be a byte count, got {size!r}")
     crcs = _field(meta, spec.FILES_CRC_KEY, dict, path, {})
     for name, crc in crcs.items():
@@ -146,8 +147,8 @@ def _check_shard_list(index: spec.Index, path: Path) -> None:
             raise _fail(path, f"{where} is a {type(s).__name__}, expected an object")
         spec.check_member_name(s.get("name"), f"{path}: {where}: shard")
         for key in ("samples", "first", "bytes"):
-            if not _whole(s.get(key)) or s[key] < 0:
-                raise _fail(path, f"{where}.{key} must be a whole number >= 0, got {s.get(key)!r}")
+            if not _whole(s.get(key)) or not 0 <= s[key] < _BYTES_LIMIT:
+                raise _fail(path, f"{where}.{key} must be a whole number in 0..2**63-1, got {s.get(key)!r}")
         if not _whole(s.get("crc32")):
             raise _fail(path, f"{where}.crc32 must be a whole number, got {s.get('crc32')!r}")
         if s["first"] != first:

@@ -150,3 +150,18 @@ def test_a_rewritten_array_replaces_the_record_and_is_checked_again(packed_gener
     open_dataset(root, decode=False)
     assert len(values) == 2
     assert len(list((cache_dir / "checked").iterdir())) == 2
+
+
+@pytest.mark.parametrize("edit", ["shard", "file"])
+def test_a_byte_count_past_int64_is_a_format_error(edit, packed_generated, tmp_path):
+    """Found by test_fuzz once cached opens let it run more cases: 2**63 in a shard's ``bytes`` (or
+    in ``files``) was an OverflowError from numpy, not a DatasetFormatError naming index.json."""
+    root = copy_of(packed_generated, "wds" if edit == "shard" else "mmap", tmp_path)
+    meta = json.loads((root / spec.INDEX_NAME).read_text())
+    if edit == "shard":
+        meta["shards"][0]["bytes"] = 2 ** 63
+    else:
+        meta["files"]["images.npy"] = 2 ** 63
+    spec.write_json_atomic(root / spec.INDEX_NAME, meta)
+    with pytest.raises(spec.DatasetFormatError, match="index.json: .*2\\*\\*63|index.json: .*9223372036854775808"):
+        open_dataset(root, decode=False)
