@@ -424,7 +424,7 @@ def checked_files_key(root: Path, meta: dict[str, Any], names: Iterable[str]) ->
         if key is None:
             return None
         files.append([name, list(key)])
-    return [str(root), checkcache.meta_digest(meta), files]
+    return [os.path.abspath(root), checkcache.meta_digest(meta), files]
 
 
 def array_bytes_limit(name: str, n: int) -> int:
