@@ -414,17 +414,17 @@ def _load_array(root: Path, name: str, expected_len: int, recorded: Any,
                    limit=array_bytes_limit(name, expected_len), identity=identity and identity[:4])
 
 
-def checked_files_key(root: Path, meta: dict[str, Any], names: Iterable[str]) -> list | None:
+def checked_files_key(root: Path, meta: dict[str, Any] | str, names: Iterable[str]) -> list | None:
     """What a record of :mod:`readers.checkcache` for the local dataset ``root`` is made of: its
-    folder, a hash of ``meta``, and (name, os.stat identity) of each index array ``names``;
-    None when a file cannot be stat'ed."""
+    folder, a hash of ``meta`` (or that hash, :func:`readers.checkcache.meta_digest`), and
+    (name, os.stat identity) of each index array ``names``; None when a file cannot be stat'ed."""
     files = []
     for name in sorted(names):
         key = checkcache.stat_key(root / array_file(name))
         if key is None:
             return None
         files.append([name, list(key)])
-    return [os.path.abspath(root), checkcache.meta_digest(meta), files]
+    return [os.path.abspath(root), meta if isinstance(meta, str) else checkcache.meta_digest(meta), files]
 
 
 def array_bytes_limit(name: str, n: int) -> int:
@@ -532,7 +532,8 @@ def read_index(root: str | os.PathLike | Any) -> Index:
     optional = () if has_label(meta) or not (root / array_file("labels")).exists() else ("labels",)
     names = required_arrays(meta) + optional
     # Checksums that passed on this machine for these very files are not computed again (readers.checkcache).
-    key = checked_files_key(root, meta, names) if recorded else None
+    digest = checkcache.meta_digest(meta) if recorded else ""
+    key = checked_files_key(root, digest, names) if recorded else None
     loaded = None
     if key is not None and checkcache.passed(CRC_CHECK, key):
         idents = {name: tuple(ident) for name, ident in key[2]}
@@ -540,11 +541,11 @@ def read_index(root: str | os.PathLike | Any) -> Index:
             loaded = {name: _load_array(root, name, n, recorded.get(name), idents[name]) for name in names}
         except FileChanged:
             loaded = None
-        if loaded is not None and checked_files_key(root, meta, names) != key:
+        if loaded is not None and checked_files_key(root, digest, names) != key:
             loaded = None  # written to while being mapped: check in full
     if loaded is None:
         loaded = {name: _load_array(root, name, n, recorded and recorded.get(name)) for name in names}
-        if key is not None and checked_files_key(root, meta, names) == key:
+        if key is not None and checked_files_key(root, digest, names) == key:
             checkcache.record(CRC_CHECK, key)
     return Index(root=root, meta=meta, arrays={k: v[0] for k, v in loaded.items()},
                  sources={k: v[1] for k, v in loaded.items()})
