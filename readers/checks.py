@@ -14,6 +14,9 @@ lengths). :func:`check_index` checks what they *say*, so that no reader
   bytes inside its file as ``index.json`` records the file's size (tar
   shards: after its 512-byte header; mmap: ``offset + height*width*3``).
 
+Both checks are O(N): a local dataset whose files pass them is recorded once per machine
+(:mod:`readers.checkcache`) and later opens of the same, unchanged files skip them.
+
 Every failure is a :class:`readers.spec.DatasetFormatError` naming the file
 (``index.json`` or the array) and, for arrays, the first bad sample.
 Memory stays flat at ImageNet size: arrays are checked in slices.
@@ -26,11 +29,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from readers import spec
+from readers import checkcache, spec
 
 __all__ = ["check_index", "data_files"]
 
 _SLICE = 1 << 18  # samples per vectorized step (bounded temporaries for 1.28M-sample indexes)
+_BYTES_LIMIT = 1 << 63  # byte counts and sample counts are compared with int64 arrays
 
 
 def _fail(path: Path | str, why: str) -> spec.DatasetFormatError:
@@ -73,6 +77,9 @@ def data_files(index: spec.Index) -> dict[str, int | None]:
 
 def check_index(index: spec.Index) -> None:
     """Raise DatasetFormatError (naming the file) unless every value a reader uses is in range."""
+    key = _checked_key(index)
+    if key is not None and checkcache.passed(spec.VALUES_CHECK, key):
+        return  # this very index.json and these very files passed on this machine before (readers.checkcache)
     meta, path = index.meta, _where(index, spec.INDEX_NAME)
     classes = _field(meta, "classes", list, path)
     if not all(isinstance(c, str) for c in classes):
@@ -81,7 +88,7 @@ def check_index(index: spec.Index) -> None:
     files = _field(meta, "files", dict, path, {})
     for name, size in files.items():
         spec.check_member_name(name, f"{path}: file")
-        if not _whole(size) or size < 0:
+        if not _whole(size) or not 0 <= size < _BYTES_LIMIT:
             raise _fail(path, f"files[{name!r}] must be a byte count, got {size!r}")
     crcs = _field(meta, spec.FILES_CRC_KEY, dict, path, {})
     for name, crc in crcs.items():
@@ -97,6 +104,20 @@ def check_index(index: spec.Index) -> None:
         _check_mmap_storage(storage, path)
     _check_arrays(index, len(classes))
     _check_class_counts(index, len(classes), path)
+    if key is not None and _checked_key(index) == key:
+        checkcache.record(spec.VALUES_CHECK, key)
+
+
+def _checked_key(index: spec.Index) -> list | None:
+    """The record of :mod:`readers.checkcache` for the values of a local index's arrays, when each
+    array is the file it was mapped from (None otherwise: a remote index, one built in memory)."""
+    sources = index.sources
+    if index.store is not None or not sources or set(sources) != set(index.arrays):
+        return None
+    key = spec.checked_files_key(Path(index.root), index.meta, index.arrays)
+    if key is None or any(tuple(ident[:4]) != tuple(sources[name]) for name, ident in key[2]):
+        return None
+    return key
 
 
 def _check_class_counts(index: spec.Index, num_classes: int, path: Path) -> None:
@@ -126,8 +147,8 @@ def _check_shard_list(index: spec.Index, path: Path) -> None:
             raise _fail(path, f"{where} is a {type(s).__name__}, expected an object")
         spec.check_member_name(s.get("name"), f"{path}: {where}: shard")
         for key in ("samples", "first", "bytes"):
-            if not _whole(s.get(key)) or s[key] < 0:
-                raise _fail(path, f"{where}.{key} must be a whole number >= 0, got {s.get(key)!r}")
+            if not _whole(s.get(key)) or not 0 <= s[key] < _BYTES_LIMIT:
+                raise _fail(path, f"{where}.{key} must be a whole number in 0..2**63-1, got {s.get(key)!r}")
         if not _whole(s.get("crc32")):
             raise _fail(path, f"{where}.crc32 must be a whole number, got {s.get('crc32')!r}")
         if s["first"] != first:

@@ -48,11 +48,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
 # Safe I/O and locations live in their own modules; their names stay importable from here.
+from readers import checkcache
 from readers.location import REMOTE_SCHEMES, UnsupportedLocationError, is_remote, parse_location
 from readers.safeio import (
     INDEX_NAME,
@@ -136,6 +137,9 @@ __all__ = [
     "read_range",
     "map_file",
     "map_npy",
+    "checked_files_key",
+    "CRC_CHECK",
+    "VALUES_CHECK",
 ]
 
 NAMES_FILE = "names.jsonl"
@@ -152,6 +156,8 @@ SPEC_VERSION = 1
 READABLE_VERSIONS = (1, 2)
 FORMATS = ("wds", "lmdb", "hdf5", "mmap")
 CHECKSUM_ALGO = "crc32"
+#: readers.checkcache kind of the index arrays' checksums (read_index) and of their values (checks).
+CRC_CHECK, VALUES_CHECK = "index-crc32", "index-values"
 #: index.json key: data file name -> CRC-32 of the whole file (beside ``files``: name -> bytes).
 FILES_CRC_KEY = "files_crc32"
 
@@ -395,13 +401,30 @@ def _reopen_index(root: str, meta: dict[str, Any], sources: dict[str, tuple[int,
     return Index(root=Path(root), meta=meta, arrays=arrays, sources=sources)
 
 
-def _load_array(root: Path, name: str, expected_len: int, recorded: Any) -> tuple[np.ndarray, tuple]:
+def _load_array(root: Path, name: str, expected_len: int, recorded: Any,
+                identity: tuple | None = None) -> tuple[np.ndarray, tuple]:
     """Index array ``name``: a regular file inside ``root``, mapped read-only (page cache shared by
     every process, no private copy), its checksum (when index.json records one) streamed over the
-    mapping, then a strict parse (nothing is allocated from what its header claims)."""
+    mapping, then a strict parse (nothing is allocated from what its header claims).
+    ``identity``: the file was checked before as that file (:mod:`readers.checkcache`): it must
+    still be it (:class:`FileChanged` otherwise) and its checksum is not computed again."""
     path = member_path(root, array_file(name), "index array")
-    return map_npy(path, ARRAY_DTYPES[name], expected_len, crc32=_recorded_crc(path, recorded), what="index array",
-                   limit=array_bytes_limit(name, expected_len))
+    crc = _recorded_crc(path, recorded)
+    return map_npy(path, ARRAY_DTYPES[name], expected_len, crc32=None if identity else crc, what="index array",
+                   limit=array_bytes_limit(name, expected_len), identity=identity and identity[:4])
+
+
+def checked_files_key(root: Path, meta: dict[str, Any] | str, names: Iterable[str]) -> list | None:
+    """What a record of :mod:`readers.checkcache` for the local dataset ``root`` is made of: its
+    folder, a hash of ``meta`` (or that hash, :func:`readers.checkcache.meta_digest`), and
+    (name, os.stat identity) of each index array ``names``; None when a file cannot be stat'ed."""
+    files = []
+    for name in sorted(names):
+        key = checkcache.stat_key(root / array_file(name))
+        if key is None:
+            return None
+        files.append([name, list(key)])
+    return [os.path.abspath(root), meta if isinstance(meta, str) else checkcache.meta_digest(meta), files]
 
 
 def array_bytes_limit(name: str, n: int) -> int:
@@ -507,8 +530,23 @@ def read_index(root: str | os.PathLike | Any) -> Index:
     root, meta = _local_meta(root)
     n, recorded = meta["num_samples"], _recorded(meta, root / INDEX_NAME)
     optional = () if has_label(meta) or not (root / array_file("labels")).exists() else ("labels",)
-    loaded = {name: _load_array(root, name, n, recorded and recorded.get(name))
-              for name in required_arrays(meta) + optional}
+    names = required_arrays(meta) + optional
+    # Checksums that passed on this machine for these very files are not computed again (readers.checkcache).
+    digest = checkcache.meta_digest(meta) if recorded else ""
+    key = checked_files_key(root, digest, names) if recorded else None
+    loaded = None
+    if key is not None and checkcache.passed(CRC_CHECK, key):
+        idents = {name: tuple(ident) for name, ident in key[2]}
+        try:
+            loaded = {name: _load_array(root, name, n, recorded.get(name), idents[name]) for name in names}
+        except FileChanged:
+            loaded = None
+        if loaded is not None and checked_files_key(root, digest, names) != key:
+            loaded = None  # written to while being mapped: check in full
+    if loaded is None:
+        loaded = {name: _load_array(root, name, n, recorded and recorded.get(name)) for name in names}
+        if key is not None and checked_files_key(root, digest, names) == key:
+            checkcache.record(CRC_CHECK, key)
     return Index(root=root, meta=meta, arrays={k: v[0] for k, v in loaded.items()},
                  sources={k: v[1] for k, v in loaded.items()})
 

@@ -125,10 +125,10 @@ def test_imports_flow_one_way():
             assert not {d for d in deps if d.startswith(("packer", "dataset_bench"))}, mod
         if mod.startswith("packer"):
             assert not {d for d in deps if d.startswith("dataset_bench")}, mod
-    bottom = {"readers.spec", "readers.safeio", "readers.location", "readers.units"}
+    bottom = {"readers.spec", "readers.safeio", "readers.location", "readers.units", "readers.checkcache"}
     for mod in bottom:
         assert edges[mod] <= bottom, f"{mod} imports {edges[mod] - bottom}"
-    assert edges["readers.location"] == set() and edges["readers.safeio"] == set()
+    assert edges["readers.location"] == set() and edges["readers.safeio"] == set() == edges["readers.checkcache"]
     assert edges["readers.perprocess"] == set()
     assert "readers.loader" not in edges["readers.shmring"]
 
