@@ -78,6 +78,28 @@ def packed_generated(tmp_path_factory, generated):
     return _pack_all(generated, tmp_path_factory.mktemp("packed-gen"), shard_count=5)
 
 
+_CACHE_DIR: str | None = None
+
+
+def pytest_configure(config):
+    """The readers' record of checked indexes (readers.checkcache) goes to a folder of this run, not
+    to ~/.cache: set before any fixture packs or opens a dataset, inherited by subprocesses."""
+    global _CACHE_DIR
+    if "DATASET_PACKER_CACHE" not in os.environ:
+        import tempfile
+
+        _CACHE_DIR = tempfile.mkdtemp(prefix="dataset-packer-test-cache-")
+        os.environ["DATASET_PACKER_CACHE"] = _CACHE_DIR
+
+
+def pytest_unconfigure(config):
+    if _CACHE_DIR is not None:
+        import shutil
+
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+        os.environ.pop("DATASET_PACKER_CACHE", None)
+
+
 @pytest.fixture(scope="session")
 def packed_real(tmp_path_factory, real_images):
     """format -> dataset folder of the bundled real photos."""
