@@ -228,18 +228,13 @@ def _sparse_h5(out: Path, nbytes: int) -> None:
     """data.h5 with a 1-D uint8 ``/images`` of ``nbytes`` in the packer's chunks, all allocated, none written."""
     import h5py
 
+    from bench_hdf5_chunks import make  # the one sparse /images builder (this folder is on sys.path)
     from readers import spec
     from readers.formats.h5layout import chunk_table
 
     chunk = spec.HDF5_CHUNK_BYTES
-    chunks = -(-nbytes // chunk)
-    with h5py.File(out / "data.h5", "w") as f:
-        space = h5py.h5s.create_simple((chunks * chunk,), (h5py.h5s.UNLIMITED,))
-        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-        dcpl.set_chunk((chunk,))
-        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-        h5py.h5d.create(f.id, b"images", h5py.h5t.NATIVE_UINT8, space, dcpl=dcpl)
+    make(str(out / "data.h5"), -(-nbytes // chunk))
+    with h5py.File(out / "data.h5", "r") as f:
         table = chunk_table(f["images"], chunk)
     np.save(out / spec.HDF5_CHUNK_TABLE, np.asarray(table, dtype="<i8"))
 

@@ -190,20 +190,28 @@ def _fields_main(argv: Sequence[str]) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {given[name]}")
     config = (FieldsConfig.quick_defaults(**given) if args.quick
               else FieldsConfig(**{k: v for k, v in given.items() if v is not None}))
-    bar: Any = _Bar() if args.progress else None
-    try:
-        result = run_fields_bench(config, progress=None if bar is None else
-                                  lambda step, done, total: bar(BenchProgress(step=step, done=done, total=total)))
-    except (ValueError, OSError, RuntimeError, PackError, SourceError) as exc:
-        print(f"dataset-bench: error: {exc}", file=sys.stderr)
+    result = _measure(args.progress, lambda bar: run_fields_bench(config, progress=None if bar is None else (
+        lambda step, done, total: bar(BenchProgress(step=step, done=done, total=total)))))
+    if result is None:
         return 1
-    finally:
-        if bar is not None:
-            bar.close()
     print(fields_report(result))
     if args.json:
         print(f"wrote {result.save_json(args.json)}")
     return 0
+
+
+def _measure(progress: bool, work: Callable[[Any], Any]) -> Any:
+    """``work(bar)`` with a progress bar when asked (None otherwise), closed however it ends; a
+    failure is one ``dataset-bench: error:`` line on stderr and None."""
+    bar: Any = _Bar() if progress else None
+    try:
+        return work(bar)
+    except (ValueError, OSError, RuntimeError, PackError, SourceError) as exc:
+        print(f"dataset-bench: error: {exc}", file=sys.stderr)
+        return None
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -235,15 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:  # before measuring: minutes of work would end in an ImportError
         print(f"dataset-bench: error: {missing}", file=sys.stderr)
         return 2
-    bar: Any = _Bar() if args.progress else None
-    try:
-        result = run_benchmark(config, progress=bar)
-    except (ValueError, OSError, RuntimeError, PackError, SourceError) as exc:
-        print(f"dataset-bench: error: {exc}", file=sys.stderr)
+    result = _measure(args.progress, lambda bar: run_benchmark(config, progress=bar))
+    if result is None:
         return 1
-    finally:
-        if bar is not None:
-            bar.close()
     print(report_text(result))
     if args.json:
         print(f"wrote {result.save_json(args.json)}")
