@@ -23,6 +23,7 @@ import io
 import math
 import mmap
 import os
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -80,6 +81,7 @@ class MemmapDataset(MapReader):
         size = (self.meta.get("files") or {}).get(self.data_name)
         self._map = PerProcess(functools.partial(_open_flat, self.file_ref(self.data_name), size))
         self._blobs: PerProcess[dict[str, tuple[np.ndarray, np.ndarray]]] = PerProcess(dict)
+        self._rows_tensor: PerProcess[torch.Tensor] = PerProcess(self._rows_as_tensor)
 
     def _blob_file(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Variable field ``name``: ``field-<name>.bin`` mapped, and ``field-<name>.offsets.npy``
@@ -157,6 +159,13 @@ class MemmapDataset(MapReader):
                 f"{n * stride}: the file is truncated or damaged")
         return flat[: n * stride].reshape(n, *shape)
 
+    def _rows_as_tensor(self) -> torch.Tensor:
+        """:meth:`rows` as a tensor over the same read-only mapping, which is only ever read from
+        (torch warns that it cannot mark a tensor read-only; created once per process)."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+            return torch.from_numpy(self.rows())
+
     def batchable(self) -> bool:
         return (self.fields is None and (not self.decode or self.transform is None or self._crop_box() is not None)
                 and self.rows() is not None)
@@ -199,11 +208,12 @@ class MemmapDataset(MapReader):
             # mode="clip": the indices are checked already, and with the default "raise" numpy writes
             # through a temporary buffer when given `out` (measured: 2.5x slower)
             np.take(rows, idx, axis=0, out=out, mode="clip")
-        else:  # one strided copy per sample (np.take would first copy the whole cropped view)
+        else:  # one gather of the strided window (np.take would first copy the whole cropped view)
             top, left, h, w = crop
-            window = rows[:, top:top + h, left:left + w]
-            for k, i in enumerate(idx.tolist()):
-                out[k] = window[i]
+            # torch's gather releases the GIL for the whole batch; a numpy copy per sample holds it,
+            # so loader threads ran one at a time (measured: 2 threads 67k samples/s, one 69k)
+            window = self._rows_tensor.get()[:, top:top + h, left:left + w]
+            torch.index_select(window, 0, torch.from_numpy(idx), out=torch.from_numpy(out))
         if self.decode:
             images: Any = torch.from_numpy(out).permute(0, 3, 1, 2)
         else:
