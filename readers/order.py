@@ -54,22 +54,25 @@ from readers.env import WorkerEnv
 __all__ = ["ShardLayout", "ShardSettings", "shard_stream", "interleave", "buffer_shuffle",
            "worker_order", "round_robin", "batch_counts", "consumed_batches", "permutation", "rank_indices",
            "worker_lengths", "shards_delivered", "resume_order", "is_exact", "settings_of", "shares",
-           "source_stream", "epoch_draw", "shuffle_at", "rank_positions", "rank_order", "MAP_ORDER", "MAP_ORDERS"]
+           "source_stream", "epoch_draw", "shuffle_at", "ab_domain", "rank_positions", "rank_order", "MAP_ORDER", "MAP_ORDERS"]
 
 
 # --------------------------------------------------------------------------- map-style
 
 
-#: How a map-style epoch is shuffled, as a resume point records it (``map_order``): ``"feistel"``
-#: (:func:`shuffle_at`, evaluated for any positions without the others); ``"rng"``: numpy's
-#: ``default_rng([seed, epoch]).permutation(n)`` of all n samples, what releases before
-#: ``map_order`` existed shuffled with (a resume point without the key is one of those).
-MAP_ORDERS = ("feistel", "rng")
-MAP_ORDER = "feistel"
-_ROUNDS = 8  # Feistel rounds (fewer left pairs of nearby positions correlated at 1,000 samples)
+#: How a map-style epoch is shuffled, as a resume point records it (``map_order``): ``"feistel-ab"``
+#: (:func:`shuffle_at`, evaluated for any positions without the others, on a domain that fits n);
+#: ``"feistel"``: the release before, the same kind of network on ``2^b`` values (a point saved
+#: by it resumes in its own order); ``"rng"``: numpy's ``default_rng([seed, epoch]).permutation(n)``
+#: of all n samples, what releases before ``map_order`` existed shuffled with (a resume point
+#: without the key is one of those).
+MAP_ORDERS = ("feistel-ab", "feistel", "rng")
+MAP_ORDER = "feistel-ab"
+_ROUNDS = 8  # Feistel rounds, even (fewer left pairs of nearby positions correlated at 1,000 samples)
 _SMALL = 1 << 16  # below this many samples the whole permutation is numpy's (cheap, and exact for tiny n)
 _BLOCK = 1 << 16  # positions per vectorized step (temporaries of 512 KB: they stay in cache)
 _MUL = np.uint64(0x9E3779B97F4A7C15)  # odd; the high bits of x * _MUL mix every bit of x
+_32 = np.uint64(32)
 
 
 def _round_keys(seed: int, epoch: int) -> np.ndarray:
@@ -77,7 +80,8 @@ def _round_keys(seed: int, epoch: int) -> np.ndarray:
 
 
 def _feistel(x: np.ndarray, bits: int, keys: np.ndarray) -> np.ndarray:
-    """One pass of the keyed Feistel network over ``bits``-bit values (a bijection of them).
+    """One pass of the keyed Feistel network over ``bits``-bit values (a bijection of them): the
+    ``"feistel"`` order, kept so that a resume point saved with it resumes in it.
 
     ``x`` is cut into a high part of ``bits - bits // 2`` bits and a low part of ``bits // 2``;
     each round maps ``(L, R)`` to ``(R, L xor F(R))``, the new right part as wide as the old left
@@ -94,31 +98,79 @@ def _feistel(x: np.ndarray, bits: int, keys: np.ndarray) -> np.ndarray:
     return (left << np.uint64(wr)) | right
 
 
-def shuffle_at(positions: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
+def ab_domain(n: int) -> tuple[int, int]:
+    """``(a, b)`` with ``a = ceil(sqrt(n))``, ``b = ceil(n / a)``: ``n <= a * b < n + a``, so
+    a bijection of ``[0, a * b)`` restricted to ``[0, n)`` re-encrypts fewer than one value in
+    ``sqrt(n)`` (one in 256 at 65,536 samples, one in 10,000 at 100M)."""
+    a = math.isqrt(n - 1) + 1
+    return a, -(-n // a)
+
+
+def _feistel_ab(x: np.ndarray, a: int, b: int, keys: np.ndarray) -> np.ndarray:
+    """One pass of a keyed Feistel network on ``[0, a * b)`` (a bijection of it; ``a, b < 2^32``).
+
+    ``x = L * b + R`` with ``L < a``, ``R < b``; each round maps ``(L, R)`` to
+    ``(R, (L + F(R)) mod m)``, ``m`` the range of ``L``, so the two parts swap ranges every round and
+    an even number of rounds ends on ``(a, b)`` again. ``F(R)`` is the top 32 bits of
+    ``(R xor key) x _MUL`` scaled into ``[0, m)`` by a multiply-shift (no division); the sum is
+    reduced by ``min(s, s - m)`` (unsigned: ``s - m`` wraps past ``s`` when ``s < m``)."""
+    left, right = np.divmod(x, np.uint64(b))
+    ml, mr = np.uint64(a), np.uint64(b)
+    z, t = np.empty_like(left), np.empty_like(left)  # every step in place: no temporaries per round
+    for k in keys:
+        np.bitwise_xor(right, k, out=z)
+        z *= _MUL
+        z >>= _32
+        z *= ml
+        z >>= _32
+        z += left
+        np.subtract(z, ml, out=t)
+        np.minimum(z, t, out=z)
+        left, right, z, ml, mr = right, z, left, mr, ml
+    left *= np.uint64(b)
+    left += right
+    return left
+
+
+def shuffle_at(positions: np.ndarray, n: int, seed: int, epoch: int, kind: str = MAP_ORDER) -> np.ndarray:
     """``perm[positions]`` of the epoch's permutation of ``n`` samples, computed for these positions
     alone: O(len(positions)) time and memory, never the other ``n`` entries.
 
-    The permutation is a keyed Feistel network on the ``2^b`` values of ``b = bits(n - 1)`` bits
-    (``2^b < 2n``), keys drawn from ``(seed, epoch)``, restricted to ``[0, n)`` by cycle walking
-    (a value at or past ``n`` is encrypted again until it lands inside: a bijection of ``[0, n)``;
-    fewer than 2 passes are expected). Below ``_SMALL`` samples it is numpy's permutation of all
-    of them (cheap there; a Feistel network on a few bits is a poor shuffle). Its shuffle quality
-    is numpy's permutation's (``readers.quality``, ``benchmarks/bench_shuffle.py``).
+    The permutation is a keyed Feistel network (keys drawn from ``(seed, epoch)``) on the
+    ``a x b`` values of :func:`ab_domain` (``kind="feistel-ab"``) or, for a resume point saved by
+    the release before (``"feistel"``), on the ``2^b`` values of ``b = bits(n - 1)`` bits
+    (``2^b < 2n``); either is restricted to ``[0, n)`` by cycle walking (a value at or past ``n``
+    is encrypted again until it lands inside: a bijection of ``[0, n)``). On ``a x b`` fewer than
+    one value in ``sqrt(n)`` walks, so the cost per position does not depend on where n falls
+    (on ``2^b`` it varied 2x: up to 2 passes expected). Below ``_SMALL`` samples it is numpy's
+    permutation of all of them (cheap there; a Feistel network on a few bits is a poor shuffle).
+    Its shuffle quality is numpy's permutation's (``readers.quality``, ``benchmarks/bench_shuffle.py``).
     """
+    if kind not in ("feistel-ab", "feistel"):
+        raise ValueError(f"unknown keyed map-style order {kind!r} (known: feistel-ab, feistel)")
     positions = np.asarray(positions, dtype=np.int64)
     if n <= 1 or len(positions) == 0:
         return positions.copy()
     if n < _SMALL:
         return np.random.default_rng([int(seed), int(epoch), 0xFE15]).permutation(n)[positions]
-    bits = (n - 1).bit_length()
     keys = _round_keys(seed, epoch)
+    if kind == "feistel":
+        bits = (n - 1).bit_length()
+
+        def encrypt(v: np.ndarray) -> np.ndarray:
+            return _feistel(v, bits, keys)
+    else:
+        a, b = ab_domain(n)
+
+        def encrypt(v: np.ndarray) -> np.ndarray:
+            return _feistel_ab(v, a, b, keys)
     out = np.empty(len(positions), dtype=np.int64)
     limit = np.uint64(n)
     for lo in range(0, len(positions), _BLOCK):
-        y = _feistel(positions[lo:lo + _BLOCK].astype(np.uint64), bits, keys)
+        y = encrypt(positions[lo:lo + _BLOCK].astype(np.uint64))
         outside = np.flatnonzero(y >= limit)
         while len(outside):
-            y[outside] = _feistel(y[outside], bits, keys)
+            y[outside] = encrypt(y[outside])
             outside = outside[y[outside] >= limit]
         out[lo:lo + _BLOCK] = y.astype(np.int64)
     return out
@@ -131,9 +183,9 @@ def permutation(n: int, seed: int, epoch: int, shuffle: bool = True, kind: str =
         return np.arange(n, dtype=np.int64)
     if kind == "rng":
         return np.random.default_rng([int(seed), int(epoch)]).permutation(n)
-    if kind != MAP_ORDER:
+    if kind not in MAP_ORDERS:
         raise ValueError(f"unknown map-style order {kind!r} (known: {', '.join(MAP_ORDERS)})")
-    return shuffle_at(np.arange(n, dtype=np.int64), n, seed, epoch)
+    return shuffle_at(np.arange(n, dtype=np.int64), n, seed, epoch, kind)
 
 
 def rank_positions(n: int, world: int, rank: int, drop_last: bool = False, start: int = 0,

@@ -10,6 +10,7 @@ was, so runs resume the same way across versions.
 
 from __future__ import annotations
 
+import math
 import tracemalloc
 
 import numpy as np
@@ -276,6 +277,43 @@ def test_a_state_saved_with_numpys_shuffle_resumes_each_remaining_sample_once():
     rest = [_rank_list(n, world, r, point) for r in range(world)]
     seen = np.concatenate([taken] + rest)
     assert sorted(seen.tolist()) == list(range(n))
+
+
+def test_a_state_saved_with_the_power_of_two_feistel_order_resumes_each_remaining_sample_once():
+    """A resume point saved by the release whose map-style order was the Feistel network on 2^b
+    values (``map_order="feistel"``): its delivered samples are that order's; the rest come once."""
+    n, world, bs, delivered = 70_000, 4, 64, 30
+    old = readers.order.shuffle_at(np.arange(n), n, 0, 2, kind="feistel")
+    assert not np.array_equal(old, readers.order.permutation(n, 0, 2)), "the two orders should differ"
+    taken = np.concatenate([old[r::world][:delivered * bs] for r in range(world)])
+    point = dict(_point(world, bs, delivered), map_order="feistel")
+    rest = [_rank_list(n, world, r, point) for r in range(world)]
+    assert sorted(np.concatenate([taken] + rest).tolist()) == list(range(n))
+
+
+@pytest.mark.parametrize("n", [65_537, (1 << 20) + 1, 3_000_000, (1 << 22) - 1])
+def test_map_order_encrypts_each_position_about_once_wherever_n_falls(monkeypatch, n):
+    """The map-style order's cost per position is flat in n: on the ``a x b`` domain of
+    ``ab_domain`` fewer than one value in sqrt(n) is re-encrypted (cycle walking). On ``2^b``
+    values (the previous order) n just above a power of two re-encrypted about as many values
+    as there are positions; this counts the values each network encrypted."""
+    counted = {"feistel-ab": 0, "feistel": 0}
+    for name, kind in (("_feistel_ab", "feistel-ab"), ("_feistel", "feistel")):
+        real = getattr(readers.order, name)
+
+        def counting(x, *args, _real=real, _kind=kind):
+            counted[_kind] += len(x)
+            return _real(x, *args)
+
+        monkeypatch.setattr(readers.order, name, counting)
+    positions = np.arange(0, n, 7)
+    for kind in counted:
+        readers.order.shuffle_at(positions, n, 1, 0, kind=kind)
+    a, b = readers.order.ab_domain(n)
+    assert n <= a * b < n + a
+    assert counted["feistel-ab"] <= len(positions) * (1 + 3 / math.sqrt(n)) + 8
+    if n & (n - 1) == 1 or n == (1 << 20) + 1:  # just above a power of two: the old domain is ~2n
+        assert counted["feistel"] > 1.5 * len(positions)
 
 
 def test_epoch_sampler_iterates_without_a_python_int_per_sample():
