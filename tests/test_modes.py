@@ -42,12 +42,15 @@ THREADS = [
     ("lmdb", {"decode": False}, {}),
     ("wds", {"decode": False}, {}),
     ("mmap-fixed", {}, {}),
-    ("hdf5", {}, {}),  # the reader's own decode
+    ("mmap-fixed", {"transform": ResizeCenterCrop(STORED, 16)}, {}),  # a crop of stored pixels: whole batches
+    ("wds", {}, {}),  # the reader's own decode
     ("wds", {"transform": imagenet_eval_transform(16, 20)}, {}),
-    ("lmdb", {"transform": Compose([imagenet_train_transform(16, seed=0)])}, {}),
     ("lmdb", {"decode": False, "transform": user_transform}, {}),  # decode=False: no transform runs
 ]
 PROCESSES = [
+    ("hdf5", {}, {}, "map-style reader decoding each sample"),  # the reader's own decode
+    ("lmdb", {"transform": Compose([imagenet_train_transform(16, seed=0)])}, {}, "map-style reader decoding"),
+    ("mmap-fixed", {"transform": imagenet_train_transform(16, seed=0)}, {}, "map-style reader decoding"),
     ("lmdb", {"transform": user_transform}, {}, "Python transform of your own (function)"),
     ("lmdb", {"transform": Compose([imagenet_eval_transform(16, 20), user_transform])}, {}, "Compose"),
     ("wds", {"image": "pil"}, {}, "image='pil'"),
