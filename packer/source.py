@@ -434,30 +434,37 @@ def scan(root: str | os.PathLike, *, follow_symlinks: bool = False) -> Source:
     for label, cls in enumerate(classes):
         for dirpath, filenames in _walk_class(root, cls, real_root, follow_symlinks, skipped):
             rel_dir = Path(dirpath).relative_to(root).as_posix()
-            for name in filenames:
-                # plain strings and one lstat per regular file: ImageNet has 1.28M of them
-                rel = f"{rel_dir}/{name}" if rel_dir != "." else name
-                if not _is_image_name(name):
-                    ignored.append(rel)
-                    continue
-                full = os.path.join(dirpath, name)
-                try:
-                    st = os.lstat(full)
-                    if stat.S_ISLNK(st.st_mode):
-                        if not follow_symlinks and not Path(full).resolve().is_relative_to(real_root):
-                            skipped.append(rel)
-                            continue
-                        st = os.stat(full)
-                except OSError as exc:
-                    raise SourceError(f"{full}: cannot read ({exc.strerror})") from exc
-                if not stat.S_ISREG(st.st_mode):  # a FIFO would block the pack, a device never ends
-                    special.append(rel)
-                    ignored.append(rel)
-                    continue
-                paths.append(rel)
-                labels.append(label)
-                sizes.append(st.st_size)
-                mtimes.append(st.st_mtime_ns)
+            try:  # each file's lstat relative to its folder: the kernel resolves one name, not the whole path
+                folder = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError as exc:
+                raise SourceError(f"{dirpath}: cannot read the folder ({exc.strerror})") from exc
+            try:
+                for name in filenames:
+                    # plain strings and one lstat per regular file: ImageNet has 1.28M of them
+                    rel = f"{rel_dir}/{name}" if rel_dir != "." else name
+                    if not _is_image_name(name):
+                        ignored.append(rel)
+                        continue
+                    try:
+                        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+                        if stat.S_ISLNK(st.st_mode):
+                            full = os.path.join(dirpath, name)
+                            if not follow_symlinks and not Path(full).resolve().is_relative_to(real_root):
+                                skipped.append(rel)
+                                continue
+                            st = os.stat(full)
+                    except OSError as exc:
+                        raise SourceError(f"{os.path.join(dirpath, name)}: cannot read ({exc.strerror})") from exc
+                    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the pack, a device never ends
+                        special.append(rel)
+                        ignored.append(rel)
+                        continue
+                    paths.append(rel)
+                    labels.append(label)
+                    sizes.append(st.st_size)
+                    mtimes.append(st.st_mtime_ns)
+            finally:
+                os.close(folder)
     if special:
         log.warning("%d file(s) named like images are not regular files (FIFO, device, socket) and are "
                     "ignored: %s", len(special), ", ".join(str(root / r) for r in special[:5]))
