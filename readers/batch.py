@@ -36,7 +36,7 @@ import torch
 from readers.perprocess import PerProcess
 
 __all__ = ["ByteBatch", "index_array", "finish_batch", "byte_offsets", "new_byte_batch", "byte_batch", "shared_tensor", "Allocator",
-           "BufferPool", "batch_buffer"]
+           "BufferPool", "batch_buffer", "concat_into"]
 
 #: ``alloc(nbytes) -> uint8 numpy array`` (or uint8 tensor) of at least that many bytes: where a batch
 #: is written (this process's pool by default; a reusable shared-memory slot in a worker process).
@@ -153,9 +153,17 @@ def byte_batch(pieces: Sequence[Any], sizes: Any = None, alloc: Allocator | None
     """Copy ``pieces`` (buffers of ``sizes`` bytes each; default their lengths) back to back into one ByteBatch."""
     offsets = byte_offsets([memoryview(p).nbytes for p in pieces] if sizes is None else sizes)
     batch, data = new_byte_batch(offsets, alloc)
-    if len(pieces):  # one numpy call: 1.3x the speed of a memoryview slice assignment per piece
-        np.concatenate([np.frombuffer(p, dtype=np.uint8) for p in pieces], out=data)
+    concat_into([np.frombuffer(p, dtype=np.uint8) for p in pieces], data)
     return batch
+
+
+def concat_into(pieces: Sequence[np.ndarray], data: np.ndarray) -> None:
+    """Copy ``pieces`` (1-D uint8 arrays, e.g. slices of a mapped file) back to back into ``data``, which
+    they fill exactly, in one numpy call. A memoryview slice assignment per piece took 1.3x as long in
+    one thread, and with two loader threads the Python between pieces passed the GIL back and forth
+    (lmdb ``decode=False``, 2 threads: 52k samples/s that way, 87k this way)."""
+    if len(pieces):
+        np.concatenate(pieces, out=data)
 
 
 class GatheredItems:

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from readers import spec
-from readers.batch import byte_offsets, finish_batch, new_byte_batch
+from readers.batch import byte_offsets, concat_into, finish_batch, new_byte_batch
 from readers.formats import wds_io
 
 __all__ = ["supported", "iter_batches", "ShardMaps"]
@@ -122,21 +122,23 @@ def _read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray) -> tuple:
     headers = np.empty((len(idx), BLOCK), dtype=np.uint8)
     shards = ds.sample_shards[idx]
     starts = ds.sample_offsets[idx]
-    # Memoryview slices, Python ints and the current shard's mapping held across samples: per sample
-    # this loop is one memcpy of the bytes (and of the header, the first time) and little else.
-    out, heads = memoryview(data), memoryview(headers).cast("B")
-    last, view = -1, memoryview(b"")
-    for k, (shard, start, size, at, check) in enumerate(zip(shards.tolist(), starts.tolist(), sizes.tolist(),
-                                                            offsets.tolist(), todo.tolist())):
+    # Python ints and the current shard's mapping held across samples: per sample this loop takes a
+    # view of the bytes (and copies the header, the first time); one concat_into copies them all.
+    heads = memoryview(headers).cast("B")
+    pieces = []
+    last, view = -1, np.zeros(0, dtype=np.uint8)
+    for k, (shard, start, size, check) in enumerate(zip(shards.tolist(), starts.tolist(), sizes.tolist(),
+                                                        todo.tolist())):
         if shard != last:
-            last, view = shard, memoryview(maps.get(ds, shard))
+            last, view = shard, maps.get(ds, shard)
         if start + size > len(view) or start < BLOCK:
             raise spec.DatasetFormatError(
                 f"{ds.shard_location(shard)} at byte {start - BLOCK}: shard ends early (sample {int(idx[k])}): "
                 "truncated or damaged")
         if check:
             heads[k * BLOCK:(k + 1) * BLOCK] = view[start - BLOCK:start]
-        out[at:at + size] = view[start:start + size]
+        pieces.append(view[start:start + size])
+    concat_into(pieces, data)
     if todo.any():
         rows = np.flatnonzero(todo)
         ok = canonical_ok(headers[rows], idx[rows], sizes[rows])

@@ -38,7 +38,7 @@ import numpy as np
 
 from readers import spec
 from readers.base import MapReader
-from readers.batch import Allocator, byte_offsets, finish_batch, index_array, new_byte_batch
+from readers.batch import Allocator, byte_offsets, concat_into, finish_batch, index_array, new_byte_batch
 from readers.formats.h5layout import check_images
 from readers.perprocess import PerProcess
 
@@ -300,13 +300,11 @@ class HDF5Dataset(MapReader):
         if len(cut):
             raise spec.DatasetFormatError(f"{self.data_location}: sample {idx[cut[0]]} at byte {addrs[cut[0]]} is "
                                           "cut short: the file is truncated")
-        out, src, bounds = memoryview(data), memoryview(mapped), offsets.tolist()  # ~a memcpy per sample
-        for k, addr in enumerate(addrs.tolist()):
-            a, b = bounds[k], bounds[k + 1]
-            if addr >= 0:
-                out[a:b] = src[addr:addr + b - a]
-            else:  # spans chunks that are not adjacent in the file
-                self._copy_out(mapped, int(idx[k]), int(starts[k]), data[a:b])
+        pieces = [mapped[addr:addr + size] for addr, size in zip(addrs.tolist(), sizes.tolist())]
+        for k in np.flatnonzero(addrs < 0).tolist():  # spans chunks that are not adjacent in the file
+            pieces[k] = np.empty(int(sizes[k]), dtype=np.uint8)
+            self._copy_out(mapped, int(idx[k]), int(starts[k]), pieces[k])
+        concat_into(pieces, data)
         return finish_batch(self, batch, idx)
 
     def _addresses(self, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
