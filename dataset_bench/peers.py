@@ -636,7 +636,8 @@ def write_lance(files: Sequence[str], labels: Sequence[int], out: str | os.PathL
             blobs.append(fh.read())
     path = str(Path(out) / "images.lance")
     lance.write_dataset(pa.table({"image": pa.array(blobs, pa.binary()),
-                                  "label": pa.array([int(x) for x in labels], pa.int64())}), path)
+                                  "label": pa.array([int(x) for x in labels], pa.int64())}), path,
+                        mode="overwrite")  # a kept --work-dir: written again, as the other peers' files are
     return path
 
 
