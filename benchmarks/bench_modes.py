@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 from dataset_bench.cache import CacheControl  # noqa: E402
 from dataset_bench.machine import load_average, machine_info, machine_label  # noqa: E402
-from dataset_bench.measure import batch_len  # noqa: E402
+from dataset_bench.measure import batch_len, shutdown_loader  # noqa: E402
 from dataset_bench.naive import naive_loader  # noqa: E402
 from dataset_bench.synth import generate_image_folder  # noqa: E402
 from dataset_bench.targets import dataset_target, folder_target, pack_formats  # noqa: E402
@@ -100,14 +100,7 @@ def rate(make: Callable[[], Any], seconds: float, warmup: int) -> float:
             if t_start is not None and time.perf_counter() - t_start >= seconds:
                 break
     finally:
-        for obj in (it, getattr(loader, "_iterator", None)):
-            stop = getattr(obj, "_shutdown_workers", None)
-            if stop is not None:
-                stop()
-        loader._iterator = None
-        close = getattr(loader.dataset, "close", None)
-        if close is not None:
-            close()
+        shutdown_loader(loader, it)
     return samples / (time.perf_counter() - t_start)
 
 

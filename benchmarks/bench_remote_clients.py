@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from dataset_bench.measure import best_time  # noqa: E402
 from dataset_bench.servers import SeaweedServer  # noqa: E402
 
 MB = 1 << 20
@@ -99,15 +100,6 @@ class ObstoreClient:
 
 
 # --------------------------------------------------------------------------- measurements
-def best_of(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
 def ranged_gets(client, key: str, size: int, count: int, threads: int) -> tuple[float, float]:
     """(requests per second, p50 latency ms) for ``count`` random 100 KB range GETs."""
     rng = random.Random(7)
@@ -240,7 +232,7 @@ def run_store(srv: SeaweedServer, work: Path, big_key: str, big: int, args: argp
     rows.append(("Store.read_range 100 KB, 1 thread", args.small_count / (time.perf_counter() - t), "req/s"))
 
     for ahead in (0, 1):
-        secs = best_of(lambda: sum(map(len, store.stream(big_key, chunk_size=16 * MB, readahead=ahead))),
+        secs = best_time(lambda: sum(map(len, store.stream(big_key, chunk_size=16 * MB, readahead=ahead))),
                        args.repeat)
         rows.append((f"Store.stream {big // MB} MB, 16 MB chunks, readahead {ahead}", big / MB / secs, "MB/s"))
 
@@ -248,7 +240,7 @@ def run_store(srv: SeaweedServer, work: Path, big_key: str, big: int, args: argp
         with _tf.TemporaryDirectory(dir=work) as d:
             NodeCache(d).fetch(store, big_key, size=big, workers=4, part_size=16 * MB)
 
-    rows.append((f"NodeCache.fetch {big // MB} MB, 4 x 16 MB ranged parts", big / MB / best_of(fill, args.repeat),
+    rows.append((f"NodeCache.fetch {big // MB} MB, 4 x 16 MB ranged parts", big / MB / best_time(fill, args.repeat),
                  "MB/s"))
 
     arrays = index_arrays()
@@ -256,11 +248,11 @@ def run_store(srv: SeaweedServer, work: Path, big_key: str, big: int, args: argp
         store.put_bytes(f"index-1.28M/{name}", os.urandom(n))
     store.put_bytes("index-1.28M/index.json", b'{"format": "wds", "num_samples": 1281167}')
     names = ["index.json", *arrays]
-    ms = 1e3 * best_of(lambda: [store.read(f"index-1.28M/{x}") for x in names], args.repeat)
+    ms = 1e3 * best_time(lambda: [store.read(f"index-1.28M/{x}") for x in names], args.repeat)
     rows.append((f"1.28M-sample wds index ({sum(arrays.values()) / MB:.0f} MB, 6 objects) read", ms, "ms"))
 
     local = work / "big.bin"
-    secs = best_of(lambda: local.read_bytes(), args.repeat)
+    secs = best_time(lambda: local.read_bytes(), args.repeat)
     rows.append((f"local disk (page cache), {big // MB} MB read", big / MB / secs, "MB/s"))
     return rows
 
@@ -285,7 +277,7 @@ def run(args: argparse.Namespace) -> tuple[list, list]:
             print(f"  measured: {label}", file=sys.stderr)
 
         row(f"upload {args.big_mb} MB object, MB/s (multipart)",
-            lambda c: args.big_mb / best_of(lambda: c.put(f"big-{c.name}", blob), 1))
+            lambda c: args.big_mb / best_time(lambda: c.put(f"big-{c.name}", blob), 1))
         row("import + first request, s",
             lambda c: first_request_s(srv, c.name, args.repeat))
         row("100 KB range GETs, 1 thread, req/s",
@@ -297,10 +289,10 @@ def run(args: argparse.Namespace) -> tuple[list, list]:
         row(f"{args.big_mb} MB as 16 MB range GETs, MB/s",
             lambda c: max(sequential(c, "big-s3fs", big, 16 * MB) for _ in range(args.repeat)))
         rows.append((f"{args.big_mb} MB as one streamed GET, MB/s", {
-            "s3fs": "-", "obstore": args.big_mb / best_of(lambda: clients[1].stream_one_get("big-s3fs", 16 * MB),
+            "s3fs": "-", "obstore": args.big_mb / best_time(lambda: clients[1].stream_one_get("big-s3fs", 16 * MB),
                                                           args.repeat)}))
         row(f"{args.index_mb} MB index object, whole read, ms",
-            lambda c: 1e3 * best_of(lambda: c.whole("index"), args.repeat))
+            lambda c: 1e3 * best_time(lambda: c.whole("index"), args.repeat))
         row("fork-safe (forked child builds a client and reads)", lambda c: fork_safe(srv, c.name))
         return rows, run_store(srv, work, "big-s3fs", big, args)
     finally:

@@ -309,11 +309,9 @@ def probe_pack(src: str, out: str, fmt: str, workers: int) -> dict[str, Any]:
     from packer.options import PackOptions
     from packer.source import scan
 
-    scan_s = float("inf")  # the faster of two: the first may read directory blocks the pack before it evicted
-    for _ in range(2):
-        t0 = time.perf_counter()
-        scan(src)
-        scan_s = min(scan_s, time.perf_counter() - t0)
+    from dataset_bench.measure import best_time
+
+    scan_s = best_time(lambda: scan(src), 2)  # the first may read directory blocks the pack before it evicted
     before = peak_rss()
     t0 = time.perf_counter()
     with _PeakAnon() as private:
@@ -359,15 +357,6 @@ def _warm(folder: str) -> None:
                     pass
 
 
-def _best_time(fn: Any, repeats: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def probe_read(folder: str, packed: bool) -> dict[str, Any]:
     """Open, memory, random access, first batch, worker memory, order, state_dict, resume."""
     import pickle
@@ -379,6 +368,7 @@ def probe_read(folder: str, packed: bool) -> dict[str, Any]:
     import readers.formats.mmap  # noqa: F401
     import readers.formats.wds  # noqa: F401
     import readers.loader  # noqa: F401
+    from dataset_bench.measure import best_time
     from readers.env import WorkerEnv
     from readers.sampler import EpochSampler
 
@@ -443,7 +433,7 @@ def probe_read(folder: str, packed: bool) -> dict[str, Any]:
         first = order(0)
         res["order_peak"] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        res["order_s"] = _best_time(lambda: order(0))  # timed apart: tracemalloc slows numpy's allocations
+        res["order_s"] = best_time(lambda: order(0), 3)  # timed apart: tracemalloc slows numpy's allocations
         # state_dict in the middle of epoch 1, as a loader with 8 ranks x 8 workers saves it
         per_rank = len(first) * (WORKERS if wds else 1)
         delivered = max(1, per_rank // BATCH // 2)

@@ -53,6 +53,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler
 
+from dataset_bench.measure import shutdown_loader
 from packer import PackOptions, pack
 from readers import make_loader, open_dataset
 from readers.env import available_cpus, default_workers
@@ -217,14 +218,7 @@ def train_row(row: str, seed: int, cfg: Config, train: Path, packed: dict[str, P
             secs.append(round(elapsed, 3))
             accs.append(round(accuracy(model, *val), 4))
     finally:
-        # persistent workers: stop them now, not at garbage collection (as dataset-bench does)
-        shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-            loader._iterator = None
-        close = getattr(loader.dataset, "close", None)
-        if close is not None:
-            close()
+        shutdown_loader(loader)  # persistent workers: stop them now, not at garbage collection
     quality = measure(first, class_counts, sum(class_counts))
     return Run(row, seed, accs, secs, sum(len(b[1]) for b in first), round(quality.distinct_ratio, 3),
                None if quality.displacement_ratio is None else round(quality.displacement_ratio, 3),

@@ -18,7 +18,8 @@ from typing import Any, Callable
 from dataset_bench.machine import process_tree_pss
 from dataset_bench.naive import naive_loader
 
-__all__ = ["MODES", "LoaderStats", "batch_len", "measure_loader", "measure_format", "measure_naive", "eval_transform"]
+__all__ = ["MODES", "LoaderStats", "batch_len", "best_time", "shutdown_loader", "measure_loader", "measure_format",
+           "measure_naive", "eval_transform"]
 
 MODES = ("raw", "decoded")  # raw: decode=False (stored bytes / pixels); decoded: the eval transform
 MB = 1e6
@@ -61,7 +62,17 @@ def batch_len(batch: Any) -> int:
         return 1
 
 
-def _shutdown(loader: Any, it: Any) -> None:
+def best_time(fn: Callable[[], Any], repeats: int) -> float:
+    """The shortest of ``repeats`` timed calls of ``fn()``, in seconds."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def shutdown_loader(loader: Any, it: Any = None) -> None:
     """Stop the loader's workers now (persistent workers would outlive the pass) and close the dataset."""
     for obj in (it, getattr(loader, "_iterator", None)):
         stop = getattr(obj, "_shutdown_workers", None)
@@ -129,7 +140,7 @@ def measure_loader(make: Callable[[], Any], *, bytes_per_sample: float = 0.0, ma
                 break
         pss.sample()
     finally:
-        _shutdown(loader, it)
+        shutdown_loader(loader, it)
         del it
     return _loader_stats(t0, arrivals, warmup, bytes_per_sample, pss)
 

@@ -494,15 +494,21 @@ def _own_transform(transform: Any) -> bool:
     return type(transform).__module__.startswith("readers.")
 
 
+def _first_reason(dataset: Any, reason: Callable[[Any], str | None]) -> str | None:
+    """``reason(reader)`` for the first reader under ``dataset`` that has one: each source of a mixture,
+    the dataset under a subset, else ``dataset`` itself."""
+    sources = getattr(dataset, "sources", None)
+    if sources is not None:  # a mixture: every source must do
+        return next((why for why in (_first_reason(s, reason) for s in sources) if why is not None), None)
+    if type(dataset).__module__ == "readers.subsets":
+        return _first_reason(dataset.dataset, reason)
+    return reason(dataset)
+
+
 def _gil_free(dataset: Any) -> str | None:
     """Why ``dataset``'s per-sample work may hold the GIL (so worker processes suit it better), or None
     when it releases it: a reader of this package reading stored bytes, stored pixels, or decoding
     with its own decode and transforms."""
-    sources = getattr(dataset, "sources", None)
-    if sources is not None:  # a mixture: every source must do
-        return next((why for why in map(_gil_free, sources) if why is not None), None)
-    if type(dataset).__module__ == "readers.subsets":
-        return _gil_free(dataset.dataset)
     from readers.base import PackedDataset
 
     if not isinstance(dataset, PackedDataset):
@@ -523,11 +529,6 @@ def _decodes_per_sample(dataset: Any) -> str | None:
     threads queue for one GIL there: with 2 workers on 2 cores, worker processes delivered 0-20%
     more images/s than threads for lmdb and hdf5 (eval and train transforms; ``ShardDataset`` the same
     in both kinds, so it keeps threads)."""
-    sources = getattr(dataset, "sources", None)
-    if sources is not None:
-        return next((why for why in map(_decodes_per_sample, sources) if why is not None), None)
-    if type(dataset).__module__ == "readers.subsets":
-        return _decodes_per_sample(dataset.dataset)
     from readers.base import MapReader
 
     if isinstance(dataset, MapReader) and dataset.decode and not dataset.batchable():
@@ -552,7 +553,7 @@ def choose_workers(dataset: Any, *, num_workers: int, collate_fn: Callable | Non
         return "processes", "a worker_init_fn of your own"
     if collate_fn is not None:
         return "processes", f"a collate_fn of your own ({getattr(collate_fn, '__name__', type(collate_fn).__name__)})"
-    why = _gil_free(dataset) or _decodes_per_sample(dataset)
+    why = _first_reason(dataset, _gil_free) or _first_reason(dataset, _decodes_per_sample)
     if why is not None:
         return "processes", why
     return "threads", "the reader's own work releases the GIL (stored bytes, stored pixels, its own decode and transforms)"

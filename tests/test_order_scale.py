@@ -312,7 +312,7 @@ def test_map_order_encrypts_each_position_about_once_wherever_n_falls(monkeypatc
     a, b = readers.order.ab_domain(n)
     assert n <= a * b < n + a
     assert counted["feistel-ab"] <= len(positions) * (1 + 3 / math.sqrt(n)) + 8
-    if n & (n - 1) == 1 or n == (1 << 20) + 1:  # just above a power of two: the old domain is ~2n
+    if (n - 1) & (n - 2) == 0:  # one above a power of two: the old domain is ~2n
         assert counted["feistel"] > 1.5 * len(positions)
 
 
