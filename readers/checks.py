@@ -19,22 +19,26 @@ Both checks are O(N): a local dataset whose files pass them is recorded once per
 
 Every failure is a :class:`readers.spec.DatasetFormatError` naming the file
 (``index.json`` or the array) and, for arrays, the first bad sample.
-Memory stays flat at ImageNet size: arrays are checked in slices.
+Memory stays flat at ImageNet size: arrays are checked in slices, one pass for every rule,
+on :func:`readers.env.check_threads` threads.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from readers import checkcache, spec
+from readers.env import check_threads
 
 __all__ = ["check_index", "data_files"]
 
 _SLICE = 1 << 18  # samples per vectorized step (bounded temporaries for 1.28M-sample indexes)
 _BYTES_LIMIT = 1 << 63  # byte counts and sample counts are compared with int64 arrays
+_NONE = np.zeros(0, dtype=bool)  # a rule's mask for a slice where a reduction showed no bad sample
 
 
 def _fail(path: Path | str, why: str) -> spec.DatasetFormatError:
@@ -77,7 +81,8 @@ def data_files(index: spec.Index) -> dict[str, int | None]:
 
 def check_index(index: spec.Index) -> None:
     """Raise DatasetFormatError (naming the file) unless every value a reader uses is in range."""
-    key = _checked_key(index)
+    digest = index.digest or (checkcache.meta_digest(index.meta) if index.store is None and index.sources else "")
+    key = _checked_key(index, digest)
     if key is not None and checkcache.passed(spec.VALUES_CHECK, key):
         return  # this very index.json and these very files passed on this machine before (readers.checkcache)
     meta, path = index.meta, _where(index, spec.INDEX_NAME)
@@ -102,40 +107,22 @@ def check_index(index: spec.Index) -> None:
         _check_hdf5_storage(storage, path)
     elif fmt == "mmap":
         _check_mmap_storage(storage, path)
-    _check_arrays(index, len(classes))
-    _check_class_counts(index, len(classes), path)
-    if key is not None and _checked_key(index) == key:
+    _check_arrays(index, len(classes), path)
+    if key is not None and _checked_key(index, digest) == key:
         checkcache.record(spec.VALUES_CHECK, key)
 
 
-def _checked_key(index: spec.Index) -> list | None:
+def _checked_key(index: spec.Index, digest: str) -> list | None:
     """The record of :mod:`readers.checkcache` for the values of a local index's arrays, when each
-    array is the file it was mapped from (None otherwise: a remote index, one built in memory)."""
+    array is the file it was mapped from (None otherwise: a remote index, one built in memory);
+    ``digest``: :func:`readers.checkcache.meta_digest` of its metadata."""
     sources = index.sources
     if index.store is not None or not sources or set(sources) != set(index.arrays):
         return None
-    key = spec.checked_files_key(Path(index.root), index.meta, index.arrays)
+    key = spec.checked_files_key(Path(index.root), digest, index.arrays)
     if key is None or any(tuple(ident[:4]) != tuple(sources[name]) for name, ident in key[2]):
         return None
     return key
-
-
-def _check_class_counts(index: spec.Index, num_classes: int, path: Path) -> None:
-    """index.json's class_counts (when recorded) must be what labels.npy counts: a label changed
-    without its checksum being kept in step (or in a dataset packed before checksums) shows here."""
-    counts = index.meta.get("class_counts")
-    if counts is None or "labels" not in index.arrays:
-        return
-    if not (isinstance(counts, list) and len(counts) == num_classes and all(_whole(c) for c in counts)):
-        raise _fail(path, f"class_counts must list one count per class ({num_classes})")
-    labels, actual = index.arrays["labels"], np.zeros(num_classes, dtype=np.int64)
-    for lo in range(0, len(labels), _SLICE):  # bincount of all labels at once: an int64 copy (800 MB at 100M)
-        actual += np.bincount(labels[lo:lo + _SLICE], minlength=num_classes)
-    if actual.tolist() != counts:
-        cls = int(np.flatnonzero(actual != np.array(counts))[0])
-        raise spec.DatasetFormatError(
-            f"{_where(index, spec.array_file('labels'))}: holds {actual[cls]} samples of class {cls}, "
-            f"{spec.INDEX_NAME} counts {counts[cls]}: the labels were changed")
 
 
 def _check_shard_list(index: spec.Index, path: Path) -> None:
@@ -180,73 +167,179 @@ def _check_mmap_storage(storage: dict, path: Path) -> None:
         raise _fail(path, f"storage.fixed_shape must be [height, width, 3] or null, got {shape!r}")
 
 
-def _first_bad(name: str, index: spec.Index, bad: Callable[[slice], np.ndarray], n: int,
-               why: Callable[[int], str]) -> None:
-    """Scan samples in slices; raise naming array ``name`` and the first sample where ``bad`` holds."""
-    for lo in range(0, n, _SLICE):
-        sl = slice(lo, min(n, lo + _SLICE))
-        hits = np.flatnonzero(bad(sl))
-        if len(hits):
-            i = lo + int(hits[0])
+#: A rule of :func:`_scan`: (the array a message names, the mask of a slice's bad samples -- given the
+#: slice and a dict shared by the rules of that slice --, the message for bad sample ``i``).
+Rule = tuple[str, Callable[[slice, dict], np.ndarray], Callable[[int], str]]
+
+
+def _scan(index: spec.Index, rules: list[Rule], n: int,
+          tally: Callable[[slice], np.ndarray] | None = None) -> np.ndarray | None:
+    """Check ``rules`` over samples ``0..n-1`` in slices of :data:`_SLICE`, in one pass: a slice's
+    values are read from memory once for all of its rules (and ``tally``, summed over the slices
+    that pass). Contiguous runs of slices go to :func:`readers.env.check_threads` threads (numpy's
+    comparisons and gathers release the GIL), each stopping at its first bad slice. Raises naming
+    the array of the first rule that fails in the first bad slice, and its first bad sample there;
+    a rule runs on a slice only after the ones before it passed there (a later rule may gather by
+    the values an earlier one bounds)."""
+    bounds = list(range(0, n, _SLICE)) + [n]
+    runs = min(check_threads(), len(bounds) - 1)
+
+    def run(k: int) -> tuple[tuple[int, int] | None, np.ndarray | None]:
+        total = None
+        for j in range(k * (len(bounds) - 1) // runs, (k + 1) * (len(bounds) - 1) // runs):
+            sl, memo = slice(bounds[j], bounds[j + 1]), {}
+            for r, (_, bad, _) in enumerate(rules):
+                hits = np.flatnonzero(bad(sl, memo))
+                if len(hits):
+                    return (r, sl.start + int(hits[0])), total
+            if tally is not None:
+                counted = tally(sl)
+                total = counted if total is None else total + counted
+        return None, total
+
+    if runs <= 1:
+        results = [run(0)] if n else []
+    else:
+        with cf.ThreadPoolExecutor(max_workers=runs, thread_name_prefix="index-check") as pool:
+            results = list(pool.map(run, range(runs)))
+    total = None
+    for failed, counted in results:
+        if failed is not None:
+            r, i = failed
+            name, _, why = rules[r]
             raise spec.DatasetFormatError(f"{_where(index, spec.array_file(name))}: sample {i}: {why(i)}")
+        if counted is not None:
+            total = counted if total is None else total + counted
+    return total
 
 
-def _check_arrays(index: spec.Index, num_classes: int) -> None:
-    a, root, n, fmt = index.arrays, index, index.num_samples, index.format
+def _check_arrays(index: spec.Index, num_classes: int, path: Path) -> None:
+    """Every array's values in range (one :func:`_scan`), and labels.npy counted per class against
+    index.json's class_counts when it records them (a label edited along with its checksum shows here)."""
+    a, n, fmt = index.arrays, index.num_samples, index.format
+    rules: list[Rule] = []
     labels = a.get("labels")
-    if labels is not None and spec.has_label(index.meta):  # a schema without a label: labels.npy means nothing
-        _first_bad("labels", root, lambda s: (labels[s] < 0) | (labels[s] >= num_classes), n,
-                   lambda i: f"label {labels[i]} is outside the {num_classes} classes {spec.INDEX_NAME} lists")
+    ranged = labels is not None and spec.has_label(index.meta)  # without a label field labels.npy means nothing
+    if ranged:
+        rules.append(("labels", lambda s, m: labels[s].view(np.uint32) >= num_classes,  # also < 0, as uint32
+                      lambda i: f"label {labels[i]} is outside the {num_classes} classes {spec.INDEX_NAME} lists"))
     sizes = a["sizes"]
-    _first_bad("sizes", root, lambda s: sizes[s] < 0, n, lambda i: f"size {sizes[i]} is negative")
+    rules.append(("sizes", lambda s, m: sizes[s] < 0, lambda i: f"size {sizes[i]} is negative"))
     for name in ("offsets", "heights", "widths"):
-        if name in a:
+        if name in a and not (fmt == "wds" and name == "offsets"):  # wds: at least a tar header, below
             arr, low = a[name], 1 if name in ("heights", "widths") else 0
-            _first_bad(name, root, lambda s, arr=arr, low=low: arr[s] < low, n,
-                       lambda i, arr=arr, low=low: f"value {arr[i]} is below {low}")
+            rules.append((name, lambda s, m, arr=arr, low=low: arr[s] < low,
+                          lambda i, arr=arr, low=low: f"value {arr[i]} is below {low}"))
     if fmt == "wds":
-        _check_wds_arrays(index)
+        rules += _wds_rules(index)
     elif fmt == "mmap":
         heights, widths = a["heights"], a["widths"]
-        _check_extents(index, "offsets", lambda s: heights[s].astype(np.int64) * widths[s] * 3)
+        rules += _extent_rules(index, "offsets", lambda s: heights[s].astype(np.int64) * widths[s] * 3)
     elif fmt == "hdf5":
-        _check_extents(index, "sizes", lambda s: sizes[s])
+        rules += _extent_rules(index, "sizes", lambda s: sizes[s])
     else:
         limit = data_files(index).get(spec.DATA_FILE[fmt])
         if limit is not None:
-            _first_bad("sizes", root, lambda s: sizes[s] > limit, n,
-                       lambda i: f"size {sizes[i]} is larger than the data file ({limit} bytes)")
+            rules.append(("sizes", lambda s, m: sizes[s] > limit,
+                          lambda i: f"size {sizes[i]} is larger than the data file ({limit} bytes)"))
+    counts = index.meta.get("class_counts") if labels is not None else None
+    if counts is not None and not (
+            isinstance(counts, list) and len(counts) == num_classes and all(_whole(c) for c in counts)):
+        raise _fail(path, f"class_counts must list one count per class ({num_classes})")
+
+    def tally(s: slice) -> np.ndarray:  # a slice at a time: a bincount of all labels is an int64 copy of them
+        got = labels[s]
+        if not ranged:  # not range-checked: a value outside the classes is counted apart, never indexed
+            got = np.where((got < 0) | (got >= num_classes), num_classes, got)
+        return np.bincount(got, minlength=num_classes + 1)
+
+    actual = _scan(index, rules, n, tally if counts is not None else None)
+    if counts is None:
+        return
+    actual = [0] * (num_classes + 1) if actual is None else actual.tolist()
+    where = _where(index, spec.array_file("labels"))
+    if actual[num_classes]:
+        raise spec.DatasetFormatError(f"{where}: holds {actual[num_classes]} labels outside the {num_classes} "
+                                      f"classes {spec.INDEX_NAME} lists: the labels were changed")
+    for cls, (got, recorded) in enumerate(zip(actual, counts)):
+        if got != recorded:
+            raise spec.DatasetFormatError(f"{where}: holds {got} samples of class {cls}, {spec.INDEX_NAME} "
+                                          f"counts {recorded}: the labels were changed")
 
 
-def _check_wds_arrays(index: spec.Index) -> None:
-    a, root, n = index.arrays, index, index.num_samples
+def _wds_rules(index: spec.Index) -> list[Rule]:
+    """Each sample in the shard index.json's shard list puts it in (its ``first`` .. ``first +
+    samples``: what :meth:`ShardDataset.samples_of_shard` reads), after a tar header, and its bytes
+    inside that shard. A slice's samples lie in a few runs of one shard each: per run a min and a
+    max (``reduceat``) decide, and only a slice holding a bad sample is compared sample by sample."""
+    a = index.arrays
     shards, offsets, sizes = a["shards"], a["offsets"], a["sizes"]
-    count = len(index.meta["shards"])
-    _first_bad("shards", root, lambda s: (shards[s] < 0) | (shards[s] >= count), n,
-               lambda i: f"shard {shards[i]} is outside the {count} shards {spec.INDEX_NAME} lists")
-    limit = np.array([s["bytes"] for s in index.meta["shards"]], dtype=np.int64)
-    block = spec.TAR_BLOCK
+    listed = index.meta["shards"]
+    count, block = len(listed), spec.TAR_BLOCK
+    limit = np.array([s["bytes"] for s in listed], dtype=np.int64)
+    held = np.flatnonzero(np.array([s["samples"] for s in listed], dtype=np.int64) > 0)  # shards with samples
+    firsts = np.array([listed[k]["first"] for k in held], dtype=np.int64)  # ascending (_check_shard_list)
 
-    def room(s: slice) -> np.ndarray:  # bytes from each sample's offset to the end of its shard
-        return limit[shards[s]] - offsets[s]
+    def runs(s: slice, memo: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(the shards holding the slice's samples, where each one's run starts in the slice, its length)."""
+        if "runs" not in memo:
+            lo = int(np.searchsorted(firsts, s.start, "right")) - 1
+            hi = int(np.searchsorted(firsts, s.stop - 1, "right"))
+            at = np.maximum(firsts[lo:hi] - s.start, 0)
+            memo["runs"] = held[lo:hi], at, np.diff(np.append(at, s.stop - s.start))
+        return memo["runs"]
 
-    _first_bad("offsets", root, lambda s: (offsets[s] < block) | (room(s) < 0), n,
-               lambda i: f"offset {offsets[i]} is not inside shard {shards[i]} after a tar header")
-    _first_bad("sizes", root, lambda s: sizes[s] > room(s), n,
-               lambda i: f"size {sizes[i]} at offset {offsets[i]} runs past the end of shard {shards[i]} "
-                         f"({limit[shards[i]]} bytes)")
+    def owner(i: int) -> int:
+        return int(held[np.searchsorted(firsts, i, "right") - 1])
+
+    def wrong_shard(s: slice, memo: dict) -> np.ndarray:
+        ks, at, lens = runs(s, memo)
+        got = shards[s]
+        if (np.minimum.reduceat(got, at) == ks).all() and (np.maximum.reduceat(got, at) == ks).all():
+            return _NONE
+        return got != np.repeat(ks, lens)
+
+    def outside(s: slice, memo: dict) -> np.ndarray:
+        ks, at, lens = runs(s, memo)
+        off = offsets[s]
+        if np.minimum.reduceat(off, at).min() >= block and (np.maximum.reduceat(off, at) <= limit[ks]).all():
+            return _NONE
+        return (off < block) | (off > np.repeat(limit[ks], lens))
+
+    def past_end(s: slice, memo: dict) -> np.ndarray:
+        ks, at, lens = runs(s, memo)
+        # offsets and sizes passed their rules (>= block, >= 0): as uint64 their sum cannot wrap
+        end = offsets[s].view(np.uint64) + sizes[s].view(np.uint64)
+        if (np.maximum.reduceat(end, at) <= limit[ks].view(np.uint64)).all():
+            return _NONE
+        return end > np.repeat(limit[ks].view(np.uint64), lens)
+
+    def shard_why(i: int) -> str:
+        if not 0 <= shards[i] < count:
+            return f"shard {shards[i]} is outside the {count} shards {spec.INDEX_NAME} lists"
+        return f"shard {shards[i]}, but the shard list in {spec.INDEX_NAME} puts it in shard {owner(i)}"
+
+    return [
+        ("shards", wrong_shard, shard_why),
+        ("offsets", outside, lambda i: f"offset {offsets[i]} is not inside shard {shards[i]} after a tar header"),
+        ("sizes", past_end, lambda i: f"size {sizes[i]} at offset {offsets[i]} runs past the end of shard "
+                                      f"{shards[i]} ({limit[shards[i]]} bytes)"),
+    ]
 
 
-def _check_extents(index: spec.Index, blame: str, lengths: Callable[[slice], np.ndarray]) -> None:
+def _extent_rules(index: spec.Index, blame: str, lengths: Callable[[slice], np.ndarray]) -> list[Rule]:
     """offsets[i] + lengths(i) within the data (mmap: the pixels after the header; hdf5: the file);
-    ``blame``: the array the message names."""
-    offsets, root, n = index.arrays["offsets"], index, index.num_samples
+    ``blame``: the array the message names. No rules when index.json records no size for the data
+    file: the reader checks against the file itself."""
+    offsets = index.arrays["offsets"]
     size = data_files(index).get(spec.DATA_FILE[index.format])
     if size is None:
-        return  # nothing recorded: the reader checks against the file itself
+        return []
     limit = size - spec.MMAP_HEADER_BYTES if index.format == "mmap" else size
-    _first_bad("offsets", root, lambda s: offsets[s] > limit, n,
-               lambda i: f"offset {offsets[i]} lies past the end of the data ({limit} bytes)")
-    _first_bad(blame, root, lambda s: lengths(s) > limit - offsets[s], n,
-               lambda i: f"sample at offset {offsets[i]} with {int(lengths(slice(i, i + 1))[0])} bytes ends "
-                         f"past the end of the data ({limit} bytes)")
+    return [
+        ("offsets", lambda s, m: offsets[s] > limit,
+         lambda i: f"offset {offsets[i]} lies past the end of the data ({limit} bytes)"),
+        (blame, lambda s, m: lengths(s) > limit - offsets[s],
+         lambda i: f"sample at offset {offsets[i]} with {int(lengths(slice(i, i + 1))[0])} bytes ends "
+                   f"past the end of the data ({limit} bytes)"),
+    ]

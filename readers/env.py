@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["available_cpus", "cgroup_cpu_limit", "local_world_size", "default_workers", "die_with_parent",
-           "WorkerEnv", "current_worker_env", "ThreadWorker", "thread_worker", "as_thread_worker", "worker_seed"]
+__all__ = ["available_cpus", "cgroup_cpu_limit", "local_world_size", "default_workers", "check_threads",
+           "die_with_parent", "WorkerEnv", "current_worker_env", "ThreadWorker", "thread_worker", "as_thread_worker",
+           "worker_seed"]
 
 
 def cgroup_cpu_limit(root: str | os.PathLike = "/sys/fs/cgroup") -> float | None:
@@ -65,6 +66,17 @@ def default_workers() -> int:
     """Loader workers per training process: usable CPUs shared by the local processes, at least 1
     (a worker overlaps loading with the training step even on one CPU)."""
     return max(1, available_cpus() // local_world_size())
+
+
+#: The most threads :func:`check_threads` gives: each holds a slice's temporaries (a few MB).
+CHECK_THREADS_MAX = 8
+
+
+def check_threads() -> int:
+    """Threads for the O(N) checks of a dataset's first open on a machine (CRC-32 of the index
+    arrays, their value ranges): this process's share of the CPUs, as :func:`default_workers`,
+    at most :data:`CHECK_THREADS_MAX`."""
+    return min(CHECK_THREADS_MAX, default_workers())
 
 
 _PR_SET_PDEATHSIG = 1

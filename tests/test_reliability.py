@@ -293,6 +293,22 @@ def test_shard_numbers_out_of_range(ds_copy, value, verify_main):
     assert code == 1 and "shards.npy: sample 4" in err
 
 
+def test_a_sample_in_another_shard_than_the_shard_list_says(ds_copy, verify_main):
+    """shards.npy must put each sample in the shard whose range (first .. first + samples) holds it:
+    samples_of_shard reads that range, so a number inside the list but not that one is refused too."""
+    root = ds_copy("wds")
+    shards = array(root, "shards")
+    owner, other = int(shards[0]), int(shards[-1])
+    assert owner != other
+    shards[0] = other
+    resave_array(root, "shards", shards, checksum="match")
+    with pytest.raises(DatasetFormatError, match=rf"shards\.npy: sample 0: shard {other}, but the shard list "
+                                                 rf"in index\.json puts it in shard {owner}"):
+        open_dataset(root)
+    code, out, err = verify_main(root)
+    assert code == 1 and "shards.npy: sample 0" in err
+
+
 def test_datasets_without_array_checksums_still_open(ds_copy, verify_main):
     root = ds_copy("lmdb")
     set_meta(root, lambda m: m.pop(spec.ARRAYS_KEY))
