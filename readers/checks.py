@@ -302,7 +302,7 @@ def _wds_rules(index: spec.Index) -> list[Rule]:
     def outside(s: slice, memo: dict) -> np.ndarray:
         ks, at, lens = runs(s, memo)
         off = offsets[s]
-        if np.minimum.reduceat(off, at).min() >= block and (np.maximum.reduceat(off, at) <= limit[ks]).all():
+        if off.min() >= block and (np.maximum.reduceat(off, at) <= limit[ks]).all():
             return _NONE
         return (off < block) | (off > np.repeat(limit[ks], lens))
 

@@ -59,9 +59,11 @@ def test_crc_on_threads_is_the_one_pass_value(threads):
     (crc32_combine): the value is zlib's for any length, on or off a chunk boundary."""
     import zlib
 
+    import numpy as np
+
     from readers import safeio
 
-    rng = __import__("numpy").random.default_rng(threads)
+    rng = np.random.default_rng(threads)
     for size in (0, 1, 4095, 8 * 4096, 8 * 4096 + 1, 23 * 4096 + 7):
         data = rng.bytes(size)
         assert safeio.mapped_checksum(data, chunk=4096, threads=threads) == zlib.crc32(data), size
