@@ -14,7 +14,7 @@ import numpy as np
 
 from readers import spec
 
-__all__ = ["Problem", "VerifyReport", "check_sample", "check_shard_array", "reason"]
+__all__ = ["Problem", "VerifyReport", "check_sample", "reason"]
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,6 @@ def reason(exc: Exception, path: Any) -> str:
     text = str(exc)
     prefix = f"{path}: "
     return text[len(prefix):] if text.startswith(prefix) else text
-
-
-def check_shard_array(ds: Any, report: VerifyReport) -> None:
-    """wds: the shards array (random access) must agree with index.json's shard list (iteration)."""
-    expected = np.repeat(np.arange(len(ds.shard_sizes)), ds.shard_sizes)
-    if not np.array_equal(ds.index.arrays["shards"], expected):
-        report.problem(ds.location_of(spec.array_file("shards")), f"disagrees with the shard list in {spec.INDEX_NAME}")
 
 
 def check_sample(report: VerifyReport, where: str, read: Callable[[], object], expected: int) -> None:

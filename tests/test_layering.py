@@ -118,17 +118,19 @@ def test_no_import_cycles_in_packer_readers_bench():
 
 def test_imports_flow_one_way():
     """readers never imports packer or dataset_bench; packer never imports dataset_bench; readers.spec and the
-    modules under it (locations, safe I/O) import nothing of readers but each other."""
+    modules under it (locations, safe I/O, the environment's knobs) import nothing of readers but each other."""
     edges = import_graph(_modules())
     for mod, deps in edges.items():
         if mod.startswith("readers"):
             assert not {d for d in deps if d.startswith(("packer", "dataset_bench"))}, mod
         if mod.startswith("packer"):
             assert not {d for d in deps if d.startswith("dataset_bench")}, mod
-    bottom = {"readers.spec", "readers.safeio", "readers.location", "readers.units", "readers.checkcache"}
+    bottom = {"readers.spec", "readers.safeio", "readers.location", "readers.units", "readers.checkcache",
+              "readers.env"}
     for mod in bottom:
         assert edges[mod] <= bottom, f"{mod} imports {edges[mod] - bottom}"
     assert edges["readers.location"] == set() and edges["readers.safeio"] == set() == edges["readers.checkcache"]
+    assert edges["readers.env"] == set()
     assert edges["readers.perprocess"] == set()
     assert "readers.loader" not in edges["readers.shmring"]
 

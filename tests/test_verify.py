@@ -106,8 +106,10 @@ def test_verify_reads_the_index_once(packed_generated, monkeypatch, capsys, fmt)
     assert "OK" in capsys.readouterr().out
 
 
-def test_verify_finds_a_shards_array_that_disagrees_with_the_shard_list(packed_generated, tmp_path):
-    from packer.verify import verify
+def test_verify_refuses_a_shards_array_that_disagrees_with_the_shard_list(packed_generated, tmp_path, capsys):
+    """The open checks refuse it (the readers would read the sample from the wrong shard): verify says so
+    in one line naming shards.npy, the sample and both shards, and exits 1."""
+    from packer.verify import main, verify
 
     root = tmp_path / "wds"
     shutil.copytree(packed_generated["wds"], root)
@@ -120,7 +122,11 @@ def test_verify_finds_a_shards_array_that_disagrees_with_the_shard_list(packed_g
     meta = json.loads((root / spec.INDEX_NAME).read_text())
     meta[spec.ARRAYS_KEY]["shards"]["crc32"] = spec.checksum((root / "shards.npy").read_bytes())
     (root / spec.INDEX_NAME).write_text(json.dumps(meta))
-    report = verify(root)
-    assert [p.where for p in report.problems] == [str(root / spec.array_file("shards"))]
-    assert spec.INDEX_NAME in report.problems[0].what
-    assert report.samples == index.num_samples  # every sample still checked, through the shard list
+    expected = (f"{root / spec.array_file('shards')}: sample {first}: shard 0, "
+                f"but the shard list in {spec.INDEX_NAME} puts it in shard 1")
+    with pytest.raises(spec.DatasetFormatError) as caught:
+        verify(root)
+    assert str(caught.value) == expected
+    assert main([str(root), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"pack-dataset verify: error: {expected}\n"
