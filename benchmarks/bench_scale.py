@@ -38,7 +38,10 @@ Per format and N (each in a fresh process, so memory figures are its own):
   rank 0 of 8 ranks x 8 workers; map-style readers: the worker holds only the
   dataset): its private memory above an idle worker's, mapped files apart.
 * ``order``: the epoch order of one wds worker (8 x 8) or one map-style rank
-  (8 ranks): time (best of 3, without tracemalloc) and tracemalloc peak.
+  (8 ranks): time (best of 3, without tracemalloc) and tracemalloc peak;
+  ``permutation``: ``numpy.random.Generator.permutation`` of as many samples,
+  timed the same way, the machine's own cost of a shuffle of that size (both
+  grow faster than N where the arrays outgrow the CPU's cache).
 * ``state_dict``: bytes of a mid-epoch ``PackedLoader.state_dict()`` as JSON.
 * ``resume``: an exact mid-epoch resume of 8 ranks (half an epoch delivered):
   for each rank, the time to compute what it reads next (map-style: the
@@ -451,6 +454,9 @@ def _probe_read(folder: str, packed: bool) -> dict[str, Any]:
         res["order_peak"] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         res["order_s"] = best_time(lambda: order(0), 3)  # timed apart: tracemalloc slows numpy's allocations
+        # the machine's own cost of shuffling that many samples (numpy's permutation, the same best of 3): beyond
+        # the CPU's cache every random access costs more, so this baseline grows faster than N too
+        res["order_base_s"] = best_time(lambda: np.random.default_rng(0).permutation(len(first)), 3)
         # state_dict in the middle of epoch 1, as a loader with 8 ranks x 8 workers saves it
         per_rank = len(first) * (WORKERS if wds else 1)
         delivered = max(1, per_rank // BATCH // 2)
@@ -530,7 +536,8 @@ COLUMNS = [  # key, heading, kind (s, B, /s, us, n)
     ("pack_private", "pack private", "B"),
     ("open_first_s", "first open", "s"), ("open_s", "open", "s"), ("open_private", "open private", "B"), ("open_mapped", "open mapped", "B"),
     ("random_us", "random read", "us"), ("first_batch_s", "first batch", "s"),
-    ("worker_private", "worker private", "B"), ("order_s", "order", "s"), ("order_peak", "order peak", "B"),
+    ("worker_private", "worker private", "B"), ("order_s", "order", "s"), ("order_base_s", "permutation", "s"),
+    ("order_peak", "order peak", "B"),
     ("state_bytes", "state_dict", "n"), ("resume_s", "resume (8 ranks)", "s"), ("resume_peak", "resume peak", "B"),
     ("info_s", "info", "s"), ("info_rss", "info RSS", "B"), ("verify_s", "verify", "s"), ("verify_rss", "verify RSS", "B"),
     ("disk_ratio", "disk / payload", "x"),
@@ -572,7 +579,7 @@ GROUPS = {  # the printed tables: one per stage, so that each fits a page
     "packing": ("scan_s", "images_per_s", "pack_rss", "pack_private", "disk_ratio", "verify_s", "verify_rss"),
     "opening and reading": ("open_first_s", "open_s", "open_private", "open_mapped", "random_us", "first_batch_s", "worker_private",
                             "info_s", "info_rss"),
-    "epoch order and resume": ("order_s", "order_peak", "state_bytes", "resume_s", "resume_peak"),
+    "epoch order and resume": ("order_s", "order_base_s", "order_peak", "state_bytes", "resume_s", "resume_peak"),
 }
 
 

@@ -492,12 +492,19 @@ def interleave(samples: np.ndarray, shards: np.ndarray, open_shards: int, rng: n
     return out
 
 
+_SHUFFLE_CHUNK = 1 << 15  # steps of buffer_shuffle worked at a time: their arrays stay in the CPU's cache
+
+
 def buffer_shuffle(samples: np.ndarray, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
     """Shuffle through a buffer of ``buffer_size``: once it is full, each incoming sample
     replaces a random one, which is emitted; the rest is emitted shuffled at the end.
 
     Vectorized: step ``t`` emits what the buffer place it picks last received (the sample of
-    the previous step that picked that place, or the one it started with)."""
+    the previous step that picked that place, or what the place held before). The steps are
+    worked in chunks of :data:`_SHUFFLE_CHUNK`, the buffer's contents carried from one chunk to
+    the next: every gather and scatter stays within a chunk (or the buffer), so the cost per
+    sample does not grow with the share once it outgrows the cache. Within a chunk the steps are
+    grouped by place with a stable sort of 16-bit keys, which numpy does in one radix pass."""
     n = len(samples)
     if n <= 1:
         return samples
@@ -505,20 +512,24 @@ def buffer_shuffle(samples: np.ndarray, buffer_size: int, rng: np.random.Generat
     steps = n - size
     picks = rng.integers(size, size=steps) if steps else np.zeros(0, dtype=np.int64)
     out = np.empty(n, dtype=np.int64)
-    buf = np.array(samples[:size], dtype=np.int64)
-    if steps:
-        by_place = np.argsort(picks, kind="stable")  # steps grouped by place, in time order
-        place = picks[by_place]
-        first = np.ones(steps, dtype=bool)
+    buf = np.array(samples[:size], dtype=np.int64)  # buf[p]: what place p holds now
+    narrow = size <= 1 << 16
+    for lo in range(0, steps, _SHUFFLE_CHUNK):
+        hi = min(steps, lo + _SHUFFLE_CHUNK)
+        chunk = picks[lo:hi]
+        incoming = samples[size + lo:size + hi]
+        by_place = np.argsort(chunk.astype(np.uint16) if narrow else chunk, kind="stable")  # by place, in time order
+        place = chunk[by_place]
+        first = np.ones(hi - lo, dtype=bool)  # the chunk's first step at its place: it emits what the buffer holds
         first[1:] = place[1:] != place[:-1]
-        emitted = np.empty(steps, dtype=np.int64)
-        emitted[first] = samples[place[first]]
-        later = np.flatnonzero(~first)
-        emitted[later] = samples[size + by_place[later - 1]]
-        out[by_place] = emitted
-        last = np.ones(steps, dtype=bool)
+        emitted = np.empty(hi - lo, dtype=np.int64)
+        emitted[first] = buf[place[first]]
+        later = np.flatnonzero(~first)  # a later step emits what the step before it at its place brought
+        emitted[later] = incoming[by_place[later - 1]]
+        out[lo + by_place] = emitted
+        last = np.ones(hi - lo, dtype=bool)  # each place keeps what its last step in the chunk brought
         last[:-1] = first[1:]
-        buf[place[last]] = samples[size + by_place[last]]
+        buf[place[last]] = incoming[by_place[last]]
     rng.shuffle(buf)
     out[steps:] = buf
     return out

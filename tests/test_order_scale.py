@@ -118,6 +118,23 @@ def test_vectorized_interleave_and_buffer_equal_the_step_by_step_ones(sizes, cut
                           ref_buffer_shuffle(samples, buffer_size, np.random.default_rng(seed)))
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64])
+def test_buffer_shuffle_in_chunks_equals_the_step_by_step_one(monkeypatch, chunk):
+    """The steps are worked in chunks, the buffer carried between them: any chunk size gives the step-by-step
+    order, for buffers that fit 16-bit sort keys and for one that does not."""
+    import readers.order as order
+
+    monkeypatch.setattr(order, "_SHUFFLE_CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    wide = (1 << 16) + 3
+    cases = [(b, n) for b in (1, 2, 5, 100, wide) for n in (0, 1, 2, 9, 300, 2000)] + [(wide, wide + 40)]
+    for buffer_size, n in cases:
+        samples = rng.permutation(3 * n)[:n]
+        seed = int(rng.integers(2**32))
+        assert np.array_equal(buffer_shuffle(samples, buffer_size, np.random.default_rng(seed)),
+                              ref_buffer_shuffle(samples, buffer_size, np.random.default_rng(seed))), (buffer_size, n)
+
+
 @settings(max_examples=300, deadline=None)
 @given(sizes=st.lists(st.integers(0, 25), min_size=1, max_size=15), world=st.integers(1, 4),
        workers=st.integers(1, 4), seed=st.integers(0, 1000), epoch=st.integers(0, 50), shuffle=st.booleans(),
