@@ -47,6 +47,9 @@ Per format and N (each in a fresh process, so memory figures are its own):
   for each rank, the time to compute what it reads next (map-style: the
   sampler's list; wds: each of its 8 workers' orders, which the workers
   compute in parallel: the slowest worker); the slowest rank.
+* the **order curve**: the wds worker's epoch order on a shard layout alone
+  (no files) at 14M, 100M and 1B samples (``--order``), per sample and per
+  10x of N, next to numpy's permutation of as many samples.
 * ``info`` / ``verify``: ``pack-dataset info`` (and for packs ``verify``):
   time and the command's peak RSS.
 
@@ -86,8 +89,9 @@ RANKS, WORKERS, BATCH = 8, 8, 256
 SHARD_SAMPLES = 10_000  # index-only wds: samples per shard
 
 QUICK = {"packs": [10_000, 100_000], "pack_formats": {10_000: FORMATS, 100_000: ("wds",)},
-         "index": [1_000_000]}
-FULL = {"packs": [10_000, 100_000, 1_281_167], "pack_formats": {}, "index": [14_000_000, 100_000_000]}
+         "index": [1_000_000], "order": [100_000_000, 1_000_000_000]}
+FULL = {"packs": [10_000, 100_000, 1_281_167], "pack_formats": {}, "index": [14_000_000, 100_000_000],
+        "order": [14_000_000, 100_000_000, 1_000_000_000]}
 
 
 # ----------------------------------------------------------------------------- memory
@@ -696,6 +700,44 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def order_curve(sizes: list[int]) -> list[dict[str, Any]]:
+    """The wds epoch order of one worker (rank 0 of 8 x 8 workers) computed on a shard layout alone (shards of
+    ``SHARD_SAMPLES``, no files), up to sizes no index-only dataset here reaches: best of 3 per size, and
+    numpy's permutation of as many samples (the machine's own cost of a shuffle that size).
+
+    Between sizes whose shares fit the CPU's cache and sizes whose shares do not, every cost per sample
+    steps up once; past the cache it is flat again. The curve shows both."""
+    from dataset_bench.measure import best_time
+    from readers.env import WorkerEnv
+    from readers.order import ShardLayout, ShardSettings, worker_order
+
+    rows = []
+    for n in sizes:
+        layout = ShardLayout.from_sizes([SHARD_SAMPLES] * (n // SHARD_SAMPLES) + [n % SHARD_SAMPLES] * bool(n % SHARD_SAMPLES))
+        share = len(worker_order(layout, ShardSettings(), 1, WorkerEnv(0, RANKS, 0, WORKERS)))
+        s = best_time(lambda: worker_order(layout, ShardSettings(), 1, WorkerEnv(0, RANKS, 0, WORKERS)), 3)
+        base = best_time(lambda: np.random.default_rng(0).permutation(share), 3)
+        rows.append({"n": n, "share": share, "order_s": s, "order_base_s": base})
+        del layout
+    for prev, row in zip(rows, rows[1:]):
+        step = np.log10(row["n"] / prev["n"])
+        row["per10"] = (row["order_s"] / prev["order_s"]) ** (1 / step)
+        row["base_per10"] = (row["order_base_s"] / prev["order_base_s"]) ** (1 / step)
+    return rows
+
+
+def curve_table(curve: list[dict[str, Any]]) -> str:
+    lines = ["wds epoch order of one worker (8 ranks x 8 workers), on the shard layout alone:", "",
+             "| N | share | order | per sample | per 10x of N | permutation | per sample | per 10x of N |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in curve:
+        grow = f"{r['per10']:.1f}x" if "per10" in r else "–"
+        base = f"{r['base_per10']:.1f}x" if "base_per10" in r else "–"
+        lines.append(f"| {r['n']:,} | {r['share']:,} | {r['order_s'] * 1e3:.1f} ms | {r['order_s'] / r['share'] * 1e9:.1f} ns "
+                     f"| {grow} | {r['order_base_s'] * 1e3:.1f} ms | {r['order_base_s'] / r['share'] * 1e9:.1f} ns | {base} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--probe":
@@ -713,18 +755,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verify-max", type=int,
                    help="run pack-dataset verify on packs of at most this many images (default 100,000; --quick: "
                         "10,000): it decodes every image, ~15 min at 1.28M here")
+    p.add_argument("--order", type=int, nargs="*",
+                   help="sizes of the epoch-order curve on shard layouts alone (default: 14M 100M 1B; --quick: 100M 1B)")
     p.add_argument("--keep", action="store_true", help="keep the images and datasets (default: deleted)")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
     if args.verify_max is None:
         args.verify_max = 10_000 if args.quick else 100_000
     rows = run(args)
+    curve = order_curve(args.order if args.order is not None else (QUICK if args.quick else FULL)["order"])
     print(tables(rows))
-    bad = checks(rows)
+    print()
+    print(curve_table(curve))
+    bad = checks(rows)  # the curve is shown, not judged: its figures are the machine's cache as much as the code
     for line in bad:
         print("MISSED:", line)
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "missed": bad}, indent=1))
+        Path(args.json).write_text(json.dumps({"rows": rows, "order_curve": curve, "missed": bad}, indent=1))
     return 0
 
 

@@ -30,6 +30,12 @@ def test_bench_scale_quick(tmp_path):
         assert row["state_bytes"] < 1024 and row["info_s"] > 0
         if row["kind"] == "pack":
             assert row["images_per_s"] > 0 and row["random_us"] > 0 and (n > 10_000 or row["verify_s"] > 0)
+    # the wds order on shard layouts alone, past the CPU's cache: 100M and 1B samples
+    curve = data["order_curve"]
+    assert [(c["n"], c["share"]) for c in curve] == [(100_000_000, 1_562_500), (1_000_000_000, 15_625_000)]
+    assert all(c["order_base_s"] > 0 for c in curve)
+    # past the cache the order grows ~11x per 10x here (numpy's permutation 23-27x): far under a square's 100x
+    assert curve[1]["per10"] < 20, curve
     # no cost above 12x per 10x of N (tiny values left out as noise), open and resume bounded
     assert data["missed"] == [], data["missed"]
     assert "| wds | 100,000 | pack |" in r.stdout
