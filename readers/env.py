@@ -105,6 +105,29 @@ def die_with_parent(parent_pid: int, sig: int = 9) -> bool:
     return True
 
 
+_trim: Any = None  # glibc's malloc_trim once looked up; False where there is none
+
+
+def release_freed_memory() -> bool:
+    """Hand the pages of freed heap memory back to the kernel (glibc ``malloc_trim``); True if done.
+
+    glibc keeps freed blocks of a few MB in the heap, so an epoch's order leaves its temporaries
+    (three to four times the order: 30 MB per wds worker at 100M samples) in each worker's private
+    memory until the process ends. Elsewhere (musl, macOS) it does nothing."""
+    global _trim
+    if _trim is None:
+        try:
+            import ctypes
+
+            _trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _trim = False
+    if _trim is False:
+        return False
+    _trim(0)
+    return True
+
+
 @dataclass(frozen=True)
 class WorkerEnv:
     """Where this code runs: DDP rank/world size and DataLoader worker id/count."""

@@ -43,11 +43,10 @@ import numpy as np
 from torch.utils.data import DistributedSampler
 
 from readers.env import current_worker_env
-from readers.order import MAP_ORDER, epoch_draw, permutation, rank_indices, rank_order, shares
+from readers.order import MAP_ORDER, as_ints, epoch_draw, permutation, rank_indices, rank_order, shares
 
 __all__ = ["EpochSampler", "EpochSpec", "map_delivered", "exact_resume"]
 
-_ITER_BLOCK = 1 << 16  # indices turned into Python ints at a time while iterating
 
 
 @dataclass(frozen=True)
@@ -222,9 +221,7 @@ class EpochSampler(DistributedSampler):
         return rank_indices(n, self.seed, self.epoch, shuffle, world, rank, self.drop_last, consumed, perm)
 
     def __iter__(self) -> Iterator[int]:
-        indices = self.indices()
-        for lo in range(0, len(indices), _ITER_BLOCK):  # Python ints a block at a time, not 36 B per sample
-            yield from indices[lo:lo + _ITER_BLOCK].tolist()
+        yield from as_ints(self.indices())  # Python ints a block at a time, not 36 B per sample
 
     def __len__(self) -> int:
         return self.num_samples

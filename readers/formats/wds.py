@@ -38,9 +38,9 @@ import torch
 
 from readers import spec
 from readers.base import PackedDataset
-from readers.env import WorkerEnv, current_worker_env
+from readers.env import WorkerEnv, current_worker_env, release_freed_memory
 from readers.formats import wds_io
-from readers.order import ShardLayout, ShardSettings, resume_order, worker_order
+from readers.order import ShardLayout, ShardSettings, as_ints, resume_order, worker_order
 
 __all__ = ["ShardDataset"]
 
@@ -260,8 +260,11 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         epoch = self.epoch if epoch is None else epoch
         point = self.resume_point()
         if point is None:
-            return self._real(worker_order(self.layout, self.settings, epoch, env))
-        return self._real(resume_order(self.layout, self.settings, epoch, env, point))
+            order = self._real(worker_order(self.layout, self.settings, epoch, env))
+        else:
+            order = self._real(resume_order(self.layout, self.settings, epoch, env, point))
+        release_freed_memory()  # the order's temporaries, not kept in the worker's private memory all epoch
+        return order
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (all workers together)."""
@@ -352,7 +355,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         names = self._stored_fields()
         fds: dict[int, int] = {}
         try:
-            for i in order.tolist():
+            for i in as_ints(order):
                 shard = int(self._shard_of[i])
                 fd = None
                 if self.remote is None:
@@ -381,13 +384,16 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         env = self._env()
         slot = env.global_worker % PASS_SLOTS
         passes, self._passes[slot] = self._passes[slot], self._passes[slot] + 1  # see set_epoch
-        order = self.sample_order(env) if passes == 0 else self._real(worker_order(self.layout, self.settings,
-                                                                                    self.epoch + passes, env))
+        if passes == 0:
+            order = self.sample_order(env)
+        else:
+            order = self._real(worker_order(self.layout, self.settings, self.epoch + passes, env))
+            release_freed_memory()
         if self.fields is not None:
             yield from self._field_items(order)
             return
         # The open runs plus the shards still in the buffer: local files kept open at once.
-        pairs = wds_io.shard_io(self, keep=2 * self.open_shards + 2).samples(order.tolist())
+        pairs = wds_io.shard_io(self, keep=2 * self.open_shards + 2).samples(order)
         try:
             for i, data in pairs:
                 yield self._item(i, data)

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from readers import spec
+from readers.order import as_ints
 
 __all__ = ["LocalShards", "CachedShards", "StreamedShards", "shard_io", "check_sample", "parse_header",
            "STREAM_CHUNK", "STREAM_READAHEAD", "CACHE_DEPTH"]
@@ -86,6 +87,13 @@ def check_sample(blob: bytes | memoryview, i: int, size: int, where: Callable[[]
     return bytes(view[BLOCK:])
 
 
+def _index_array(indices: Iterable[int]) -> np.ndarray:
+    """Sample indices as an int64 array (an array as it is, without a copy when it is int64)."""
+    if isinstance(indices, np.ndarray):
+        return np.asarray(indices, dtype=np.int64)
+    return np.fromiter(indices, dtype=np.int64)
+
+
 class _Arrays:
     """The index arrays every reader below uses (views, shared with the dataset)."""
 
@@ -118,7 +126,7 @@ class LocalShards(_Arrays):
     def samples(self, indices: Iterable[int]) -> Iterator[tuple[int, bytes]]:
         fds: dict[int, int] = {}  # shard -> open descriptor, least recently used first
         try:
-            for i in indices:
+            for i in as_ints(indices) if isinstance(indices, np.ndarray) else indices:
                 shard = int(self.shard_of[i])
                 fd = fds.pop(shard, None)
                 if fd is None:
@@ -140,7 +148,7 @@ class CachedShards(_Arrays):
         self.files, self.depth = ds.remote, max(0, depth)
 
     def samples(self, indices: Iterable[int]) -> Iterator[tuple[int, bytes]]:
-        seq = np.fromiter(indices, dtype=np.int64)
+        seq = _index_array(indices)
         if len(seq) == 0:
             return
         shards = self.shard_of[seq]
@@ -153,7 +161,7 @@ class CachedShards(_Arrays):
         opened: dict[int, tuple[Any, int]] = {}
         pool = cf.ThreadPoolExecutor(max_workers=max(1, self.depth), thread_name_prefix="shard-prefetch")
         try:
-            for p, i in enumerate(seq.tolist()):
+            for p, i in enumerate(as_ints(seq)):
                 s = int(shards[p])
                 if s not in opened:
                     for t in order[rank[s]:rank[s] + self.depth + 1]:
@@ -253,7 +261,7 @@ class StreamedShards(_Arrays):
         return req_of_pos, req_shard, req_start, req_end
 
     def samples(self, indices: Iterable[int]) -> Iterator[tuple[int, bytes]]:
-        seq = np.fromiter(indices, dtype=np.int64)
+        seq = _index_array(indices)
         if len(seq) == 0:
             return
         req_of_pos, req_shard, req_start, req_end = self.plan(seq)
@@ -269,7 +277,7 @@ class StreamedShards(_Arrays):
             return memoryview(self.store.read_range(name, int(req_start[r]), int(req_end[r] - req_start[r])))
 
         try:
-            for p, i in enumerate(seq.tolist()):
+            for p, i in enumerate(as_ints(seq)):
                 if p not in ready:
                     r = int(req_of_pos[p])
                     while submitted < len(req_shard) and submitted <= r + self.readahead:
