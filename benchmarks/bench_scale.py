@@ -339,8 +339,9 @@ def _worker_main(conn: Any, folder: str) -> None:
     import readers.formats.lmdb  # noqa: F401
     import readers.formats.mmap  # noqa: F401
     import readers.formats.wds  # noqa: F401
-    from readers.env import WorkerEnv
+    from readers.env import WorkerEnv, release_freed_memory
 
+    release_freed_memory()  # as the worker does after its order: both figures without the heap's freed pages
     idle = smaps(os.getpid(), folder)
     ds = pickle.loads(conn.recv_bytes())
     if hasattr(ds, "sample_order"):
