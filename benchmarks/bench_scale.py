@@ -563,6 +563,11 @@ def _fmt(value: float, kind: str) -> str:
     return f"{value:,.0f}"
 
 
+def per_10x(ratio: float, step: float) -> float:
+    """A cost's ``ratio`` between two sizes ``step`` apart (``step`` = their ratio of N), per 10x of N."""
+    return ratio ** (1 / np.log10(step)) if step > 1 else ratio
+
+
 def ratios(rows: list[dict[str, Any]]) -> None:
     """Add ``ratio[key]``: each figure over the same format's previous N, and ``per10``: that ratio per 10x of N."""
     last: dict[str, dict[str, Any]] = {}
@@ -576,7 +581,7 @@ def ratios(rows: list[dict[str, Any]]) -> None:
                 if a and b and kind not in ("n", "x"):
                     r = b / a
                     row["ratio"][key] = r
-                    row["per10"][key] = r ** (1 / np.log10(step)) if step > 1 else r
+                    row["per10"][key] = per_10x(r, step)
         last[row["format"]] = row
 
 
@@ -721,9 +726,9 @@ def order_curve(sizes: list[int]) -> list[dict[str, Any]]:
         rows.append({"n": n, "share": share, "order_s": s, "order_base_s": base})
         del layout
     for prev, row in zip(rows, rows[1:]):
-        step = np.log10(row["n"] / prev["n"])
-        row["per10"] = (row["order_s"] / prev["order_s"]) ** (1 / step)
-        row["base_per10"] = (row["order_base_s"] / prev["order_base_s"]) ** (1 / step)
+        step = row["n"] / prev["n"]
+        row["per10"] = per_10x(row["order_s"] / prev["order_s"], step)
+        row["base_per10"] = per_10x(row["order_base_s"] / prev["order_base_s"], step)
     return rows
 
 

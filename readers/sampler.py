@@ -48,7 +48,6 @@ from readers.order import MAP_ORDER, as_ints, epoch_draw, permutation, rank_indi
 __all__ = ["EpochSampler", "EpochSpec", "map_delivered", "exact_resume"]
 
 
-
 @dataclass(frozen=True)
 class EpochSpec:
     """What an epoch is made of: ``counts[j]`` samples of source ``j`` (``sizes[j]`` samples; the

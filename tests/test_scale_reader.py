@@ -151,7 +151,7 @@ def test_a_wds_epoch_read_in_small_blocks_is_the_same_epoch(packed_generated, mo
     assert epoch(fields=["image", "label"]) == with_fields
 
 
-def test_a_wds_workers_private_memory_after_its_order_is_the_order(tmp_path):
+def test_a_wds_workers_private_memory_after_its_order_is_the_order():
     """After a worker's epoch order, the heap's freed temporaries go back to the kernel (release_freed_memory):
     what the order added to the process's private memory is about the order itself. Without it glibc kept
     3-4x the order (42 MB for a 12 MB order of one worker of 8 x 8 at 100M samples). A fresh process, so the
