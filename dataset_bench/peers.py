@@ -358,7 +358,9 @@ def available(name: str) -> str | None:
         else:
             importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - any failure means "not usable here", said in the report
-        return f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+        from readers.messages import one_line
+
+        return one_line(exc, 160, kind=True, first=True)
     return None
 
 

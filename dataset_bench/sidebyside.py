@@ -51,6 +51,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from dataset_bench.machine import CpuMonitor, load_average, machine_info
 from dataset_bench.measure import batch_len
 from dataset_bench.peers import NEW_PEERS
+from readers.messages import one_line
 
 __all__ = ["SideConfig", "ReadCase", "run_side_by_side", "measure_read", "measure_pack", "read_cases", "PACKERS",
            "same_samples", "peer_samples", "MODES", "DEFAULTS", "CROP", "our_dataset", "chosen_workers"]
@@ -427,7 +428,7 @@ def _first_line(exc: BaseException) -> str:
     """The child's error (the last line of its message that names an exception), one line."""
     text = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
     picked = [ln.strip() for ln in text.splitlines() if "Error" in ln or "Exception" in ln]
-    return (picked[-1] if picked else text.splitlines()[0] if text else type(exc).__name__)[:300]
+    return picked[-1][:300] if picked else one_line(text or exc, 300, first=True)
 
 
 def _python(cfg: SideConfig, name: str) -> str | None:

@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 from readers.env import available_cpus
+from readers.safeio import atomic_write
 
 __all__ = ["BUNDLED_PHOTOS", "SynthOptions", "make_imagenet_like", "generate_image_folder"]
 
@@ -97,9 +98,8 @@ def _make_one(job: tuple[Path, int, SynthOptions, Path]) -> int:
         out = out.convert("L")
     buf = io.BytesIO()
     out.save(buf, "JPEG", quality=opts.quality)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, path)
+    with atomic_write(path, durable=False) as f:  # a generated image: a crash re-makes it
+        f.write(buf.getvalue())
     return len(buf.getvalue())
 
 

@@ -15,10 +15,15 @@ __all__ = ["one_line"]
 _OBJECT_REPR = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
-def one_line(exc: BaseException | Warning | str, limit: int = 240, *, kind: bool = False) -> str:
-    """``exc`` as one line of at most ``limit`` characters; ``kind``: prefixed with its type name.
-    An exception without a message is its type name."""
-    text = " ".join(_OBJECT_REPR.sub("data", str(exc)).split())
+def one_line(exc: BaseException | Warning | str, limit: int = 240, *, kind: bool = False,
+             first: bool = False) -> str:
+    """``exc`` as one line of at most ``limit`` characters; ``kind``: prefixed with its type name;
+    ``first``: only its first non-blank line (libraries that append a traceback or a usage block
+    below the message). An exception without a message (or only blank lines) is its type name."""
+    text = str(exc)
+    if first:
+        text = next((line for line in text.splitlines() if line.strip()), "")
+    text = " ".join(_OBJECT_REPR.sub("data", text).split())
     name = type(exc).__name__
     if not text:
         text = name

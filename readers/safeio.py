@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures as cf
+import contextlib
 import ctypes
 import errno
+import math
 import mmap
 import os
 import resource
@@ -34,7 +36,7 @@ import stat
 import weakref
 import zlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -58,7 +60,12 @@ __all__ = [
     "FileChanged",
     "map_pages",
     "parse_npy",
+    "npy_header",
+    "NpyHeader",
     "NPY_HEADER_LIMIT",
+    "atomic_write",
+    "fsync_dir",
+    "publish",
 ]
 
 #: The metadata record of a dataset folder (named in messages; readers.spec re-exports it).
@@ -95,6 +102,54 @@ def file_checksum(path: str | os.PathLike, block: int = 8 << 20) -> int:
         while n := f.readinto(buf):
             crc = checksum(memoryview(buf)[:n], crc)  # ISA-L's CRC-32 when installed: ~9x zlib's speed
     return crc
+
+
+# ---------------------------------------------------------------- writing a file whole or not at all
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename or file creation inside folder ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(tmp: str | os.PathLike, path: str | os.PathLike, *, durable: bool = True) -> None:
+    """Rename the complete file ``tmp`` over ``path`` (same folder: atomic); ``durable``: and fsync
+    the folder, so the new name survives a crash. The caller has fsynced ``tmp`` itself."""
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(Path(path).parent)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "wb", *, durable: bool = True, unique: bool = False,
+                 perm: int = 0o666, encoding: str | None = None) -> Iterator[IO[Any]]:
+    """Write ``path`` whole or not at all: a file object on a temp file beside it, renamed over
+    ``path`` when the block ends without an exception, and unlinked when it raises (Ctrl-C too).
+
+    ``durable``: the temp file is fsynced before the rename and the folder after it (a crash leaves
+    the old file or the new one, never a torn one); without it the rename is still atomic for
+    readers, only not crash-proof (caches, records). The temp name is ``<name>.tmp`` (the packer's
+    output lock makes a dataset's writer the only one) or, with ``unique``, ``.<name>.<pid>-<random>.tmp``
+    for files that several processes may write at once. ``perm``: the mode it is created with
+    (less the umask). The open file's ``name`` is the temp path (to checksum it before the rename).
+    """
+    path = Path(path)
+    name = f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp" if unique else f"{path.name}.tmp"
+    tmp = path.with_name(name)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | (os.O_EXCL if unique else 0)
+    try:
+        with open(tmp, mode, encoding=encoding, opener=lambda p, _flags: os.open(p, flags, perm)) as f:
+            yield f
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        publish(tmp, path, durable=durable)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 # ---------------------------------------------------------------- which files a dataset may read
@@ -194,44 +249,76 @@ _NPY_MAGIC = b"\x93NUMPY"
 NPY_HEADER_LIMIT = 1 << 16
 
 
-def parse_npy(path: str | os.PathLike, buf: Any, dtype: np.dtype, length: int | None = None, *,
-              what: str = "array") -> np.ndarray:
-    """The 1-D array of ``dtype`` that the .npy bytes ``buf`` hold (a view, no copy: read-only for a mapping).
+class NpyHeader(NamedTuple):
+    """What a ``.npy`` header declares (:func:`npy_header`), checked against the bytes present."""
 
-    Stricter than ``numpy.load``: the header must say exactly ``dtype``, C
-    order and a 1-D shape (of ``length`` entries when given), and the file
-    must hold exactly that many bytes after it; nothing is allocated from
-    what the header claims.
+    dtype: np.dtype
+    fortran: bool
+    shape: tuple[int, ...]
+    offset: int  # where the data starts
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.shape)
+
+
+def npy_header(buf: Any, size: int | None = None) -> NpyHeader:
+    """The header of the ``.npy`` bytes ``buf`` (the whole file, or at least its header when ``size``,
+    the whole file's length, is given), checked before anything is allocated from it: the one
+    ``.npy`` header check of the readers, ``verify``, ``convert`` and the WebDataset importer.
+
+    The data after the header must be exactly ``prod(shape) * itemsize`` bytes (a 100-byte member
+    claiming 2**40 elements is refused here, never allocated); the dtype must hold no Python
+    objects. ValueError with the reason (no path: the caller names the file or member).
     """
-    def bad(why: str) -> DatasetFormatError:
-        return DatasetFormatError(f"{path}: {what} is damaged ({why})")
-
+    size = len(buf) if size is None else size
     if bytes(buf[:6]) != _NPY_MAGIC or len(buf) < 10:
-        raise bad("not a .npy file")
+        raise ValueError("not a .npy file")
     major = buf[6]
     if major == 1:
-        hlen, start = int.from_bytes(buf[8:10], "little"), 10
+        hlen, start = int.from_bytes(bytes(buf[8:10]), "little"), 10
     elif major in (2, 3):
-        hlen, start = int.from_bytes(buf[8:12], "little"), 12
+        hlen, start = int.from_bytes(bytes(buf[8:12]), "little"), 12
     else:
-        raise bad(f".npy format version {major}")
-    if hlen > NPY_HEADER_LIMIT or start + hlen > len(buf):
-        raise bad("header runs past the end of the file")
+        raise ValueError(f".npy format version {major}")
+    if hlen > NPY_HEADER_LIMIT or start + hlen > min(len(buf), size):
+        raise ValueError("header runs past the end of the file")
     try:
         header = ast.literal_eval(bytes(buf[start:start + hlen]).decode("utf-8" if major == 3 else "latin1"))
         shape, fortran, descr = header["shape"], header["fortran_order"], np.dtype(header["descr"])
     except Exception as exc:  # noqa: BLE001 - any malformed header (SyntaxError, KeyError, TypeError, ...)
-        raise bad(f"unreadable header: {type(exc).__name__}") from None
-    if descr != dtype or fortran is not False:
-        raise DatasetFormatError(f"{path}: {what} has dtype {descr}, expected {dtype}")
-    if not (isinstance(shape, tuple) and len(shape) == 1 and type(shape[0]) is int and shape[0] >= 0):
-        raise bad(f"shape {shape!r} is not one dimension")
-    if length is not None and shape[0] != length:
-        raise DatasetFormatError(f"{path}: {what} holds {shape[0]} entries, {INDEX_NAME} says {length} samples")
-    data = start + hlen
-    if len(buf) - data != shape[0] * dtype.itemsize:
-        raise bad(f"{len(buf) - data} data bytes for {shape[0]} entries of {dtype.itemsize}")
-    return np.frombuffer(buf, dtype=dtype, count=shape[0], offset=data)
+        raise ValueError(f"unreadable header: {type(exc).__name__}") from None
+    if not (isinstance(shape, tuple) and len(shape) <= 32 and all(type(d) is int and d >= 0 for d in shape)):
+        raise ValueError(f"shape {shape!r} is not a shape")
+    if descr.hasobject:
+        raise ValueError("it holds Python objects (dtype object), not numbers")
+    if type(fortran) is not bool:
+        raise ValueError(f"fortran_order {fortran!r} is not a bool")
+    head = NpyHeader(descr, fortran, shape, start + hlen)
+    if size - head.offset != head.count * descr.itemsize:
+        raise ValueError(f"{size - head.offset} data bytes for {head.count} entries of {descr.itemsize}")
+    return head
+
+
+def parse_npy(path: str | os.PathLike, buf: Any, dtype: np.dtype, length: int | None = None, *,
+              what: str = "array") -> np.ndarray:
+    """The 1-D array of ``dtype`` that the .npy bytes ``buf`` hold (a view, no copy: read-only for a mapping).
+
+    Stricter than ``numpy.load``: the header (:func:`npy_header`) must say exactly ``dtype``, C
+    order and a 1-D shape (of ``length`` entries when given), and the file must hold exactly that
+    many bytes after it; nothing is allocated from what the header claims.
+    """
+    try:
+        head = npy_header(buf)
+    except ValueError as exc:
+        raise DatasetFormatError(f"{path}: {what} is damaged ({exc})") from None
+    if head.dtype != dtype or head.fortran:
+        raise DatasetFormatError(f"{path}: {what} has dtype {head.dtype}, expected {dtype}")
+    if len(head.shape) != 1:
+        raise DatasetFormatError(f"{path}: {what} is damaged (shape {head.shape!r} is not one dimension)")
+    if length is not None and head.shape[0] != length:
+        raise DatasetFormatError(f"{path}: {what} holds {head.shape[0]} entries, {INDEX_NAME} says {length} samples")
+    return np.frombuffer(buf, dtype=dtype, count=head.shape[0], offset=head.offset)
 
 
 def open_data_file(path: str | os.PathLike, size: int | None = None, what: str = "data file") -> int:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import fcntl
-import io
 import json
 import os
 import time
@@ -55,9 +54,13 @@ import numpy as np
 # Safe I/O and locations live in their own modules; their names stay importable from here.
 from readers import checkcache
 from readers.env import check_threads
+from readers.messages import one_line
 from readers.location import REMOTE_SCHEMES, UnsupportedLocationError, is_remote, parse_location
 from readers.safeio import (
     INDEX_NAME,
+    atomic_write,
+    fsync_dir,
+    publish,
     NPY_HEADER_LIMIT,
     DatasetFormatError,
     IncompleteDatasetError,
@@ -119,6 +122,8 @@ __all__ = [
     "array_file",
     "array_bytes_limit",
     "write_json_atomic",
+    "atomic_write",
+    "publish",
     "fsync_dir",
     "ARRAYS_KEY",
     "check_member_name",
@@ -376,8 +381,7 @@ def _parse_names(where: str, lines: Iterator[bytes], n: int) -> Iterator[str]:
         try:
             name = json.loads(line)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, deep nesting
-            first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise DatasetFormatError(f"{where}:{count}: not a JSON string ({first}); "
+            raise DatasetFormatError(f"{where}:{count}: not a JSON string ({one_line(exc, first=True)}); "
                                      "the names file is damaged") from None
         if not isinstance(name, str):
             raise DatasetFormatError(f"{where}:{count}: not a JSON string (a JSON {type(name).__name__}); "
@@ -670,26 +674,11 @@ def _missing_remote_index(store: Any) -> Exception:
     return FileNotFoundError(f"{store.url_of(INDEX_NAME)}: no such dataset (no {INDEX_NAME} there)")
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make a rename or file creation inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON to ``path`` via a temp file, fsync and rename (never half-written)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    """Write JSON to ``path`` whole or not at all (:func:`readers.safeio.atomic_write`)."""
+    with atomic_write(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=1, sort_keys=True)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def _contiguous(name: str, values: Any) -> np.ndarray:
@@ -707,17 +696,13 @@ def save_array(root: str | os.PathLike, name: str, values: Any) -> np.ndarray:
 
 def _save_array(root: Path, name: str, values: Any) -> tuple[np.ndarray, dict[str, int]]:
     arr = _contiguous(name, values)
-    path = root / array_file(name)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, arr, allow_pickle=False)  # header, then the values straight from the array: no copy of them
-        f.flush()
-        os.fsync(f.fileno())
-        size = f.tell()
-    crc = file_checksum(tmp)  # read back in 8 MB blocks (page cache): memory flat in N
     # Renamed over, never rewritten in place: a reader that has the old array mapped keeps its inode
     # (writing into a mapped file would change, or cut short, what that reader sees).
-    os.replace(tmp, path)
+    with atomic_write(root / array_file(name)) as f:
+        np.save(f, arr, allow_pickle=False)  # header, then the values straight from the array: no copy of them
+        f.flush()
+        size = f.tell()
+        crc = file_checksum(f.name)  # read back in 8 MB blocks (page cache): memory flat in N
     return arr, {"crc32": crc, "bytes": size}
 
 

@@ -59,8 +59,7 @@ class LocalOutput:
 
     def put(self, tmp: Path, name: str) -> None:
         """Publish the complete, fsynced file ``tmp`` as ``name``, atomically."""
-        os.replace(tmp, self.root / name)
-        spec.fsync_dir(self.root)
+        spec.publish(tmp, self.root / name)
 
     def open_read(self, name: str):
         """A binary file object for reading finished file ``name`` (FileNotFoundError if absent)."""

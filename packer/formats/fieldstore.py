@@ -66,25 +66,17 @@ def is_field_file(name: str) -> bool:
 
 
 def _save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with spec.atomic_write(path) as f:
         np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _raw_to_npy(raw: Path, path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
     """The raw rows in ``raw`` as the .npy file ``path`` (header + the same bytes), durably; ``raw`` goes."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as out, open(raw, "rb") as src:
+    with spec.atomic_write(path) as out, open(raw, "rb") as src:
         np.lib.format.write_array_header_1_0(out, {"descr": np.lib.format.dtype_to_descr(dtype),
                                                    "fortran_order": False, "shape": shape})
         while chunk := src.read(1 << 22):
             out.write(chunk)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
     raw.unlink()
 
 
@@ -186,7 +178,7 @@ class FieldStore:
             blob = self.root / blob_file(f.name)
             with open(self._part(blob.name + ".part"), "rb+") as fh:
                 os.fsync(fh.fileno())
-            os.replace(self._part(blob.name + ".part"), blob)
+            spec.publish(self._part(blob.name + ".part"), blob, durable=False)  # the folder: below
             files[blob.name] = blob.stat().st_size
             files[offsets_file(f.name)] = (self.root / offsets_file(f.name)).stat().st_size
         spec.fsync_dir(self.root)

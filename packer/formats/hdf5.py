@@ -36,6 +36,7 @@ from packer.formats.base import FormatWriter, merged
 from packer.images import Prepared
 from packer.output import start_writeback
 from readers.formats.h5layout import chunk_table
+from readers.messages import one_line
 from readers.spec import DATA_FILE, HDF5_CHUNK_BYTES, HDF5_CHUNK_TABLE
 
 __all__ = ["HDF5Writer"]
@@ -56,7 +57,7 @@ def _room(path: os.PathLike, nbytes: int) -> None:
 def _h5_error(exc: Exception, path: os.PathLike) -> OSError:
     """h5py reports I/O failures as RuntimeError/OSError with errno only in the text."""
     code = errno.ENOSPC if "errno = 28" in str(exc) or "No space left" in str(exc) else errno.EIO
-    return OSError(code, f"HDF5: {str(exc).splitlines()[0]}", str(path))
+    return OSError(code, f"HDF5: {one_line(exc, first=True)}", str(path))
 
 
 def _on_file(path: os.PathLike, call: Callable[[int], Any]) -> None:

@@ -239,8 +239,7 @@ class WdsWriter(FormatWriter):
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
-        os.replace(self._tmp, self._path)
-        spec.fsync_dir(self.root)
+        spec.publish(self._tmp, self._path)
         self.shards.append({"name": self._path.name, "samples": self._count, "bytes": self._pos,
                             "crc32": self._crc, "first": self._first})
         assert self._log is not None

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Iterator
 
 from readers.remote.config import parse_size
+from readers.safeio import atomic_write
 from readers.remote.download import DEFAULT_PART_SIZE, TransferProgress, download_ranged, partial_paths
 from readers.remote.errors import RemoteError, RemoteIntegrityError
 from readers.remote.store import ObjectInfo, Store
@@ -378,10 +379,8 @@ def _read_ident(path: Path) -> dict | None:
 
 def _write_ident(path: Path, rec: dict) -> None:
     """Record what the entry at ``path`` holds (written whole: a temp file renamed over the old record)."""
-    ident = _ident_path(path)
-    tmp = ident.with_name(f".{ident.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(rec, sort_keys=True))
-    os.replace(tmp, ident)
+    with atomic_write(_ident_path(path), "w", durable=False, unique=True) as f:
+        f.write(json.dumps(rec, sort_keys=True))
 
 
 def _touch(path: Path) -> None:

@@ -131,9 +131,10 @@ class Store:
 
     def too_large(self, name: str, limit: int, declared: int | None = None) -> RemoteTooLargeError:
         """The error for an object bigger than the ``limit`` bytes a read accepts."""
-        what = f"declares {declared} bytes" if declared is not None else "sent more"
+        what = f"declares {declared} bytes, more" if declared is not None else "sent more"
         return RemoteTooLargeError(f"{self.url_of(name)}: the object {what} than the {limit} bytes this read "
-                                   f"accepts; refused (not a file of this dataset, or a misbehaving server)")
+                                   f"accepts; refused (not a file of this dataset, or a misbehaving server)",
+                                   limit=limit, declared=declared)
 
     def read_range(self, name: str, start: int, length: int) -> bytes:
         """Exactly ``length`` bytes from ``start``; :class:`RemoteIntegrityError` if the object ends first."""
@@ -310,16 +311,8 @@ class LocalStore(Store):
     def _write_atomic(self, name: str, write) -> None:
         path = self._path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        with spec.atomic_write(path, unique=True) as f:
+            write(f)
 
     def _put(self, name: str, local_path: Path, part_size: int,
              progress: Callable[[int], None] | None = None) -> None:
