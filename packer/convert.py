@@ -301,24 +301,30 @@ def prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
 
 
 def _with_fields(index: spec.Index, start: int, outcomes: Iterator[Outcome]) -> Iterator[Outcome]:
-    """The outcomes with each sample's extra field blobs (``packer.verify_fields.StoredFields``), each
-    checked against ``field_checksums.npy``: a mismatch stops the work, as for the images."""
-    from packer.formats.fieldstore import FIELD_CHECKSUMS
-    from packer.verify_fields import StoredFields
+    """The outcomes with each sample's extra field blobs, read as the readers read them
+    (``packer.verify_fields.StoredFields``) and each checked against ``field_checksums.npy``: a
+    field that does not read, or a mismatch, stops the work, as for the images."""
+    from packer.verify_fields import StoredFields, load_field_checksums
+    from readers.messages import one_line
 
-    stored = StoredFields(Path(index.root), index.meta)
-    crcs = np.load(Path(index.root) / FIELD_CHECKSUMS, mmap_mode="r", allow_pickle=False)
+    hint = f"run 'pack-dataset verify {index.root}' to list the damage"
+    stored = StoredFields(index)
     try:
+        try:
+            crcs = load_field_checksums(index.root, index.num_samples, len(stored.fields))
+        except spec.DatasetFormatError as exc:
+            raise PackError(f"{exc}; {hint}") from None
         for i, outcome in enumerate(outcomes, start=start):
             blobs = stored.blobs(i)
             for j, (f, blob) in enumerate(zip(stored.fields, blobs)):
-                if isinstance(blob, Exception) or spec.checksum(blob) != int(crcs[i, j]):
-                    what = "cannot be read" if isinstance(blob, Exception) else "checksum mismatch"
-                    raise PackError(f"{stored.where(f, i)} sample {i} field {f.name!r}: {what}, the stored field "
-                                    f"changed since packing; run 'pack-dataset verify {index.root}' to list the damage")
+                if isinstance(blob, Exception):
+                    raise PackError(f"{stored.where(f, i)} sample {i} field {f.name!r}: cannot be read "
+                                    f"({one_line(blob, first=True)}); {hint}")
+                if spec.checksum(blob) != int(crcs[i, j]):
+                    raise PackError(f"{stored.where(f, i)} sample {i} field {f.name!r}: checksum mismatch, the "
+                                    f"stored field changed since packing; {hint}")
             yield outcome._replace(fields=blobs)
     finally:
-        del crcs  # a memory map holds a descriptor
         outcomes.close()
         stored.close()
 

@@ -187,7 +187,7 @@ def verify(path: str | os.PathLike | spec.Index,
         ds.close()
     from packer.verify_fields import verify_fields
 
-    verify_fields(Path(root), index.meta, report)  # typed fields: field_checksums.npy
+    verify_fields(index, report)  # typed fields, read as the readers read them: field_checksums.npy
     _check_names(index, report)
     return report
 

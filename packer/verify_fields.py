@@ -1,180 +1,133 @@
-"""``verify`` of the typed fields: the CRC-32 of every extra field's blob (``Schema.extra_fields``) per
-sample, against ``field_checksums.npy``, read straight from each format's layout (``docs/fields.md``).
+"""``verify`` of the typed fields: every extra field (``Schema.extra_fields``) of every sample read
+through the readers' own field access (``PackedDataset.field_blob``: the format's field layout,
+with every check a read makes, then decoded as a read decodes it) and its blob's CRC-32 compared
+with ``field_checksums.npy`` (``docs/fields.md``). So a dataset ``verify`` calls OK is one whose
+every field of every sample reads: offsets past a blob, a column whose shape contradicts the
+schema, a per-sample array of the wrong length, a ``.npy`` member whose header claims more
+than it holds are reported as the readers refuse them.
 
 A damaged field is one line naming the file, the sample and the field:
-``.../train-000000.tar sample 3 field 'caption': checksum differs from the index``.
+``.../train-000000.tar sample 3 field 'caption': checksum differs from the index``; a field that
+no sample can be read of (its column or offsets damaged) is one line too, at the first sample,
+saying how many more samples the same damage hides.
 """
 
 from __future__ import annotations
 
-import tarfile
-from pathlib import Path
+import dataclasses
+import os
 from typing import Any, Callable
 
 import numpy as np
 
-from packer.formats.fieldstore import FIELD_CHECKSUMS, blob_file, field_file, offsets_file
-from packer.verify_report import VerifyReport
+from packer.formats.fieldstore import FIELD_CHECKSUMS
+from packer.verify_report import VerifyReport, reason
 from readers import spec
-from readers.fields import Field, FieldValueError, NumericType, Schema
+from readers.fields import Field, Schema
+from readers.messages import one_line
+from readers.safeio import map_pages, npy_header
 
-__all__ = ["verify_fields", "StoredFields"]
+__all__ = ["verify_fields", "StoredFields", "load_field_checksums"]
+
+_CRC = np.dtype("<u4")
+#: What a read of a damaged field raises: the readers' one-line errors (FieldValueError is a ValueError).
+_UNREADABLE = (spec.DatasetFormatError, OSError, ValueError)
+
+
+def load_field_checksums(root: Any, n: int, width: int) -> np.ndarray:
+    """``field_checksums.npy`` of a local dataset: ``<u4 (n, width)``, its header checked against the
+    file's bytes (:func:`readers.safeio.npy_header`) before it is mapped; DatasetFormatError otherwise."""
+    path = os.path.join(root, FIELD_CHECKSUMS)
+    fd = spec.open_regular(path, "field checksums")
+    try:
+        size = os.fstat(fd).st_size
+        buf = memoryview(map_pages(fd, size)).cast("B") if size else memoryview(b"")
+    finally:
+        os.close(fd)
+    try:
+        head = npy_header(buf)
+    except ValueError as exc:
+        raise spec.DatasetFormatError(f"{path}: cannot be read ({exc})") from None
+    if head.dtype != _CRC or head.fortran or head.shape != (n, width):
+        raise spec.DatasetFormatError(f"{path}: holds {head.dtype.str} {head.shape}, expected {_CRC.str} "
+                                      f"({n}, {width})")
+    return np.frombuffer(buf, dtype=_CRC, count=head.count, offset=head.offset).reshape(n, width)
 
 
 class StoredFields:
-    """Random access to the stored blob of every extra field of a packed dataset (``Schema.extra_fields``),
-    straight from the format's layout: :meth:`blobs` ``(i)`` gives one tuple per sample, a blob or the
-    exception that says why it cannot be read. ``verify`` checks them against ``field_checksums.npy``;
-    ``convert`` carries them to the new format. wds shards are indexed one at a time (samples are asked
-    for in order, so each shard's tar headers are parsed once)."""
+    """The stored blob of every extra field of a packed local dataset, sample by sample, read by the
+    dataset's own reader (``field_blob``). :meth:`blobs` ``(i)`` gives one entry per field: its blob,
+    or the exception that says why a read of it fails. ``verify`` checks them against
+    ``field_checksums.npy``; ``convert`` carries them to the new format."""
 
-    def __init__(self, root: Path, meta: dict) -> None:
-        self.root, self.meta = Path(root), meta
-        self.schema = Schema.from_index(meta, str(self.root / spec.INDEX_NAME))
+    def __init__(self, index: spec.Index) -> None:
+        self.root = index.root
+        self.schema = Schema.from_index(index.meta, str(index.location) + "/" + spec.INDEX_NAME)
         self.fields: tuple[Field, ...] = self.schema.extra_fields
-        self.format, self.n = meta["format"], int(meta["num_samples"])
-        self._fixed: dict[str, np.ndarray] = {}
-        self._var: dict[str, Any] = {}
-        self._ds = self._h5 = None
-        self._lmdb_names: list[str] = []
-        self._shard: tuple[int, dict, Any] | None = None  # (k, (sample, field) -> (offset, size), file)
-        self._shard_of = np.load(self.root / "shards.npy", mmap_mode="r") if self.format == "wds" else None
+        self._ds: Any = None
+        if self.fields:
+            from readers.registry import open_dataset  # imports torch
+
+            self._ds = open_dataset(index, decode=False, fields=tuple(f.name for f in self.fields))
 
     def where(self, f: Field, i: int) -> str:
-        if self.format == "wds" and not f.type.fixed:
-            return str(self.root / self.meta["shards"][int(self._shard_of[i])]["name"])
-        if self.format == "hdf5":
-            return f"{self.root / spec.DATA_FILE['hdf5']}:/fields/{f.name}"
-        if self.format == "lmdb" and not f.type.fixed:
-            return str(self.root / spec.DATA_FILE["lmdb"])
-        return str(self.root / (field_file(f.name) if f.type.fixed else blob_file(f.name)))
+        """The file (HDF5: and dataset) holding field ``f`` of sample ``i`` (the reader's field layout)."""
+        return self._ds.field_location(f, i)
 
-    def blobs(self, i: int) -> tuple[Any, ...]:
-        return tuple(self._blob(f, i) for f in self.fields)
-
-    def _blob(self, f: Field, i: int) -> Any:
+    def blob(self, i: int, f: Field) -> bytes | Exception:
         try:
-            if f.type.fixed:
-                return np.ascontiguousarray(self._column(f)[i], dtype=f.type.dtype).tobytes()
-            if self.format == "wds":
-                return self._wds(f, i)
-            if self.format == "lmdb":  # through the reader: one LMDB environment per process and path
-                value = self._lmdb()[i][self._lmdb_names.index(f.name)]
-                return f.type.encode(value, f.name)
-            off, data = self._blob_column(f)
-            return bytes(data[int(off[i]):int(off[i + 1])])
-        except (OSError, ValueError, KeyError, tarfile.TarError, FieldValueError, spec.DatasetFormatError) as exc:
+            return self._ds.field_blob(i, f)
+        except _UNREADABLE as exc:
             return exc
 
-    def _column(self, f: Field) -> np.ndarray:
-        col = self._fixed.get(f.name)
-        if col is None:
-            if self.format == "hdf5":
-                col = self._hdf5()["fields"][f.name][...]
-            else:
-                col = np.load(self.root / field_file(f.name), mmap_mode="r", allow_pickle=False)
-            self._fixed[f.name] = col
-        return col
-
-    def _blob_column(self, f: Field) -> tuple[np.ndarray, Any]:
-        got = self._var.get(f.name)
-        if got is None:
-            if self.format == "hdf5":
-                group = self._hdf5()["fields"][f.name]
-                got = (group["offsets"][...], group["data"])
-            else:
-                path = self.root / blob_file(f.name)
-                data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else b""
-                got = (np.load(self.root / offsets_file(f.name), mmap_mode="r"), data)
-            self._var[f.name] = got
-        return got
-
-    def _hdf5(self) -> Any:
-        if self._h5 is None:
-            import h5py
-
-            self._h5 = h5py.File(self.root / spec.DATA_FILE["hdf5"], "r")
-        return self._h5
-
-    def _lmdb(self) -> Any:
-        if self._ds is None:
-            from readers.registry import open_dataset
-
-            self._lmdb_names = [f.name for f in self.fields if not f.type.fixed]
-            self._ds = open_dataset(self.root, decode=False, fields=tuple(self._lmdb_names))
-        return self._ds
-
-    def _wds(self, f: Field, i: int) -> Any:
-        k = int(self._shard_of[i])
-        if self._shard is None or self._shard[0] != k:
-            if self._shard is not None:
-                self._shard[2].close()
-            path = self.root / self.meta["shards"][k]["name"]
-            fh = open(path, "rb")
-            members: dict[tuple[int, str], tuple[int, int]] = {}
-            try:
-                with tarfile.open(fileobj=fh, mode="r:") as tar:
-                    for m in tar:
-                        key, _, suffix = m.name.partition(".")
-                        g = self.schema.field_of_member(suffix)
-                        if g is not None and key.isdigit():
-                            members[(int(key), g.name)] = (m.offset_data, m.size)
-            except BaseException:
-                fh.close()
-                raise
-            self._shard = (k, members, fh)
-        _, members, fh = self._shard
-        at = members.get((i, f.name))
-        if at is None:
-            return LookupError("member missing")
-        fh.seek(at[0])
-        data = fh.read(at[1])
-        return f.type.encode(f.type.from_member(data, f.name), f.name) if isinstance(f.type, NumericType) else data
+    def blobs(self, i: int) -> tuple[Any, ...]:
+        return tuple(self.blob(i, f) for f in self.fields)
 
     def close(self) -> None:
-        if self._shard is not None:
-            self._shard[2].close()
-            self._shard = None
         if self._ds is not None:
             self._ds.close()
             self._ds = None
-        self._var.clear()
-        self._fixed.clear()
-        if self._h5 is not None:
-            self._h5.close()
-            self._h5 = None
 
 
-def _one_line(exc: Exception) -> str:
-    text = str(exc).strip("'\"")
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def verify_fields(root: Path, meta: dict, report: VerifyReport, tick: Callable[[int], None] | None = None) -> None:
-    """Compare each extra field's blob CRC with ``field_checksums.npy``; add a problem per mismatch."""
-    schema = Schema.from_index(meta, str(root / spec.INDEX_NAME))
+def verify_fields(index: spec.Index, report: VerifyReport, tick: Callable[[int], None] | None = None) -> None:
+    """Read every extra field of every sample as the readers do and compare each blob's CRC with
+    ``field_checksums.npy``; add one problem per damaged sample and field (one per field for damage
+    that every sample of it shares, such as a column of the wrong shape)."""
+    schema = Schema.from_index(index.meta, str(index.location) + "/" + spec.INDEX_NAME)
     fields = schema.extra_fields
     if not fields:
         return
+    n = index.num_samples
     try:
-        crcs = np.load(root / FIELD_CHECKSUMS, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        report.problem(str(root / FIELD_CHECKSUMS), f"cannot be read ({exc})")
+        crcs = load_field_checksums(index.root, n, len(fields))
+    except spec.DatasetFormatError as exc:
+        path = os.path.join(index.root, FIELD_CHECKSUMS)
+        report.problem(path, reason(exc, path))
         return
-    n = meta["num_samples"]
-    if crcs.shape != (n, len(fields)):
-        report.problem(str(root / FIELD_CHECKSUMS), f"shape {crcs.shape}, expected ({n}, {len(fields)})")
-        return
-    stored = StoredFields(root, meta)
+    stored = StoredFields(index)
+    shared: dict[tuple[str, str], list[int]] = {}  # (field, reason) -> [its problem's position, samples]
     try:
         for i in range(n):
-            for j, (f, blob) in enumerate(zip(fields, stored.blobs(i))):
-                where = f"{stored.where(f, i)} sample {i} field {f.name!r}"
+            for j, f in enumerate(fields):
+                blob = stored.blob(i, f)
                 if isinstance(blob, Exception):
-                    report.problem(where, f"cannot be read ({_one_line(blob)})")
+                    file = stored.where(f, i).split(":/", 1)[0]  # hdf5: data.h5:/fields/<name>
+                    what = one_line(reason(blob, file).strip("'\""), first=True)
+                    seen = shared.get((f.name, what))
+                    if seen is not None:  # the same damage as an earlier sample: counted, not repeated
+                        seen[1] += 1
+                        continue
+                    shared[(f.name, what)] = [len(report.problems), 1]
+                    report.problem(f"{stored.where(f, i)} sample {i} field {f.name!r}", f"cannot be read ({what})")
                 elif spec.checksum(blob) != int(crcs[i, j]):
-                    report.problem(where, "checksum differs from the index")
+                    report.problem(f"{stored.where(f, i)} sample {i} field {f.name!r}",
+                                   "checksum differs from the index")
             if tick is not None:
                 tick(1)
     finally:
         stored.close()
+    for at, count in shared.values():
+        if count > 1:
+            prob = report.problems[at]
+            report.problems[at] = dataclasses.replace(prob, what=f"{prob.what}; the same for {count - 1} more "
+                                                                 "samples")

@@ -228,6 +228,31 @@ class PackedDataset:
         """A stored blob's value: ``FieldType.decode`` (wds: its members, ``FieldType.from_member``)."""
         return field.type.decode(data)
 
+    # ------------------------------------------------------------ stored fields (verify, convert)
+    def field_blob(self, i: int, field: Field) -> bytes:
+        """The stored blob of ``field`` of sample ``i`` (``FieldType.encode``'s bytes, what
+        ``field_checksums.npy`` covers), read through this format's field layout with every check
+        a read makes (column dtype and shape, offsets inside the blob, array lengths, members) and
+        decoded as a read decodes it: DatasetFormatError, one line, wherever a read would fail.
+        ``verify`` and ``convert`` read fields through this, so what they pass every reader reads."""
+        if field.type.fixed:
+            row = self._column(field)[i]
+            field.type.from_row(row)
+            return np.ascontiguousarray(row, dtype=field.type.dtype).tobytes()
+        data = self._read_blobs(i, [field])[field.name]
+        value = self._value(i, field, data)
+        return self._stored_blob(field, data, value)
+
+    def _stored_blob(self, field: Field, data: Any, value: Any) -> bytes:
+        """The stored blob of what :meth:`_read_blobs` read (wds: a member, ``FieldType.member_blob``)."""
+        return bytes(data)
+
+    def field_location(self, field: Field, i: int) -> str:
+        """The file (HDF5: and dataset) holding ``field`` of sample ``i``, as messages name it."""
+        if field.type.fixed:
+            return self.location_of(spec.array_file(spec.field_array_name(field.name)))
+        return self.where(i)
+
     def _field_item(self, i: int, image: Any = None, blobs: dict[str, Any] | None = None) -> Any:
         """Sample ``i`` with the selected fields. ``image``: its stored image when already read;
         ``blobs``: its variable fields' blobs when already read (else read here)."""

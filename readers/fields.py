@@ -48,6 +48,8 @@ from typing import Any, ClassVar, Iterable, Iterator, Mapping
 import numpy as np
 
 from readers.decode import is_jpeg
+from readers.messages import one_line
+from readers.safeio import npy_header
 from readers.spec import DatasetFormatError
 
 __all__ = [
@@ -158,6 +160,11 @@ class FieldType:
             return self.decode(data)
         except ValueError as exc:
             raise FieldValueError(f"field {field!r} ({self.name}): {exc}") from None
+
+    def member_blob(self, data: bytes | bytearray | memoryview, value: Any) -> bytes:
+        """The stored blob (what ``encode`` gives, what ``field_checksums.npy`` covers) of the member
+        ``data`` whose value :meth:`from_member` gave as ``value``: the member itself, but for numbers."""
+        return bytes(data)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, FieldType) and other.name == self.name
@@ -270,13 +277,19 @@ class JsonType(FieldType):
 
     def encode(self, value: Any, field: str = "?") -> bytes:
         self.check(value, field)
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        try:
+            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except RecursionError:
+            raise self._bad(field, "JSON nested too deeply") from None
+        return text.encode("utf-8")
 
     def decode(self, data: bytes | bytearray | memoryview) -> Any:
         try:
             return json.loads(bytes(data))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"stored JSON does not parse ({exc})") from None
+        except RecursionError:  # json's parser recurses once per nesting level
+            raise ValueError("stored JSON is nested too deeply to parse") from None
 
 
 class BytesType(FieldType):
@@ -472,21 +485,34 @@ class NumericType(FieldType):
         return "npy", out.getvalue()
 
     def from_member(self, data: bytes | bytearray | memoryview, field: str = "?") -> Any:
+        """The value of a member: decimal text (``cls``), a JSON number, or a ``.npy`` array whose
+        header (:func:`readers.safeio.npy_header`) is checked against the member's bytes before
+        anything is allocated; a big-endian array of the field's dtype is read as little-endian."""
+        buf = memoryview(data).cast("B")
         try:
             if self.scalar:
-                text = bytes(data).decode("ascii").strip()
+                text = bytes(buf).decode("ascii").strip()
+                if len(text) > 400:  # no int64/float64 needs more; int() of 5,000 digits is refused anyway
+                    raise ValueError(f"{len(text)} characters for one number")
                 return self.check(int(text) if self.integer else float(json.loads(text)), field)
-            arr = np.lib.format.read_array(io.BytesIO(bytes(data)), allow_pickle=False)
-        except (ValueError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise self._bad(field, f"member does not parse ({str(exc).splitlines()[0]})") from None
-        if arr.dtype != self.dtype:
-            raise self._bad(field, f"member holds {arr.dtype.name}, not {self.dtype.name}")
-        return self.check(arr, field)
+            head = npy_header(buf)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise self._bad(field, f"member does not parse ({one_line(exc, first=True)})") from None
+        if head.dtype.newbyteorder("<") != self.dtype:
+            raise self._bad(field, f"member holds {head.dtype.name} ({head.dtype.str}), not {self.dtype.name} "
+                                   f"({self.dtype.str})")
+        arr = np.frombuffer(buf, dtype=head.dtype, count=head.count, offset=head.offset)
+        arr = arr.reshape(head.shape, order="F" if head.fortran else "C")
+        return self.check(np.array(arr, dtype=self.dtype, order="C"), field)  # a new, writable array
+
+    def member_blob(self, data: bytes | bytearray | memoryview, value: Any) -> bytes:
+        return self.encode(value)
 
 
 _SIMPLE: Mapping[str, FieldType] = {"image": ImageType(), "text": TextType(), "json": JsonType(),
                                     "bytes": BytesType()}
 _TYPE_RE = re.compile(r"([a-z][a-z0-9]*)(?:\[([^\[\]]*)\])?\Z")
+_DIM_RE = re.compile(r"[0-9]{1,10}\Z")  # more digits pass _MAX_ELEMENTS anyway (and int() of 4,300+ fails)
 
 
 _INT32 = NumericType("int32")
@@ -512,11 +538,11 @@ def parse_type(text: str, field: str | None = None) -> FieldType:
     m = _TYPE_RE.match(text.replace(" ", ""))
     base = m.group(1) if m else None
     if m is None or (base not in _SIMPLE and _ALIASES.get(base, base) not in NUMERIC_DTYPES):
-        raise FieldTypeError(f"unknown field type {text!r}{where}; known: {_known()}")
+        raise FieldTypeError(f"unknown field type {_short(text, 60)}{where}; known: {_known()}")
     dims = m.group(2)
     if base in _SIMPLE:
         if dims is not None:
-            raise FieldTypeError(f"field type {text!r}{where}: {base} takes no shape; known: {_known()}")
+            raise FieldTypeError(f"field type {_short(text, 60)}{where}: {base} takes no shape; known: {_known()}")
         return _SIMPLE[base]
     dtype = _ALIASES.get(base, base)
     if dims is None:
@@ -525,13 +551,14 @@ def parse_type(text: str, field: str | None = None) -> FieldType:
     for i, d in enumerate(dims.split(",")):
         if d == "*" and i == 0:
             shape.append(None)
-        elif d.isdigit() and int(d) >= 1:
+        elif _DIM_RE.match(d) and int(d) >= 1:  # ASCII digits only: '²'.isdigit(), int('²') fails
             shape.append(int(d))
         else:
-            raise FieldTypeError(f"field type {text!r}{where}: bad dim {d!r} (each dim is a number >= 1; "
-                                 f"the first may be *)")
+            raise FieldTypeError(f"field type {_short(text, 60)}{where}: bad dim {_short(d, 20)} (each dim is a "
+                                 f"number >= 1; the first may be *)")
     if len(shape) > _MAX_DIMS or math.prod(d or 1 for d in shape) > _MAX_ELEMENTS:
-        raise FieldTypeError(f"field type {text!r}{where}: at most {_MAX_DIMS} dims and {_MAX_ELEMENTS} elements")
+        raise FieldTypeError(f"field type {_short(text, 60)}{where}: at most {_MAX_DIMS} dims and "
+                             f"{_MAX_ELEMENTS} elements")
     return NumericType(dtype, shape)
 
 

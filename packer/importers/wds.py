@@ -37,7 +37,6 @@ key and the field; so is a member its type cannot decode.
 from __future__ import annotations
 
 import array
-import io
 import json
 import logging
 import os
@@ -53,8 +52,9 @@ from packer.images import ImageOptions, RejectedImage, check_file_size
 from packer.importers.stage import Unreadable, bytes_stage, fields_stage, label_names
 from packer.columns import IntBuilder, IntColumn, StringBuilder, spilled
 from packer.source import IMAGE_EXTENSIONS, Source, list_folder
-from readers.fields import (Field, FieldType, FieldTypeError, ImageType, NumericType, Schema, check_field_name,
-                            parse_type)
+from readers.fields import (NUMERIC_DTYPES, Field, FieldType, FieldTypeError, ImageType, NumericType, Schema,
+                            check_field_name, parse_type)
+from readers.safeio import NPY_HEADER_LIMIT, npy_header
 
 __all__ = ["is_wds_source", "scan_wds", "shard_files", "MIN_CLASS_LIMIT"]
 
@@ -296,11 +296,30 @@ def _npy_type(arrays: list[tuple[np.dtype, tuple[int, ...]]], where: str) -> Fie
     return NumericType(dtype, (None, *rest.pop()))
 
 
+def _npy_member(fd: int, offset: int, size: int) -> tuple[np.dtype, tuple[int, ...]]:
+    """(little-endian dtype, shape) of the ``.npy`` member of ``size`` bytes at ``offset``: its header
+    only is read, and checked against the member's size before anything is built from it
+    (:func:`readers.safeio.npy_header`, as the readers check it); ValueError with the reason."""
+    head = os.pread(fd, min(size, 4096), offset)
+    if len(head) >= 12 and head[6] in (2, 3):
+        need = 12 + int.from_bytes(head[8:12], "little")
+    else:
+        need = 10 + int.from_bytes(head[8:10], "little") if len(head) >= 10 else 0
+    if len(head) < need <= min(size, NPY_HEADER_LIMIT + 12):  # a header longer than numpy writes
+        head = os.pread(fd, need, offset)
+    h = npy_header(head, size)
+    dtype = h.dtype.newbyteorder("<") if h.dtype.byteorder != "|" else h.dtype
+    if dtype.name not in NUMERIC_DTYPES:
+        raise ValueError(f"dtype {h.dtype.str} is not a field dtype ({', '.join(NUMERIC_DTYPES)})")
+    return NUMERIC_DTYPES[dtype.name], tuple(h.shape)
+
+
 def _scan_fields(src: Path, shards: list[Path]) -> Source:
 
     order: dict[str, str] = {}  # suffix -> field name, first seen first
     kinds: dict[str, str] = {}
     npy: dict[str, list] = {}
+    bad_npy: dict[tuple[int, str], str] = {}  # (shard, key) -> why its .npy member is no field value
     samples = []  # (k, key, image ext, offset, size, others, label or None)
     for k, shard in enumerate(shards):
         fd = None
@@ -315,16 +334,11 @@ def _scan_fields(src: Path, shards: list[Path]) -> Source:
                         order[suffix], kinds[suffix] = _field_of(suffix, f"{shard}:{key}.{suffix}")
                     if kinds[suffix] == "npy":
                         fd = fd if fd is not None else os.open(shard, os.O_RDONLY)
-                        head = os.pread(fd, min(n, 4096), off)
                         try:
-                            buf = io.BytesIO(head)
-                            version = np.lib.format.read_magic(buf)
-                            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                                           else np.lib.format.read_array_header_2_0)
-                            shape, _fortran, dtype = read_header(buf)
-                        except (ValueError, EOFError) as exc:
-                            raise SourceError(f"{shard}:{key}.{suffix}: not a .npy array ({exc})") from None
-                        npy.setdefault(suffix, []).append((np.dtype(dtype).newbyteorder("<"), tuple(shape)))
+                            npy.setdefault(suffix, []).append(_npy_member(fd, off, n))
+                        except ValueError as exc:  # this sample is rejected, the others packed
+                            bad_npy.setdefault((k, key), f"{shard}:{key}.{suffix}: not a .npy array of numbers "
+                                                         f"({exc})")
         finally:
             if fd is not None:
                 os.close(fd)
@@ -333,7 +347,14 @@ def _scan_fields(src: Path, shards: list[Path]) -> Source:
     for suffix, name in order.items():
         kind = kinds[suffix]
         if kind == "npy":
-            t = _npy_type(npy[suffix], f"{src}: member .{suffix}")
+            if not npy.get(suffix):
+                raise SourceError(f"{src}: no member .{suffix} is a .npy array of numbers (e.g. "
+                                  f"{next(iter(bad_npy.values()))})")
+            try:
+                t = _npy_type(npy[suffix], f"{src}: member .{suffix}")
+                parse_type(t.name)  # what index.json will say must read back
+            except FieldTypeError as exc:
+                raise SourceError(f"{src}: member .{suffix}: {exc}") from None
         elif kind == "int":
             t = NumericType("int32" if name == "label" else "int64")
         else:
@@ -360,6 +381,9 @@ def _scan_fields(src: Path, shards: list[Path]) -> Source:
         labels.append(label if isinstance(label, int) and schema.labels_field is not None else 0)
         if missing:
             entries.append(f"{where}: no member {key}.{suffix_of[missing[0]]} (field {missing[0]!r})")
+            continue
+        if (k, key) in bad_npy:
+            entries.append(bad_npy[(k, key)])
             continue
         entries.append(((k, offset, size), tuple((k, *others[suffix_of[f.name]]) for f in extra), where))
     if not paths:

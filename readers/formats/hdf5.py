@@ -219,6 +219,9 @@ class HDF5Dataset(MapReader):
                              "dataset are read from its cached copy: open it with cache_dir=...")
         return _field_dataset(self._h5.get(), self.data_location, name)
 
+    def field_location(self, field: Any, i: int) -> str:
+        return f"{self.data_location}:/fields/{field.name}"
+
     def _open_column(self, field: Any) -> np.ndarray:
         """``/fields/<name>`` (N, *shape); ``label`` of a dataset packed before fields: ``labels.npy``."""
         f = self._h5.get() if not self.ranged else None

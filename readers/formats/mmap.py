@@ -106,6 +106,11 @@ class MemmapDataset(MapReader):
             got = files[name] = (data, offsets)
         return got
 
+    def field_location(self, field: Any, i: int) -> str:
+        if field.type.fixed:
+            return super().field_location(field, i)
+        return self.location_of(spec.field_array_name(field.name) + ".bin")
+
     def _read_blobs(self, i: int, fields: list) -> dict[str, bytes]:
         out = {}
         for f in fields:

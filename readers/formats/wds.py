@@ -303,6 +303,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         key = (spec.wds_key(i) + ".").encode()
         table, out = self._member_fields(), {}
         pos = int(self._offsets[i]) - wds_io.BLOCK
+        end = int(self.meta["shards"][shard]["bytes"])
         where = lambda: f"{self.shard_location(shard)} sample {i} at byte {pos}"  # noqa: E731
         while len(out) < len(names):
             header = pread(pos, wds_io.BLOCK)
@@ -315,9 +316,13 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             suffix = member[len(key):].decode("utf-8", "replace")
             f = table.get(suffix.lower())
             if f is not None and f.name in names:
+                if pos + wds_io.BLOCK + size > end:  # checked before the read allocates what the header says
+                    raise spec.DatasetFormatError(f"{where()}: field {f.name!r} member {suffix} of {size} bytes runs past the end "
+                                                  f"of the shard ({end} bytes): truncated or damaged")
                 data = pread(pos + wds_io.BLOCK, size)
                 if len(data) != size:
-                    raise spec.DatasetFormatError(f"{where()}: shard ends early (member {suffix}): truncated")
+                    raise spec.DatasetFormatError(f"{where()}: shard ends early (field {f.name!r} member {suffix}): "
+                                                  "truncated")
                 out[f.name] = data
             pos += wds_io.BLOCK + -(-size // wds_io.BLOCK) * wds_io.BLOCK
         missing = sorted(names - out.keys())
@@ -329,6 +334,9 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
 
     def _decode_blob(self, field: Any, data: Any) -> Any:
         return field.type.from_member(data, field.name)  # .npy, decimal .cls, JSON numbers (docs/fields.md)
+
+    def _stored_blob(self, field: Any, data: Any, value: Any) -> bytes:
+        return field.type.member_blob(data, value)
 
     def _pread_of(self, shard: int, fd: int | None) -> Any:
         if fd is not None:
