@@ -27,7 +27,7 @@ from readers.checks import check_index
 from readers.collate import Sample, SampleDict
 from readers.compose import accepts_bytes, warn_if_fused_lost
 from readers.decode import DecodeError, decode_rgb
-from readers.fields import Field, Schema
+from readers.fields import Field, Schema, column_file
 from readers.perprocess import PerProcess
 from readers.resolve import resolve_index
 
@@ -192,7 +192,7 @@ class PackedDataset:
     def _open_column(self, field: Field) -> np.ndarray:
         """wds, lmdb, mmap: ``field-<name>.npy`` beside the index (``label``: ``labels.npy`` when the
         dataset has no ``field-label.npy``, as every dataset packed before fields)."""
-        name = spec.array_file(spec.field_array_name(field.name))
+        name = column_file(field.name)
         if field.name == "label" and not self._has_file(name):
             return self.labels
         return load_column(self.file_ref(name)(), field, len(self.labels))
@@ -250,7 +250,7 @@ class PackedDataset:
     def field_location(self, field: Field, i: int) -> str:
         """The file (HDF5: and dataset) holding ``field`` of sample ``i``, as messages name it."""
         if field.type.fixed:
-            return self.location_of(spec.array_file(spec.field_array_name(field.name)))
+            return self.location_of(column_file(field.name))
         return self.where(i)
 
     def _field_item(self, i: int, image: Any = None, blobs: dict[str, Any] | None = None) -> Any:

@@ -50,7 +50,8 @@ import numpy as np
 from readers.decode import is_jpeg
 from readers.messages import one_line
 from readers.safeio import npy_header
-from readers.spec import DatasetFormatError
+from readers.spec import DatasetFormatError, field_array_name
+from readers.spec import array_file as spec_array_file
 
 __all__ = [
     "FieldValueError",
@@ -71,6 +72,11 @@ __all__ = [
     "NUMERIC_DTYPES",
     "KNOWN_TYPES",
     "blob_member",
+    "column_file",
+    "blob_file",
+    "offsets_file",
+    "lmdb_field_key",
+    "hdf5_field_path",
 ]
 
 
@@ -596,6 +602,34 @@ def parse_fields_option(text: str) -> dict[str, FieldType]:
         except FieldTypeError as exc:
             raise FieldTypeError(f"--fields: {exc}") from None
     return out
+
+
+# --------------------------------------------------------------------------------------- field layout
+# Where each format keeps an extra field (docs/fields.md, "How each format stores fields"): the one
+# place the writers (packer.formats.*, FieldStore), the readers, verify and convert take it from.
+def column_file(name: str) -> str:
+    """A fixed field's ``(N, *shape)`` column beside the index (wds, lmdb, mmap)."""
+    return spec_array_file(field_array_name(name))
+
+
+def blob_file(name: str) -> str:
+    """A variable field's blobs back to back (mmap)."""
+    return field_array_name(name) + ".bin"
+
+
+def offsets_file(name: str) -> str:
+    """A variable field's ``<i8 (N + 1,)`` offsets into :func:`blob_file` (mmap)."""
+    return field_array_name(name) + ".offsets.npy"
+
+
+def lmdb_field_key(sample_key: bytes, name: str) -> bytes:
+    """The LMDB key of a variable field's value: the sample's image key, ``/``, the name (sorts right after it)."""
+    return sample_key + b"/" + name.encode()
+
+
+def hdf5_field_path(name: str, part: str | None = None) -> str:
+    """``fields/<name>`` (a fixed column) or ``fields/<name>/data`` / ``offsets`` (a variable field) in data.h5."""
+    return f"fields/{name}" + (f"/{part}" if part else "")
 
 
 # --------------------------------------------------------------------------------------------- schema

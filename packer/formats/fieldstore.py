@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, Sequence
 import numpy as np
 
 from readers import spec
-from readers.fields import Field, NumericType, Schema
+from readers.fields import Field, NumericType, Schema, blob_file, column_file, offsets_file
 
 __all__ = ["FieldStore", "FIELD_CHECKSUMS", "field_file", "offsets_file", "blob_file", "is_field_file"]
 
@@ -43,19 +43,7 @@ _OFFSET = np.dtype("<i8")  # byte positions: blobs of a large dataset pass 2**31
 _CRC = np.dtype("<u4")
 
 
-def field_file(name: str) -> str:
-    """A fixed field's column ``(N, *shape)``."""
-    return f"field-{name}.npy"
-
-
-def blob_file(name: str) -> str:
-    """A variable field's blobs, back to back."""
-    return f"field-{name}.bin"
-
-
-def offsets_file(name: str) -> str:
-    """A variable field's ``<i8 (N + 1,)`` offsets into :func:`blob_file`."""
-    return f"field-{name}.offsets.npy"
+field_file = column_file  # the names are the contract's (readers.fields, "field layout")
 
 
 def is_field_file(name: str) -> bool:

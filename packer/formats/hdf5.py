@@ -35,6 +35,7 @@ import numpy as np
 from packer.formats.base import FormatWriter, merged
 from packer.images import Prepared
 from packer.output import start_writeback
+from readers.fields import hdf5_field_path
 from readers.formats.h5layout import chunk_table
 from readers.messages import one_line
 from readers.spec import DATA_FILE, HDF5_CHUNK_BYTES, HDF5_CHUNK_TABLE
@@ -171,17 +172,17 @@ class HDF5Writer(FormatWriter):
         files = store.finalize(n, keep_columns=False)
         if "fields" in self.h5:
             del self.h5["fields"]
-        group = self.h5.create_group("fields", track_order=False)
+        self.h5.create_group("fields", track_order=False)
         for _, f in store.fixed:
             column = store.column(f, n)
             _room(self.path, column.nbytes)
-            group.create_dataset(f.name, data=column, track_times=False)
+            self.h5.create_dataset(hdf5_field_path(f.name), data=column, track_times=False)
             del column
         for _, f in store.variable:
             offsets = store.offsets(f, n)
             _room(self.path, int(offsets[-1]) + offsets.nbytes)
-            sub = group.create_group(f.name, track_order=False)
-            data = sub.create_dataset("data", shape=(int(offsets[-1]),), maxshape=(None,), dtype=np.uint8,
+            self.h5.create_group(hdf5_field_path(f.name), track_order=False)
+            data = self.h5.create_dataset(hdf5_field_path(f.name, "data"), shape=(int(offsets[-1]),), maxshape=(None,), dtype=np.uint8,
                                       chunks=(max(1, min(HDF5_CHUNK_BYTES, int(offsets[-1]))),),
                                       track_times=False)
             with open(store.blob_path(f), "rb") as fh:
@@ -189,7 +190,7 @@ class HDF5Writer(FormatWriter):
                 while chunk := fh.read(_BLOCK_BYTES):
                     data[pos:pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
                     pos += len(chunk)
-            sub.create_dataset("offsets", data=offsets, track_times=False)
+            self.h5.create_dataset(hdf5_field_path(f.name, "offsets"), data=offsets, track_times=False)
         return files
 
     def _chunk_table(self) -> str | None:

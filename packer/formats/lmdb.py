@@ -39,6 +39,7 @@ import lmdb
 from packer.formats.base import FormatWriter
 from packer.images import Prepared
 from readers import spec
+from readers.fields import lmdb_field_key
 from readers.formats.lmdbcheck import TAIL_PAD, read_meta
 
 __all__ = ["LmdbWriter", "TXN_BYTES"]
@@ -124,7 +125,7 @@ class LmdbWriter(FormatWriter):
         if self.field_store is not None:
             self.field_store.open(samples)
         # variable fields' values, put in key order after the image (MDB_APPEND needs ascending keys)
-        self._var = sorted(((b"/" + f.name.encode(), i) for i, f in enumerate(self.extra) if not f.type.fixed))
+        self._var = sorted(((lmdb_field_key(b"", f.name), i) for i, f in enumerate(self.extra) if not f.type.fixed))
         self._psize = self.env.stat()["psize"]
         self._txn = self.env.begin(write=True)
         self._committed()

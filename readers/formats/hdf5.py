@@ -38,6 +38,7 @@ import numpy as np
 
 from readers import spec
 from readers.base import MapReader
+from readers.fields import hdf5_field_path
 from readers.batch import Allocator, byte_offsets, concat_into, finish_batch, index_array, new_byte_batch
 from readers.formats.h5layout import check_images
 from readers.perprocess import PerProcess
@@ -225,9 +226,9 @@ class HDF5Dataset(MapReader):
     def _open_column(self, field: Any) -> np.ndarray:
         """``/fields/<name>`` (N, *shape); ``label`` of a dataset packed before fields: ``labels.npy``."""
         f = self._h5.get() if not self.ranged else None
-        if field.name == "label" and (f is None or f"fields/{field.name}" not in f):
+        if field.name == "label" and (f is None or hdf5_field_path(field.name) not in f):
             return self.labels
-        ds = self._h5_field(f"fields/{field.name}")
+        ds = self._h5_field(hdf5_field_path(field.name))
         want = (len(self.labels), *field.type.shape)
         if ds.dtype != field.type.dtype or ds.shape != want:
             raise spec.DatasetFormatError(
@@ -262,7 +263,7 @@ class HDF5Dataset(MapReader):
         key = name + "/data"
         ds = columns.get(key)
         if ds is None:
-            ds = columns[key] = self._h5_field(f"fields/{key}")
+            ds = columns[key] = self._h5_field(hdf5_field_path(name, "data"))
         return ds
 
     def _column_offsets(self, name: str) -> np.ndarray:
@@ -270,7 +271,7 @@ class HDF5Dataset(MapReader):
         key = name + "/offsets"
         arr = columns.get(key)
         if arr is None:
-            ds = self._h5_field(f"fields/{key}")
+            ds = self._h5_field(hdf5_field_path(name, "offsets"))
             if ds.shape != (len(self.labels) + 1,) or ds.dtype.kind not in "iu":
                 raise spec.DatasetFormatError(f"{self.data_location}: /fields/{key} must hold "
                                               f"{len(self.labels) + 1} integers, holds {ds.dtype.str} {ds.shape}")

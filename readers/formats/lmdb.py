@@ -37,6 +37,7 @@ import numpy as np
 from readers import spec
 from readers.base import MapReader
 from readers.batch import Allocator, byte_batch, finish_batch, index_array
+from readers.fields import lmdb_field_key
 from readers.formats.lmdbcheck import check_file
 from readers.perprocess import PerProcess
 
@@ -150,7 +151,7 @@ class LMDBDataset(MapReader):
         out = {}
         with self._txn() as txn:
             for f in fields:
-                key = spec.lmdb_key(i) + b"/" + f.name.encode()
+                key = lmdb_field_key(spec.lmdb_key(i), f.name)
                 try:
                     value = txn.get(key)
                 except lmdb.Error as exc:

@@ -33,6 +33,7 @@ import torch
 from readers import spec
 from readers.base import MapReader
 from readers.batch import Allocator, finish_batch, index_array, new_byte_batch
+from readers.fields import blob_file, offsets_file
 from readers.perprocess import PerProcess
 
 __all__ = ["MemmapDataset"]
@@ -89,10 +90,10 @@ class MemmapDataset(MapReader):
         files = self._blobs.get()
         got = files.get(name)
         if got is None:
-            base = spec.field_array_name(name)
-            offsets = spec.map_npy(self.file_ref(base + ".offsets.npy")(), np.dtype("<i8"), len(self.labels) + 1,
+            blob, ends = blob_file(name), offsets_file(name)
+            offsets = spec.map_npy(self.file_ref(ends)(), np.dtype("<i8"), len(self.labels) + 1,
                                    what=f"field {name!r} offsets")[0]
-            fd = spec.open_regular(self.file_ref(base + ".bin")(), f"field {name!r} data")
+            fd = spec.open_regular(self.file_ref(blob)(), f"field {name!r} data")
             try:
                 data = spec.map_file(fd)
             finally:
@@ -101,15 +102,15 @@ class MemmapDataset(MapReader):
             if len(bad) or (len(offsets) and offsets[0] < 0):
                 k = int(bad[0]) if len(bad) else 0
                 raise spec.DatasetFormatError(
-                    f"{self.location_of(base + '.offsets.npy')}: sample {k}: offsets {offsets[k]}..{offsets[k + 1]} "
-                    f"do not lie in {base}.bin ({len(data)} bytes)")
+                    f"{self.location_of(ends)}: sample {k}: offsets {offsets[k]}..{offsets[k + 1]} "
+                    f"do not lie in {blob} ({len(data)} bytes)")
             got = files[name] = (data, offsets)
         return got
 
     def field_location(self, field: Any, i: int) -> str:
         if field.type.fixed:
             return super().field_location(field, i)
-        return self.location_of(spec.field_array_name(field.name) + ".bin")
+        return self.location_of(blob_file(field.name))
 
     def _read_blobs(self, i: int, fields: list) -> dict[str, bytes]:
         out = {}
