@@ -79,17 +79,21 @@ def packed_generated(tmp_path_factory, generated):
 
 
 _CACHE_DIR: str | None = None
+_OWN_CACHE = "DATASET_PACKER_TEST_CACHE"  # the DATASET_PACKER_CACHE that a pytest process of this suite made
 
 
 def pytest_configure(config):
-    """The readers' record of checked indexes (readers.checkcache) goes to a folder of this run, not
-    to ~/.cache: set before any fixture packs or opens a dataset, inherited by subprocesses."""
+    """The readers' record of checked indexes (readers.checkcache) goes to a folder of this process, not
+    to ~/.cache: set before any fixture packs or opens a dataset, inherited by subprocesses. Each
+    pytest-xdist worker makes its own (it would otherwise inherit the controller's): no test sees
+    records that a test on another worker wrote."""
     global _CACHE_DIR
-    if "DATASET_PACKER_CACHE" not in os.environ:
+    inherited = os.environ.get("DATASET_PACKER_CACHE")
+    if inherited is None or inherited == os.environ.get(_OWN_CACHE):
         import tempfile
 
         _CACHE_DIR = tempfile.mkdtemp(prefix="dataset-packer-test-cache-")
-        os.environ["DATASET_PACKER_CACHE"] = _CACHE_DIR
+        os.environ["DATASET_PACKER_CACHE"] = os.environ[_OWN_CACHE] = _CACHE_DIR
 
 
 def pytest_unconfigure(config):
@@ -98,6 +102,53 @@ def pytest_unconfigure(config):
 
         shutil.rmtree(_CACHE_DIR, ignore_errors=True)
         os.environ.pop("DATASET_PACKER_CACHE", None)
+        os.environ.pop(_OWN_CACHE, None)
+
+
+# ----------------------------------------------------------------------------- parallel runs (pytest-xdist)
+# scripts/test.sh runs the suite on every core (``-n auto``). Each worker is a pytest session of its own (its
+# own session fixtures, servers on free ports, temp and cache folders). The scheduler below sends a module
+# whole to one worker, so that its module-scoped fixtures are built once; the Ray modules share one worker
+# (two Ray clusters on one machine would both want Ray's fixed ports); the tests of SPREAD modules go one by
+# one to whichever worker is free. (xdist's own ``xdist_group`` marks do nothing under pytest 9: xdist
+# renames ``item._nodeid``, which pytest 9 no longer reads.)
+SPREAD = {
+    "test_notebooks", "test_fuzz", "test_bench", "test_bench_peers", "test_bench_fields", "test_bench_convert",
+    "test_bench_gpu", "test_bench_pack", "test_bench_readers", "test_bench_scale", "test_bench_train",
+}
+GROUPS = {"test_ray_engine": "ray", "test_ray_parts": "ray", "test_ray_s3": "ray"}
+# Started first, longest first (measured: docs/measuring.md), so that no long test is what the last worker
+# still runs at the end; every other module follows in the collection's order.
+FIRST = ["test_notebooks", "test_bench_scale", "test_bench_peers", "test_fuzz", "test_ray_engine", "test_ray_s3",
+         "test_ray_parts", "test_bench_train", "test_bench_readers", "test_bench_pack", "test_bench_convert",
+         "test_bench_fields", "test_bench"]
+
+
+def work_unit(nodeid: str) -> str:
+    """What the parallel run keeps on one worker: the test alone, its module's group, or its module."""
+    path = nodeid.split("::", 1)[0]
+    module = Path(path).stem
+    return nodeid if module in SPREAD else GROUPS.get(module, path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N`` (xdist's ``--dist load``): a scheduler of :func:`work_unit`s in the collection's order."""
+    if config.getoption("dist") not in ("load", "loadgroup"):
+        return None  # an explicit --dist loadfile, loadscope, each, worksteal: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # the order is FIRST's, then the collection's (below)
+    return ByWorkUnit(config, log)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the order its scheduler hands out work in
+        rank = {name: k for k, name in enumerate(FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.stem, len(FIRST)))  # stable: each module keeps its order
 
 
 @pytest.fixture(scope="session")
@@ -215,3 +266,4 @@ def stored_bytes():
         return cache[root][i]
 
     return get
+

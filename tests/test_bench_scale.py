@@ -1,8 +1,13 @@
-"""benchmarks/bench_scale.py --quick runs end to end and meets the issue's ratios at its sizes
-(10k packs in every format, a 100k wds pack, index-only datasets of 1M samples)."""
+"""benchmarks/bench_scale.py --smoke runs every step end to end (500-image packs in every format, index-only
+datasets of 20k samples, the order curve to 10M) and writes its report; the figures are not judged here.
+
+The issue's ratios and bounds (no cost over 12x per 10x of N, per-worker private memory <= 64 MB, open <= 1 s
+at 1M, the order past the cache under 20x per 10x) are the benchmark's own check: ``--quick`` and the full
+run print a ``MISSED:`` line for each and exit 1 (docs/measuring.md)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -15,28 +20,57 @@ from readers.spec import FORMATS
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_scale.py"
 
 
-@pytest.mark.slow  # subprocesses, a few minutes
-def test_bench_scale_quick(tmp_path):
+def _bench_scale():
+    """benchmarks/bench_scale.py as a module (by path: benchmarks/ is not a package)."""
+    sys.path.insert(0, str(SCRIPT.parent))  # it imports bench_hdf5_chunks beside it
+    try:
+        spec = importlib.util.spec_from_file_location("bench_scale_module", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+
+@pytest.mark.slow  # subprocesses, about a minute
+def test_bench_scale_smoke(tmp_path):
     work, out = tmp_path / "work", tmp_path / "scale.json"
-    r = subprocess.run([sys.executable, "-W", "error", str(SCRIPT), "--quick", "--workdir", str(work),
+    r = subprocess.run([sys.executable, "-W", "error", str(SCRIPT), "--smoke", "--workdir", str(work),
                         "--json", str(out)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = {(row["format"], row["n"]): row for row in data["rows"]}
-    assert set(rows) == {(f, 10_000) for f in FORMATS} | {("wds", 100_000)} | {(f, 1_000_000) for f in FORMATS}
+    assert set(rows) == {(f, 500) for f in FORMATS} | {(f, 20_000) for f in FORMATS}
     for (fmt, n), row in rows.items():
-        assert row["worker_private"] <= 64 << 20, (fmt, n, row["worker_private"])
-        assert row["open_s"] <= 1.0, (fmt, n, row["open_s"])
-        assert row["state_bytes"] < 1024 and row["info_s"] > 0
+        assert row["kind"] == ("pack" if n == 500 else "index-only")
+        for key in ("open_first_s", "open_s", "order_s", "resume_s", "info_s", "worker_private", "state_bytes"):
+            assert key in row, (fmt, n, key)
+        assert row["info_s"] > 0 and row["state_bytes"] > 0
         if row["kind"] == "pack":
-            assert row["images_per_s"] > 0 and row["random_us"] > 0 and (n > 10_000 or row["verify_s"] > 0)
-    # the wds order on shard layouts alone, past the CPU's cache: 100M and 1B samples
+            assert row["images_per_s"] > 0 and row["random_us"] > 0 and row["verify_s"] > 0
+            assert row["pack_private"] > 0 and row["first_batch_s"] > 0
+        else:
+            assert row["ratio"] and row["per10"]  # against the same format's 500-image pack
     curve = data["order_curve"]
-    assert [(c["n"], c["share"]) for c in curve] == [(100_000_000, 1_562_500), (1_000_000_000, 15_625_000)]
-    assert all(c["order_base_s"] > 0 for c in curve)
-    # past the cache the order grows ~11x per 10x here (numpy's permutation 23-27x): far under a square's 100x
-    assert curve[1]["per10"] < 20, curve
-    # no cost above 12x per 10x of N (tiny values left out as noise), open and resume bounded
-    assert data["missed"] == [], data["missed"]
-    assert "| wds | 100,000 | pack |" in r.stdout
+    assert [(c["n"], c["share"]) for c in curve] == [(1_000_000, 15_625), (10_000_000, 156_250)]
+    assert all(c["order_base_s"] > 0 for c in curve) and "per10" in curve[1]
+    assert isinstance(data["missed"], list)
+    assert all(f"MISSED: {line}" in r.stdout for line in data["missed"])
+    assert "| wds | 500 | pack |" in r.stdout and "wds epoch order of one worker" in r.stdout
     assert list(work.iterdir()) == [], "the benchmark left data behind"
+
+
+def test_checks_name_each_missed_figure():
+    """What --quick and the full run judge (their exit status is 1 when a line comes back)."""
+    bench = _bench_scale()
+    ok = {"format": "wds", "n": 1_000_000, "kind": "index-only", "open_s": 0.2, "worker_private": 1 << 20,
+          "resume_s": 0.1}
+    assert bench.checks([ok], [{"n": 10**8}, {"n": 10**9, "per10": 11.0}]) == []
+    slow = dict(ok, open_s=1.5, worker_private=80 << 20, resume_s=3.0)
+    assert bench.checks([slow], [{"n": 10**8}, {"n": 10**9, "per10": 25.0}]) == [
+        "the wds worker order grows 25.0x per 10x of N at 1,000,000,000",
+        "wds per-worker private memory 80 MB at 1,000,000",
+        "wds open takes 1.50 s at 1,000,000",
+        "wds exact resume takes 3.00 s per rank at 1,000,000"]
+    small = dict(slow, n=500)  # open and resume are judged from 1M samples on; memory at every N
+    assert bench.checks([small]) == ["wds per-worker private memory 80 MB at 500"]

@@ -19,7 +19,13 @@ pytestmark = pytest.mark.skipif(not shmring.available(), reason="no writable /de
 
 
 def _ours() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("dataset-packer-")}
+    """Segments of this process, of its children and of processes that have exited (its loader workers):
+    not those of another live process (another pytest-xdist worker's loaders)."""
+    import psutil
+
+    mine = {os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))}
+    return {n for n in os.listdir("/dev/shm") if n.startswith("dataset-packer-")
+            and (shmring.pid_of(n) in mine or not psutil.pid_exists(shmring.pid_of(n)))}
 
 
 @pytest.mark.slow  # DataLoader worker processes
