@@ -59,7 +59,14 @@ class RemoteIntegrityError(RemoteError):
 
 
 class RemoteTooLargeError(RemoteError):
-    """A response body larger than the read accepts (an endless body, or a file that is not the dataset's)."""
+    """A response body larger than the read accepts (an endless body, or a file that is not the dataset's).
+
+    ``limit``: the bytes the read accepted; ``declared``: the size the server declared (Content-Length),
+    None when it sent more than ``limit`` without declaring it."""
+
+    def __init__(self, message: str, *, limit: int | None = None, declared: int | None = None) -> None:
+        super().__init__(message)
+        self.limit, self.declared = limit, declared
 
 
 class ReadOnlyStoreError(RemoteError):
