@@ -35,7 +35,7 @@ __all__ = ["main", "build_parser", "build_main_parser", "COMMANDS",
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTS = 0, PackError.exit_code, UsageError.exit_code, 3
 
 EXIT_CODES = """\
-exit codes: 0 done, 1 failed (resumable with --resume), 2 usage error (nothing written),
+exit codes: 0 done, 1 failed (the message says whether --resume continues), 2 usage error (nothing written),
             3 done but some images were rejected (see rejects.jsonl beside the output),
             130 interrupted (Ctrl-C), 143 stopped by SIGTERM (both resumable with --resume)
 """

@@ -42,7 +42,7 @@ import numpy as np
 
 from packer.errors import PackError
 from packer.options import PackOptions, cli_fields
-from packer.output import SHARD_LOG_NAME, leftovers
+from packer.output import SHARD_LOG_NAME, failed_report, leftovers
 from packer.source import Source
 from readers import spec
 
@@ -106,6 +106,10 @@ class Journal:
         """
         path = out / spec.STATE_NAME
         if not os.path.lexists(path):
+            if failed_report(out):
+                raise PackError(f"{out}: nothing to resume: the last pack into it packed nothing (every image was "
+                                f"rejected, listed in {out / spec.REJECTS_NAME}); fix the images and run the same "
+                                "command without --resume (it replaces that list; no --overwrite needed)")
             if leftovers(out):
                 raise PackError(f"{out}: nothing to resume (no {spec.STATE_NAME} journal); "
                                 "start again with --overwrite")

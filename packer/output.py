@@ -18,6 +18,11 @@ file or a ``rejects.jsonl`` of ours), or split folders that are each such
 a folder. Anything else
 in the folder (a file or folder it does not know) makes it refuse, naming
 that entry, and nothing is deleted.
+
+**Re-run without a flag.** A folder that holds only the rejects list of a pack whose every
+image was rejected (:func:`failed_report`) is replaced by the same command: nothing of a
+dataset is lost. A folder holding an interrupted pack (a journal, no index) is refused with
+a line that says so and names ``--resume``; any other non-empty folder "already exists".
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from packer.options import PackOptions
 from readers import spec
 
 __all__ = ["prepare_output", "OutputLock", "OutputBusyError", "LOCK_NAME", "SHARD_LOG_NAME", "UPLOADS_NAME",
-           "UPLOADS_NAME_V1", "known_names", "leftovers", "lock_holder", "start_writeback"]
+           "UPLOADS_NAME_V1", "known_names", "leftovers", "lock_holder", "start_writeback", "failed_report"]
 
 #: The lock file a running pack holds inside each folder it writes (the on-disk contract: readers see it).
 LOCK_NAME = spec.LOCK_NAME
@@ -215,6 +220,35 @@ def leftovers(folder: str | os.PathLike) -> list[str]:
         return []
 
 
+def failed_report(folder: str | os.PathLike) -> bool:
+    """``folder`` holds nothing but the rejects list a pack whose every image was rejected leaves
+    (``packer.pipeline``): one file, ``rejects.jsonl``, whose first line is a reject of ours."""
+    folder = Path(folder)
+    if leftovers(folder) != [spec.REJECTS_NAME] or not (folder / spec.REJECTS_NAME).is_file():
+        return False
+    try:
+        with open(folder / spec.REJECTS_NAME, "rb") as f:
+            first = json.loads(f.readline(1 << 16))
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and {"path", "reason"} <= first.keys()
+
+
+def _interrupted(out: Path) -> str:
+    """What of an interrupted pack ``out`` holds (a journal and no index, in it or in its split
+    folders): ``"12 samples written"``, ``"split train: 12 samples written"``; "" when none."""
+    found = []
+    for folder in [out, *sorted(p for p in out.iterdir() if p.is_dir() and not p.is_symlink())]:
+        if os.path.lexists(folder / spec.STATE_NAME) and not os.path.lexists(folder / spec.INDEX_NAME):
+            state = _read_json(folder / spec.STATE_NAME)
+            done = state.get("done") if isinstance(state, dict) else None
+            what = f"{done:,} samples written" if isinstance(done, int) else "its journal is damaged"
+            found.append(what if folder == out else f"split {folder.name}: {what}")
+        if folder == out and found:
+            break
+    return "; ".join(found)
+
+
 def _shard_names(folder: Path, splits: set[str]) -> tuple[set[str], list[re.Pattern]]:
     """Shard file names that the folder's index or journal names, and patterns of its split's shards."""
     names: set[str] = set()
@@ -344,6 +378,13 @@ def _check_existing(out: Path, options: PackOptions, split_hint: str | None, rol
     if empty or options.resume:
         return []
     if not options.overwrite:
+        if failed_report(out):  # every image of the last pack was rejected: its report only, replaced
+            return [out]
+        interrupted = _interrupted(out)
+        if interrupted:
+            raise OutputExistsError(
+                f"{out}{role} holds an interrupted pack ({interrupted}); re-run the same command with --resume "
+                "to finish it, or with --overwrite to start again")
         raise OutputExistsError(
             f"{out}{role} already exists; pass --overwrite to replace it or --resume to finish an interrupted pack"
         )

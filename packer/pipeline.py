@@ -314,8 +314,9 @@ class _WriteStage:
                                            and entry.name.endswith((".tar", ".tar.tmp"))):
                 os.unlink(entry.path)
         spec.fsync_dir(self.out)
-        raise PackError(f"every image of {self.source.root} was rejected ({self.journal.rejected}, listed in "
-                        f"{self.out / spec.REJECTS_NAME}); nothing was packed")
+        raise PackError(f"every image of {self.source.file or self.source.root} was rejected "
+                        f"({self.journal.rejected}, listed in {self.out / spec.REJECTS_NAME}); nothing was packed "
+                        "(the same command again replaces that list)")
 
     def _meta(self, recs: np.ndarray) -> dict[str, Any]:
         source, journal, pixels = self.source, self.journal, self.writer.pixels

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from packer.errors import SourceError
-from packer.images import ImageOptions, RejectedImage
+from packer.images import ImageOptions, RejectedImage, check_file_size, max_image_bytes
 from packer.importers.stage import fields_stage, label_names
 from packer.importers.wds import MIN_CLASS_LIMIT
 from packer.manifest import Row, RowReject, manifest_kind, read_manifest
@@ -122,7 +122,7 @@ def rows_source(path: Path, root: Path, rows: Iterable[Row | RowReject], schema:
     if not entries:
         raise SourceError(f"{root}: the source has no rows")
     classes = label_names(label_field, labels, path, MIN_CLASS_LIMIT) if label_field is not None else []
-    source = Source(root, classes, paths, labels, sizes, kind=kind, details=details, schema=schema)
+    source = Source(root, classes, paths, labels, sizes, kind=kind, details=details, schema=schema, file=path)
     source.prepare = fields_stage(entries, extra, reader=lambda: _FileReader(extra))
     return source
 
@@ -142,14 +142,14 @@ class _Remote:
     def __init__(self) -> None:
         self._stores: dict[str, Any] = {}
 
-    def read(self, url: str) -> bytes:
+    def read(self, url: str, max_bytes: int | None = None) -> bytes:
         from readers.remote import open_store
 
         folder, _, name = url.rpartition("/")
         store = self._stores.get(folder)
         if store is None:
             store = self._stores[folder] = open_store(folder)
-        return store.read(name)
+        return store.read(name, max_bytes=max_bytes)
 
     def close(self) -> None:
         for store in self._stores.values():
@@ -165,12 +165,29 @@ def _read_image(ref: str | bytes, opts: ImageOptions | None, remote: _Remote) ->
         return ref
     try:
         if is_remote(ref):
-            return remote.read(ref)
+            return _read_remote(ref, opts, remote)
         return read_source(Path(ref), opts)
     except RejectedImage as exc:
         return str(exc)
     except FileNotFoundError:
         return f"image {ref} not found"
+
+
+def _read_remote(url: str, opts: ImageOptions | None, remote: _Remote) -> bytes:
+    """The bytes at ``url``, read up to the image budget a local file gets (``max_image_bytes``; without
+    ``opts`` the store's own cap): RejectedImage past it, an endless body cut at budget + 1 bytes."""
+    from readers.remote.errors import RemoteTooLargeError
+
+    limit = max_image_bytes(opts) if opts is not None else None
+    try:
+        return remote.read(url, limit)
+    except RemoteTooLargeError as exc:
+        if opts is None:
+            raise RejectedImage(str(exc)) from None
+        if exc.declared is not None:
+            check_file_size(exc.declared, opts)  # the local file's message: "file too large (N bytes > ...)"
+        raise RejectedImage(f"file too large (the server sent more than {max_image_bytes(opts):,} bytes, 3 bytes "
+                            f"per pixel of max_pixels {opts.max_pixels:,}); not read further") from None
 
 
 class _FileReader:

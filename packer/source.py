@@ -127,6 +127,8 @@ class Source:
     #: the samples' typed fields (``readers.fields.Schema``); None: image + label, as an ImageFolder gives.
     #: A source with other fields has its own ``prepare`` stage, whose outcomes carry the fields' blobs.
     schema: Any = field(default=None, repr=False, compare=False)
+    #: the manifest or COCO json the samples are rows of (messages name it); None: ``root`` is the source
+    file: Path | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.paths = _strings(self.paths)
