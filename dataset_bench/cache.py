@@ -82,7 +82,7 @@ class CacheControl:
                 vec = (ctypes.c_ubyte * pages)()
                 if self._libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
                     return None
-                return int((np.frombuffer(vec, dtype=np.uint8) & 1).sum()), pages
+                return int((np.frombuffer(memoryview(vec), dtype=np.uint8) & 1).sum()), pages
             finally:
                 self._libc.munmap(ctypes.c_void_p(addr), size)
         finally:

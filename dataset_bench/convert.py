@@ -75,17 +75,19 @@ def measure_conversions(sources: dict[str, Path], pairs: Sequence[tuple[str, str
     options = options or {}
     raw_runs: dict[str, list[float]] = {fmt: [] for fmt in sorted({s for s, _ in pairs})}
     runs: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
-    ops = [("raw", fmt) for fmt in raw_runs] + [("convert", pair) for pair in pairs]
+    # ("raw", fmt) or (source, target): a raw copy of fmt's files, or a conversion
+    ops: list[tuple[str, str]] = [("raw", fmt) for fmt in raw_runs] + list(pairs)
     for rnd in range(repeats):
         # Rotated each round: the first write after a while is slower here (page allocation), and
         # rotating keeps that from landing on the same measurement every round.
-        for kind, what in ops[rnd % len(ops):] + ops[:rnd % len(ops)]:
-            if kind == "raw":
-                raw_runs[what].append(raw_copy(data_files(sources[what]), work / "raw.bin"))
+        for op in ops[rnd % len(ops):] + ops[:rnd % len(ops)]:
+            if op not in runs:
+                fmt = op[1]
+                raw_runs[fmt].append(raw_copy(data_files(sources[fmt]), work / "raw.bin"))
             else:
-                s, t = what
+                s, t = op
                 out = work / f"{s}-to-{t}"
-                runs[what].append(time_convert(sources[s], out, t, **options.get(t, {})))
+                runs[op].append(time_convert(sources[s], out, t, **options.get(t, {})))
                 shutil.rmtree(out)
         if progress:
             progress(f"round {rnd + 1}/{repeats}: raw " + ", ".join(f"{f} {v[-1]:.3f} s" for f, v in raw_runs.items())
@@ -95,7 +97,7 @@ def measure_conversions(sources: dict[str, Path], pairs: Sequence[tuple[str, str
 
 def _summarize(sources: dict[str, Path], raw_runs: dict[str, list[float]],
                runs: dict[tuple[str, str], list[float]]) -> dict[str, Any]:
-    raw = {}
+    raw: dict[str, dict[str, Any]] = {}
     for fmt, times in raw_runs.items():
         nbytes = sum(p.stat().st_size for p in data_files(sources[fmt]))
         med = statistics.median(times)

@@ -7,6 +7,7 @@ the two a loader is up against.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 from pathlib import Path
@@ -51,11 +52,17 @@ def _decode_steps(transform: Any) -> list[tuple[str, Callable[[bytes], Any]]]:
         else:
             transform(to_chw(decode_rgb(b)))
 
-    steps = [("pil_decode", pil), ("decode_rgb", decode_rgb), ("eval_transform", transformed)]
+    steps: list[tuple[str, Callable[[bytes], Any]]] = [("pil_decode", pil), ("decode_rgb", decode_rgb),
+                                                       ("eval_transform", transformed)]
     if not getattr(transform, "accepts_bytes", False):
         steps.append(("eval_transform_bytes", transform))  # the transform's own fused decode, given bytes
     steps.append(("naive_item", lambda b: naive_load(io.BytesIO(b))))
     return steps
+
+
+def _same(fn: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """``per_image_rates`` makes each case's function anew: these steps are the functions themselves."""
+    return fn
 
 
 def decode_rates(files: Sequence[str | os.PathLike], *, limit: int = 300, transform: Any = None) -> dict[str, dict]:
@@ -77,7 +84,7 @@ def decode_rates(files: Sequence[str | os.PathLike], *, limit: int = 300, transf
         return {}
     steps = _decode_steps(transform if transform is not None else eval_transform())
     with single_core():
-        rates = per_image_rates([((lambda fn=fn: fn), blobs) for _name, fn in steps])
+        rates = per_image_rates([(functools.partial(_same, fn), blobs) for _name, fn in steps])
     return {name: r for (name, _fn), r in zip(steps, rates)}
 
 
@@ -102,7 +109,7 @@ def measure_limits(files: dict[str, list[Path]], source_files: Sequence[Path], *
             step(f"[{rep + 1}/{repeats}] single-core decode")
         if source_files:
             decodes.append(decode_rates(source_files, limit=decode_files, transform=transform))
-    seq = {}
+    seq: dict[str, dict[str, Any]] = {}
     for name, states in reads.items():
         seq[name] = {state: {"mb_per_s": median([r["mb_per_s"] for r in rs]), "mb": round(rs[0]["bytes"] / MB, 1),
                              "cached_before": median([r["cached_before"] for r in rs]),

@@ -182,7 +182,7 @@ class CpuMonitor:
         """Foreign CPU share since the previous sample; kept in ``shares`` when ``keep`` and >= ``min_s`` long."""
         now = self._now()
         share = self._share(self._last, now, self.cpus)
-        if share is not None and keep and now[0] - self._last[0] >= min_s:
+        if share is not None and now is not None and self._last is not None and keep and now[0] - self._last[0] >= min_s:
             self.shares.append(share)
         self._last = now
         return share

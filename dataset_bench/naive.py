@@ -44,7 +44,7 @@ def pil_eval(img: Any, resize: int = 256, crop: int = 224) -> Any:
     from PIL import Image
 
     g = resize_center_crop(img.height, img.width, resize, crop)
-    img = img.resize((g.width, g.height), Image.BILINEAR).crop(g.box)
+    img = img.resize((g.width, g.height), Image.Resampling.BILINEAR).crop(g.box)
     arr = np.array(img, dtype=np.uint8)
     # exactly torchvision's ToTensor: HWC -> contiguous CHW, then float / 255
     return torch.from_numpy(arr).permute(2, 0, 1).contiguous().to(torch.float32).div(255)
@@ -98,5 +98,6 @@ def naive_loader(root: str | os.PathLike, *, batch_size: int, num_workers: int, 
 
     g = torch.Generator()
     g.manual_seed(seed)
-    return DataLoader(NaiveImageFolder(root), batch_size=batch_size, shuffle=True, num_workers=num_workers,
+    dataset: Any = NaiveImageFolder(root)  # a map-style dataset by protocol (__len__, __getitem__)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
                       generator=g)

@@ -55,7 +55,7 @@ def _loader(ds: Any, batch_size: int, workers: int, seed: int = 0, **kw: Any) ->
 
     g = torch.Generator()
     g.manual_seed(seed)
-    extra = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
+    extra: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
     return DataLoader(ds, batch_size=batch_size, shuffle=kw.pop("shuffle", True), num_workers=workers,
                       generator=g, **extra, **kw)
 
@@ -95,7 +95,9 @@ class _NaiveMemmap:
     of its center ``crop`` x ``crop`` (numpy slicing, the way one writes it by hand)."""
 
     def __init__(self, npy: str | os.PathLike, labels: np.ndarray, crop: int | None = None) -> None:
-        self.npy, self.labels, self.crop, self._arr, self._pid = str(npy), labels, crop, None, None
+        self.npy, self.labels, self.crop = str(npy), labels, crop
+        self._arr: Any = None
+        self._pid: int | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -121,7 +123,9 @@ def memmap_pixels(npy: str | os.PathLike, labels: np.ndarray, batch_size: int, w
 
 class _LmdbByHand:
     def __init__(self, root: str | os.PathLike, labels: np.ndarray, key: Any) -> None:
-        self.root, self.labels, self.key, self._env, self._pid = str(root), labels, key, None, None
+        self.root, self.labels, self.key = str(root), labels, key
+        self._env: Any = None
+        self._pid: int | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -166,7 +170,7 @@ def webdataset_loader(shards: Sequence[str], batch_size: int, workers: int, deco
     ds = wds.WebDataset(list(shards), shardshuffle=False, empty_check=False).shuffle(1000).to_tuple("jpg;png", "cls")
     if decode:
         ds = ds.map(_wds_eval)
-    kw = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
+    kw: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
     return torch.utils.data.DataLoader(ds.batched(batch_size, partial=True), batch_size=None,
                                        num_workers=workers, **kw)
 
@@ -202,7 +206,7 @@ class _ThreadPoolLoader:
         order = np.random.default_rng([0, self.epoch]).permutation(self.n)
         self.epoch += 1
         batches = [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)]
-        qs = [queue.Queue(maxsize=2) for _ in range(self.num_workers)]
+        qs: list[queue.Queue[Any]] = [queue.Queue(maxsize=2) for _ in range(self.num_workers)]
 
         def work(w: int) -> None:
             for b in batches[w::self.num_workers]:
@@ -431,7 +435,7 @@ def _pil_eval(data: bytes) -> np.ndarray:
     with Image.open(io.BytesIO(data)) as im:
         img = im.convert("RGB")
     g = resize_center_crop(img.height, img.width, 256, 224)
-    return np.asarray(img.resize((g.width, g.height), Image.BILINEAR).crop(g.box), dtype=np.uint8)
+    return np.asarray(img.resize((g.width, g.height), Image.Resampling.BILINEAR).crop(g.box), dtype=np.uint8)
 
 
 def _stack(images: Sequence[np.ndarray]) -> Any:

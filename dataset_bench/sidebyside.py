@@ -107,7 +107,7 @@ class SideConfig:
     def quick(cls, **kw: Any) -> "SideConfig":
         """Seconds, for CI: a few images, one repeat, in-process; of the optional peers only the 2026
         ones, each where installed (a peer in another venv still runs in its own process)."""
-        base = dict(images=96, repeats=1, pack_repeats=1, batch_size=16, min_seconds=0.05, warmup=1, isolate=False,
+        base: dict[str, Any] = dict(images=96, repeats=1, pack_repeats=1, batch_size=16, min_seconds=0.05, warmup=1, isolate=False,
                     peers=tuple(NEW_PEERS))
         base.update(kw)
         return cls(**base)

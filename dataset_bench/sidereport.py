@@ -34,7 +34,7 @@ def _best_peer(result: dict[str, Any], mode: str, workers: int) -> tuple[str, fl
              if (r["who"], r["mode"], r["workers"]) == ("peer", mode, workers) and r["samples_per_s"]}
     if not rates:
         return "-", None
-    name = max(rates, key=rates.get)
+    name = max(rates, key=lambda k: rates[k])
     return name, rates[name]
 
 
@@ -83,18 +83,18 @@ def _read_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     ceilings = result.get("ceiling") or {}
     for mode, what, key in (("decoded", "fused eval", "eval_transform_per_core"),
                             ("train", "fused train", "train_transform_per_core")):
-        mine = {f: ours(f, mode) for f in FORMATS if ours(f, mode)}
-        fmt = max(mine, key=mine.get) if mine else None
-        detail = (f"{fmt}, {_chose(result, fmt, mode, w)}" if fmt else "not measured") + (
+        mine = {f: rate for f in FORMATS if (rate := ours(f, mode))}
+        best_fmt = max(mine, key=lambda k: mine[k]) if mine else None
+        detail = (f"{best_fmt}, {_chose(result, best_fmt, mode, w)}" if best_fmt else "not measured") + (
             "; the peers run their eval recipe" if mode == "train" else "")
         out.append(_target(f"decoded, {what} transform, {w} workers, make_loader defaults, best of ours vs best "
-                           f"peer ({dec_name})", mine.get(fmt) if fmt else None, dec, 1.25, detail))
+                           f"peer ({dec_name})", mine.get(best_fmt) if best_fmt else None, dec, 1.25, detail))
         ceiling = w * ceilings[key] if ceilings.get(key) else None
         out.append(_target(f"decoded, {what}: the ceiling ({w} cores x our per-core transform rate) vs best peer "
                            f"({dec_name})", ceiling, dec, None, "no loader of ours can beat it" + (
                                "; FFCV decodes its own re-encoded files" if dec_name == "ffcv" else "")))
         out.append(_target(f"decoded, {what}, {w} workers, make_loader defaults, best of ours vs the ceiling",
-                           mine.get(fmt) if fmt else None, ceiling, None, "every core decoding, nothing else; "
+                           mine.get(best_fmt) if best_fmt else None, ceiling, None, "every core decoding, nothing else; "
                            "a CPU-time rate, so only on an idle machine a wall-clock one"))
     folder = _rate(result, "peer", "folder", "decoded", w)
     for fmt in FORMATS:
@@ -110,7 +110,7 @@ def _pack_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     plain = {r["name"]: r["images_per_s"] for r in rows if r["name"].startswith("peer") and r["images_per_s"]}
     if not plain:
         return []
-    best_name = max(plain, key=plain.get)
+    best_name = max(plain, key=lambda k: plain[k])
     out = []
     check = (result.get("ceiling") or {}).get("validate_per_core")
     cores = (result.get("machine") or {}).get("usable_cpus") or 1
@@ -205,10 +205,10 @@ def report(result: dict[str, Any]) -> str:
         goal = "" if t["goal"] is None else (">= " if t["higher_is_better"] else "<= ") + f"{t['goal']:g}x"
         verdict = "info" if t["goal"] is None else "n/a" if t["met"] is None else "met" if t["met"] else "NOT MET"
         lines.append(f"{t['target']:86s} {ratio:>7s} {goal:>7s}  {verdict}" + (f"  ({t['detail']})" if t["detail"] else ""))
-    foreign = m.get("foreign_cpu") or {}
+    whole = m.get("foreign_cpu") or {}
     lines += ["", f"machine: {m['cpu_model']}, {m['usable_cpus']} usable cores, torch {m['torch']}; load average "
               f"per measurement and other processes' CPU share are in the table (whole run: "
-              f"{foreign.get('overall', 0):.0%} foreign CPU, worst measurement {foreign.get('max_interval', 0):.0%})",
+              f"{whole.get('overall', 0):.0%} foreign CPU, worst measurement {whole.get('max_interval', 0):.0%})",
               f"run took {result['seconds']:.0f} s"]
     lines += result.get("peer_lines", [])  # the 2026 peers skipped or failing their check, a line each
     lines += [f"note: {n}" for n in result["notes"]]

@@ -50,9 +50,9 @@ def _photos(source: Path) -> list[Image.Image]:
         for p in sorted(source.rglob("*")):
             if p.suffix.lower() not in (".jpg", ".jpeg", ".png"):
                 continue
-            with Image.open(p) as im:
-                im.draft("RGB", (1600, 1200))  # big JPEGs decode at a reduced scale: fast
-                im = im.convert("RGB")
+            with Image.open(p) as f:
+                f.draft("RGB", (1600, 1200))  # big JPEGs decode at a reduced scale: fast
+                im = f.convert("RGB")
                 im.thumbnail((1600, 1600))
                 if min(im.size) >= 256:
                     photos.append(im)
@@ -89,7 +89,7 @@ def _make_one(job: tuple[Path, int, SynthOptions, Path]) -> int:
     cw = int(min(photo.width, round(np.sqrt(area * aspect))))
     ch = int(min(photo.height, round(np.sqrt(area / aspect))))
     x, y = int(rng.integers(0, photo.width - cw + 1)), int(rng.integers(0, photo.height - ch + 1))
-    img = photo.crop((x, y, x + cw, y + ch)).resize((w, h), Image.BICUBIC)
+    img = photo.crop((x, y, x + cw, y + ch)).resize((w, h), Image.Resampling.BICUBIC)
     if rng.random() < 0.5:
         img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     arr = np.asarray(img, dtype=np.float32) + rng.normal(0.0, opts.noise, size=(h, w, 3)).astype(np.float32)

@@ -22,10 +22,14 @@ are then turned into a few numpy columns (ids, boxes, areas, ...) sorted by imag
 each image's annotations a slice of them (``np.searchsorted``), so the per-annotation dicts
 are freed; only the segmentation objects are kept, in one list.
 
-Errors: a json that cannot be read, an annotation whose ``image_id`` matches no image or whose
-``category_id`` matches no category, a box not of 4 numbers -- each a
+Errors: a json that cannot be read (nested more than ``MAX_JSON_DEPTH`` levels, an integer past
+Python's int-str limit or a key given twice in one object, each named by where it is, e.g.
+``annotations[3].bbox``), an image or category id past int64 (category ids: int32), an annotation
+whose ``image_id`` matches no image or whose ``category_id`` matches no category, a box not of 4
+numbers, or one with a NaN or infinite value or a negative width or height -- each a
 :class:`~packer.errors.SourceError` naming the file and the annotation id, before anything is
-packed. An image whose file is missing is a per-row :class:`~packer.manifest.RowReject`.
+packed. An image whose file is missing, or whose ``file_name`` leaves the images folder (an absolute
+path, ``..``), is a per-row :class:`~packer.manifest.RowReject`.
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ from typing import Any, Iterator
 import numpy as np
 
 from packer.errors import SourceError
-from packer.manifest import Row, RowReject
+from packer.manifest import JSON_ERRORS, Row, RowReject, json_loads, json_locate, json_problem, json_too_deep
 from readers.fields import Field, FieldValueError, ImageType, JsonType, NumericType, Schema, TextType
+from readers.messages import one_line
+from readers.safeio import check_member_name
+from readers.spec import DatasetFormatError
 
 __all__ = ["CocoInstances", "read_coco", "coco_schema", "is_coco_instances"]
 
@@ -105,9 +112,16 @@ class CocoInstances:
             if not isinstance(name, str) or not name:
                 yield RowReject(str(self.path), row, "file_name", f"image id {im['id']}: no file_name")
                 continue
+            try:
+                check_member_name(name)
+            except DatasetFormatError:
+                yield RowReject(str(self.path), row, "file_name", f"image id {im['id']}: file_name {_short(name)} "
+                                f"leaves the images folder {self.images_dir} (absolute paths, '..', '.' and empty parts are "
+                                f"refused)")
+                continue
             p = self.images_dir / name
             if not p.is_file():
-                yield RowReject(str(self.path), row, "file_name", f"image id {im['id']}: {p} not found")
+                yield RowReject(str(self.path), row, "file_name", f"image id {im['id']}: {p} not found", str(p))
                 continue
             lo, hi = int(self._starts[i]), int(self._ends[i])
             c = self._columns
@@ -115,11 +129,16 @@ class CocoInstances:
                    "category_ids": c["category_ids"][lo:hi], "areas": c["areas"][lo:hi],
                    "iscrowd": c["iscrowd"][lo:hi], "segmentation": self._segmentation[lo:hi]}
             values = {}
+            if json_too_deep(raw["segmentation"]):
+                yield RowReject(str(self.path), row, "segmentation",
+                                f"image id {im['id']}: {json_problem(RecursionError())}", str(p))
+                continue
             try:
                 for f in self.schema.fields[1:]:
                     values[f.name] = f.type.check(raw[f.name], f.name)
             except FieldValueError as exc:
-                yield RowReject(str(self.path), row, f.name, f"image id {im['id']}: {str(exc).split(': ', 1)[-1]}")
+                yield RowReject(str(self.path), row, f.name, f"image id {im['id']}: {str(exc).split(': ', 1)[-1]}",
+                                str(p))
                 continue
             yield Row(row, str(p), values)
 
@@ -151,7 +170,20 @@ def _column(anns: list[dict[str, Any]], key: str, dtype: Any, default: Any, path
         if not isinstance(v, want) or isinstance(v, bool):
             raise SourceError(f"{path}: {_ann(a, i)}: {key!r} is {'missing' if v is None else repr(v)}; "
                               f"expected {'a number' if want is not int else 'an integer'}")
+        if not _fits(v, dtype):
+            raise SourceError(f"{path}: {_ann(a, i)}: {key!r} is {_short(v)}, out of range for {np.dtype(dtype).name}")
     raise SourceError(f"{path}: annotations: {key!r} values do not fit {np.dtype(dtype).name}")
+
+
+def _fits(v: int | float, dtype: Any) -> bool:
+    """Whether the JSON number ``v`` fits ``dtype`` (an int dtype: in range; a float one: finite as float64)."""
+    if np.dtype(dtype).kind == "f":
+        try:
+            return not isinstance(v, int) or math.isfinite(float(v))
+        except OverflowError:
+            return False
+    info = np.iinfo(dtype)
+    return info.min <= v <= info.max
 
 
 def _boxes(anns: list[dict[str, Any]], path: Path) -> np.ndarray:
@@ -169,12 +201,18 @@ def _boxes(anns: list[dict[str, Any]], path: Path) -> np.ndarray:
                                                              for v in b):
             what = "missing" if b is None else f"{b!r:.60} (expected [x, y, width, height])"
             raise SourceError(f"{path}: {_ann(a, i)}: bbox is {what}")
+        if not all(_fits(v, np.float64) for v in b):
+            raise SourceError(f"{path}: {_ann(a, i)}: bbox {_short(b)} holds a number past float64")
     raise SourceError(f"{path}: annotations: bbox values are not numbers")  # pragma: no cover - caught above
 
 
 def _float32(values: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):  # a coordinate past 3.4e38 becomes inf, as float32 holds it
         return np.ascontiguousarray(values, dtype=np.float32)
+
+
+def _short(value: Any) -> str:
+    return one_line(repr(value), 60)
 
 
 def _ann(a: Any, i: int) -> str:
@@ -197,9 +235,17 @@ def read_coco(path: str | os.PathLike, images: str | os.PathLike | None = None) 
             raise SourceError(f"{images_dir}: --images must be the folder of the COCO images")
     try:
         with open(p, "rb") as f:
-            data = json.load(f)
+            text = f.read()
+        text = text.decode(json.detect_encoding(text), "surrogatepass")  # as json.load does
+        data = json_loads(text)  # a key given twice in one object raises, as in a JSONL manifest
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SourceError(f"{p}: not a COCO json ({exc})") from None
+    except JSON_ERRORS as exc:  # nested too deep, a huge integer, a key twice: say where
+        found = json_locate(text, levels=3)
+        keys, why = found if found is not None else ([], exc)
+        place = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" if n else str(k) for n, k in enumerate(keys))
+        raise SourceError(f"{p}: {place or 'the json'}: {json_problem(why)}") from None
+    del text
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise SourceError(f"{p}: not a COCO instances json (no 'images' list)")
     ims, anns = data["images"], data.get("annotations") or []
@@ -211,12 +257,17 @@ def read_coco(path: str | os.PathLike, images: str | os.PathLike | None = None) 
     for i, c in enumerate(cats):
         if not (isinstance(c, dict) and isinstance(c.get("id"), int) and isinstance(c.get("name"), str)):
             raise SourceError(f"{p}: categories[{i}] needs an integer 'id' and a string 'name'")
+        if not _fits(c["id"], np.int32):
+            raise SourceError(f"{p}: categories[{i}]: id {_short(c['id'])} is out of range for int32 (category ids "
+                              f"must fit int32)")
     cat_ids = np.array([c["id"] for c in cats], dtype=np.int64)
     if len(np.unique(cat_ids)) != len(cat_ids):
         raise SourceError(f"{p}: category ids repeat")
     for i, im in enumerate(ims):
         if not (isinstance(im, dict) and isinstance(im.get("id"), int) and not isinstance(im.get("id"), bool)):
             raise SourceError(f"{p}: images[{i}] has no integer 'id'")
+        if not _fits(im["id"], np.int64):
+            raise SourceError(f"{p}: images[{i}]: id {_short(im['id'])} is out of range for int64")
     im_ids = np.array([im["id"] for im in ims], dtype=np.int64)
     uniq, counts = np.unique(im_ids, return_counts=True)
     if (counts > 1).any():
@@ -228,6 +279,16 @@ def read_coco(path: str | os.PathLike, images: str | os.PathLike | None = None) 
     ids = _column(anns, "image_id", np.int64, None, p)
     cat = _column(anns, "category_id", np.int64, None, p)
     boxes = _boxes(anns, p)
+    with np.errstate(invalid="ignore"):
+        bad = np.flatnonzero(~np.isfinite(_float32(boxes)).all(axis=1) | (boxes[:, 2] < 0) | (boxes[:, 3] < 0))
+    if bad.size:
+        i = int(bad[0])
+        b = boxes[i]
+        why = ("holds NaN or infinity" if not np.isfinite(b).all() else
+               "has a negative width or height" if b[2] < 0 or b[3] < 0 else "is out of range for float32")
+        raise SourceError(f"{p}: {_ann(anns[i], i)}: bbox {_short(anns[i]['bbox'])} {why} (expected [x, y, width, "
+                          f"height], finite, width and height >= 0)"
+                          + (f" ({bad.size} annotations like it)" if bad.size > 1 else ""))
     area = _column(anns, "area", np.float64, math.nan, p)
     crowd = _column(anns, "iscrowd", np.int64, 0, p)
     seg = [a.get("segmentation") for a in anns]
@@ -247,8 +308,6 @@ def read_coco(path: str | os.PathLike, images: str | os.PathLike | None = None) 
         raise SourceError(f"{p}: {_ann(anns[i], i)}: iscrowd is {int(crowd[i])}, expected 0 or 1")
     missing_area = np.isnan(area)
     area[missing_area] = boxes[missing_area, 2] * boxes[missing_area, 3]
-    if cats and (cat_ids.min() < -2**31 or cat_ids.max() >= 2**31):
-        raise SourceError(f"{p}: category ids must fit int32")
     del anns
 
     order = np.argsort(ids, kind="stable")  # annotations of one image keep their file order

@@ -49,6 +49,8 @@ import csv
 import json
 import logging
 import os
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple
@@ -56,9 +58,11 @@ from typing import Any, Iterator, Mapping, NamedTuple
 from packer.errors import SourceError
 from readers.fields import (Field, FieldType, FieldTypeError, FieldValueError, ImageType, JsonType, NumericType,
                             Schema, TextType, check_field_name, parse_fields_option, parse_type)
+from readers.messages import one_line
 from readers.spec import is_remote
 
-__all__ = ["MANIFEST_KINDS", "Manifest", "Row", "RowReject", "read_manifest", "manifest_kind"]
+__all__ = ["MANIFEST_KINDS", "MAX_COLUMNS", "MAX_JSON_DEPTH", "Manifest", "Row", "RowReject", "read_manifest",
+           "manifest_kind", "JSON_ERRORS", "json_loads", "json_locate", "json_problem", "json_too_deep"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,14 @@ MANIFEST_KINDS: Mapping[str, str] = {".csv": "csv", ".jsonl": "jsonl", ".ndjson"
 #: Parquet rows converted to Python per batch (bounded memory).
 PARQUET_BATCH_ROWS = 4096
 _IMAGE = "image"  # the schema's name of the image field, whatever the column is called
+#: A manifest may have this many columns. Each becomes a field, and each field is a file of its own
+#: that the pack and every reader process keep open (a variable one two, in mmap and hdf5): 256
+#: columns stay below 1,024 descriptors, the usual ``ulimit -n``. More values belong in one array
+#: column (``float32[N]``), not in N fields.
+MAX_COLUMNS = 256
+#: A JSON value (a JSONL row, a CSV ``json`` cell, a COCO json's parts) may nest this deep: far
+#: below Python's recursion limit, so that what is packed encodes and reads back in any process.
+MAX_JSON_DEPTH = 200
 
 
 class Row(NamedTuple):
@@ -87,6 +99,8 @@ class RowReject:
     row: int
     column: str | None
     reason: str
+    #: the row's image (a path or URL, as :class:`Row` gives it), where the row names one
+    image: str | None = None
 
     @property
     def where(self) -> str:
@@ -101,9 +115,135 @@ def manifest_kind(path: str | os.PathLike) -> str | None:
     return MANIFEST_KINDS.get(Path(path).suffix.lower())
 
 
+# -------------------------------------------------------------------------------------------- JSON
+class _DuplicateKey(ValueError):
+    """A JSON object that gives one key twice (``json.loads`` would keep the last value, silently)."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))  # type: ignore[func-returns-value]
+    return obj
+
+
+#: ``json.loads`` of a str, but an object that gives a key twice raises _DuplicateKey
+_DECODER = json.JSONDecoder(object_pairs_hook=_object)
+#: what it raises for a text it does not turn into a value: JSONDecodeError and _DuplicateKey are
+#: ValueErrors, so is an integer past Python's int-str limit; RecursionError for deep nesting
+JSON_ERRORS = (RecursionError, ValueError)
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def json_loads(text: str) -> Any:
+    """``json.loads(text)``, but an object that gives a key twice is a ValueError (:data:`JSON_ERRORS`)."""
+    return _DECODER.decode(text)
+
+
+def json_problem(exc: BaseException) -> str:
+    """Why a JSON text is not read (an exception of :data:`JSON_ERRORS`), in a few words."""
+    if isinstance(exc, RecursionError):
+        return f"JSON nested more than {MAX_JSON_DEPTH} levels deep"
+    if isinstance(exc, _DuplicateKey):
+        return f"the key {_short(exc.args[0])} is given twice in one JSON object"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"malformed JSON ({exc.msg} at column {exc.colno})"
+    if "integer string conversion" in str(exc):
+        return f"an integer of more than {sys.get_int_max_str_digits():,} digits"
+    return f"JSON not read ({one_line(exc)})"
+
+
+def json_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the lists and dicts of ``value`` nest more than ``limit`` levels deep (no recursion)."""
+    level, depth = ([value] if isinstance(value, (list, dict)) else []), 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [x for c in level for x in (c.values() if isinstance(c, dict) else c) if isinstance(x, (list, dict))]
+    return False
+
+
+class _Found(Exception):
+    """json_locate's answer: the path to the value that fails, and its error."""
+
+
+def json_locate(text: str, levels: int = 1, parsed: dict[str, Any] | None = None
+                ) -> tuple[list[str | int], BaseException] | None:
+    """Where the JSON ``text`` fails to parse: the keys (of objects) and indices (of arrays) down to
+    the value whose parse fails, at most ``levels`` deep, and the error; None when it parses.
+    ``parsed`` (``levels=1``): gets the members of the outer object that did parse.
+
+    For the failure path only: the outer ``levels`` are walked here and each value under them is
+    parsed on its own (``raw_decode``), so that a value nested past the recursion limit, an integer
+    past the int-str limit or a repeated key is named by where it is, not only by the file or line."""
+    try:
+        end = _skip(text, _WS.match(text).end(), levels, [], parsed)  # type: ignore[union-attr]
+    except _Found as found:
+        return found.args[0], found.args[1]
+    if _WS.match(text, end).end() != len(text):  # type: ignore[union-attr]
+        return [], json.JSONDecodeError("Extra data", text, end)
+    return None
+
+
+def _skip(text: str, i: int, levels: int, path: list[str | int], parsed: dict[str, Any] | None = None) -> int:
+    """The end of the JSON value at ``text[i]``; raises _Found where it fails."""
+    opener = text[i:i + 1]
+    if not levels or opener not in ("{", "["):
+        try:
+            value, end = _DECODER.raw_decode(text, i)
+        except JSON_ERRORS as exc:
+            raise _Found(path, exc) from None
+        if parsed is not None and len(path) == 1:
+            parsed[str(path[0])] = value
+        return end
+    close, seen, n = ("}" if opener == "{" else "]"), set(), 0
+    i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+    if text.startswith(close, i):
+        return i + 1
+    while True:
+        where: str | int = n
+        if opener == "{":
+            try:
+                if not text.startswith('"', i):
+                    raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, i)
+                where, i = json.decoder.scanstring(text, i + 1)  # type: ignore[attr-defined]
+                i = _WS.match(text, i).end()  # type: ignore[union-attr]
+                if not text.startswith(":", i):
+                    raise json.JSONDecodeError("Expecting ':' delimiter", text, i)
+            except ValueError as exc:
+                raise _Found(path, exc) from None
+            if where in seen:
+                raise _Found(path + [where], _DuplicateKey(where))
+            seen.add(where)
+            i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+        i = _WS.match(text, _skip(text, i, levels - 1, path + [where], parsed)).end()  # type: ignore[union-attr]
+        n += 1
+        if text.startswith(close, i):
+            return i + 1
+        if not text.startswith(",", i):
+            raise _Found(path, json.JSONDecodeError("Expecting ',' delimiter", text, i))
+        i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+
+
 # ------------------------------------------------------------------------------------- raw records
 class _Bad(Exception):
     """A record-level problem while reading raw rows (becomes a RowReject)."""
+
+
+class _Problem(NamedTuple):
+    """A raw row that is not read, with the column where that is known (and the cells that were read)."""
+
+    column: str | None
+    reason: str
+    cells: Mapping[str, Any]
+
+
+def _too_many_columns(path: Path, what: str) -> SourceError:
+    return SourceError(f"{path}: {what}; a manifest may have at most {MAX_COLUMNS} (each column is a field, a "
+                       f"file that the pack and every reader keep open): put such values in one array column "
+                       f"(a JSON array cell typed --fields NAME:float32[N], or a Parquet list column)")
 
 
 def _csv_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
@@ -118,6 +258,8 @@ def _csv_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
             if len(set(header)) != len(header):
                 dup = next(c for c in header if header.count(c) > 1)
                 raise SourceError(f"{path}: column names repeat ({dup!r} is given {header.count(dup)} times)")
+            if len(header) > MAX_COLUMNS:
+                raise _too_many_columns(path, f"the header names {len(header):,} columns")
             yield 0, dict.fromkeys(header, None)  # column order
             for cells in reader:
                 if not cells:
@@ -134,18 +276,25 @@ def _csv_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
         raise SourceError(f"{path} row {row + 1}: malformed CSV ({exc})") from None
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
+def _jsonl_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | str | _Problem]]:
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                text = line.decode(json.detect_encoding(line), "surrogatepass")  # as json.loads decodes bytes
+                obj = _DECODER.decode(text)
             except UnicodeDecodeError:
                 yield lineno, "not UTF-8"
                 continue
             except json.JSONDecodeError as exc:
-                yield lineno, f"malformed JSON ({exc.msg} at column {exc.colno})"
+                yield lineno, json_problem(exc)
+                continue
+            except JSON_ERRORS as exc:  # nested too deep, a huge integer, a key twice: in which column?
+                cells: dict[str, Any] = {}
+                found = json_locate(text, parsed=cells)
+                keys, why = found if found is not None else ([], exc)
+                yield lineno, _Problem(str(keys[0]) if keys else None, json_problem(why), cells)
                 continue
             if not isinstance(obj, dict):
                 yield lineno, f"expected a JSON object, got {type(obj).__name__}"
@@ -161,7 +310,7 @@ def _parquet_file(path: Path):
     try:
         return pq.ParquetFile(path)
     except (OSError, ValueError) as exc:  # pyarrow.ArrowInvalid is a ValueError
-        raise SourceError(f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+        raise SourceError(f"{path}: not a readable Parquet file ({one_line(exc, first=True)})") from None
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
@@ -173,7 +322,7 @@ def _parquet_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | str]]:
                 row += 1
                 yield row, rec
     except (OSError, ValueError) as exc:
-        raise SourceError(f"{path}: Parquet read failed after row {row} ({str(exc).splitlines()[0]})") from None
+        raise SourceError(f"{path}: Parquet read failed after row {row} ({one_line(exc, first=True)})") from None
     finally:
         pf.close()
 
@@ -182,19 +331,19 @@ _READERS = {"csv": _csv_records, "jsonl": _jsonl_records, "parquet": _parquet_re
 
 
 # ---------------------------------------------------------------------------------------- inference
+#: a CSV integer: ASCII digits only (``int()`` also takes ``1_000`` and other scripts' digits, "\u0663")
+_CSV_INT = re.compile(r"[ \t]*[+-]?[0-9]+[ \t]*\Z")
+#: a CSV number: what ``float()`` takes, in ASCII and without ``_``
+_CSV_FLOAT = re.compile(r"[ \t]*[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf|infinity|nan)[ \t]*\Z",
+                        re.IGNORECASE)
+
+
 def _csv_kind(cell: str) -> str | None:
     if cell == "":
         return None
-    try:
-        int(cell)
+    if _CSV_INT.match(cell):
         return "int"
-    except ValueError:
-        pass
-    try:
-        float(cell)
-        return "float"
-    except ValueError:
-        return "text"
+    return "float" if _CSV_FLOAT.match(cell) else "text"
 
 
 def _json_kind(value: Any) -> str | None:
@@ -326,11 +475,21 @@ class Manifest:
             if isinstance(rec, str):
                 yield RowReject(str(self.path), row, None, rec)
                 continue
+            if isinstance(rec, _Problem):
+                yield RowReject(str(self.path), row, rec.column, rec.reason,
+                                self._image_named(rec.cells.get(self.image_column)))
+                continue
             try:
                 yield self._row(row, rec)
             except _Bad as exc:
                 column, reason = exc.args
-                yield RowReject(str(self.path), row, column, reason)
+                yield RowReject(str(self.path), row, column, reason, self._image_named(rec.get(self.image_column)))
+
+    def _image_named(self, cell: Any) -> str | None:
+        """The image a rejected row names (a path as :class:`Row` gives it, or its URL), if any."""
+        if not isinstance(cell, str) or not cell:
+            return None
+        return cell if is_remote(cell) or os.path.isabs(cell) else str(self._root / cell)
 
     def _row(self, row: int, rec: Mapping[str, Any]) -> Row:
         image = self._image(self.image_column, rec.get(self.image_column))
@@ -369,6 +528,8 @@ class Manifest:
             cell = self._from_csv(t, column, cell)
         elif cell is None and not isinstance(t, JsonType):
             raise _Bad(column, "no value (null or missing)")
+        if isinstance(t, JsonType) and json_too_deep(cell):
+            raise _Bad(column, json_problem(RecursionError()))
         try:
             return t.check(cell, column)
         except FieldValueError as exc:
@@ -381,15 +542,18 @@ class Manifest:
         if cell == "":
             raise _Bad(column, "empty cell")
         if isinstance(t, NumericType) and t.scalar:
-            try:
-                return int(cell) if t.integer else float(cell)
-            except ValueError:
-                raise _Bad(column, f"{_short(cell)} is not {'an integer' if t.integer else 'a number'}") from None
+            if not (_CSV_INT if t.integer else _CSV_FLOAT).match(cell):
+                hint = " (ASCII digits only, no '_')" if "_" in cell or not cell.isascii() else ""
+                raise _Bad(column, f"{_short(cell)} is not {'an integer' if t.integer else 'a number'}{hint}")
+            if t.integer and len(cell.strip().lstrip("+-").lstrip("0")) > 20:  # past any int dtype, and int()'s limit
+                raise _Bad(column, f"{_short(cell)}: an integer of {len(cell.strip().lstrip('+-')):,} digits is out "
+                                   f"of range for {t.dtype.name}")
+            return int(cell) if t.integer else float(cell)
         if isinstance(t, (NumericType, JsonType)):
             try:
-                return json.loads(cell)
-            except json.JSONDecodeError as exc:
-                raise _Bad(column, f"malformed JSON ({exc.msg} at column {exc.colno})") from None
+                return _DECODER.decode(cell)
+            except JSON_ERRORS as exc:
+                raise _Bad(column, json_problem(exc)) from None
         return cell.encode("utf-8")  # bytes: the cell's UTF-8
 
 
@@ -432,6 +596,8 @@ def read_manifest(path: str | os.PathLike, *, image_column: str = "image",
         finally:
             pf.close()
         columns = list(arrow.names)
+        if len(columns) > MAX_COLUMNS:
+            raise _too_many_columns(p, f"{len(columns):,} columns")
         inferred = {c: None for c in columns}
     else:
         columns, inferred, num_rows = _first_pass(p, kind, image_column, stated)
@@ -493,7 +659,7 @@ def _first_pass(p: Path, kind: str, image_column: str,
             cols = {c: _Column() for c in rec}
             continue
         num_rows += 1
-        if isinstance(rec, str):
+        if not isinstance(rec, dict):
             continue  # a malformed row: rejected in the second pass
         for c, v in rec.items():
             col = cols.get(c)
@@ -501,6 +667,8 @@ def _first_pass(p: Path, kind: str, image_column: str,
                 if kind == "csv":
                     continue
                 col = cols[c] = _Column()
+                if len(cols) > MAX_COLUMNS:
+                    raise _too_many_columns(p, f"more than {MAX_COLUMNS} columns (keys) by row {row}")
             if c == image_column or c in stated:
                 continue
             if kind == "csv":

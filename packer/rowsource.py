@@ -108,9 +108,9 @@ def rows_source(path: Path, root: Path, rows: Iterable[Row | RowReject], schema:
     entries: list[Any] = []  # per row: a RowReject's message, or (image ref, extra values, where)
     paths, labels, sizes = [], [], []
     for r in rows:
-        if isinstance(r, RowReject):
+        if isinstance(r, RowReject):  # rejects.jsonl: the image as "path" (the file and row in the reason)
             entries.append(str(r))
-            paths.append(f"row {r.row}")
+            paths.append(_rel(root, r.image, r.row) if r.image is not None else f"{path} row {r.row}")
             labels.append(0)
             sizes.append(0)
             continue

@@ -104,7 +104,7 @@ __all__ = [
 ImageInput = Union[bytes, bytearray, memoryview, np.ndarray, torch.Tensor]
 
 _INTERP = ("bilinear", "bicubic")
-_PIL_FILTER = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
+_PIL_FILTER = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 _SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
 _BACKENDS = ("torch", "pillow")
 
