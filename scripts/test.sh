@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+python -m mypy  # the packages [tool.mypy] lists in pyproject.toml type-check with zero errors
 python -m pytest -n "${PYTEST_WORKERS:-auto}" "$@"
