@@ -165,3 +165,204 @@ def test_a_byte_count_past_int64_is_a_format_error(edit, packed_generated, tmp_p
     spec.write_json_atomic(root / spec.INDEX_NAME, meta)
     with pytest.raises(spec.DatasetFormatError, match="index.json: .*2\\*\\*63|index.json: .*9223372036854775808"):
         open_dataset(root, decode=False)
+
+
+# ------------------------------------------------- issue 33 items 9, 10: mapped edits, the record's own files
+#: A relabelling script as users write one, in a process of its own: it maps labels.npy writable
+#: (np.load(mmap_mode="r+")), writes a label (the first write fault of that page: ctime changes),
+#: says "ready", waits for a line on stdin, then writes ``label`` at ``position`` (a page already
+#: dirty: no fault, no stat change) and flushes.
+RELABEL = """
+import sys, numpy as np
+path, first, position, label = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+labels = np.load(path, mmap_mode="r+")
+labels[first] = labels[first]  # no flush: a flush would write the page back and make the next write fault
+print("ready", flush=True)
+sys.stdin.readline()
+labels[position] = label
+labels.flush()
+"""
+
+
+def relabel_while_recorded(labels_path: Path, first: int, position: int, label: int, opener) -> None:
+    """Run RELABEL on ``labels_path``; call ``opener()`` (the opens that write and use the record)
+    while it holds its mapping, after its first write and before its second."""
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", RELABEL, str(labels_path), str(first), str(position), str(label)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        opener()
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_label_written_through_a_mapping_held_across_the_record_is_refused(packed_generated, tmp_path, counters):
+    """Issue 33 item 9: the record of passed checks was written while a relabelling process held
+    labels.npy mapped writable; its later write (99, outside the classes) changed no stat field, so the
+    record still matched and the label was served unchecked. The sampled pages' CRC (here: all of
+    the file's one page) no longer matches: full checks, and the edit is refused."""
+    crcs, _values = counters
+    root = copy_of(packed_generated, "mmap", tmp_path)
+    labels = root / spec.array_file("labels")
+
+    def opens():
+        open_dataset(root, decode=False)
+        seen = len(crcs)
+        open_dataset(root, decode=False)
+        assert len(crcs) == seen  # the record holds while the mapping is unchanged
+
+    relabel_while_recorded(labels, 0, 3, 99, opens)
+    assert int(np.load(labels)[3]) == 99
+    with pytest.raises(spec.DatasetFormatError, match="labels.npy: (checksum differs|sample 3: label 99 is outside)"):
+        open_dataset(root, decode=False)
+
+
+def _many_labels(packed_generated, tmp_path: Path, n: int = 100_000) -> Path:
+    """An lmdb dataset (index-only: its data file is the packed one) of ``n`` samples: labels.npy
+    spans more pages than :data:`checkcache.SAMPLED_PAGES`."""
+    root = copy_of(packed_generated, "lmdb", tmp_path)
+    meta = json.loads((root / spec.INDEX_NAME).read_text())
+    labels = (np.arange(n) % len(meta["classes"])).astype(np.int32)
+    meta.update(num_samples=n, class_counts=np.bincount(labels).tolist())
+    meta.pop(spec.ARRAYS_KEY, None)
+    spec.write_index(root, meta, {"labels": labels, "checksums": np.zeros(n, np.uint32),
+                                  "sizes": np.ones(n, np.int64)})
+    return root
+
+
+def _unsampled_label(labels_path: Path, n: int) -> int:
+    """A sample whose label lies on a page the record's CRC does not sample."""
+    size = labels_path.stat().st_size
+    header, pages = size - 4 * n, -(-size // 4096)
+    sampled = {round(i * (pages - 1) / (checkcache.SAMPLED_PAGES - 1)) for i in range(checkcache.SAMPLED_PAGES)}
+    page = next(p for p in range(pages // 2, pages) if p not in sampled)
+    return (page * 4096 - header) // 4 + 10
+
+
+@pytest.mark.timeout(120)
+def test_a_label_outside_the_classes_on_an_unsampled_page_is_refused_whatever_is_recorded(
+        packed_generated, tmp_path, counters):
+    """Issue 33 item 9, the page no CRC samples: the stat and the sampled pages still match the
+    record, so the CRC-32 and most value checks are skipped, but the labels are range-checked on
+    every open: label 99 is refused, naming the file and the sample."""
+    crcs, _values = counters
+    n = 100_000
+    root = _many_labels(packed_generated, tmp_path, n)
+    labels = root / spec.array_file("labels")
+    position = _unsampled_label(labels, n)
+    before = {}
+
+    def opens():
+        open_dataset(root, decode=False)
+        open_dataset(root, decode=False)
+        before["key"] = checkcache.stat_key(labels)
+
+    relabel_while_recorded(labels, position - 1, position, 99, opens)
+    if checkcache.stat_key(labels) == before["key"]:  # the case of the issue (unless the kernel wrote the page back)
+        seen = len(crcs)
+        with pytest.raises(spec.DatasetFormatError, match=f"labels.npy: sample {position}: label 99 is outside the"):
+            open_dataset(root, decode=False)
+        assert len(crcs) == seen  # the record held: refused by the labels' range check alone
+    else:
+        with pytest.raises(spec.DatasetFormatError, match="labels.npy"):
+            open_dataset(root, decode=False)
+
+
+@pytest.mark.timeout(120)
+def test_the_limit_an_in_range_label_on_an_unsampled_page_is_found_by_verify(packed_generated, tmp_path):
+    """What the record does not cover (docs/guarantees.md): a label changed to another class, on a
+    page the CRC does not sample, through a mapping held while the record was written, opens
+    unchecked (the record still matches); verify, which ignores the record, finds it."""
+    n = 100_000
+    root = _many_labels(packed_generated, tmp_path, n)
+    labels = root / spec.array_file("labels")
+    position = _unsampled_label(labels, n)
+    before = {}
+
+    def opens():
+        open_dataset(root, decode=False)
+        before["key"] = checkcache.stat_key(labels)
+
+    new = (int(np.load(labels)[position]) + 1) % len(spec.read_meta(root)["classes"])
+    relabel_while_recorded(labels, position - 1, position, new, opens)
+    if checkcache.stat_key(labels) == before["key"]:
+        assert int(open_dataset(root, decode=False).index.arrays["labels"][position]) == new
+    with pytest.raises(spec.DatasetFormatError, match="labels.npy: checksum differs"):
+        verify(root)
+
+
+def test_a_fifo_in_place_of_a_record_never_blocks(packed_generated, tmp_path, cache_dir, counters):
+    """Issue 33 item 10: a FIFO where a record file goes made open_dataset wait forever for a writer."""
+    crcs, values = counters
+    root = copy_of(packed_generated, "hdf5", tmp_path)
+    open_dataset(root, decode=False)
+    records = list((cache_dir / "checked").iterdir())
+    assert len(records) == 2
+    for rec in records:
+        rec.unlink()
+        os.mkfifo(rec)
+    run_in_thread_with_timeout(lambda: open_dataset(root, decode=False), 30)
+    assert len(values) == 2  # no record read: checked in full (and the FIFOs replaced by records)
+    assert all(r.is_file() for r in records)
+    open_dataset(root, decode=False)
+    assert len(values) == 2
+
+
+def run_in_thread_with_timeout(func, seconds: float) -> None:
+    """``func()`` in a daemon thread; fails (instead of hanging the run) when it has not returned in ``seconds``."""
+    import threading
+    out: list = []
+    worker = threading.Thread(target=lambda: out.append(func()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():  # unblock it: a writer on each FIFO ends the blocked open()
+        for fifo in Path(os.environ[checkcache.ENV_DIR], "checked").iterdir():
+            if fifo.is_fifo():
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(10)
+        pytest.fail(f"blocked for more than {seconds} s")
+    assert out
+
+
+def test_a_link_in_place_of_a_record_is_not_followed(packed_generated, tmp_path, cache_dir, counters):
+    """A record that is a symlink (to a copy of the real record) is not a record: full checks."""
+    _crcs, values = counters
+    root = copy_of(packed_generated, "wds", tmp_path)
+    open_dataset(root, decode=False)
+    for rec in (cache_dir / "checked").iterdir():
+        target = tmp_path / ("copy-" + rec.name)
+        shutil.copy(rec, target)
+        rec.unlink()
+        rec.symlink_to(target)
+    open_dataset(root, decode=False)
+    assert len(values) == 2
+
+
+def test_a_record_folder_other_users_can_write_is_not_used(packed_generated, tmp_path, cache_dir, counters, caplog):
+    """A record folder anyone can write (chmod 0o777) could hold forged records: it is not used,
+    every open checks in full, and one warning per process names the folder."""
+    import logging
+    _crcs, values = counters
+    root = copy_of(packed_generated, "lmdb", tmp_path)
+    open_dataset(root, decode=False)
+    (cache_dir / "checked").chmod(0o777)
+    with caplog.at_level(logging.WARNING, logger="readers.checkcache"):
+        open_dataset(root, decode=False)
+        open_dataset(root, decode=False)
+    assert len(values) == 3
+    warned = [r.getMessage() for r in caplog.records if r.name == "readers.checkcache"]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith(f"{cache_dir / 'checked'}: is writable by other users (mode 777), so the record "
+                                "of passed index checks is not used (every open checks in full)")
+    (cache_dir / "checked").chmod(0o700)
+    open_dataset(root, decode=False)
+    assert len(values) == 3  # its own folder again: the record holds
