@@ -513,6 +513,9 @@ def _gil_free(dataset: Any) -> str | None:
 
     if not isinstance(dataset, PackedDataset):
         return f"a dataset of your own ({type(dataset).__name__})"
+    sample_transform = getattr(dataset, "sample_transform", None)
+    if sample_transform is not None:  # Python of the caller's own per sample, like a transform (issue 33 item 12)
+        return f"a Python sample_transform of your own ({getattr(sample_transform, '__name__', type(sample_transform).__name__)})"
     if not dataset.decode:
         return None
     if dataset.image == "pil":
