@@ -1,8 +1,10 @@
 /* Decode one region of a JPEG at a DCT scale of 1/1, 1/2, 1/4 or 1/8, with the system libjpeg-turbo.
  *
  * Loaded by readers/jpegcrop.py through ctypes (a plain shared library: no Python headers needed;
- * ctypes releases the GIL for the call). Built by scripts/setup.sh:
- *     cc -O2 -shared -fPIC -o readers/_jpegcrop.so readers/_jpegcrop.c -ljpeg
+ * ctypes releases the GIL for the call). Built by the package build (setup.py: the optional
+ * extension readers._jpegcrop, so no PyInit__jpegcrop; pip install, pip install -e . and the wheel)
+ * where a C compiler and jpeglib.h exist; by hand:
+ *     cc -O2 -shared -fPIC -o /tmp/_jpegcrop.so readers/_jpegcrop.c -ljpeg  (DATASET_PACKER_JPEGCROP=/tmp/_jpegcrop.so)
  *
  * What it saves against a full decode (libjpeg-turbo >= 1.5 API, Debian's 2.1.5 here):
  *   - rows below the region: not decoded at all, entropy decoding included (the decode stops there);

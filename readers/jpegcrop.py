@@ -2,9 +2,11 @@
 
 Used by ``readers/decode.py`` (:func:`readers.decode.decode_rgb_region`), which falls back to a
 full decode wherever this is missing. The helper is a plain shared library over the system
-libjpeg-turbo (Debian's ``libjpeg62-turbo``, 2.1.5 here): ``scripts/setup.sh`` builds it with
-:func:`build` when a C compiler and ``jpeglib.h`` are there (``libjpeg62-turbo-dev``), so a
-``pip install`` without them simply has no helper. ctypes releases the GIL during the call.
+libjpeg-turbo (Debian's ``libjpeg62-turbo``, 2.1.5 here), built by the package build
+(``setup.py``: the optional extension :data:`NATIVE`, ``readers/_jpegcrop.<platform>.so``, in the
+wheel and in place for ``pip install -e .``) where a C compiler and ``jpeglib.h`` are there
+(``libjpeg62-turbo-dev``); without them the install succeeds with no helper. ctypes loads it by
+its path (:func:`native_path`) and releases the GIL during the call.
 
 For a region of rows ``[y0, y1)`` and columns ``[x0, x1)`` it decodes no row below ``y1``
 (entropy decoding included), only entropy-decodes the rows above ``y0`` (libjpeg's
@@ -21,23 +23,22 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import logging
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["LIBRARY", "MARGIN", "JpegCropError", "Region", "available", "build", "decode_region",
-           "entropy_decode_only", "library", "load", "matches_full_decode"]
+__all__ = ["MARGIN", "NATIVE", "JpegCropError", "Region", "available", "decode_region",
+           "entropy_decode_only", "library", "load", "matches_full_decode", "native_path"]
 
 log = logging.getLogger(__name__)
 
-#: Where :func:`build` writes the helper and :func:`library` looks for it (beside this module).
-LIBRARY = Path(__file__).resolve().parent / "_jpegcrop.so"
-SOURCE = Path(__file__).resolve().parent / "_jpegcrop.c"
+#: The extension ``setup.py`` builds from ``readers/_jpegcrop.c``: a plain C library (no ``PyInit``)
+#: that ctypes loads by its path; it is never imported.
+NATIVE = "readers._jpegcrop"
 #: Pixels asked for around the wanted region, cut off again before the caller sees them.
 MARGIN = 2
 _VERSION = 3
@@ -60,27 +61,11 @@ class JpegCropError(ValueError):
     """libjpeg refused the data (an error, or a warning about corrupt data): decode it another way."""
 
 
-def build(target: Path = LIBRARY, cc: str | None = None) -> Path:
-    """Compile ``_jpegcrop.c`` into ``target`` (``cc -O2 -shared -fPIC ... -ljpeg``).
-
-    Raises ``FileNotFoundError`` without a C compiler and ``RuntimeError`` with the compiler's
-    last message when the compile fails (e.g. no ``jpeglib.h``: ``libjpeg62-turbo-dev``).
-    """
-    compiler = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise FileNotFoundError("no C compiler (cc) found to build the jpegcrop helper")
-    target = Path(target)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-ljpeg"],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            lines = (done.stderr or done.stdout or "").strip().splitlines() or ["no output"]
-            raise RuntimeError(f"{compiler} could not build {target.name}: {lines[0]}")
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return target
+def native_path() -> Path | None:
+    """Where the package build put the helper (``readers/_jpegcrop.<platform>.so``), or None where it
+    could not compile it (no C compiler or no ``jpeglib.h`` at install time)."""
+    spec = importlib.util.find_spec(NATIVE)  # finds the file without importing it
+    return Path(spec.origin) if spec is not None and spec.origin else None
 
 
 def load(path: str | os.PathLike) -> ctypes.CDLL | None:
@@ -98,8 +83,8 @@ def load(path: str | os.PathLike) -> ctypes.CDLL | None:
         log.warning("%s is not the jpegcrop helper; region decoding is off", path)
         return None
     if version != _VERSION:
-        log.warning("jpegcrop helper %s has interface %d, this code wants %d: rebuild it with "
-                    "scripts/setup.sh; region decoding is off", path, version, _VERSION)
+        log.warning("jpegcrop helper %s has interface %d, this code wants %d: rebuild it by reinstalling "
+                    "the package (pip install -e .); region decoding is off", path, version, _VERSION)
         return None
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
@@ -116,7 +101,11 @@ def library() -> ctypes.CDLL | None:
     override = os.environ.get(_ENV, "")
     if override.lower() == "off":
         return None
-    return load(Path(override) if override else LIBRARY)
+    path = Path(override) if override else native_path()
+    if path is None:
+        log.debug("jpegcrop helper %s not built (the install found no C compiler or jpeglib.h)", NATIVE)
+        return None
+    return load(path)
 
 
 def available() -> bool:
@@ -188,7 +177,8 @@ def entropy_decode_only(data) -> None:
     above its last row). Raises :class:`JpegCropError`, or ``RuntimeError`` without the helper."""
     lib = library()
     if lib is None:
-        raise RuntimeError("the jpegcrop helper is not built (scripts/setup.sh)")
+        raise RuntimeError("the jpegcrop helper is not built (pip install builds it where a C compiler and "
+                           "jpeglib.h exist)")
     buf = _buffer(data)
     err = ctypes.create_string_buffer(_ERRLEN)
     if lib.jc_entropy_only(buf, len(buf), err) != 0:
