@@ -58,7 +58,7 @@ Region decoding
 ---------------
 ``decode_rgb_region(data, scale, rows, cols)`` decodes at least a region of the
 image at DCT scale ``1/scale``. With ``decoder="auto"`` and the optional native
-helper of :mod:`readers.jpegcrop` built (``scripts/setup.sh`` builds it when a C
+helper of :mod:`readers.jpegcrop` built (the package build compiles it when a C
 compiler and libjpeg-turbo's headers are there), a JPEG is decoded from its first
 row to the region's last row only, and the rows above and the columns outside the
 region are only entropy-decoded; the region's pixels are the full decode's, bit
