@@ -49,7 +49,7 @@ class ByteBatch(NamedTuple):
     data: torch.Tensor  # uint8, all samples back to back
     offsets: torch.Tensor  # int64, len B + 1
 
-    def __len__(self) -> int:  # type: ignore[override]
+    def __len__(self) -> int:
         return len(self.offsets) - 1
 
     def get(self, k: int) -> bytes:

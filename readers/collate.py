@@ -26,7 +26,7 @@ shapes: a batch whose boxes all happen to be ``(0, 4)`` is still a list (or padd
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Container, Sequence
 
 import numpy as np
 import torch
@@ -104,7 +104,7 @@ def collate_column(values: Sequence[Any], pad: bool = False, pad_value: float = 
 def collate_fields(batch: Sequence[Any], pad: bool = False, pad_value: float = 0) -> Any:
     """A batch of field samples: a tuple (for :class:`Sample` items) or a dict, one entry per field."""
     first = batch[0]
-    variable = getattr(first, "variable", frozenset())
+    variable: Container[Any] = getattr(first, "variable", frozenset())
     if isinstance(first, dict):
         return {k: collate_column([s[k] for s in batch], pad, pad_value, k in variable) for k in first}
     return tuple(collate_column(col, pad, pad_value, k in variable) for k, col in enumerate(zip(*batch)))
@@ -117,7 +117,7 @@ class FieldCollate:
     def __init__(self, pad: bool = False, pad_value: float = 0) -> None:
         self.pad, self.pad_value = pad, pad_value
 
-    def __call__(self, batch: Sequence[Any]) -> Any:
+    def __call__(self, batch: list[Any]) -> Any:  # what a DataLoader hands its collate_fn
         if is_field_batch(batch):
             return collate_fields(batch, self.pad, self.pad_value)
         return torch.utils.data.default_collate(batch)

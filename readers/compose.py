@@ -55,7 +55,9 @@ def accepts_bytes(transform) -> bool:
     if getattr(transform, "accepts_bytes", False) is True:
         return True
     parts = steps(transform)
-    return bool(parts) and accepts_bytes(parts[0])
+    if not parts:
+        return False
+    return accepts_bytes(parts[0])
 
 
 def _fused_within(transform, depth: int = 0) -> list:

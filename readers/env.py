@@ -29,10 +29,10 @@ def cgroup_cpu_limit(root: str | os.PathLike = "/sys/fs/cgroup") -> float | None
     except (OSError, ValueError):
         pass
     try:
-        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-        if quota > 0 and period > 0:
-            return quota / period
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        if quota_us > 0 and period_us > 0:
+            return quota_us / period_us
     except (OSError, ValueError):
         pass
     return None

@@ -57,7 +57,7 @@ def resize_center_crop(height: int, width: int, resize: int, crop: int | tuple[i
     resized image gives negative offsets (torchvision pads there); callers
     that cannot pad should keep ``crop <= resize``.
     """
-    ch, cw = (int(crop), int(crop)) if isinstance(crop, Integral) else (int(crop[0]), int(crop[1]))
+    ch, cw = (int(crop), int(crop)) if isinstance(crop, (int, Integral)) else (int(crop[0]), int(crop[1]))
     if ch < 1 or cw < 1:
         raise ValueError(f"crop must be positive, got {ch}x{cw}")
     rh, rw = resize_short_side(height, width, resize)

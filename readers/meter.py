@@ -216,7 +216,7 @@ class StarvationMeter:
 
     def _stop_profiler(self, prof: Any) -> None:
         prof.stop()
-        if self.trace_path is None:  # fewer steps than the schedule: export what was recorded
+        if self.trace_path is None and self.profile_dir is not None:  # fewer steps than the schedule: export what was recorded
             try:
                 path = self.profile_dir / f"starvation-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
                 prof.export_chrome_trace(str(path))
@@ -260,9 +260,10 @@ class StarvationMeter:
         if self._copies:
             return list(self._copies), "meter"
         loader_times = getattr(self.loader, "copy_times", None)
-        if loader_times is not None and callable(getattr(self.loader, "stats", None)):
-            self.loader.stats()  # DevicePrefetcher: resolves copies whose CUDA events are still pending
-            loader_times = self.loader.copy_times
+        stats = getattr(self.loader, "stats", None)
+        if loader_times is not None and callable(stats):
+            stats()  # DevicePrefetcher: resolves copies whose CUDA events are still pending
+            loader_times = getattr(self.loader, "copy_times", None)
         if loader_times:
             times = list(loader_times)
             start = self._loader_copies_start if self._loader_copies_start <= len(times) else 0

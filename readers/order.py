@@ -308,16 +308,16 @@ def epoch_draw(sizes: Sequence[int], counts: Sequence[int], seed: int, epoch: in
     ``(seed, epoch)`` (``shuffle=False``: evenly, by ``(t + 1/2) / c_j``), so every share of the
     epoch holds about ``c_j / sum(c)`` of source ``j``. O(epoch length), whatever the epoch number.
     """
-    counts = np.asarray(counts, dtype=np.int64)
-    total = int(counts.sum())
-    which = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    counts_arr = np.asarray(counts, dtype=np.int64)
+    total = int(counts_arr.sum())
+    which = np.repeat(np.arange(len(counts_arr), dtype=np.int64), counts_arr)
     if shuffle:
         which = which[np.random.default_rng([int(seed), int(epoch), 0x3170]).permutation(total)]
-    elif len(counts) > 1:
-        ranks = np.concatenate([(np.arange(c) + 0.5) / c for c in counts if c])
+    elif len(counts_arr) > 1:
+        ranks = np.concatenate([(np.arange(c) + 0.5) / c for c in counts_arr if c])
         which = which[np.argsort(ranks, kind="stable")]
     sample = np.empty(total, dtype=np.int64)
-    for j, (n, c) in enumerate(zip(sizes, counts.tolist())):
+    for j, (n, c) in enumerate(zip(sizes, counts_arr.tolist())):
         if not c:
             continue
         if replacement:
@@ -342,9 +342,9 @@ class ShardLayout:
     @classmethod
     def from_sizes(cls, sizes: Sequence[int]) -> ShardLayout:
         """Shards holding consecutive samples (how ``pack-dataset`` writes them)."""
-        sizes = np.asarray(sizes, dtype=np.int64)
-        first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        return cls(sizes, first, np.repeat(np.arange(len(sizes), dtype=np.int32), sizes))
+        sizes_arr = np.asarray(sizes, dtype=np.int64)
+        first = np.concatenate([[0], np.cumsum(sizes_arr)[:-1]]).astype(np.int64)
+        return cls(sizes_arr, first, np.repeat(np.arange(len(sizes_arr), dtype=np.int32), sizes_arr))
 
     @property
     def num_samples(self) -> int:
@@ -667,7 +667,8 @@ class _Remainder:
         ranges = np.array([_worker_range(n, e, self.old.pad) for e in self.envs], dtype=np.int64).reshape(-1, 2)
         self.took = np.minimum([taken[e.worker_id] * bs for e in self.envs], ranges[:, 1] - ranges[:, 0])
         self.order = shard_order(len(layout.sizes), self.old.seed, epoch, self.old.shuffle)
-        self.n, self._delivered = n, {}
+        self.n = n
+        self._delivered: dict[int, np.ndarray] = {}
         head = max(0, int(ranges[:, 1].max(initial=0)) - n)  # positions [0, head) were read twice
         self.wrapping = [g for g in range(len(self.envs)) if ranges[g, 1] > n and self.took[g]]
         # segments of stream positions: each old range's part before the end, then what no one read

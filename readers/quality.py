@@ -121,7 +121,7 @@ def _columns(batch: Any) -> tuple[np.ndarray, np.ndarray | None]:
     return np.asarray(batch).reshape(-1), None
 
 
-def measure(batches: Iterable[Any], class_counts: Sequence[int], num_samples: int | None = None) -> ShuffleQuality:
+def measure(batches: Iterable[Any], class_counts: Sequence[int] | np.ndarray, num_samples: int | None = None) -> ShuffleQuality:
     """Shuffle quality of ``batches``: each a loader batch ``(images, labels[, indices])`` or an
     array of labels. ``class_counts``: the dataset's samples per class (``index.meta["class_counts"]``);
     ``num_samples``: for the displacement (default: the sum of ``class_counts``)."""

@@ -124,7 +124,7 @@ def _read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray) -> tuple:
     starts = ds.sample_offsets[idx]
     # Python ints and the current shard's mapping held across samples: per sample this loop takes a
     # view of the bytes (and copies the header, the first time); one concat_into copies them all.
-    heads = memoryview(headers).cast("B")
+    heads = headers.data.cast("B")  # ndarray.data: the memoryview, typed (numpy declares __buffer__ only on 3.12+)
     pieces = []
     last, view = -1, np.zeros(0, dtype=np.uint8)
     for k, (shard, start, size, check) in enumerate(zip(shards.tolist(), starts.tolist(), sizes.tolist(),
@@ -136,7 +136,7 @@ def _read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray) -> tuple:
                 f"{ds.shard_location(shard)} at byte {start - BLOCK}: shard ends early (sample {int(idx[k])}): "
                 "truncated or damaged")
         if check:
-            heads[k * BLOCK:(k + 1) * BLOCK] = view[start - BLOCK:start]
+            heads[k * BLOCK:(k + 1) * BLOCK] = view[start - BLOCK:start].data
         pieces.append(view[start:start + size])
     concat_into(pieces, data)
     if todo.any():

@@ -86,6 +86,8 @@ def _close_quietly(mm: mmap.mmap) -> None:
 class _SlotMemory(np.ndarray):
     """The main process's view of one slot: frees the slot when it (and so every tensor over it) is gone."""
 
+    _frees: tuple[mmap.mmap, int]  # set by _rebuild on the base view only (its views read None)
+
     def __array_finalize__(self, obj: Any) -> None:
         pass  # views of it do not free the slot; they keep this base alive instead
 
@@ -319,7 +321,7 @@ class ShmSlots:
         """Mark ``slot`` in flight and describe ``batch`` (a tuple of ByteBatches and tensors in the
         slot, and small tensors or arrays sent by value) for the main process; None (slot left free) when
         a part of it is anything else."""
-        layout = []
+        layout: list[tuple] = []
         for part in batch:
             if isinstance(part, ByteBatch):
                 data = slot.describe(part.data)
@@ -349,7 +351,7 @@ class ShmSlots:
         if slot is None:
             return None
         batch, data = new_byte_batch(offsets, lambda n: slot.array[:n])
-        out, bounds = memoryview(data), offsets.tolist()
+        out, bounds = data.data, offsets.tolist()  # ndarray.data: its memoryview
         for b, lo, hi in zip(items, bounds, bounds[1:]):
             out[lo:hi] = b
         return self.send(slot, (batch, *rest))

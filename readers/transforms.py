@@ -64,7 +64,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import NamedTuple, Union
+from typing import NamedTuple, TypeGuard, Union
 
 import numpy as np
 import torch
@@ -74,6 +74,7 @@ from PIL import Image
 from readers.compose import Compose, accepts_bytes, warn_if_fused_lost  # re-exported here
 from readers.decode import (
     DECODERS,
+    ImageHeader,
     decode_rgb_region,
     decode_rgb_scaled,
     read_header,
@@ -102,6 +103,7 @@ __all__ = [
 ]
 
 ImageInput = Union[bytes, bytearray, memoryview, np.ndarray, torch.Tensor]
+Encoded = bytes | bytearray | memoryview | np.ndarray  # stored bytes (an array of them: 1-D)
 
 _INTERP = ("bilinear", "bicubic")
 _PIL_FILTER = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
@@ -237,11 +239,14 @@ def resize_center_crop_box(height: int, width: int, resize: int, size: tuple[int
 # --------------------------------------------------------------------------- pixels
 
 
-def _as_hwc(image: np.ndarray | torch.Tensor) -> np.ndarray:
+def _as_hwc(image: ImageInput) -> np.ndarray:
+    """A decoded image (array or tensor; :func:`_is_encoded` is false) as a uint8 (H, W, 3) array."""
     if isinstance(image, torch.Tensor):
         if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] not in (1, 3):
             raise ValueError(f"expected a uint8 (3, H, W) tensor, got {image.dtype} {tuple(image.shape)}")
         image = image.permute(1, 2, 0).cpu().numpy()
+    if not isinstance(image, np.ndarray):
+        raise TypeError(f"expected a uint8 image array or tensor, got {type(image).__name__}")
     if image.dtype != np.uint8:
         raise ValueError(f"expected a uint8 image array, got {image.dtype}")
     if image.ndim == 2:
@@ -253,7 +258,7 @@ def _as_hwc(image: np.ndarray | torch.Tensor) -> np.ndarray:
     return image
 
 
-def _is_encoded(image) -> bool:
+def _is_encoded(image: object) -> TypeGuard[Encoded]:
     return isinstance(image, (bytes, bytearray, memoryview)) or (
         isinstance(image, np.ndarray) and image.ndim == 1)
 
@@ -376,21 +381,23 @@ def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float]
     """
     _check_common(interpolation, backend, decoder)
     size = _pair(size, "size")
+    encoded: Encoded | None = None
+    header: ImageHeader | None = None
     if _is_encoded(image):
-        header = read_header(image)
+        encoded, header = image, read_header(image)
         height, width, jpeg = header.height, header.width, header.is_jpeg
     else:
         arr = _as_hwc(image)
         height, width = arr.shape[:2]
-        jpeg, reduce, header = False, False, None
+        jpeg, reduce = False, False
     plan = plan_crop(height, width, box, size, jpeg=jpeg, reduce=reduce, backend=backend, margin=margin)
     s = plan.scale
     top, left, bh, bw = plan.box
     region = header is not None and header.is_jpeg and crop_decode and backend == "torch"
-    if region and not margin:
+    if region and not margin and encoded is not None:
         ry0, rx0 = int(top) // s, int(left) // s
         ry1, rx1 = -(-int(top + bh) // s), -(-int(left + bw) // s)
-        pixels, oy, ox = decode_rgb_region(image, s, (ry0, ry1), (rx0, rx1), decoder=decoder, header=header)
+        pixels, oy, ox = decode_rgb_region(encoded, s, (ry0, ry1), (rx0, rx1), decoder=decoder, header=header)
         sub = pixels[ry0 - oy:ry1 - oy, rx0 - ox:rx1 - ox]
         if sub.shape[:2] != (ry1 - ry0, rx1 - rx0):
             raise RuntimeError(f"decoded {sub.shape[:2]} for rows {ry0}-{ry1}, columns {rx0}-{rx1} of a "
@@ -398,12 +405,12 @@ def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float]
         with _on_this_thread():
             chw = _resize_torch(sub, 0, 0, ry1 - ry0, rx1 - rx0, size, interpolation)
             return torch.flip(chw, dims=(2,)) if flip else chw
-    if region and margin:
-        chw = _resized_crop_of_region(image, header, s, plan.box, size, interpolation, decoder)
-        if chw is not None:
-            return chw
-    if header is not None:
-        arr = decode_rgb_scaled(image, s, decoder=decoder, header=header)
+    if region and margin and encoded is not None and header is not None:
+        fused = _resized_crop_of_region(encoded, header, s, plan.box, size, interpolation, decoder)
+        if fused is not None:
+            return fused
+    if encoded is not None:
+        arr = decode_rgb_scaled(encoded, s, decoder=decoder, header=header)
         if arr.shape[:2] != (-(-height // s), -(-width // s)):
             raise RuntimeError(f"decoded {arr.shape[:2]} from a {height}x{width} image at scale 1/{s}")
     if backend == "pillow":
@@ -435,8 +442,8 @@ def _resize_then_crop_geometry(height: int, width: int, box: Box, size: tuple[in
     return fh, fw, min(int(round(top * oh / bh)), fh - oh), min(int(round(left * ow / bw)), fw - ow)
 
 
-def _resized_crop_of_region(image, header, s: int, box: Box, size: tuple[int, int], interpolation: str,
-                            decoder: str) -> torch.Tensor | None:
+def _resized_crop_of_region(image: Encoded, header: ImageHeader, s: int, box: Box, size: tuple[int, int],
+                            interpolation: str, decoder: str) -> torch.Tensor | None:
     """Resize-then-crop (torch) computed from the decoded rows and columns the crop's filter reads.
 
     The resize of the whole ``dh x dw`` decoded image to ``fh x fw`` is computed on its top-left
@@ -509,6 +516,8 @@ def _image_size(image: ImageInput) -> tuple[int, int]:
         return header.height, header.width
     if isinstance(image, torch.Tensor):
         return int(image.shape[-2]), int(image.shape[-1])
+    if not isinstance(image, np.ndarray):
+        raise TypeError(f"expected a uint8 image array or tensor, got {type(image).__name__}")
     return int(image.shape[0]), int(image.shape[1])
 
 
@@ -528,7 +537,7 @@ class RandomResizedCrop(_Seeded):
                  interpolation: str = "bilinear", backend: str = "torch", decoder: str = "auto",
                  reduce: bool = True, crop_decode: bool = True, seed: int | None = None) -> None:
         super().__init__(seed)
-        self.options = TrainOptions(size=size, scale=scale, ratio=ratio, flip_p=flip_p,
+        self.options = TrainOptions(size=_pair(size, "size"), scale=scale, ratio=ratio, flip_p=flip_p,
                                     interpolation=interpolation, backend=backend, decoder=decoder,
                                     reduce=reduce, crop_decode=crop_decode)
 
@@ -568,7 +577,7 @@ class ResizeCenterCrop:
 
     def __init__(self, resize: int = 256, crop: int | tuple[int, int] = 224, *, interpolation: str = "bilinear",
                  backend: str = "torch", decoder: str = "auto", reduce: bool = True, crop_decode: bool = True) -> None:
-        self.options = EvalOptions(resize=resize, size=crop, interpolation=interpolation, backend=backend,
+        self.options = EvalOptions(resize=resize, size=_pair(crop, "size"), interpolation=interpolation, backend=backend,
                                    decoder=decoder, reduce=reduce, crop_decode=crop_decode)
 
     def box(self, height: int, width: int) -> Box:

@@ -456,3 +456,14 @@ def test_invalid_options():
     with pytest.raises(Exception):  # frozen
         TrainOptions().size = (1, 1)  # type: ignore[misc]
     assert math.isclose(TrainOptions().ratio[1], 4 / 3)
+
+
+def test_an_image_of_another_type_is_refused_with_its_type_named():
+    # neither stored bytes nor a uint8 array or tensor (here a PIL image): a TypeError naming its type
+    pil = Image.fromarray(np.zeros((10, 10, 3), np.uint8))
+    with pytest.raises(TypeError, match="got Image"):
+        resized_crop(pil, Box(0, 0, 5, 5), (4, 4))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got Image"):
+        RandomResizedCrop(4, seed=0)(pil)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got Image"):
+        ResizeCenterCrop(8, 4)(pil)  # type: ignore[arg-type]

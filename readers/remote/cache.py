@@ -353,7 +353,8 @@ class Pin:
     """A cache entry that is not evicted until :meth:`release` (closing the lock's descriptor)."""
 
     def __init__(self, path: Path, fd: int) -> None:
-        self.path, self._fd = path, fd
+        self.path = path
+        self._fd: int | None = fd  # None once released
 
     def release(self) -> None:
         # In a forked child this closes the child's copy only; the lock lasts while any copy is open.

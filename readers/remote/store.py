@@ -25,6 +25,7 @@ remote clients are rebuilt per process.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import concurrent.futures as cf
 import os
@@ -95,7 +96,7 @@ class RequestStats:
         return {"reads": 0, "bytes_read": 0, "writes": 0}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__()
+        RequestStats.__init__(self)
 
 
 class Store:
@@ -188,7 +189,8 @@ class Store:
             return
         yield from self._stream_ahead(name, ranges, readahead)
 
-    def _stream_ahead(self, name: str, ranges: list[tuple[int, int]], readahead: int) -> Iterator[bytes]:
+    # inside Store, ``list`` names the method above: annotations below spell the type builtins.list
+    def _stream_ahead(self, name: str, ranges: builtins.list[tuple[int, int]], readahead: int) -> Iterator[bytes]:
         pending: collections.deque[cf.Future] = collections.deque()
         todo = iter(ranges)
         pool = cf.ThreadPoolExecutor(max_workers=readahead, thread_name_prefix="store-readahead")
@@ -238,7 +240,7 @@ class Store:
     def _stat(self, name: str) -> ObjectInfo:
         raise NotImplementedError
 
-    def _list(self, prefix: str) -> list[str]:
+    def _list(self, prefix: str) -> builtins.list[str]:
         raise NotImplementedError
 
     def _put(self, name: str, local_path: Path, part_size: int,
