@@ -20,6 +20,7 @@
 #include <setjmp.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jpeglib.h>
@@ -47,7 +48,27 @@ static void jc_emit_message(j_common_ptr cinfo, int level) {
 }
 
 /* Version of this interface, checked by the Python side. */
-int jc_version(void) { return 3; }
+int jc_version(void) { return 4; }
+
+/* Would libjpeg's block smoothing (jdcoefct.c, on by default: do_block_smoothing) apply to this
+ * decode? Called after jpeg_start_decompress, which absorbs every scan of a multi-scan file, so
+ * coef_bits is final. libjpeg-turbo 2.1.5's smoothing_ok() smooths a progressive file when some
+ * component's coefficients 1..9 (SAVED_COEFS) are not fully known (coef_bits != 0: never sent,
+ * or successive-approximation bits still missing), provided its DC is known and those quantizers
+ * are nonzero. Smoothing reads the neighbouring blocks, which a cropped or skipped decode treats
+ * as an edge. This answers yes on a superset (any of coefficients 0..9 of any component not
+ * fully known, whatever the quantizers): such files are decoded in full by the caller. */
+static int jc_would_smooth(const struct jpeg_decompress_struct *cinfo) {
+    int ci, k;
+    if (!cinfo->progressive_mode) return 0;
+    if (cinfo->coef_bits == NULL) return 1;
+    for (ci = 0; ci < cinfo->num_components; ci++) {
+        for (k = 0; k < 10; k++) {
+            if (cinfo->coef_bits[ci][k] != 0) return 1;
+        }
+    }
+    return 0;
+}
 
 /* Decode rows [y0, y1) and columns [x0, x1) (in output pixels at scale 1/denom) of `data` as RGB.
  *
@@ -55,9 +76,11 @@ int jc_version(void) { return 3; }
  * column written (x0 moved left to an iMCU boundary), the columns written, components of the
  * source (1 gray, 3 color), then the rows written. Pixels go to `out` (capacity `cap` bytes):
  * with `stride` 0 as rows of `info[3] * 3` bytes; otherwise row y0 + r, column x goes to
- * `out + r * stride + x * 3` (a canvas whose column 0 is the image's column 0). Returns 0 on success, 1 when `out` is too small (info is filled),
- * 2 when the JPEG is not one this decodes (CMYK, YCCK, ...), -1 on a libjpeg error or warning
- * (message in `errbuf`, at least 200 bytes).
+ * `out + r * stride + x * 3` (a canvas whose column 0 is the image's column 0). Returns 0 on success,
+ * 1 when `out` is too small (info is filled), 2 when the JPEG is not one this decodes (CMYK, YCCK,
+ * ...), 3 when libjpeg's block smoothing would apply (a progressive file whose scans leave some of
+ * the first coefficients unknown: jc_would_smooth), -1 on a libjpeg error or warning (message in
+ * `errbuf`, at least 200 bytes).
  */
 static int jc_run(struct jpeg_decompress_struct *cinfo, const unsigned char *data, unsigned long size, int denom,
                   int y0, int y1, int x0, int x1, unsigned char *out, size_t cap, size_t canvas_stride, int *info,
@@ -84,6 +107,9 @@ static int jc_run(struct jpeg_decompress_struct *cinfo, const unsigned char *dat
     cinfo->scale_num = 1;
     cinfo->scale_denom = (unsigned int)denom;
     jpeg_start_decompress(cinfo);
+    if (jc_would_smooth(cinfo)) {
+        return 3;
+    }
     height = (int)cinfo->output_height;
     width = (int)cinfo->output_width;
     comps = cinfo->output_components;
@@ -168,6 +194,123 @@ int jc_decode(const unsigned char *data, unsigned long size, int denom, int y0, 
     jpeg_create_decompress(&cinfo);
     status = jc_run(&cinfo, data, size, denom, y0, y1, x0, x1, out, cap, stride, info, errbuf);
     jpeg_destroy_decompress(&cinfo);
+    return status;
+}
+
+/* The frame header of `data`, without decoding: `info` gets 13 ints: height, width, the number of
+ * components, libjpeg's J_COLOR_SPACE of the file, progressive (0/1), arithmetic coding (0/1),
+ * the restart interval in MCUs, then h and v sampling factors of the first three components
+ * (0 where there is none). 0, or -1 on a libjpeg error or warning (message in `errbuf`). */
+int jc_header(const unsigned char *data, unsigned long size, int *info, char *errbuf) {
+    struct jpeg_decompress_struct cinfo;
+    jc_error jerr;
+    int ci;
+
+    memset(info, 0, 13 * sizeof(int));
+    errbuf[0] = 0;
+    cinfo.err = jpeg_std_error(&jerr.pub);
+    jerr.pub.error_exit = jc_error_exit;
+    jerr.pub.emit_message = jc_emit_message;
+    jerr.errbuf = errbuf;
+    if (setjmp(jerr.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        return -1;
+    }
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, data, size);
+    jpeg_read_header(&cinfo, TRUE);
+    info[0] = (int)cinfo.image_height;
+    info[1] = (int)cinfo.image_width;
+    info[2] = cinfo.num_components;
+    info[3] = (int)cinfo.jpeg_color_space;
+    info[4] = cinfo.progressive_mode ? 1 : 0;
+    info[5] = cinfo.arith_code ? 1 : 0;
+    info[6] = (int)cinfo.restart_interval;
+    for (ci = 0; ci < cinfo.num_components && ci < 3; ci++) {
+        info[7 + 2 * ci] = cinfo.comp_info[ci].h_samp_factor;
+        info[8 + 2 * ci] = cinfo.comp_info[ci].v_samp_factor;
+    }
+    jpeg_destroy_decompress(&cinfo);
+    return 0;
+}
+
+/* Encode `pixels` (height x width x comps bytes, comps 1 gray or 3 RGB) as a JPEG with this library,
+ * for the self-check of readers/jpegcrop.py (the kinds of file it vouches for: sampling factors,
+ * scan scripts, arithmetic coding, restart intervals). `sampling`: h, v for each component (NULL:
+ * the library's default). `scans`: `nscans` scans of 9 ints each (components in scan, 4 component
+ * indexes, Ss, Se, Ah, Al), NULL for one sequential scan; `progressive` 1 for the library's
+ * default progressive script instead. `arith` 1 for arithmetic coding; `restart` > 0 a restart
+ * interval of that many MCUs. The JPEG goes to `out` (capacity `cap`), its size to `*outlen`.
+ * 0, 1 when `out` is too small (`*outlen` says how big), -1 on an error (message in `errbuf`). */
+int jc_encode(const unsigned char *pixels, int height, int width, int comps, int quality, const int *sampling,
+              const int *scans, int nscans, int progressive, int arith, int restart, unsigned char *out,
+              size_t cap, size_t *outlen, char *errbuf) {
+    struct jpeg_compress_struct cinfo;
+    jc_error jerr;
+    jpeg_scan_info script[64];
+    unsigned char *volatile buf = NULL;
+    unsigned long len = 0;
+    int ci, k, status;
+
+    *outlen = 0;
+    errbuf[0] = 0;
+    if ((comps != 1 && comps != 3) || nscans < 0 || nscans > 64 || height < 1 || width < 1) {
+        snprintf(errbuf, JC_ERRLEN, "bad encode arguments");
+        return -1;
+    }
+    cinfo.err = jpeg_std_error(&jerr.pub);
+    jerr.pub.error_exit = jc_error_exit;
+    jerr.pub.emit_message = jc_emit_message;
+    jerr.errbuf = errbuf;
+    if (setjmp(jerr.jump)) {
+        jpeg_destroy_compress(&cinfo);
+        free(buf);
+        return -1;
+    }
+    jpeg_create_compress(&cinfo);
+    jpeg_mem_dest(&cinfo, (unsigned char **)&buf, &len);
+    cinfo.image_width = (JDIMENSION)width;
+    cinfo.image_height = (JDIMENSION)height;
+    cinfo.input_components = comps;
+    cinfo.in_color_space = comps == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    jpeg_set_defaults(&cinfo);
+    jpeg_set_quality(&cinfo, quality, TRUE);
+    if (sampling) {
+        for (ci = 0; ci < comps; ci++) {
+            cinfo.comp_info[ci].h_samp_factor = sampling[2 * ci];
+            cinfo.comp_info[ci].v_samp_factor = sampling[2 * ci + 1];
+        }
+    }
+    if (progressive) jpeg_simple_progression(&cinfo);
+    if (scans && nscans > 0) {
+        for (k = 0; k < nscans; k++) {
+            const int *sc = scans + 9 * k;
+            script[k].comps_in_scan = sc[0];
+            for (ci = 0; ci < 4; ci++) script[k].component_index[ci] = sc[1 + ci];
+            script[k].Ss = sc[5];
+            script[k].Se = sc[6];
+            script[k].Ah = sc[7];
+            script[k].Al = sc[8];
+        }
+        cinfo.scan_info = script;
+        cinfo.num_scans = nscans;
+    }
+    cinfo.arith_code = arith ? TRUE : FALSE;
+    if (restart > 0) cinfo.restart_interval = (unsigned int)restart;
+    jpeg_start_compress(&cinfo, TRUE);
+    while (cinfo.next_scanline < cinfo.image_height) {
+        JSAMPROW row = (JSAMPROW)(pixels + (size_t)cinfo.next_scanline * (size_t)width * (size_t)comps);
+        jpeg_write_scanlines(&cinfo, &row, 1);
+    }
+    jpeg_finish_compress(&cinfo);
+    jpeg_destroy_compress(&cinfo);
+    *outlen = (size_t)len;
+    status = 1;
+    if ((size_t)len <= cap) {
+        memcpy(out, buf, len);
+        status = 0;
+    }
+    free(buf);
     return status;
 }
 
