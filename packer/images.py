@@ -254,7 +254,7 @@ def _problems(im: Image.Image, data: bytes) -> list[str]:
     """Why the file cannot be stored as it is (empty list: it can), from the header alone."""
     fmt, mode, notes = im.format, im.mode, []
     if fmt not in _JPEG_FORMATS and fmt != "PNG":
-        notes.append(f"{fmt.lower()}->png")
+        notes.append(f"{fmt.lower() if fmt else 'unknown format'}->png")  # Image.open always sets a format
     frames = 1 if fmt in _JPEG_FORMATS else getattr(im, "n_frames", 1)
     if frames > 1:
         notes.append(f"first of {frames} frames")
@@ -340,7 +340,7 @@ def _resize_short_center_crop(im: Image.Image, size: int, full: tuple[int, int])
     with the readers' eval transform (``readers.geometry``).
     """
     g = resize_center_crop(full[1], full[0], size, size)
-    return im.resize((g.width, g.height), Image.BICUBIC, reducing_gap=3.0).crop(g.box)
+    return im.resize((g.width, g.height), Image.Resampling.BICUBIC, reducing_gap=3.0).crop(g.box)
 
 
 def prepare_image(data: bytes, opts: ImageOptions) -> Prepared:
@@ -441,7 +441,7 @@ def _prepare_file(data: bytes, opts: ImageOptions) -> Prepared:
     if opts.want_pixels and opts.resize:
         rgb = _resize_short_center_crop(rgb, opts.resize, (w, h))
     elif target:
-        rgb = rgb.resize(target, Image.BICUBIC, reducing_gap=3.0)
+        rgb = rgb.resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
         notes.append(f"downscaled {w}x{h}->{target[0]}x{target[1]}")
     note = ", ".join(notes)
     if opts.want_pixels:

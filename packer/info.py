@@ -299,7 +299,8 @@ def _field_lines(fields: list[dict[str, Any]], stats: dict[str, Any]) -> list[st
     width = max(len(str(f.get("name"))) for f in fields)
     lines = [f"  fields       {len(fields)}"]
     for f in fields:
-        st, text = stats.get(f.get("name")) or {}, ""
+        name = f.get("name")  # index.json's keys are strings: another name has no stats
+        st, text = (stats.get(name) if isinstance(name, str) else None) or {}, ""
         if "min_bytes" in st:
             text = f"{st['min_bytes']}..{st['max_bytes']} bytes per sample, {st['bytes']:,} in all"
         if "min_rows" in st:

@@ -37,7 +37,7 @@ import threading
 import time
 from collections import deque
 from multiprocessing.connection import wait
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, NoReturn, TypeVar
 
 from packer.errors import PackError
 
@@ -134,7 +134,7 @@ class _Worker:
         return [self.tasks, self.results]
 
 
-class WorkerPool:
+class WorkerPool(Generic[T, R]):
     """``workers`` forked processes running ``fn``; :meth:`map` yields results in order. A context
     manager: leaving it stops the workers (SIGKILL unless every result was taken)."""
 
@@ -283,7 +283,7 @@ class WorkerPool:
                 self._seen += 1
             self._count(self.in_flight)
 
-    def _died(self, worker: _Worker) -> None:
+    def _died(self, worker: _Worker) -> NoReturn:
         proc = worker.proc
         proc.join(_GRACE_S)
         code = proc.exitcode

@@ -136,7 +136,7 @@ def _verify_shard(ds: Any, k: int, report: VerifyReport, tick: Tick) -> None:
         report.problem(where, "shard checksum differs from the index")
 
 
-def _check_cut(report: VerifyReport, arrays: Any, k: int, i: int, blob: bytes, integrity: type) -> None:
+def _check_cut(report: VerifyReport, arrays: Any, k: int, i: int, blob: bytes, integrity: type[BaseException]) -> None:
     report.samples += 1
     size = int(arrays.sizes[i])
     where = f"{arrays.ds.shard_location(k)} sample {i}"

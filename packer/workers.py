@@ -16,7 +16,7 @@ import os
 import stat
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, Generator, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -111,7 +111,8 @@ def outcome_bytes(outcome: Outcome) -> int:
     return 0 if prep is None or (prep.pixels is None and prep.data is None) else prep.nbytes
 
 
-def prepared_outcomes(root: Path, paths: list[str], opts: ImageOptions, workers: int) -> Iterator[Outcome]:
+def prepared_outcomes(root: Path, paths: Sequence[str], opts: ImageOptions,
+                      workers: int) -> Generator[Outcome, None, None]:
     if workers <= 1:
         # One thread prepares while this one writes: the writer's commits, writes and fsyncs release
         # the GIL, and the source is read in those gaps (wds without validation, 5,000 JPEGs, warm:

@@ -119,7 +119,8 @@ def _cluster_address(address: str | None) -> str | None:
     try:
         from ray._private.services import canonicalize_bootstrap_address  # RAY_ADDRESS, then `ray start`'s record
 
-        return canonicalize_bootstrap_address(address)
+        # ray annotates addr as str, but its docstring and code take None (RAY_ADDRESS, then `ray start`'s record)
+        return canonicalize_bootstrap_address(address)  # type: ignore[arg-type]
     except Exception:  # noqa: BLE001 -- a private helper: if it is gone or fails, ray.init decides
         return address or "auto"
 
@@ -218,8 +219,8 @@ class RaySession:
             raise PackError(f"{what}: the Ray cluster could not finish it ({type(exc).__name__}: "
                             f"{one_line(exc, 300)}); re-run with --resume") from None
 
-    def submit_chunk(self, files: LocalFiles, rels: list[str], sizes: list[int], opts: ImageOptions,
-                     detach: bool) -> list[Any]:
+    def submit_chunk(self, files: ray.ObjectRef[LocalFiles] | LocalFiles, rels: Sequence[str], sizes: Sequence[int],
+                     opts: ImageOptions, detach: bool) -> list[Any]:
         if detach:
             return list(prepare_chunk.options(num_returns=2).remote(files, rels, opts, True, sizes))
         return [prepare_chunk.remote(files, rels, opts, False, sizes)]

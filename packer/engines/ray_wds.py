@@ -121,7 +121,10 @@ class RayWdsWriter(WdsWriter):
                 raise PackError(f"{self.output.where(shard['name'])}, written before the interruption, {what}; "
                                 "start again with --overwrite")
 
-    def append(self, sample_no: int, prepared: Prepared, label: int) -> tuple[int, int]:
+    def append(self, sample_no: int, prepared: Prepared, label: int,
+               fields: tuple[bytes, ...] | None = None) -> tuple[int, int]:
+        if fields is not None:
+            raise TypeError("RayWdsWriter takes image + label samples (a source with fields is prepared on this machine)")
         self._just_closed = False
         data = prepared.data
         if not isinstance(data, DeferredBytes):
@@ -144,7 +147,7 @@ class RayWdsWriter(WdsWriter):
         shard, self._open = self._open, None
         assert shard is not None
         name = spec.shard_name(self.split, self._closed)
-        expect = {"name": name, "samples": len(shard.parts), "bytes": shard.pos + len(END_OF_ARCHIVE),
+        expect: dict[str, Any] = {"name": name, "samples": len(shard.parts), "bytes": shard.pos + len(END_OF_ARCHIVE),
                   "first": shard.first}
         self._pending.append((self.session.write_shard(self.output, name, shard.parts, shard.refs), expect))
         self._closed += 1
@@ -156,6 +159,8 @@ class RayWdsWriter(WdsWriter):
 
     def checkpoint(self) -> dict[str, Any]:
         """Wait for every dispatched shard; the journal may then list them."""
+        log = self._log
+        assert log is not None, "open() opens the log"
         pending, self._pending = self._pending, []
         for task, expect in pending:
             record = self.session.shard_written(task)
@@ -163,10 +168,10 @@ class RayWdsWriter(WdsWriter):
                 raise PackError(f"{self.output.where(expect['name'])}: internal error, the task wrote "
                                 f"{record} where {expect} was laid out")
             self.shards.append(record)
-            self._log.append(record)
+            log.append(record)
         self._since = 0
         self._just_closed = False
-        return self._log.checkpoint(len(self.shards))
+        return log.checkpoint(len(self.shards))
 
     def end_samples(self) -> None:
         if self._open is not None:

@@ -121,7 +121,7 @@ def write_tar(output: LocalOutput, name: str, parts: Sequence[ShardPart],
     try:
         with open(tmp, "wb", buffering=1 << 20) as f:
             for part in parts:
-                data = payloads[part.payload][part.start:part.start + part.size]
+                data = payloads[part.payload][part.start:part.start + part.size].data  # uint8: its memoryview
                 before, after = sample_tar(part.sample_no, part.ext, part.size, part.label)
                 for piece in (before, data, after):
                     f.write(piece)

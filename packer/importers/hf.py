@@ -107,23 +107,22 @@ def _feature_type(f: Any) -> tuple[FieldType, dict[int, str] | None]:
         name = _VALUE_TYPES.get(f.dtype, f.dtype)
         return (parse_type(name), None) if name in ("text", "bytes") or name in NUMERIC_DTYPES else (JsonType(), None)
     arrays = tuple(getattr(ds, n) for n in ("Array2D", "Array3D", "Array4D", "Array5D") if hasattr(ds, n))
-    if arrays and isinstance(f, arrays) and _numeric(f.dtype):
+    if arrays and isinstance(f, arrays) and (dtype := _numeric(f.dtype)) is not None:
         shape = tuple(f.shape)
         if all(isinstance(d, int) and d >= 1 for d in shape):
-            return NumericType(_numeric(f.dtype), shape), None
+            return NumericType(dtype, shape), None
         if shape[0] is None and all(isinstance(d, int) and d >= 1 for d in shape[1:]):
-            return NumericType(_numeric(f.dtype), shape), None
+            return NumericType(dtype, shape), None
     seq = getattr(ds, "Sequence", None)
     lists = tuple(t for t in (seq, getattr(ds, "List", None), getattr(ds, "LargeList", None)) if t is not None)
     if lists and isinstance(f, lists):
         inner = f.feature
         length = getattr(f, "length", -1)
-        if isinstance(inner, ds.Value) and _numeric(inner.dtype):
-            return NumericType(_numeric(inner.dtype), (None if length in (-1, None) else length,)), None
-        if isinstance(inner, lists) and isinstance(inner.feature, ds.Value) and _numeric(inner.feature.dtype) \
-                and getattr(inner, "length", -1) not in (-1, None):
-            return NumericType(_numeric(inner.feature.dtype), (None if length in (-1, None) else length,
-                                                               inner.length)), None
+        if isinstance(inner, ds.Value) and (dtype := _numeric(inner.dtype)) is not None:
+            return NumericType(dtype, (None if length in (-1, None) else length,)), None
+        if isinstance(inner, lists) and isinstance(inner.feature, ds.Value) \
+                and (dtype := _numeric(inner.feature.dtype)) is not None and getattr(inner, "length", -1) not in (-1, None):
+            return NumericType(dtype, (None if length in (-1, None) else length, inner.length)), None
     return JsonType(), None
 
 
@@ -280,7 +279,10 @@ def _scan_table(split: str, table: Any) -> Source:
             else:
                 paths.append(name)
                 labels.append(int(label))
-                sizes.append(length if length is not None else _file_size(path, table.path))
+                if length is None:  # no bytes in the table: the file's size
+                    assert path, "a row with neither bytes nor a path is ignored above"
+                    length = _file_size(path, table.path)
+                sizes.append(length)
                 rows.append(row)
             row += 1
     if not len(paths):

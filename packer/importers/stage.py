@@ -12,7 +12,7 @@ with ``packer.images.prepare_image``, exactly as for a folder.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 from packer.errors import SourceError
 from packer.images import ImageOptions, RejectedImage
@@ -88,7 +88,7 @@ def fields_stage(entries: list[Any], extra: tuple[Field, ...], *, reader: Callab
     (the values, or a reason), ``where(ref)`` and ``close()``. ``members=True``: the values are
     WebDataset members, decoded by their types first."""
 
-    def read_refs(positions: list[int], opts: ImageOptions) -> Iterator[Any]:
+    def read_refs(positions: list[int], opts: ImageOptions) -> Generator[Any, None, None]:
         r = reader()
         try:
             for pos in positions:
