@@ -1,7 +1,17 @@
-"""Pack an ImageFolder tree into WebDataset shards, LMDB, HDF5 or memory-mapped arrays.
+"""Pack a dataset into WebDataset shards, LMDB, HDF5 or memory-mapped ``uint8`` arrays.
+
+Sources: an image folder (``root/<class>/<image>``, optionally under split
+folders ``train/``, ``val/``, ...; local or under an ``s3://`` prefix), a
+CSV / JSONL / Parquet manifest (one row per sample: an image column and typed
+fields such as captions, boxes, tags or scores), COCO ``instances_*.json``
+annotations (boxes, category ids, areas, segmentation), WebDataset ``.tar``
+shards written by other tools, and a Hugging Face ``datasets`` dataset (saved
+to disk or as Parquet). Each sample's fields are stored with their types
+(``docs/fields.md``); every image is validated once on the way in.
 
 ``from packer import pack, PackOptions``; the ``pack-dataset`` command is a
-thin layer over :func:`pack`. Readers live in the ``readers`` package.
+thin layer over :func:`pack` (``pack-dataset convert``, ``verify`` and
+``info`` over their modules). Readers live in the ``readers`` package.
 """
 
 from packer.api import WRITERS, pack

@@ -176,9 +176,22 @@ def pack(
     progress: Callable[[str, Source], PackProgress | None] | None = None,
     **remote: Any,
 ) -> list[SplitResult]:
-    """Pack the ImageFolder tree ``src`` into ``out`` (one dataset folder per split).
+    """Pack the dataset ``src`` into ``out`` (one dataset folder per split) and return each split's result.
 
-    ``src`` may be an ``s3://bucket/prefix`` holding an ImageFolder (``<class>/<image>`` objects):
+    ``src`` is what ``pack-dataset SRC`` takes, recognized by its files:
+
+    * an image folder ``root/<class>/<image>`` (split folders ``train/``, ``val/``, ... give one
+      dataset each: ``options.splits``); the labels are the class folders;
+    * a manifest ``rows.csv`` / ``rows.jsonl`` / ``rows.parquet``: one row per sample, an image
+      column (``options.image_column``) and typed fields (captions, boxes, tags, scores, ...:
+      inferred, or stated with ``options.fields``; see ``docs/fields.md``);
+    * COCO ``instances_*.json`` (its images in ``options.images``): boxes, category ids, areas,
+      iscrowd and segmentation per image;
+    * a folder of WebDataset ``.tar`` shards written by other tools, or a Hugging Face ``datasets``
+      dataset (a ``save_to_disk`` folder or ``.parquet`` files): their images, labels and fields.
+
+    Every image is validated (and re-encoded where ``options`` ask) the same way whatever the source.
+    ``src`` may also be an ``s3://bucket/prefix`` holding an image folder (``<class>/<image>`` objects):
     it is listed once and each image read through the store (``storage_options``, ``retry``).
 
     ``progress(split, source)`` may return a callback ``(images, bytes)`` that

@@ -22,10 +22,10 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from packer.errors import PackerError, PackError, UsageError
-from packer.options import Flag, PackOptions, cli_fields
+from packer.options import GROUPS, Flag, OptionError, PackOptions, cli_fields
 from readers.location import UnsupportedLocationError, parse_location
 from readers.spec import DatasetFormatError
 
@@ -59,16 +59,33 @@ examples:
 
 #: subcommand -> one-line description (the order of ``pack-dataset --help``)
 COMMANDS = {
-    "pack": "pack an image folder, WebDataset shards or a Hugging Face image dataset (the default command)",
+    "pack": "pack an image folder, a CSV/JSONL/Parquet manifest, COCO annotations, WebDataset shards or a "
+            "Hugging Face dataset, with its typed fields (the default command)",
     "convert": "turn a packed dataset into another format, checking every sample's checksum",
     "verify": "recompute every checksum of a packed dataset; name each damaged sample",
     "info": "what a packed (or interrupted) dataset holds, and how to resume it",
 }
 
-SRC_HELP = ("image folder root/<class>/<image> (or root/<split>/<class>/<image>), a folder of WebDataset "
-            ".tar shards, a Hugging Face datasets folder (save_to_disk) or .parquet files, a manifest (rows.csv, "
-            "rows.jsonl, rows.parquet: one row per sample, an image column and typed fields), COCO "
-            "instances_*.json (with --images DIR), or an s3://bucket/prefix holding root/<class>/<image> objects")
+SRC_HELP = ("what to pack (one of the kinds above; a COCO .json takes --images DIR), or an s3://bucket/prefix "
+            "holding root/<class>/<image> objects")
+
+
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage error is its one useful line and where to look next::
+
+        pack-dataset pack: error: argument -f/--format: invalid choice: 'zip' (choose from ...)
+        try 'pack-dataset pack --help'
+
+    (argparse prints its whole usage block first: 13 lines for ``pack``). Exit code 2, as argparse's.
+    ``help_command`` is the command the hint names (default: ``PROG --help``).
+    """
+
+    def __init__(self, *args: Any, help_command: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.help_command = help_command or f"{self.prog} --help"
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\ntry '{self.help_command}'\n")
 
 
 def _arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -103,51 +120,77 @@ def _add_option(target: Any, f: dataclasses.Field, flag: Flag) -> None:
     target.add_argument(*flag.flags, **kwargs)
 
 
-def _add_options(p: argparse.ArgumentParser, command: str, output_help: str) -> None:
-    """The PackOptions flags ``command`` takes, plus -o and -q."""
-    groups: dict[str, Any] = {}
+def _groups(p: argparse.ArgumentParser, command: str) -> dict[str, Any]:
+    """The --help sections (packer.options.GROUPS) that ``command``'s options fall in, created in order."""
+    used = {flag.group for _, flag in cli_fields(command)} | {"source", "output"} | ({"remote"} if command == "pack"
+                                                                                   else set())
+    return {key: p.add_argument_group(title, description) for key, (title, description) in GROUPS.items()
+            if key in used}
+
+
+def _add_options(p: argparse.ArgumentParser, command: str, src: Callable[[Any], None], output_help: str) -> None:
+    """SRC (``src(group)`` adds it), the PackOptions flags ``command`` takes, -o and -q, in --help's sections."""
+    groups = _groups(p, command)
+    src(groups["source"])
+    exclusive: dict[str, Any] = {}
     for f, flag in cli_fields(command):
-        target = p
+        target = groups[flag.group]
         if flag.exclusive_group:
-            if flag.exclusive_group not in groups:
-                groups[flag.exclusive_group] = p.add_mutually_exclusive_group()
-            target = groups[flag.exclusive_group]
+            if flag.exclusive_group not in exclusive:
+                exclusive[flag.exclusive_group] = target.add_mutually_exclusive_group()
+            target = exclusive[flag.exclusive_group]
         _add_option(target, f, flag)
         if f.name == "format":  # listed right after --format, as --help always showed it
-            p.add_argument("-o", "--output", type=output_location if command == "pack" else local_location,
-                           help=output_help.replace("output folder", "output folder, or s3://bucket/prefix")
-                           if command == "pack" else output_help)
+            target.add_argument("-o", "--output", type=output_location if command == "pack" else local_location,
+                                metavar="OUT", help=output_help.replace("output folder",
+                                                                        "output folder, or s3://bucket/prefix")
+                                if command == "pack" else output_help)
     if command == "pack":
-        p.add_argument("--stage-dir", type=Path, metavar="DIR",
-                       help="s3:// output: stage files here before upload (default: $DATASET_PACKER_STAGE or "
-                            "~/.cache/dataset-packer/stage/...)")
+        groups["remote"].add_argument(
+            "--stage-dir", type=Path, metavar="DIR",
+            help="s3:// output: stage files here before upload (default: $DATASET_PACKER_STAGE or "
+                 "~/.cache/dataset-packer/stage/...)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 def _pack_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", type=output_location, help=SRC_HELP)  # a folder, or an s3:// prefix
-    _add_options(p, "pack", "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
+    _add_options(p, "pack", lambda g: g.add_argument("src", metavar="SRC", type=output_location, help=SRC_HELP),
+                 "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
 
 
 def _convert_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", type=local_location, help="a packed dataset folder (or a folder of split datasets)")
-    _add_options(p, "convert", "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
+    _add_options(p, "convert", lambda g: g.add_argument(
+        "src", metavar="SRC", type=local_location, help="a packed dataset folder (or a folder of split datasets)"),
+        "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
+
+
+PACK_DESCRIPTION = """\
+Pack a dataset into WebDataset shards, LMDB, HDF5 or memory-mapped uint8 arrays.
+SRC is one of:
+  an image folder          root/<class>/<image>, or root/<split>/<class>/<image>
+  a manifest               rows.csv, rows.jsonl or rows.parquet: one row per sample, an image
+                           column and typed fields (captions, boxes, tags, scores, ...)
+  COCO annotations         instances_*.json: boxes, category ids, areas, segmentation
+  WebDataset shards        a folder of .tar shards written by other tools
+  a Hugging Face dataset   a save_to_disk folder or .parquet files
+Every field is stored with its type; readers return each sample's fields."""
+
+#: the usage line of ``pack`` and ``convert`` (argparse's own lists all 25 options: 13 lines)
+USAGE = {"pack": "%(prog)s SRC -f {wds,lmdb,hdf5,mmap} [-o OUT] [options]",
+         "convert": "%(prog)s SRC -f {wds,lmdb,hdf5,mmap} [-o OUT] [options]"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``pack-dataset pack`` (also what ``pack-dataset SRC ...`` uses)."""
-    p = argparse.ArgumentParser(
-        prog="pack-dataset",
-        description="Pack an ImageFolder tree (root/<class>/<image>), WebDataset shards or a Hugging Face "
-        "image dataset into WebDataset shards, LMDB, HDF5 or memory-mapped uint8 arrays.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="pack-dataset", usage=USAGE["pack"], description=PACK_DESCRIPTION, epilog=EPILOG,
+               formatter_class=argparse.RawDescriptionHelpFormatter, help_command="pack-dataset pack --help")
     _pack_arguments(p)
     return p
 
 
 def _add_command(sub: Any, name: str, add_arguments: Callable[[argparse.ArgumentParser], None],
                  description: str | None = None) -> None:
-    p = sub.add_parser(name, help=COMMANDS[name], description=description or COMMANDS[name],
+    p = sub.add_parser(name, help=COMMANDS[name], description=description or COMMANDS[name], usage=USAGE.get(name),
                        epilog=EXIT_CODES if name in ("pack", "convert") else None,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
@@ -158,20 +201,23 @@ def build_main_parser() -> argparse.ArgumentParser:
     """``pack-dataset`` with its subcommands (what ``pack-dataset --help`` shows)."""
     from packer import info, verify
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="pack-dataset",
-        description="Pack image datasets into WebDataset shards, LMDB, HDF5 or memory-mapped uint8 arrays; "
-        "convert, verify and inspect packed datasets.\n\n"
-        "'pack-dataset SRC -f FORMAT ...' is short for 'pack-dataset pack SRC -f FORMAT ...' "
+        description="Pack datasets (image folders, CSV/JSONL/Parquet manifests, COCO annotations, WebDataset\n"
+        "shards, Hugging Face datasets: images with typed fields such as captions, boxes and tags)\n"
+        "into WebDataset shards, LMDB, HDF5 or memory-mapped uint8 arrays; convert, verify and\n"
+        "inspect packed datasets.\n\n"
+        "'pack-dataset SRC -f FORMAT ...' is short for 'pack-dataset pack SRC -f FORMAT ...'\n"
         "(a source folder named like a command: 'pack-dataset pack ./info ...').\n"
         "'pack-dataset COMMAND --help' lists a command's options.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(title="commands", metavar="COMMAND", dest="command", required=True)
-    _add_command(sub, "pack", _pack_arguments)
+    _add_command(sub, "pack", _pack_arguments, PACK_DESCRIPTION)
     _add_command(sub, "convert", _convert_arguments,
-                 "Turn a packed dataset into another format without re-validating: every sample's checksum "
-                 "is checked as it is copied. Encoded formats (wds, lmdb, hdf5) copy the stored bytes; mmap "
-                 "decodes them (and applies --resize); from mmap, pixels are stored as lossless PNG.")
+                 "Turn a packed dataset into another format without re-validating: every sample's checksum\n"
+                 "is checked as it is copied. Encoded formats (wds, lmdb, hdf5) copy the stored bytes; mmap\n"
+                 "decodes them (and applies --resize); from mmap, pixels are stored as lossless PNG. Every\n"
+                 "field of every sample is kept.")
     _add_command(sub, "verify", verify.add_arguments)
     _add_command(sub, "info", info.add_arguments)
     return p
@@ -204,6 +250,9 @@ def _progress_factory(quiet: bool, verb: str = "pack"):
 def _options(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> PackOptions:
     try:
         return PackOptions(**{f.name: getattr(args, f.name) for f, _ in cli_fields(command)})
+    except OptionError as exc:  # named as typed: --max-side, not max_side
+        parser.error(exc.cli_message())
+        raise  # parser.error exits; this keeps type checkers informed
     except ValueError as exc:
         parser.error(str(exc))
         raise  # parser.error exits; this keeps type checkers informed

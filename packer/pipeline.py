@@ -58,6 +58,11 @@ VERSION = "0.1.0"
 PackProgress = Callable[[int, int], None]  # (images done incl. rejects, source bytes done)
 
 
+def _count(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 sample``, ``2 samples`` (``nouns``: an irregular plural)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
 @dataclass
 class SplitResult:
     split: str
@@ -79,14 +84,19 @@ class SplitResult:
     already_complete: bool = False  # --resume found the pack finished: nothing was packed now
     note: str = ""  # about the layout chosen (which split of which), said in the summary
 
+    def counts(self) -> str:
+        """What was packed: ``31 samples, 6 classes``; the classes only where there are classes (a caption
+        manifest or COCO pack has none: ``4 samples``)."""
+        text = _count(self.images, "sample")
+        return text + (f", {_count(self.classes, 'class', 'classes')}" if self.classes else "")
+
     def summary(self) -> str:
         rate = (self.images - self.resumed_from) / self.seconds if self.seconds else 0.0
         if self.already_complete:
-            text = (f"{self.split}: already complete, nothing to resume: {self.images} images, {self.classes} "
-                    f"classes, {self.rejected} rejected")
+            text = f"{self.split}: already complete, nothing to resume: {self.counts()}, {self.rejected} rejected"
             return text + (f" ({self.note})" if self.note else "") + f" -> {self.out}"
         text = (
-            f"{self.split}: {self.images} images, {self.classes} classes, "
+            f"{self.split}: {self.counts()}, "
             f"{self.bytes_in / 1e6:.1f} MB in -> {self.bytes_out / 1e6:.1f} MB out, "
             f"{self.seconds:.1f} s ({rate:.0f} img/s), "
             f"{self.rejected} rejected, {self.changed} re-encoded, {self.ignored} non-image files ignored"

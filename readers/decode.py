@@ -315,7 +315,7 @@ def read_header(data: bytes | bytearray | memoryview | np.ndarray) -> ImageHeade
         try:
             h, w, colorspace, _sub = _sj.decode_jpeg_header(data)
             return ImageHeader(int(h), int(w), True, str(colorspace))
-        except ValueError:
+        except (ValueError, KeyError):  # KeyError: a sampling simplejpeg has no name for (4:4:1 is 6)
             pass  # let PIL try (and produce the error message) below
     try:
         with Image.open(io.BytesIO(data), formats=STORED_FORMATS) as im:
@@ -378,7 +378,7 @@ def _pil_decode(data, scale: int) -> np.ndarray:
         with Image.open(io.BytesIO(data), formats=STORED_FORMATS) as im:
             if scale > 1 and im.format == "JPEG":
                 w, h = im.size
-                im.draft("RGB", (w // scale, h // scale))
+                im.draft("RGB", (w / scale, h / scale))  # exactly 1/scale, even where a side is under scale
             return np.asarray(im.convert("RGB"))
     except Image.UnidentifiedImageError:
         raise DecodeError(_not_stored(data)) from None

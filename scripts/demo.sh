@@ -4,8 +4,11 @@
 # verify each output and read a batch back through make_loader.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-. .venv/bin/activate
+# DATASET_PACKER_DEMO_SETUP=0: run in the current environment (tests/test_readme.py compares the output with the README)
+if [ "${DATASET_PACKER_DEMO_SETUP:-1}" != 0 ]; then
+  bash scripts/setup.sh
+  . .venv/bin/activate
+fi
 SRC=${1:-examples/real-images}
 OUT=${2:-out/demo}
 mkdir -p "$OUT"

@@ -195,9 +195,10 @@ def test_pack_to_an_unsupported_scheme_is_a_usage_error_and_writes_nothing(src, 
     work.mkdir()
     r = run(src, "-f", "wds", "-o", f"{scheme}://b/x", "-q", cwd=work)
     assert r.returncode == 2, r.stderr
-    last = r.stderr.strip().splitlines()[-1]
-    assert f"{scheme}://b/x: the {scheme}:// scheme is not supported" in last
-    assert "s3://" in last and "file://" in last and "Traceback" not in r.stderr
+    error, hint = r.stderr.strip().splitlines()  # the one useful line and where to look next
+    assert f"{scheme}://b/x: the {scheme}:// scheme is not supported" in error
+    assert "s3://" in error and "file://" in error and "Traceback" not in r.stderr
+    assert hint == "try 'pack-dataset pack --help'"
     assert list(work.iterdir()) == [], "nothing may be written (it used to write ./gs:/b/x/)"
 
 

@@ -135,5 +135,5 @@ def test_the_issue_example_packs_four_images(tmp_path):
     r = subprocess.run([sys.executable, "-m", "packer.cli", tmp_path / "src", "-f", "lmdb", "-o", tmp_path / "out",
                         "-q"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert ": 4 images, 1 classes" in r.stdout and "0 non-image files ignored" in r.stdout
+    assert ": 4 samples, 1 class," in r.stdout and "0 non-image files ignored" in r.stdout
     assert "3 re-encoded" in r.stdout  # webp, bmp, tiff -> png

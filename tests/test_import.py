@@ -91,7 +91,7 @@ def test_webdataset_shards_pack_like_the_folder(tmp_path, folder_pack):
     out = tmp_path / "out"
     r = run(shards, "-f", "lmdb", "-o", out, "-q")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("shards: 31 images, 6 classes") and "2 re-encoded" in r.stdout
+    assert r.stdout.startswith("shards: 31 samples, 6 classes") and "2 re-encoded" in r.stdout
     assert_same_as_folder(out, folder_pack)
     index = spec.read_index(out)
     assert index.classes == [str(i) for i in range(len(CLASSES))]  # integer labels: names are the indexes
@@ -133,7 +133,7 @@ def test_bad_images_unlabelled_and_imageless_samples(tmp_path):
     out = tmp_path / "out"
     r = run(shards, "-f", "hdf5", "-o", out, "-q")
     assert r.returncode == 3, r.stderr
-    assert ": 1 images" in r.stdout and "2 rejected" in r.stdout and "2 non-image files ignored" in r.stdout
+    assert ": 1 sample," in r.stdout and "2 rejected" in r.stdout and "2 non-image files ignored" in r.stdout
     rejects = [json.loads(line) for line in (out / spec.REJECTS_NAME).read_text().splitlines()]
     assert [x["path"] for x in rejects] == ["shard-0000.tar/sample00001.jpg", "shard-0000.tar/sample00003.png"]
     assert rejects[0]["reason"].startswith("truncated JPEG") and rejects[1]["reason"].startswith("not an image")
@@ -240,7 +240,7 @@ def test_hf_save_to_disk_packs_like_the_folder(tmp_path, folder_pack, quiet_data
     out = tmp_path / "out"
     r = run(tmp_path / "hf", "-f", "lmdb", "-o", out, "-q")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("hf: 31 images, 6 classes")
+    assert r.stdout.startswith("hf: 31 samples, 6 classes")
     assert_same_as_folder(out, folder_pack)
     index = spec.read_index(out)
     assert index.classes == CLASSES and index.meta["source"]["kind"] == "hf"
@@ -281,7 +281,7 @@ def test_hf_rejects_and_unlabelled_rows(tmp_path, quiet_datasets):
     out = tmp_path / "out"
     r = run(tmp_path / "hf", "-f", "wds", "-o", out, "-q", "--order", "source")
     assert r.returncode == 3, r.stderr
-    assert ": 1 images" in r.stdout and "2 rejected" in r.stdout and "1 non-image files ignored" in r.stdout
+    assert ": 1 sample," in r.stdout and "2 rejected" in r.stdout and "1 non-image files ignored" in r.stdout
     rejects = [json.loads(line)["path"] for line in (out / spec.REJECTS_NAME).read_text().splitlines()]
     assert rejects == ["1:cut.jpg", "3:b.png"]
 

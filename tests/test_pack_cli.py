@@ -27,7 +27,7 @@ from readers.spec import FORMATS
 pytestmark = pytest.mark.slow  # every test runs the CLI in a subprocess
 
 SUMMARY = re.compile(
-    r"^(?P<split>\S+): (?P<images>\d+) images, (?P<classes>\d+) classes, "
+    r"^(?P<split>\S+): (?P<images>\d+) samples?(?:, (?P<classes>\d+) class(?:es)?)?, "
     r"(?P<mb_in>[\d.]+) MB in -> (?P<mb_out>[\d.]+) MB out, (?P<seconds>[\d.]+) s \((?P<rate>\d+) img/s\), "
     r"(?P<rejected>\d+) rejected, (?P<reencoded>\d+) re-encoded, (?P<ignored>\d+) non-image files ignored"
     r".* -> (?P<out>.+?)(?: \(rejects listed in .*\))?$"

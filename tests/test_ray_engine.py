@@ -106,7 +106,7 @@ def test_each_format_equals_the_local_engine(src, local, cluster, tmp_path, case
     out = tmp_path / case
     done = _pack(src, out, *CASES[case], "--ray-chunk", "7", cluster=cluster)
     assert done.returncode == 3  # images were rejected, as locally
-    assert "80 images" in done.stdout and "1 rejected" in done.stdout
+    assert "80 samples" in done.stdout and "1 rejected" in done.stdout
     assert _files(out) == _files(local[case])  # data, index arrays, index.json, names, rejects
     rejects = [json.loads(line) for line in (out / spec.REJECTS_NAME).read_text().splitlines()]
     assert [r["path"] for r in rejects] == [BAD]  # the bad image of a middle chunk, as locally

@@ -217,7 +217,7 @@ def test_s3_source_with_the_local_engine(s3_src, local, s3_server, tmp_path):
     done = subprocess.run([*CLI, s3_src, "-o", str(out), "-q", "-w", "2", *SHAPE["lmdb"]],
                           env={**os.environ, **s3_server.env()}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 3, done.stderr
-    assert "47 images" in done.stdout and "1 rejected" in done.stdout
+    assert "47 samples" in done.stdout and "1 rejected" in done.stdout
     _same_dataset(out, local["lmdb"], s3_src, layout_free=("data.mdb",))
 
 

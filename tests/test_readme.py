@@ -103,6 +103,25 @@ def test_readme_is_short_and_its_quickstart_is_two_commands():
         assert f"\n## {title}\n" in text, title
 
 
+#: What varies from run to run in the demo's lines: seconds and rates.
+_TIMINGS = re.compile(r"\d+\.\d+ s\b|\(\d+ img/s\)")
+
+
+@pytest.mark.slow
+def test_the_quickstart_shows_what_the_demo_prints(tmp_path):
+    """``scripts/demo.sh`` (without its set-up: this environment) prints the README's Quickstart lines, but
+    for the timings: the pack summaries, the verify lines, and each read's batch shape, labels and classes."""
+    out = tmp_path / "demo"
+    env = dict(os.environ, DATASET_PACKER_DEMO_SETUP="0",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    done = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh"), str(REPO / "examples" / "real-images"), str(out)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [printed] = [b for b in code_blocks(section(README.read_text(encoding="utf-8"), "Quickstart")) if b.lang == "text"]
+    got = [_TIMINGS.sub("T", line.replace(str(out), "out/demo")) for line in done.stdout.splitlines()]
+    assert got == [_TIMINGS.sub("T", line) for line in printed.code.splitlines()]
+
+
 def test_readme_and_docs_python_blocks_compile():
     for path in (README, *DOCS):
         for b in code_blocks(path.read_text(encoding="utf-8")):

@@ -359,7 +359,7 @@ def test_killed_after_the_index_before_the_clean_up(src, tmp_path, reference, fm
     assert_one_line(plain, 2, "already exists", "--resume")
     r = cli(*_args(src, out, fmt, "--resume"))
     assert r.returncode == 0, r.stderr
-    assert "already complete, nothing to resume: 30 images" in r.stdout and "img/s" not in r.stdout
+    assert "already complete, nothing to resume: 30 samples" in r.stdout and "img/s" not in r.stdout
     assert not {spec.STATE_NAME, spec.REJECTS_NAME, "records.bin", ".pack-lock"} & {p.name for p in out.iterdir()}
     _same_dataset(out, reference[fmt], fmt)
 

@@ -210,7 +210,7 @@ def test_pack_and_info_from_the_wheel(installed, real_images):
     out = work / "out" / "nested" / "wds"  # parents missing: created
     r = sh([bindir / "pack-dataset", data, "-f", "wds", "-o", out, "-q"], work, env, 300)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("data: 10 images, 2 classes")
+    assert r.stdout.startswith("data: 10 samples, 2 classes")
     r = sh([bindir / "pack-dataset", "info", out, "--json"], work, env, 120)
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
