@@ -283,6 +283,15 @@ class PackedLoader(DataLoader):
                              f"loader's are {_spec_text(here.get('epoch_spec'))}: the mixture's weights or sources "
                              "or samples_per_epoch changed, so the saved epoch cannot be continued; "
                              "start the next epoch with loader.set_epoch(state['epoch'] + 1) instead")
+        spec = here.get("epoch_spec")
+        if (spec is not None and not state["finished"] and (state["delivered"] or state.get("after"))
+                and (state["seed"], bool(state["shuffle"])) != (here["seed"], bool(here["shuffle"]))
+                and (spec["replacement"] or spec["counts"] != spec["sizes"] or state.get("after"))):
+            raise ValueError(f"the saved loader state is for seed {state['seed']} (shuffle={bool(state['shuffle'])}); "
+                             f"this loader has seed {here['seed']} (shuffle={bool(here['shuffle'])}), and its "
+                             "mixture draws a share of its sources (or with replacement, or was resumed once "
+                             "already), so which samples the rest of the epoch holds depends on the seed: resume "
+                             "with the same seed, or start the next epoch with loader.set_epoch(state['epoch'] + 1)")
         if state["finished"]:
             self.set_epoch(state["epoch"] + 1)
         elif state["delivered"] == 0 and not state.get("after"):

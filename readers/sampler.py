@@ -48,6 +48,11 @@ from readers.order import MAP_ORDER, as_ints, epoch_draw, permutation, rank_indi
 __all__ = ["EpochSampler", "EpochSpec", "map_delivered", "exact_resume"]
 
 
+#: The most positions one epoch of a mixture (or of ``samples_per_epoch``) may have: its order is drawn
+#: whole, a source and an index (int64 each) per position, 64 GiB at this bound.
+MAX_EPOCH = 1 << 32
+
+
 @dataclass(frozen=True)
 class EpochSpec:
     """What an epoch is made of: ``counts[j]`` samples of source ``j`` (``sizes[j]`` samples; the
@@ -66,6 +71,10 @@ class EpochSpec:
         total = sum(int(n) for n in sizes) if samples_per_epoch is None else int(samples_per_epoch)
         if total < 1:
             raise ValueError(f"samples_per_epoch must be >= 1, got {samples_per_epoch}")
+        if total > MAX_EPOCH:
+            what = "samples_per_epoch" if samples_per_epoch is not None else "the sources' samples together"
+            raise ValueError(f"{what} is {total:,}, more than one epoch can index ({MAX_EPOCH:,}: each rank "
+                             "holds the epoch's order, 16 bytes a position); make epochs shorter and more")
         return cls(tuple(int(n) for n in sizes), tuple(int(c) for c in shares(weights, total)), bool(replacement))
 
     @property
@@ -214,10 +223,22 @@ class EpochSampler(DistributedSampler):
             start = point["delivered"] * point["batch_size"] if point else 0
             return rank_order(n, self.seed, self.epoch, shuffle, world, rank, self.drop_last, start)
         perm = permutation(n, self.seed, self.epoch, shuffle)
-        same = (point["seed"] == self.seed and bool(point["shuffle"]) == self.shuffle
-                and (not self.shuffle or _same_order(point))) or self.spec is not None
-        consumed = map_delivered(n, self.epoch, point, perm if same else None)
+        if self.spec is not None and (int(point["seed"]), bool(point["shuffle"])) != (self.seed, self.shuffle):
+            consumed = self._consumed_in_this_draw(point, perm)
+        else:
+            same = (point["seed"] == self.seed and bool(point["shuffle"]) == self.shuffle
+                    and (not self.shuffle or _same_order(point))) or self.spec is not None
+            consumed = map_delivered(n, self.epoch, point, perm if same else None)
         return rank_indices(n, self.seed, self.epoch, shuffle, world, rank, self.drop_last, consumed, perm)
+
+    def _consumed_in_this_draw(self, point: dict[str, Any], positions: np.ndarray) -> np.ndarray:
+        """The positions of this epoch's draw whose samples ``point`` had delivered, where ``point`` was
+        saved with another seed or shuffle: another draw. Only for an epoch that holds each sample of
+        its sources once (the loader refuses the others): a sample delivered then is left out now."""
+        assert self.spec is not None and not self.spec.replacement and self.spec.counts == self.spec.sizes
+        taken = map_delivered(len(positions), self.epoch, point, positions)  # positions of the saved draw
+        _, then = self.spec.draw(int(point["seed"]), self.epoch, bool(point["shuffle"]))
+        return np.isin(self._drawn()[1], then[taken])
 
     def __iter__(self) -> Iterator[int]:
         yield from as_ints(self.indices())  # Python ints a block at a time, not 36 B per sample
