@@ -429,7 +429,11 @@ def checked_files_key(root: Path, meta: dict[str, Any] | str, names: Iterable[st
     (name, os.stat identity) of each index array ``names``; None when a file cannot be stat'ed."""
     files = []
     for name in sorted(names):
-        key = checkcache.stat_key(root / array_file(name))
+        try:  # a name that leaves the folder (a link out) is never opened: the open check refuses it
+            path = member_path(root, array_file(name), "index array")
+        except (DatasetFormatError, OSError):
+            return None
+        key = checkcache.stat_key(path)
         if key is None:
             return None
         files.append([name, list(key)])
