@@ -304,7 +304,7 @@ def entropy_decode_only(data) -> None:
         raise JpegCropError(err.value.decode("utf-8", "replace"))
 
 
-def _encode(lib: ctypes.CDLL, pixels: np.ndarray, *, sampling=None, scans=None, progressive=False,
+def encode(lib: ctypes.CDLL, pixels: np.ndarray, *, sampling=None, scans=None, progressive=False,
             arithmetic=False, restart=0, quality=85) -> bytes:
     """A JPEG of ``pixels`` ((H, W) gray or (H, W, 3) RGB) encoded by the helper's libjpeg (``jc_encode``)."""
     pixels = np.ascontiguousarray(pixels, np.uint8)
@@ -371,7 +371,7 @@ def _check(lib: ctypes.CDLL, cases) -> bool:
     name = ""
     try:
         for name, gray, sampling, scans, progressive, arith, restart, taken in cases:
-            data = _encode(lib, base[:, :, 1] if gray else base, sampling=sampling, scans=scans,
+            data = encode(lib, base[:, :, 1] if gray else base, sampling=sampling, scans=scans,
                            progressive=progressive, arithmetic=arith, restart=restart)
             refused = _why_full(lib, data, vouch=False) is not None
             for scale in (1, 2, 4, 8):

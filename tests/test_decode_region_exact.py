@@ -41,7 +41,7 @@ KINDS = {  # name: (encode arguments, taken by the region decoder)
 @pytest.mark.parametrize("name", KINDS)
 def test_region_is_exact_or_the_full_decode(lib, name):
     kwargs, taken = KINDS[name]
-    data = jpegcrop._encode(lib, image(), **kwargs)
+    data = jpegcrop.encode(lib, image(), **kwargs)
     rng = np.random.default_rng(1)
     for scale in (1, 2, 4, 8):
         full = decode_rgb_scaled(data, scale)
@@ -106,7 +106,7 @@ def test_every_built_jpeg_region_equals_the_full_decode_or_takes_it(lib, capsys)
         pixels = image(*size)
         for name, kwargs in sweep_cases():
             try:
-                data = jpegcrop._encode(lib, pixels, **kwargs)
+                data = jpegcrop.encode(lib, pixels, **kwargs)
             except jpegcrop.JpegCropError:  # libjpeg refuses the factors (more than 10 blocks in an MCU)
                 not_encodable += 1
                 continue
