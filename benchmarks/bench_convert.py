@@ -31,7 +31,7 @@ from dataset_bench.convert import ENCODED_PAIRS, data_files, format_table, measu
 from dataset_bench.machine import load_average, machine_info, machine_label  # noqa: E402
 from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from packer import PackOptions, pack  # noqa: E402
-from readers.env import available_cpus  # noqa: E402
+from readers.contract.env import available_cpus  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Decode/transform throughput: plain Pillow vs simplejpeg vs size-aware (reduced DCT) decode.
 
-Benchmark of ``readers/decode.py`` and ``readers/transforms.py`` (run it, it is not a test;
+Benchmark of ``readers/decode/decoders.py`` and ``readers/decode/transforms.py`` (run it, it is not a test;
 ``tests/test_decode.py`` runs ``--quick`` so it cannot rot).
 
 In one run it:
@@ -24,14 +24,14 @@ In one run it:
    train-transform rate;
 5. profiles the fused eval and train transforms on one core, step by step
    (entropy decode alone, full decode, the train crop's region decode through
-   ``readers/jpegcrop.py``, the resizes), and compares today's fused path
+   ``readers/decode/jpegcrop.py``, the resizes), and compares today's fused path
    (``crop_decode=False``) with the region decode, and, where a DALI venv is
    given (``--peer-venvs DIR`` with ``DIR/dali/bin/python``, or
    ``--dali-python``), DALI's CPU decoder + resize on 1 thread, pinned to the
    same core, over the same bytes.
 
 The timing (``dataset_bench.onecore``), the machine description (``dataset_bench.machine``),
-the generator (``dataset_bench.synth``) and the resize geometry (``readers.geometry``)
+the generator (``dataset_bench.synth``) and the resize geometry (``readers.decode.geometry``)
 are the project's shared ones; this script only chooses what to compare.
 
 Usage::
@@ -68,11 +68,11 @@ from dataset_bench.machine import load_average, machine_info  # noqa: E402
 from dataset_bench.measure import measure_loader  # noqa: E402
 from dataset_bench.onecore import per_image_rates, single_core  # noqa: E402
 from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
-from packer.images import ImageOptions, prepare_image  # noqa: E402
-from readers import jpegcrop  # noqa: E402
-from readers.decode import decode_rgb, decode_rgb_reduced, decode_rgb_region, decode_rgb_scaled, read_header  # noqa: E402
-from readers.geometry import resize_center_crop, resize_short_side  # noqa: E402
-from readers.transforms import (  # noqa: E402
+from packer.prepare.images import ImageOptions, prepare_image  # noqa: E402
+from readers.decode import jpegcrop  # noqa: E402
+from readers.decode.decoders import decode_rgb, decode_rgb_reduced, decode_rgb_region, decode_rgb_scaled, read_header  # noqa: E402
+from readers.decode.geometry import resize_center_crop, resize_short_side  # noqa: E402
+from readers.decode.transforms import (  # noqa: E402
     imagenet_eval_transform,
     imagenet_train_transform,
     plan_crop,

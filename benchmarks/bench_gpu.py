@@ -4,7 +4,7 @@
 On a CUDA machine it measures, for uint8 image batches of ``--batch`` (256) x 3 x 224 x 224:
 
 * host-to-device bandwidth from pinned and from pageable host memory (GB/s);
-* "ToCUDA": the time per batch of ``readers.prefetch.DevicePrefetcher``'s copy + normalize;
+* "ToCUDA": the time per batch of ``readers.loader.prefetch.DevicePrefetcher``'s copy + normalize;
 * overlap: a loop of a dummy model step (matrix multiplies of ``--step-ms`` about) fed
   synchronously (copy, then step) and through ``DevicePrefetcher`` (copy of batch n+1 on a
   side stream while batch n is used); the closer the prefetched loop's time per batch is to the
@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from readers.prefetch import DevicePrefetcher
+from readers.loader.prefetch import DevicePrefetcher
 
 
 def _bandwidth(host: torch.Tensor, repeats: int) -> float:

@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 
 from readers.formats.h5layout import chunk_table
-from readers.spec import HDF5_CHUNK_BYTES
+from readers.contract.spec import HDF5_CHUNK_BYTES
 
 
 def make(path: str, chunks: int) -> None:

@@ -58,7 +58,7 @@ class UserPilTransform:
     def __call__(self, img: Any) -> torch.Tensor:
         from PIL import Image
 
-        from readers.geometry import resize_center_crop
+        from readers.decode.geometry import resize_center_crop
 
         g = resize_center_crop(img.height, img.width, 256, 224)
         arr = np.array(img.resize((g.width, g.height), Image.BILINEAR).crop(g.box), dtype=np.uint8)
@@ -67,7 +67,7 @@ class UserPilTransform:
 
 def our_loader(packed: dict[str, Path], mode: str, kind: str, batch_size: int, workers: int) -> Any:
     from readers import make_loader, open_dataset
-    from readers.transforms import imagenet_eval_transform
+    from readers.decode.transforms import imagenet_eval_transform
 
     what, fmt = mode.split("/")
     root = packed[fmt]

@@ -45,8 +45,8 @@ from dataset_bench.cache import CacheControl  # noqa: E402
 from dataset_bench.machine import load_average, machine_info, machine_label  # noqa: E402
 from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from packer import PackOptions, pack  # noqa: E402
-from readers.env import available_cpus  # noqa: E402
-from readers.spec import FORMATS  # noqa: E402
+from readers.contract.env import available_cpus  # noqa: E402
+from readers.contract.spec import FORMATS  # noqa: E402
 
 MMAP_RESIZE = 256
 

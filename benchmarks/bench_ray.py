@@ -59,9 +59,9 @@ from packer import PackOptions, pack  # noqa: E402
 from packer.engines import tasks  # noqa: E402
 from packer.engines.io import LocalFiles  # noqa: E402
 from packer.engines.ray import MAX_CHUNK_BYTES, prepare_chunk  # noqa: E402
-from packer.images import ImageOptions  # noqa: E402
+from packer.prepare.images import ImageOptions  # noqa: E402
 from packer.options import parse_size  # noqa: E402
-from readers.env import available_cpus  # noqa: E402
+from readers.contract.env import available_cpus  # noqa: E402
 
 
 class ForeignCpu:

@@ -42,7 +42,7 @@ from dataset_bench.machine import machine_info, machine_label  # noqa: E402
 from dataset_bench.measure import eval_transform, measure_format, measure_loader, measure_naive  # noqa: E402
 from dataset_bench.synth import generate_image_folder  # noqa: E402
 from dataset_bench.targets import dataset_target, folder_target, pack_formats  # noqa: E402
-from readers.spec import FORMATS  # noqa: E402
+from readers.contract.spec import FORMATS  # noqa: E402
 
 READERS = ("naive-folder", "webdataset") + FORMATS
 MODES = ("bytes", "decoded")

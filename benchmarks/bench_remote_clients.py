@@ -208,7 +208,7 @@ def fork_safe(srv: SeaweedServer, name: str) -> str:
 
 # --------------------------------------------------------------------------- our layer
 def index_arrays() -> dict[str, int]:
-    """Byte sizes of a 1.28M-sample wds index's arrays (readers.spec dtypes)."""
+    """Byte sizes of a 1.28M-sample wds index's arrays (readers.contract.spec dtypes)."""
     n = 1_281_167
     return {"labels.npy": 4 * n, "checksums.npy": 4 * n, "sizes.npy": 8 * n, "offsets.npy": 8 * n,
             "shards.npy": 4 * n}

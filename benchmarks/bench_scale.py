@@ -11,7 +11,7 @@ Two kinds of dataset, in ``--workdir`` (default ``/work/big/scale``):
   that the pack before it evicted), pack images/s and the packer main process's peak RSS, and
   everything below.
 * **index-only** datasets: what a reader opens, without the pixels. The
-  index arrays are real, at N, written by :func:`readers.spec.write_index`;
+  index arrays are real, at N, written by :func:`readers.contract.spec.write_index`;
   the data files are sparse or tiny (wds: sparse shards the offsets point
   into; lmdb: a 64-image data.mdb, whose open check reads O(1) pages; hdf5:
   a sparse chunked ``/images`` of N samples and its chunk table; mmap: a
@@ -25,7 +25,7 @@ Per format and N (each in a fresh process, so memory figures are its own):
   index array's CRC-32 and values checked), the index arrays read once
   before it so that every N starts from the page cache; ``open``: the next open, as every
   other rank and re-run makes it (the record of passed checks,
-  ``readers.checkcache``, skips them for unchanged files; the probe keeps its
+  ``readers.contract.checkcache``, skips them for unchanged files; the probe keeps its
   records in a temporary folder of its own, so no record from an earlier run
   makes the first open a later one); the process's
   private memory after the first (``Private_*`` of ``/proc/PID/smaps``, mapped
@@ -182,7 +182,7 @@ def template(work: Path, fmt: str) -> Path:
 
 def index_only(work: Path, fmt: str, n: int) -> Path:
     """An index-only dataset of ``fmt`` with ``n`` samples (see the module doc); kept between runs."""
-    from readers import spec
+    from readers.contract import spec
 
     out = work / "index" / f"{fmt}-{n}"
     if (out / spec.INDEX_NAME).exists():
@@ -245,7 +245,7 @@ def _sparse_h5(out: Path, nbytes: int) -> None:
     import h5py
 
     from bench_hdf5_chunks import make  # the one sparse /images builder (this folder is on sys.path)
-    from readers import spec
+    from readers.contract import spec
     from readers.formats.h5layout import chunk_table
 
     chunk = spec.HDF5_CHUNK_BYTES
@@ -320,7 +320,7 @@ def probe_pack(src: str, out: str, fmt: str, workers: int) -> dict[str, Any]:
     records, index arrays -- apart)."""
     from packer.api import pack
     from packer.options import PackOptions
-    from packer.source import scan
+    from packer.sources.source import scan
 
     from dataset_bench.measure import best_time
 
@@ -343,7 +343,7 @@ def _worker_main(conn: Any, folder: str) -> None:
     import readers.formats.lmdb  # noqa: F401
     import readers.formats.mmap  # noqa: F401
     import readers.formats.wds  # noqa: F401
-    from readers.env import WorkerEnv, release_freed_memory
+    from readers.contract.env import WorkerEnv, release_freed_memory
 
     release_freed_memory()  # as the worker does after its order: both figures without the heap's freed pages
     idle = smaps(os.getpid(), folder)
@@ -362,7 +362,7 @@ def _warm(folder: str) -> None:
     """Read the index arrays once, so that the first open's figure is its checks' work at any N
     (otherwise pages still cached from writing them at a small N meet pages read back from disk at
     a large one). The data files stay as they are: a reader's open does not read them."""
-    import readers.spec as spec
+    import readers.contract.spec as spec
 
     for path in sorted(Path(folder).glob("*.npy")):
         if path.name not in spec.DATA_FILE.values():
@@ -375,12 +375,12 @@ def probe_read(folder: str, packed: bool) -> dict[str, Any]:
     """Open, memory, random access, first batch, worker memory, order, state_dict, resume."""
     import tempfile
 
-    import readers.checkcache as checkcache
+    import readers.contract.checkcache as checkcache
     import readers.formats.hdf5  # noqa: F401 - imported before the clock starts: open is not an import
     import readers.formats.lmdb  # noqa: F401
     import readers.formats.mmap  # noqa: F401
     import readers.formats.wds  # noqa: F401
-    import readers.loader  # noqa: F401
+    import readers.loader.dataloader  # noqa: F401
 
     # a record of passed checks left from an earlier run on this machine would make the "first" open a
     # later one: this process keeps its records in a folder of its own, removed at its end
@@ -396,10 +396,10 @@ def _probe_read(folder: str, packed: bool) -> dict[str, Any]:
     import pickle
 
     import readers
-    import readers.env as env
+    import readers.contract.env as env
     from dataset_bench.measure import best_time
-    from readers.env import WorkerEnv
-    from readers.sampler import EpochSampler
+    from readers.contract.env import WorkerEnv
+    from readers.order.sampler import EpochSampler
 
     _warm(folder)
     base = smaps(os.getpid(), folder)
@@ -408,7 +408,7 @@ def _probe_read(folder: str, packed: bool) -> dict[str, Any]:
     open_s = time.perf_counter() - t0
     after = smaps(os.getpid(), folder)
     # again, as every later open on this machine (another rank, a re-run): the record of the checks that
-    # passed (readers.checkcache) lets it skip the O(N) CRC and value checks of unchanged files
+    # passed (readers.contract.checkcache) lets it skip the O(N) CRC and value checks of unchanged files
     t0 = time.perf_counter()
     readers.open_dataset(folder).close()
     open_again_s = time.perf_counter() - t0
@@ -721,8 +721,8 @@ def order_curve(sizes: list[int]) -> list[dict[str, Any]]:
     Between sizes whose shares fit the CPU's cache and sizes whose shares do not, every cost per sample
     steps up once; past the cache it is flat again. The curve shows both."""
     from dataset_bench.measure import best_time
-    from readers.env import WorkerEnv
-    from readers.order import ShardLayout, ShardSettings, worker_order
+    from readers.contract.env import WorkerEnv
+    from readers.order.epoch import ShardLayout, ShardSettings, worker_order
 
     rows = []
     for n in sizes:

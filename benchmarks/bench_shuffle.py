@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Shuffle quality of each reader on ImageNet's shape, simulated from the index alone.
 
-Runs ``readers.quality.simulate`` (the readers' real order code on a synthetic
+Runs ``readers.order.quality.simulate`` (the readers' real order code on a synthetic
 index: 1000 classes x 1,281 images, 8 ranks x 8 workers, batch 256, wds shards
 of 256 MB at ~110 KB per image; no data is read) for every format with its
 defaults, then for wds packed in source (class-sorted) order with 1 and 4 open
@@ -18,8 +18,8 @@ import argparse
 import json
 import time
 
-from readers.quality import IMAGENET, simulate
-from readers.spec import DEFAULT_ORDER, FORMATS
+from readers.order.quality import IMAGENET, simulate
+from readers.contract.spec import DEFAULT_ORDER, FORMATS
 
 CASES = [(fmt, {}) for fmt in FORMATS] + [
     ("wds", {"order": "source", "open_shards": 1}),

@@ -23,7 +23,7 @@ exactly the folder's training samples (same pixels, same labels).
 The table gives, per row, the final validation accuracy (mean ± std over the
 seeds, and min-max), the epochs (and training seconds) to reach ``--target``
 validation accuracy, and the shuffle quality of the batches that row trained
-on (``readers.quality.measure``, as ``dataset-bench`` reports it: distinct
+on (``readers.order.quality.measure``, as ``dataset-bench`` reports it: distinct
 classes per batch and displacement, each against a uniform shuffle's).
 
 Usage::
@@ -56,9 +56,9 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampl
 from dataset_bench.measure import shutdown_loader
 from packer import PackOptions, pack
 from readers import make_loader, open_dataset
-from readers.env import available_cpus, default_workers
-from readers.quality import measure
-from readers.spec import FORMATS
+from readers.contract.env import available_cpus, default_workers
+from readers.order.quality import measure
+from readers.contract.spec import FORMATS
 
 #: The rows, in table order: the baseline, every format of ours, the bad order.
 BASELINE, SORTED = "folder", "folder, class-sorted"

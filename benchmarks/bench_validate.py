@@ -38,7 +38,7 @@ from PIL import Image  # noqa: E402
 from dataset_bench.machine import machine_info, machine_label  # noqa: E402
 from dataset_bench.onecore import per_image_rates, single_core  # noqa: E402
 from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
-from packer.images import ImageOptions, prepare_image  # noqa: E402
+from packer.prepare.images import ImageOptions, prepare_image  # noqa: E402
 
 SIZE = (480, 400)  # width, height
 

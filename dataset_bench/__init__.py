@@ -1,7 +1,7 @@
 """Measurement: how fast the packed formats feed a ``DataLoader``, beside a naive baseline, on this machine.
 
 The top layer of the project: ``dataset_bench`` -> ``packer`` -> ``readers`` ->
-``readers.spec``. Nothing below imports it. One module per job:
+``readers.contract.spec``. Nothing below imports it. One module per job:
 
 * :mod:`dataset_bench.machine` -- the machine: CPUs, RAM, CPU model, PSS, other load;
 * :mod:`dataset_bench.cache` -- page-cache control: eviction, residency check, sequential read;

@@ -17,7 +17,7 @@ from dataset_bench.plan import CACHES, BenchConfig
 from dataset_bench.report import draw_chart, report_text
 from dataset_bench.run import BenchProgress, run_benchmark
 from packer import PackError, SourceError
-from readers.spec import FORMATS
+from readers.contract.spec import FORMATS
 
 __all__ = ["build_parser", "build_fields_parser", "config_from_args", "main"]
 

@@ -3,7 +3,7 @@
 The baseline is what any conversion must at least do: read the source
 dataset's data files and write their bytes into one new file, fsync at the
 end (:func:`raw_copy`). Each conversion (:func:`time_convert`) goes through
-``packer.convert.convert`` (the Python API: no CLI start-up) and copies every
+``packer.tools.convert.convert`` (the Python API: no CLI start-up) and copies every
 sample with its checksum checked. Rounds interleave the baseline and every
 conversion (in an order rotated each round), so a burst of load from elsewhere
 on the machine spreads over all of them; medians are reported (:func:`measure_conversions`). Each timed run
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from readers import spec
+from readers.contract import spec
 
 __all__ = ["ENCODED_PAIRS", "data_files", "raw_copy", "time_convert", "measure_conversions", "format_table"]
 
@@ -53,7 +53,7 @@ def raw_copy(files: Sequence[Path], dest: Path) -> float:
 def time_convert(src: Path, out: Path, fmt: str, **options: Any) -> float:
     """Seconds for ``convert(src, out)`` into ``fmt`` (``out`` is replaced first, untimed)."""
     from packer import PackOptions
-    from packer.convert import convert
+    from packer.tools.convert import convert
 
     if out.exists():
         shutil.rmtree(out)

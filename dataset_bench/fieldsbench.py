@@ -309,7 +309,10 @@ def _child_read(path: str, fields: Sequence[str] | None, mode: str, workers: int
                 max_samples: int | None, seed: int) -> dict[str, Any]:
     import readers
     from readers import make_loader, open_dataset
-    from readers.transforms import imagenet_eval_transform
+    try:
+        from readers.decode.transforms import imagenet_eval_transform
+    except ImportError:  # the previous release: its modules sat at the root of readers/
+        from readers.transforms import imagenet_eval_transform  # type: ignore[no-redef]
 
     kw: dict[str, Any] = {} if fields is None else {"fields": tuple(fields)}
     if mode == "raw":

@@ -25,7 +25,7 @@ def child_main() -> None:
     try:
         import torch
 
-        import readers.registry  # noqa: F401 - every reader module imported before the clock starts
+        import readers.formats.registry  # noqa: F401 - every reader module imported before the clock starts
 
         if torch_threads:
             torch.set_num_threads(torch_threads)

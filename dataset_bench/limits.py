@@ -39,8 +39,8 @@ def _decode_steps(transform: Any) -> list[tuple[str, Callable[[bytes], Any]]]:
     """(name, per-image work on JPEG bytes) for :func:`decode_rates`."""
     from PIL import Image
 
-    from readers.base import to_chw
-    from readers.decode import decode_rgb
+    from readers.formats.base import to_chw
+    from readers.decode.decoders import decode_rgb
 
     def pil(b: bytes) -> None:
         with Image.open(io.BytesIO(b)) as im:
@@ -69,7 +69,7 @@ def decode_rates(files: Sequence[str | os.PathLike], *, limit: int = 300, transf
     """Single-core rates over up to ``limit`` source JPEGs held in memory (no I/O in the timing).
 
     ``pil_decode``: ``Image.open(...).convert("RGB")`` (full decode);
-    ``decode_rgb``: ``readers.decode.decode_rgb`` (the readers' decoder,
+    ``decode_rgb``: ``readers.decode.decoders.decode_rgb`` (the readers' decoder,
     ``auto``); ``eval_transform``: decode + resize + crop to 224 as the
     decoded mode runs it per sample (the readers hand the transform bytes
     only when it says ``accepts_bytes``; otherwise they decode first);

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from readers.env import available_cpus
+from readers.contract.env import available_cpus
 
 __all__ = [
     "cpu_model",
@@ -64,7 +64,7 @@ def machine_info() -> dict[str, Any]:
     import PIL
     import torch
 
-    from readers.decode import decoder_report
+    from readers.decode.decoders import decoder_report
 
     ram = ram_bytes()
     return {

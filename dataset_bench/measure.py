@@ -39,7 +39,7 @@ class LoaderStats:
     pss_main_mb: float | None  # peak PSS of the main process during the pass
     pss_workers_mb: float | None  # peak summed PSS of the worker processes
     pss_total_mb: float | None
-    shuffle_ratio: float | None = None  # distinct classes per batch / a uniform shuffle's (readers.quality)
+    shuffle_ratio: float | None = None  # distinct classes per batch / a uniform shuffle's (readers.order.quality)
     displacement_ratio: float | None = None  # mean move from the packed position / a uniform shuffle's
 
     def to_dict(self) -> dict[str, Any]:
@@ -48,7 +48,7 @@ class LoaderStats:
 
 def eval_transform(size: int = 224, resize: int = 256) -> Any:
     """The decoded mode's transform: the readers' ImageNet eval transform (resize, center crop, uint8 CHW)."""
-    from readers.transforms import imagenet_eval_transform
+    from readers.decode.transforms import imagenet_eval_transform
 
     return imagenet_eval_transform(size=size, resize=resize)
 
@@ -199,7 +199,7 @@ def measure_format(path: str | os.PathLike, *, mode: str, num_workers: int, batc
 
 def _with_shuffle_quality(stats: LoaderStats, index: Any, batches: list[tuple]) -> LoaderStats:
     """``stats`` with the shuffle quality of the batches it timed (labels and sample indices)."""
-    from readers.quality import measure
+    from readers.order.quality import measure
 
     if not batches:
         return stats

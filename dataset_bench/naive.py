@@ -5,7 +5,7 @@ What a first training script does with torchvision's ``ImageFolder`` and
 resize the shorter side to 256 (bilinear), keep the center 224 x 224, and turn
 it into a float32 CHW tensor in [0, 1], through a plain ``DataLoader`` with its
 defaults. Re-implemented here (torchvision is not a dependency) with the
-geometry of :mod:`readers.geometry`, the same as the readers' eval transform.
+geometry of :mod:`readers.decode.geometry`, the same as the readers' eval transform.
 This is the project's one naive baseline: ``dataset-bench``, the benchmark
 scripts and the notebooks all use it. :class:`PilEvalTransform` is the same
 per-image work after the open, as a ``transform=`` a user hands our readers
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from readers.geometry import resize_center_crop
+from readers.decode.geometry import resize_center_crop
 
 __all__ = ["NaiveImageFolder", "naive_load", "naive_loader", "pil_eval", "PilEvalTransform"]
 
@@ -74,7 +74,7 @@ class NaiveImageFolder:
     """
 
     def __init__(self, root: str | os.PathLike, resize: int = 256, crop: int = 224) -> None:
-        from packer.source import scan
+        from packer.sources.source import scan
 
         source = scan(root)
         self.root = Path(root)

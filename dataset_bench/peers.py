@@ -150,7 +150,7 @@ class _LmdbByHand:
 
 def lmdb_bytes(root: str | os.PathLike, labels: np.ndarray, batch_size: int, workers: int) -> Any:
     """LMDB by hand (the same ``data.mdb``): one read transaction and ``txn.get`` per sample."""
-    from readers.spec import lmdb_key
+    from readers.contract.spec import lmdb_key
 
     return _loader(_LmdbByHand(root, labels, lmdb_key), batch_size, workers)
 
@@ -188,7 +188,7 @@ class _ThreadPoolLoader:
         return -(-self.n // self.batch_size)
 
     def _read(self, idx: np.ndarray) -> tuple[list[bytes], np.ndarray]:
-        from readers.spec import lmdb_key
+        from readers.contract.spec import lmdb_key
 
         with self._env.begin() as txn:
             return [txn.get(lmdb_key(int(i))) for i in idx], idx
@@ -249,7 +249,7 @@ def write_lmdb(files: Sequence[str], labels: Sequence[int], out: str | os.PathLi
     """LMDB by hand: one put per file (the labels as one more value), commit every ``txn_every``."""
     import lmdb
 
-    from readers.spec import lmdb_key
+    from readers.contract.spec import lmdb_key
 
     total = sum(os.path.getsize(f) for f in files)
     env = lmdb.open(str(out), map_size=2 * total + (1 << 30), subdir=True)
@@ -362,7 +362,7 @@ def available(name: str) -> str | None:
         else:
             importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - any failure means "not usable here", said in the report
-        from readers.messages import one_line
+        from readers.contract.messages import one_line
 
         return one_line(exc, 160, kind=True, first=True)
     return None
@@ -430,7 +430,7 @@ def _pil_eval(data: bytes) -> np.ndarray:
     """The peers' own transform where they have none: PIL, shorter side to 256, center crop 224, uint8 HWC."""
     from PIL import Image
 
-    from readers.geometry import resize_center_crop
+    from readers.decode.geometry import resize_center_crop
 
     with Image.open(io.BytesIO(data)) as im:
         img = im.convert("RGB")

@@ -7,7 +7,7 @@ from typing import Any, Iterable, NamedTuple
 
 from dataset_bench.measure import MODES
 from dataset_bench.targets import NAIVE
-from readers.spec import FORMATS
+from readers.contract.spec import FORMATS
 
 __all__ = ["CACHES", "BenchConfig", "Case", "plan_cases"]
 

@@ -241,7 +241,7 @@ def synthetic_wds_index(root: Path, n: int, shards: int = 512) -> None:
     """An index.json + arrays shaped like ImageNet's train split packed as wds (no shard data)."""
     import numpy as np
 
-    from readers import spec
+    from readers.contract import spec
 
     rng = np.random.default_rng(0)
     sizes = rng.integers(20_000, 200_000, n)
@@ -276,7 +276,7 @@ def _upload(store: Any, folder: Path) -> tuple[int, float]:
 def _prepare(cfg: RemoteConfig, work: Path) -> tuple[Path, dict[str, Any]]:
     from dataset_bench.synth import generate_image_folder
     from packer import PackOptions, pack
-    from readers import spec
+    from readers.contract import spec
 
     src = Path(cfg.src) if cfg.src else generate_image_folder(work / "src", cfg.generate)
     local = work / "local-wds"

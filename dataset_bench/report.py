@@ -10,13 +10,13 @@ from dataset_bench.machine import machine_label
 from dataset_bench.plan import CACHES
 from dataset_bench.results import BenchResult
 from dataset_bench.targets import NAIVE
-from readers.spec import FORMATS
+from readers.contract.spec import FORMATS
 
 __all__ = ["format_table", "format_limits", "headline", "draw_chart", "report_text"]
 
 _DECODE_LABELS = {
     "pil_decode": "PIL decode (open + convert RGB)",
-    "decode_rgb": "readers.decode.decode_rgb (auto)",
+    "decode_rgb": "readers.decode.decoders.decode_rgb (auto)",
     "eval_transform": "decoded mode's per-sample work (decode + eval transform 224)",
     "eval_transform_bytes": "eval transform called on the JPEG bytes (fused reduced decode)",
     "naive_item": "naive per-file work (PIL decode + resize + crop + float tensor)",
@@ -30,7 +30,7 @@ def _fmt(v: float | None, digits: int = 0) -> str:
 
 
 def _shuffle(row: dict) -> str:
-    """Distinct classes per batch against a uniform shuffle's (readers.quality), e.g. ``0.99x``."""
+    """Distinct classes per batch against a uniform shuffle's (readers.order.quality), e.g. ``0.99x``."""
     value = row.get("shuffle_ratio")
     return "-" if value is None else f"{value:.2f}x"
 

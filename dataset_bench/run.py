@@ -41,7 +41,7 @@ from dataset_bench.plan import BenchConfig, Case, plan_cases
 from dataset_bench.results import BenchResult, add_ratios, summarize
 from dataset_bench.synth import generate_image_folder
 from dataset_bench.targets import NAIVE, Target, dataset_target, folder_target, index_source, pack_formats
-from readers.spec import FORMATS
+from readers.contract.spec import FORMATS
 
 __all__ = ["BenchProgress", "run_benchmark"]
 

@@ -51,7 +51,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from dataset_bench.machine import CpuMonitor, load_average, machine_info
 from dataset_bench.measure import batch_len
 from dataset_bench.peers import NEW_PEERS
-from readers.messages import one_line
+from readers.contract.messages import one_line
 
 __all__ = ["SideConfig", "ReadCase", "run_side_by_side", "measure_read", "measure_pack", "read_cases", "PACKERS",
            "same_samples", "peer_samples", "MODES", "DEFAULTS", "CROP", "our_dataset", "chosen_workers"]
@@ -223,7 +223,7 @@ def our_dataset(name: str, mode: str, paths: dict[str, Any]) -> Any:
     from dataset_bench.measure import eval_transform
     from dataset_bench.naive import PilEvalTransform
     from readers import open_dataset
-    from readers.transforms import imagenet_train_transform
+    from readers.decode.transforms import imagenet_train_transform
 
     root = paths["packed"][name]
     if mode == "bytes":
@@ -242,10 +242,10 @@ def our_dataset(name: str, mode: str, paths: dict[str, Any]) -> Any:
 
 
 def chosen_workers(loader: Any) -> str:
-    """What a loader of ours runs its workers as: ``threads`` (a :class:`readers.loader.ThreadLoader`),
+    """What a loader of ours runs its workers as: ``threads`` (a :class:`readers.loader.dataloader.ThreadLoader`),
     ``processes``, or ``main`` (no workers: batches made in the calling thread). Read from the loader
     ``make_loader`` returned, so it holds whatever the library picks when ``workers=`` is not given."""
-    from readers.loader import ThreadLoader
+    from readers.loader.dataloader import ThreadLoader
 
     if not getattr(loader, "num_workers", 0):
         return "main"
@@ -502,7 +502,7 @@ def _cpu_seconds() -> float:
 def _prepare(cfg: SideConfig, work: Path, have: dict[str, bool], notes: list[str]) -> dict[str, Any]:
     from dataset_bench.synth import generate_image_folder
     from dataset_bench.targets import pack_formats
-    from readers import spec
+    from readers.contract import spec
 
     src = generate_image_folder(work / "images", cfg.images, seed=cfg.seed)
     packed = pack_formats(src, work / "packed", FORMATS + ("mmap",), mmap_resize=cfg.mmap_size,
@@ -558,14 +558,14 @@ def _call(cfg: SideConfig, fn: Callable[..., Any], kwargs: dict[str, Any], *, py
 
 
 def _validator() -> Callable[[bytes], Any]:
-    from packer.images import ImageOptions, prepare_image
+    from packer.prepare.images import ImageOptions, prepare_image
 
     opts = ImageOptions()
     return lambda data: prepare_image(data, opts)
 
 
 def _train_transform() -> Callable[[bytes], Any]:
-    from readers.transforms import imagenet_train_transform
+    from readers.decode.transforms import imagenet_train_transform
 
     return imagenet_train_transform(size=CROP, seed=0)
 
@@ -683,7 +683,7 @@ def _run_reads(cfg: SideConfig, paths: dict[str, Any], have: dict[str, bool], mo
 
 def _run_packs(cfg: SideConfig, paths: dict[str, Any], work: Path, have: dict[str, bool], monitor: CpuMonitor,
                say: Callable[[str], None]) -> list[dict[str, Any]]:
-    from readers.env import available_cpus
+    from readers.contract.env import available_cpus
 
     cases = [(name, v) for name in PACKERS if name != "peer:mds" or have.get("streaming")
              for v in ((True, False) if name.startswith("ours") else (False,))]

@@ -23,8 +23,8 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-from readers.env import available_cpus
-from readers.safeio import atomic_write
+from readers.contract.env import available_cpus
+from readers.contract.safeio import atomic_write
 
 __all__ = ["BUNDLED_PHOTOS", "SynthOptions", "make_imagenet_like", "generate_image_folder"]
 

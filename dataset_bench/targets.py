@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from dataset_bench.naive import NaiveImageFolder
-from readers.spec import FORMATS
+from readers.contract.spec import FORMATS
 
 __all__ = ["NAIVE", "Target", "dataset_target", "folder_target", "pack_formats", "index_source"]
 
@@ -42,7 +42,7 @@ class Target:
 
 def dataset_target(path: str | os.PathLike) -> Target:
     """A packed dataset folder as a :class:`Target` (data files from its index)."""
-    from readers import spec
+    from readers.contract import spec
 
     meta = spec.read_index(path).meta
     files = [Path(path) / name for name in sorted(meta.get("files", {}))]
@@ -58,7 +58,7 @@ def folder_target(src: str | os.PathLike) -> Target:
 
 def index_source(path: str | os.PathLike) -> str | None:
     """The source folder a packed dataset's index records, or None."""
-    from readers import spec
+    from readers.contract import spec
 
     return spec.read_index(path).meta.get("source", {}).get("root")
 

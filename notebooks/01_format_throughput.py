@@ -50,7 +50,7 @@ from dataset_bench.report import format_limits, format_table, headline
 from dataset_bench.run import run_benchmark
 from dataset_bench.synth import generate_image_folder
 from dataset_bench.targets import pack_formats
-from readers.spec import FORMATS
+from readers.contract.spec import FORMATS
 
 N_IMAGES = 192      # small on purpose: the whole notebook runs in ~2 minutes on 2 cores
 WORKERS = (0, 2)

@@ -18,7 +18,7 @@
 # One format (WebDataset shards, decoded with the ImageNet eval transform to 224×224) and
 # one knob at a time: `num_workers`, `prefetch_factor`, `pin_memory`, batch size, the dtype
 # of the batches and what crosses the worker pipes. Then the starvation meter
-# (`readers.meter.StarvationMeter`) on a simulated training step, to see when the loader
+# (`readers.loader.meter.StarvationMeter`) on a simulated training step, to see when the loader
 # keeps up and when it does not.
 #
 # Every figure comes from this run (median of a few passes over a small dataset, warm page
@@ -43,8 +43,8 @@ from dataset_bench.measure import eval_transform, measure_loader
 from dataset_bench.synth import generate_image_folder
 from dataset_bench.targets import pack_formats
 from readers import make_loader, open_dataset
-from readers.env import available_cpus
-from readers.meter import StarvationMeter
+from readers.contract.env import available_cpus
+from readers.loader.meter import StarvationMeter
 
 N_IMAGES = 512
 REPEATS = 3
@@ -278,7 +278,7 @@ lines.append(f"* **uint8 batches are 4x smaller than float32** ({mb_u8:.1f} vs {
              + (f"({pct(f32['samples_per_s'], u8['samples_per_s'])} for float32)."
                 if differs(f32['samples_per_s'], u8['samples_per_s'], 0.1)
                 else "— no measurable difference at this rate, but 4x the shared memory and 4x the bytes to copy to the device.")
-             + " Convert and normalize on the device (readers.prefetch.DevicePrefetcher).")
+             + " Convert and normalize on the device (readers.loader.prefetch.DevicePrefetcher).")
 mbs = as_tensor["samples_per_s"] * 100e3 / 1e6
 lines.append(f"* **Avoid Python bytes crossing worker pipes.** Raw JPEGs as one uint8 tensor (ByteBatch): "
              f"{as_tensor['samples_per_s']:.0f} samples/s; as a list of Python bytes: {as_bytes['samples_per_s']:.0f} "

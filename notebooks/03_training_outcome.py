@@ -70,7 +70,7 @@ summary = {s["row"]: s for s in result["summary"]}
 #
 # Final validation accuracy over the seeds, the epochs (and training seconds, loading included)
 # to reach the target accuracy, and the shuffle quality of the batches each row trained on
-# (`readers.quality.measure`, as `dataset-bench` reports it: distinct classes per batch, and how
+# (`readers.order.quality.measure`, as `dataset-bench` reports it: distinct classes per batch, and how
 # far samples move from their stored position, each against a uniform shuffle's).
 
 # %%

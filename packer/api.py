@@ -29,9 +29,9 @@ from packer.options import PackOptions
 from packer.output import OutputLock, prepare_output
 from packer.pipeline import PackProgress, SplitResult
 from packer.remote_output import StagedOutput
-from packer.rowsource import scan_rows
-from packer.source import Source, URLRoot, find_split_dirs, listings, scan, scan_listing
-from readers.location import UnsupportedLocationError, parse_location
+from packer.importers.rowsource import scan_rows
+from packer.sources.source import Source, URLRoot, find_split_dirs, listings, scan, scan_listing
+from readers.contract.location import UnsupportedLocationError, parse_location
 
 __all__ = ["pack", "WRITERS", "plan", "PackOutput", "FolderOutput"]
 
@@ -42,7 +42,7 @@ WRITERS: dict[str, type[FormatWriter]] = {w.format: w for w in (WdsWriter, LmdbW
 
 
 def _location(where: str | os.PathLike, error: type[UsageError]) -> Path | str:
-    """``src`` or ``out`` as the CLI reads it (readers.location): a local folder (``file:///abs`` too) as a
+    """``src`` or ``out`` as the CLI reads it (readers.contract.location): a local folder (``file:///abs`` too) as a
     Path, an ``s3://`` / ``http(s)://`` URL as a str; another scheme (``gs://``) is ``error`` (a UsageError)."""
     try:
         return parse_location(where)
@@ -203,7 +203,7 @@ def pack(
     ``upload_progress(split) -> callback(bytes)`` apply there only). The
     staging folder is locked, checked and cleared as a local output is.
 
-    ``src`` and ``out`` are read as the CLI reads them (:func:`readers.location.parse_location`):
+    ``src`` and ``out`` are read as the CLI reads them (:func:`readers.contract.location.parse_location`):
     ``file:///abs/path`` is the local folder ``/abs/path``; another scheme (``gs://``) is a
     SourceError / OutputError naming it and the schemes served.
     """

@@ -26,8 +26,8 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from packer.errors import PackerError, PackError, UsageError
 from packer.options import GROUPS, Flag, OptionError, PackOptions, cli_fields
-from readers.location import UnsupportedLocationError, parse_location
-from readers.spec import DatasetFormatError
+from readers.contract.location import UnsupportedLocationError, parse_location
+from readers.contract.spec import DatasetFormatError
 
 __all__ = ["main", "build_parser", "build_main_parser", "COMMANDS",
            "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_REJECTS"]
@@ -199,7 +199,8 @@ def _add_command(sub: Any, name: str, add_arguments: Callable[[argparse.Argument
 
 def build_main_parser() -> argparse.ArgumentParser:
     """``pack-dataset`` with its subcommands (what ``pack-dataset --help`` shows)."""
-    from packer import info, verify
+    from packer.tools import info
+    from packer.tools import verify
 
     p = Parser(
         prog="pack-dataset",
@@ -260,7 +261,7 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
 
 def _default_name(src: Path) -> str:
     """The output's default name: the source's (a manifest or COCO json without its suffix: rows.csv -> rows)."""
-    from packer.manifest import MANIFEST_KINDS
+    from packer.importers.manifest import MANIFEST_KINDS
 
     if src.suffix.lower() in (*MANIFEST_KINDS, ".json") and src.is_file():
         return src.resolve().stem
@@ -309,7 +310,7 @@ def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def output_location(text: str) -> Path | str:
     """``SRC`` / ``-o``: a local folder (Path; ``file:///abs`` too), or a remote URL kept as text (``Path``
     would fold ``s3://`` to ``s3:/``). Another scheme (``gs://``, ``az://``, ...) is a usage error (exit 2)
-    naming it and the schemes served (readers.location): it never becomes a local folder named ``gs:``."""
+    naming it and the schemes served (readers.contract.location): it never becomes a local folder named ``gs:``."""
     try:
         return parse_location(text)
     except UnsupportedLocationError as exc:
@@ -339,7 +340,7 @@ def _upload_bar_factory(quiet: bool):
 
 
 def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from packer.convert import convert
+    from packer.tools.convert import convert
 
     options = _options(parser, args, "convert")
     return _run(args, lambda out: convert(args.src, out, options,
@@ -392,10 +393,10 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "convert":
         return _convert(args.command_parser, args)
     if args.command == "verify":
-        from packer.verify import run
+        from packer.tools.verify import run
 
         return run(args)
-    from packer.info import run as info_run
+    from packer.tools.info import run as info_run
 
     return info_run(args)
 

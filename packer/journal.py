@@ -2,7 +2,7 @@
 
 While a split is packed its folder holds, besides the format's data files:
 
-* ``records.bin`` -- one :data:`readers.spec.RECORD_DTYPE` record per written
+* ``records.bin`` -- one :data:`readers.contract.spec.RECORD_DTYPE` record per written
   sample (turned into the index arrays at the end);
 * ``names.jsonl`` -- each written sample's source path (kept as is);
 * ``rejects.jsonl`` -- the files that could not be packed;
@@ -43,8 +43,8 @@ import numpy as np
 from packer.errors import PackError
 from packer.options import PackOptions, cli_fields
 from packer.output import SHARD_LOG_NAME, failed_report, leftovers
-from packer.source import Source
-from readers import spec
+from packer.sources.source import Source
+from readers.contract import spec
 
 __all__ = ["Journal", "SideFiles", "RECORDS_NAME", "option_differences"]
 

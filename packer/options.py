@@ -3,7 +3,7 @@
 Each field that ``pack-dataset`` exposes carries its command-line spelling
 and help text as field metadata (:class:`Flag`); ``packer.cli`` builds its
 parser from them, so a new option is one field here. Defaults live only in
-the field definitions (image-rule defaults come from ``packer.images``).
+the field definitions (image-rule defaults come from ``packer.prepare.images``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-from packer.images import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, ImageOptions
-from readers.spec import DEFAULT_ORDER, FORMATS, ORDER_KINDS
-from readers.units import format_size
-from readers.units import parse_size as _parse_size
+from packer.prepare.images import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, ImageOptions
+from readers.contract.spec import DEFAULT_ORDER, FORMATS, ORDER_KINDS
+from readers.contract.units import format_size
+from readers.contract.units import parse_size as _parse_size
 
 __all__ = ["PackOptions", "OptionError", "ENGINES", "Flag", "GROUPS", "cli_fields", "DEFAULT_SHARD_SIZE",
            "parse_size", "format_size", "parse_positive"]
@@ -26,7 +26,7 @@ DEFAULT_SHARD_SIZE = 256 * 1024 * 1024  # 256 MiB: large sequential reads, ~2.5k
 
 
 def parse_size(text: str | int) -> int:
-    """Parse ``"256MB"``, ``"1GiB"``, ``"500k"`` or a plain byte count (binary units: :mod:`readers.units`)."""
+    """Parse ``"256MB"``, ``"1GiB"``, ``"500k"`` or a plain byte count (binary units: :mod:`readers.contract.units`)."""
     return _parse_size(text)
 
 
@@ -51,13 +51,13 @@ WORKERS_PER_CPU = 4
 
 
 def _max_workers() -> int:
-    from readers.env import available_cpus
+    from readers.contract.env import available_cpus
 
     return max(8, WORKERS_PER_CPU * available_cpus())
 
 
 def _parse_splits(text: str) -> str:
-    from packer.source import parse_splits
+    from packer.sources.source import parse_splits
 
     return parse_splits(text)
 
@@ -189,7 +189,7 @@ class PackOptions:
         help="auto: sub-folders named train, val, test, ... (each a class tree) are packed as splits "
              "(default); none: one dataset; or sub-folder names separated by commas"))
 
-    # manifest and COCO sources (packer.rowsource); recorded only when set
+    # manifest and COCO sources (packer.importers.rowsource); recorded only when set
     image_column: str = field(default="image", metadata=_flag(
         "--image-column", group="fields", metavar="NAME",
         help="manifest (.csv/.jsonl/.parquet): the column holding the image path, URL or bytes (default {default})"))

@@ -37,14 +37,14 @@ from typing import Any, Iterable
 from packer.errors import OutputError, OutputExistsError
 from packer.formats.fieldstore import is_field_file
 from packer.options import PackOptions
-from readers import spec
+from readers.contract import spec
 
 __all__ = ["prepare_output", "OutputLock", "OutputBusyError", "LOCK_NAME", "SHARD_LOG_NAME", "UPLOADS_NAME",
            "UPLOADS_NAME_V1", "known_names", "leftovers", "lock_holder", "start_writeback", "failed_report"]
 
 #: The lock file a running pack holds inside each folder it writes (the on-disk contract: readers see it).
 LOCK_NAME = spec.LOCK_NAME
-#: The pid of the pack holding a folder's lock now, or None (readers.spec, so readers can say it too).
+#: The pid of the pack holding a folder's lock now, or None (readers.contract.spec, so readers can say it too).
 lock_holder = spec.lock_holder
 #: A wds pack in progress: one JSON line per closed shard (``packer.formats.wds``).
 SHARD_LOG_NAME = "shard-log.jsonl"

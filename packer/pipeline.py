@@ -1,6 +1,6 @@
 """The packing pipeline: one split, any format.
 
-Two stages. The prepare stage (``packer.workers``, or any stand-in with
+Two stages. The prepare stage (``packer.prepare.workers``, or any stand-in with
 the same signature) reads, validates and normalizes the source files in
 worker processes and yields their outcomes in source order. The write
 stage, here, appends each sample through one format writer
@@ -43,11 +43,11 @@ from packer.formats.fieldstore import is_field_file
 from packer.journal import Journal, SideFiles, option_differences
 from packer.options import PackOptions
 from packer.output import LOCK_NAME, known_names
-from packer.source import Source
-from packer.workers import Outcome, PrepareStage
-from packer.workers import prepare as prepare_locally
-from readers import spec
-from readers.fields import Schema
+from packer.sources.source import Source
+from packer.prepare.workers import Outcome, PrepareStage
+from packer.prepare.workers import prepare as prepare_locally
+from readers.contract import spec
+from readers.contract.fields import Schema
 
 __all__ = ["SplitResult", "pack_split", "PackProgress", "VERSION"]
 

@@ -51,7 +51,7 @@ from packer.journal import RECORDS_NAME, Journal
 from packer.options import PackOptions
 from packer.output import LOCK_NAME, SHARD_LOG_NAME, UPLOADS_NAME, UPLOADS_NAME_V1, OutputLock, leftovers
 from packer.pipeline import SplitResult
-from readers import spec
+from readers.contract import spec
 
 log = logging.getLogger(__name__)
 

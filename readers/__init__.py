@@ -2,7 +2,7 @@
 
 ``from readers import open_dataset, make_loader`` is all a training loop
 needs. Names are imported lazily so that tools which only need the on-disk
-contract (``readers.spec``) do not pay for importing torch.
+contract (``readers.contract.spec``) do not pay for importing torch.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ _LAZY = {
     "LMDBDataset": "readers.formats.lmdb",
     "HDF5Dataset": "readers.formats.hdf5",
     "MemmapDataset": "readers.formats.mmap",
-    "open_dataset": "readers.registry",
-    "make_loader": "readers.loader",
-    "mix": "readers.mixture",
-    "Mixture": "readers.mixture",
-    "subset": "readers.subsets",
-    "Subset": "readers.subsets",
+    "open_dataset": "readers.formats.registry",
+    "make_loader": "readers.loader.dataloader",
+    "mix": "readers.order.mixture",
+    "Mixture": "readers.order.mixture",
+    "subset": "readers.order.subsets",
+    "Subset": "readers.order.subsets",
 }
 
 

@@ -22,7 +22,7 @@ done
 python - "$OUT" <<'PY'
 import sys, time
 from readers import open_dataset, make_loader
-from readers.transforms import imagenet_eval_transform
+from readers.decode.transforms import imagenet_eval_transform
 
 out = sys.argv[1]
 for fmt in ("wds", "lmdb", "hdf5", "mmap"):

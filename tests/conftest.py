@@ -24,7 +24,7 @@ import pytest
 from PIL import Image
 
 from packer import PackOptions, pack
-from readers.spec import FORMATS
+from readers.contract.spec import FORMATS
 from reference import stored_samples
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,7 +83,7 @@ _OWN_CACHE = "DATASET_PACKER_TEST_CACHE"  # the DATASET_PACKER_CACHE that a pyte
 
 
 def pytest_configure(config):
-    """The readers' record of checked indexes (readers.checkcache) goes to a folder of this process, not
+    """The readers' record of checked indexes (readers.contract.checkcache) goes to a folder of this process, not
     to ~/.cache: set before any fixture packs or opens a dataset, inherited by subprocesses. Each
     pytest-xdist worker makes its own (it would otherwise inherit the controller's): no test sees
     records that a test on another worker wrote."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from readers import make_loader, open_dataset
-from readers.shmring import ByteBatch
+from readers.loader.shmring import ByteBatch
 
 EPOCHS, BATCH = 2, 4
 

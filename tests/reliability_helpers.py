@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from readers import spec
+from readers.contract import spec
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "packer.cli"]
@@ -100,7 +100,8 @@ def array(root: Path, name: str) -> np.ndarray:
 # (SIGBUS, SIGSEGV) or a hang is a failed test rather than a dead test run.
 _PROBE = textwrap.dedent('''
     import json, sys
-    from readers import open_dataset, spec
+    from readers import open_dataset
+    from readers.contract import spec
     root, mode = sys.argv[1], sys.argv[2]
     out = {}
     try:

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from readers import spec
-from readers.location import UnsupportedLocationError, parse_location
-from readers.resolve import resolve_index
-from readers.units import format_size, parse_size
+from readers.contract import spec
+from readers.contract.location import UnsupportedLocationError, parse_location
+from readers.remote.resolve import resolve_index
+from readers.contract.units import format_size, parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,7 +139,7 @@ def test_the_data_file_size_check_is_written_once():
     """"data file shorter than the index": one implementation (safeio.open_data_file), not one per reader."""
     hits = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "readers").rglob("*.py")
                   if "truncated or damaged\"" in p.read_text() and "says {size}" in p.read_text())
-    assert hits in (["readers/safeio.py"], sorted(["readers/safeio.py", "readers/formats/hdf5.py"])), hits
+    assert hits in (["readers/contract/safeio.py"], sorted(["readers/contract/safeio.py", "readers/formats/hdf5.py"])), hits
 
 
 # ---------------------------------------------------------------------------- mapped index arrays
@@ -202,7 +202,7 @@ def test_a_repack_renames_arrays_over_so_a_mapped_index_is_unchanged(tmp_path):
 
 _ANON = r"""
 import gc, sys
-from readers import spec
+from readers.contract import spec
 
 def anon_kb():
     with open("/proc/self/smaps_rollup") as f:
@@ -241,17 +241,17 @@ def _calls(path: Path, name: str) -> list[int]:
 
 
 def test_byte_batches_are_built_in_one_place():
-    """Only ``readers.batch.new_byte_batch`` calls the ByteBatch constructor."""
+    """Only ``readers.formats.batch.new_byte_batch`` calls the ByteBatch constructor."""
     found = {p.relative_to(ROOT).as_posix(): _calls(p, "ByteBatch") for p in (ROOT / "readers").rglob("*.py")}
     found = {k: v for k, v in found.items() if v}
-    assert list(found) == ["readers/batch.py"] and len(found["readers/batch.py"]) == 2, found  # tensor or array
+    assert list(found) == ["readers/formats/batch.py"] and len(found["readers/formats/batch.py"]) == 2, found  # tensor or array
 
 
 @pytest.mark.parametrize("alloc", ["pool", "array", "tensor"])
 def test_new_byte_batch_writes_through_to_the_batch(alloc):
     import torch
 
-    from readers.batch import byte_batch, byte_offsets, new_byte_batch, shared_tensor
+    from readers.formats.batch import byte_batch, byte_offsets, new_byte_batch, shared_tensor
 
     chosen = {"pool": None, "array": lambda n: np.empty(n, dtype=np.uint8), "tensor": shared_tensor}[alloc]
     batch, data = new_byte_batch(byte_offsets([3, 0, 2]), chosen)
@@ -265,7 +265,7 @@ def test_new_byte_batch_writes_through_to_the_batch(alloc):
 
 
 # ---------------------------------------------------------------------------- no reaching into objects
-@pytest.mark.parametrize("module", ["readers/shardbatch.py", "packer/engines/io.py", "packer/verify_remote.py"])
+@pytest.mark.parametrize("module", ["readers/formats/shardbatch.py", "packer/engines/io.py", "packer/tools/verify_remote.py"])
 def test_modules_use_public_accessors_of_the_objects_they_are_given(module):
     """``shardbatch`` read ``ShardDataset._offsets``, ``engines/io`` ``store._path``/``_call``, and
     ``verify_remote`` ``verify._check_*``: each now uses a public name."""

@@ -1,4 +1,4 @@
-"""Whole-batch reads (readers.batch): the same batches as per-sample reads, buffers reused only when free."""
+"""Whole-batch reads (readers.formats.batch): the same batches as per-sample reads, buffers reused only when free."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from readers.base import to_chw
-from readers.batch import BufferPool, GatheredItems, index_array
-from readers.loader import collate, make_loader
-from readers.prefetch import DevicePrefetcher
-from readers.registry import open_dataset
-from readers.spec import FORMATS
+from readers.formats.base import to_chw
+from readers.formats.batch import BufferPool, GatheredItems, index_array
+from readers.loader.dataloader import collate, make_loader
+from readers.loader.prefetch import DevicePrefetcher
+from readers.formats.registry import open_dataset
+from readers.contract.spec import FORMATS
 
 MAP_FORMATS = [f for f in FORMATS if f != "wds"]
 

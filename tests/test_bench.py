@@ -115,8 +115,8 @@ def test_naive_image_folder(generated):
 
 
 def test_naive_baseline_sees_what_the_eval_transform_sees():
-    """Same geometry (readers.geometry): the naive crop and the readers' eval crop are the same picture."""
-    from readers.transforms import imagenet_eval_transform
+    """Same geometry (readers.decode.geometry): the naive crop and the readers' eval crop are the same picture."""
+    from readers.decode.transforms import imagenet_eval_transform
 
     rng = np.random.default_rng(0)
     for w, h in ((500, 375), (333, 500), (257, 256)):

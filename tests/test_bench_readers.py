@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from readers.spec import FORMATS
+from readers.contract.spec import FORMATS
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_readers.py"
 

@@ -33,9 +33,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import EpsImagePlugin, Image
 
-from packer import images
-from packer.images import ImageOptions, RejectedImage, prepare_image
-from readers.decode import (
+from packer.prepare import images
+from packer.prepare.images import ImageOptions, RejectedImage, prepare_image
+from readers.decode.decoders import (
     MAX_JPEG_SCANS,
     DecodeError,
     available_decoders,
@@ -287,7 +287,7 @@ def test_memory_bombs_are_rejects_under_an_address_space_limit(tmp_path):
     assert rejects["a/big_rgb.tif"].startswith("out of memory while decoding"), rejects
     assert rejects["a/sparse.jpg"].startswith("file too large (4,294,967,296 bytes > 536,870,910"), rejects
     assert all("\n" not in r for r in rejects.values())
-    from readers import spec
+    from readers.contract import spec
 
     index = spec.read_index(out)
     assert sorted(index.names()) == ["a/ok_float.tif", "a/plain.jpg"]
@@ -310,8 +310,8 @@ def test_scan_count_stops_at_the_limit():
 
 
 def test_the_header_fast_path_leaves_a_scan_bomb_to_the_full_path():
-    """packer.validate_fast answers a size only for a JPEG stored as it is: not for a scan bomb."""
-    from packer.validate_fast import plain_jpeg_size
+    """packer.prepare.validate_fast answers a size only for a JPEG stored as it is: not for a scan bomb."""
+    from packer.prepare.validate_fast import plain_jpeg_size
 
     assert plain_jpeg_size(scan_bomb(64, 48)) is None
     assert plain_jpeg_size(scan_bomb(64, 48, refinements=0)) == (48, 64)  # 64 scans: kept as it is
@@ -323,7 +323,8 @@ def test_a_forged_eps_sample_is_an_error_naming_it_and_gs_never_runs(packed_gene
     reading it names the data file and the sample, and Pillow never starts Ghostscript."""
     import shutil
 
-    from readers import open_dataset, spec
+    from readers import open_dataset
+    from readers.contract import spec
 
     root = tmp_path / fmt
     shutil.copytree(packed_generated[fmt], root)

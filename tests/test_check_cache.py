@@ -1,4 +1,4 @@
-"""The once-per-machine record of index checks (readers/checkcache.py): a second open of an
+"""The once-per-machine record of index checks (readers/contract/checkcache.py): a second open of an
 unchanged local dataset skips the O(N) checksum and value checks; any change to a file is
 checked in full again; no usable cache folder, or the switch off, means full checks always."""
 
@@ -12,9 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packer.verify import verify
-from readers import checkcache, checks, safeio, spec
-from readers.registry import open_dataset
+from packer.tools.verify import verify
+from readers.contract import checkcache
+from readers.contract import checks
+from readers.contract import safeio
+from readers.contract import spec
+from readers.formats.registry import open_dataset
 
 FORMATS = ("wds", "lmdb", "hdf5", "mmap")
 
@@ -355,11 +358,11 @@ def test_a_record_folder_other_users_can_write_is_not_used(packed_generated, tmp
     root = copy_of(packed_generated, "lmdb", tmp_path)
     open_dataset(root, decode=False)
     (cache_dir / "checked").chmod(0o777)
-    with caplog.at_level(logging.WARNING, logger="readers.checkcache"):
+    with caplog.at_level(logging.WARNING, logger="readers.contract.checkcache"):
         open_dataset(root, decode=False)
         open_dataset(root, decode=False)
     assert len(values) == 3
-    warned = [r.getMessage() for r in caplog.records if r.name == "readers.checkcache"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "readers.contract.checkcache"]
     assert len(warned) == 1, warned
     assert warned[0].startswith(f"{cache_dir / 'checked'}: is writable by other users (mode 777), so the record "
                                 "of passed index checks is not used (every open checks in full)")

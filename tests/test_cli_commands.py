@@ -15,7 +15,7 @@ import pytest
 from conftest import make_image_folder
 from reference import imagefolder_reference
 from packer import PackError, PackOptions, pack
-from readers import spec
+from readers.contract import spec
 
 CLI = [sys.executable, "-m", "packer.cli"]
 pytestmark = pytest.mark.slow  # the CLI runs in a subprocess (tests/conftest.py's slow rule)
@@ -130,7 +130,7 @@ def _interrupted(src: Path, out: Path, fmt: str, after: int, **options) -> None:
     """Pack ``src`` into ``out`` with a prepare stage that fails with an I/O error after ``after`` images."""
     from packer.api import WRITERS, plan
     from packer.pipeline import pack_split
-    from packer.workers import prepare
+    from packer.prepare.workers import prepare
 
     opts = PackOptions(format=fmt, workers=1, **options)
     [(split, source, dest)] = plan(src, out, opts)

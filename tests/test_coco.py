@@ -1,4 +1,4 @@
-"""packer/coco.py: a hand-made COCO instances.json over the bundled photos (one image with zero
+"""packer/importers/coco.py: a hand-made COCO instances.json over the bundled photos (one image with zero
 boxes), grouping checked against a plain-Python oracle, and each bad input as a one-line error."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packer.coco import coco_schema, is_coco_instances, read_coco
+from packer.importers.coco import coco_schema, is_coco_instances, read_coco
 from packer.errors import SourceError
-from packer.manifest import Row, RowReject
+from packer.importers.manifest import Row, RowReject
 
 FILES = ["ocelot.jpg", "chelsea.png", "china.jpg"]
 

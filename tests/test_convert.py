@@ -20,8 +20,8 @@ from PIL import Image
 
 from conftest import make_image_folder
 from packer import PackError, PackOptions, pack
-from packer.convert import convert
-from readers import spec
+from packer.tools.convert import convert
+from readers.contract import spec
 
 CLI = [sys.executable, "-m", "packer.cli"]
 
@@ -130,7 +130,7 @@ def test_a_damaged_sample_stops_the_conversion_naming_it(real_wds, tmp_path):
 @pytest.mark.slow  # subprocess
 @pytest.mark.parametrize("fmt", ["wds", "hdf5"])
 def test_interrupted_conversion_resumes_to_the_same_output(real_wds, tmp_path, monkeypatch, fmt):
-    import packer.convert as conv
+    import packer.tools.convert as conv
 
     reference = tmp_path / "reference"
     convert(real_wds, reference, opts(fmt, shard_count=3, checkpoint_bytes=1))
@@ -238,7 +238,7 @@ def _source_peak(index: spec.Index) -> int:
     (each name twice, label and size, a journal checkpoint every 1,000 samples)."""
     import tracemalloc
 
-    from packer.convert import close_source, dataset_source
+    from packer.tools.convert import close_source, dataset_source
 
     tracemalloc.start()
     try:
@@ -266,7 +266,7 @@ def test_convert_source_memory_does_not_grow_with_the_names(tmp_path):
 
 
 def test_convert_names_are_read_in_order_and_match(tmp_path):
-    from packer.convert import close_source, dataset_source
+    from packer.tools.convert import close_source, dataset_source
 
     index = _index_only(tmp_path / "ds", 2_500)
     source = dataset_source(index)
@@ -298,7 +298,7 @@ def test_a_bad_names_line_is_one_line_naming_file_and_line(real_wds, tmp_path, l
     else:
         lines[2] = line
     (src / spec.NAMES_FILE).write_text("\n".join(lines) + "\n")
-    from packer.convert import dataset_source
+    from packer.tools.convert import dataset_source
 
     with pytest.raises(SourceError, match=message) as exc:
         dataset_source(index)

@@ -15,8 +15,8 @@ import pytest
 
 from conftest import make_image_folder
 from packer import PackOptions, pack
-from readers import spec
-from readers.spec import FORMATS
+from readers.contract import spec
+from readers.contract.spec import FORMATS
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""readers/decode.py: decoders agree with Pillow, size-aware decode, decoder selection, the benchmark."""
+"""readers/decode/decoders.py: decoders agree with Pillow, size-aware decode, decoder selection, the benchmark."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from readers import decode as D
-from readers.decode import (
+from readers.decode import decoders as D
+from readers.decode.decoders import (
     DecodeError,
     DecoderUnavailableError,
     available_decoders,

@@ -1,4 +1,4 @@
-"""readers/jpegcrop.py and decode_rgb_region: region decoding equals the full decode, does less, falls back."""
+"""readers/decode/jpegcrop.py and decode_rgb_region: region decoding equals the full decode, does less, falls back."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
-from readers import jpegcrop
-from readers.decode import DecodeError, MAX_JPEG_SCANS, decode_rgb_region, decode_rgb_scaled
-from readers.transforms import imagenet_eval_transform, imagenet_train_transform, resized_crop
+from readers.decode import jpegcrop
+from readers.decode.decoders import DecodeError, MAX_JPEG_SCANS, decode_rgb_region, decode_rgb_scaled
+from readers.decode.transforms import imagenet_eval_transform, imagenet_train_transform, resized_crop
 from test_bombs import scan_bomb
 
 REPO = Path(__file__).resolve().parent.parent
@@ -205,7 +205,7 @@ def test_a_library_that_is_not_the_helper_is_refused(helper, tmp_path, caplog):
 
     libc = ctypes.util.find_library("c")
     if libc:
-        with caplog.at_level(logging.WARNING, logger="readers.jpegcrop"):
+        with caplog.at_level(logging.WARNING, logger="readers.decode.jpegcrop"):
             assert jpegcrop.load(libc) is None
         assert "not the jpegcrop helper" in caplog.text
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from readers import jpegcrop
-from readers.decode import decode_rgb_region, decode_rgb_scaled
+from readers.decode import jpegcrop
+from readers.decode.decoders import decode_rgb_region, decode_rgb_scaled
 
 
 @pytest.fixture(scope="module")

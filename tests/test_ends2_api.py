@@ -12,7 +12,8 @@ import pytest
 from packer import PackOptions, pack
 from packer.api import plan
 from packer.errors import OutputError, SourceError
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,7 +55,7 @@ def _reads_files_crc(tree: ast.AST) -> list[int]:
 def test_recorded_file_crcs_are_read_through_spec_recorded_files():
     """Only the contract (spec: recorded_files), the index check (checks) and the writer (pipeline)
     touch files_crc32; every other reader of recorded CRC-32s goes through spec.recorded_files."""
-    allowed = {"readers/spec.py", "readers/checks.py", "packer/pipeline.py"}
+    allowed = {"readers/contract/spec.py", "readers/contract/checks.py", "packer/pipeline.py"}
     found = {}
     for package in ("packer", "readers"):
         for path in sorted((REPO / package).rglob("*.py")):

@@ -1,5 +1,5 @@
 """open_dataset on a folder a running pack holds says "being packed by pid N (started ...)", not
-"never finished, --resume": the lock file is part of the on-disk contract (readers.spec.LOCK_NAME)."""
+"never finished, --resume": the lock file is part of the on-disk contract (readers.contract.spec.LOCK_NAME)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 
 from conftest import make_image_folder
 from packer import PackOptions, pack
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 from reliability_helpers import HOLD_LOCK, interrupt_after
 
 REPO = Path(__file__).resolve().parent.parent

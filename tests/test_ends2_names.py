@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from packer import info
-from packer.verify import verify
-from readers import spec
+from packer.tools import info
+from packer.tools.verify import verify
+from readers.contract import spec
 
 CLI = [sys.executable, "-m", "packer.cli"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from readers import spec
+from readers.contract import spec
 from readers.remote import RetryPolicy, open_store
 from readers.remote.errors import RemoteTooLargeError
 

@@ -1,4 +1,4 @@
-"""The image byte budget (``packer.images.check_file_size``) on every source read, not only a folder's
+"""The image byte budget (``packer.prepare.images.check_file_size``) on every source read, not only a folder's
 (issue 23 item 10): a wds-shard member, a Hugging Face image file and an ``s3://`` object over it are a
 one-line reject, not read."""
 
@@ -15,7 +15,8 @@ import pytest
 from PIL import Image
 
 from packer import PackError, PackOptions, pack
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 
 pytest_plugins = ["servers"]
 

@@ -18,8 +18,8 @@ from PIL import Image
 from conftest import REAL_IMAGES
 from reference import TORCHVISION_IMG_EXTENSIONS, expected_rgb, imagefolder_reference
 from packer import PackOptions, pack
-from packer.source import IMAGE_EXTENSIONS, scan
-from readers import spec
+from packer.sources.source import IMAGE_EXTENSIONS, scan
+from readers.contract import spec
 
 PHOTOS = {  # class -> a bundled photo (small ones: the test writes each in every format)
     "cat": REAL_IMAGES / "animals" / "chelsea.png",  # RGB PNG

@@ -1,8 +1,8 @@
 """The fast paths answer damaged and crafted datasets as the per-sample path does.
 
-Whole-batch reads (``get_batch`` through ``__getitems__``, ``readers.shardbatch``
+Whole-batch reads (``get_batch`` through ``__getitems__``, ``readers.formats.shardbatch``
 for shards) and the thread loader open the same files through the same
-checks (``readers.checks``, ``spec.open_regular``): a FIFO or a link leaving
+checks (``readers.contract.checks``, ``spec.open_regular``): a FIFO or a link leaving
 the folder is refused, a truncated file is named, an undecodable sample is
 named with its file and number. Every case is read three ways -- sample by
 sample, by a 0-worker loader (whole batches in this process) and by two
@@ -16,8 +16,10 @@ import os
 import numpy as np
 import pytest
 
-from readers import make_loader, open_dataset, shardbatch, spec
-from readers.spec import DatasetFormatError
+from readers import make_loader, open_dataset
+from readers.formats import shardbatch
+from readers.contract import spec
+from readers.contract.spec import DatasetFormatError
 from reliability_helpers import copy, meta, resave_array
 
 WAYS = ["samples", "batches", "threads"]
@@ -163,7 +165,7 @@ def test_mmap_fixed_shape_the_samples_do_not_have_is_read_sample_by_sample(packs
 def test_remote_datasets_take_the_per_sample_path(packed_generated):
     """No whole-batch path for a dataset read by range requests (each sample has its CRC checked)."""
     from readers.formats.wds import ShardDataset
-    from readers.registry import open_dataset as open_any
+    from readers.formats.registry import open_dataset as open_any
     from readers.remote import LocalStore
 
     wds = ShardDataset(spec.read_index(LocalStore(packed_generated["wds"])), decode=False)

@@ -1,4 +1,4 @@
-"""readers/fields.py: field types (parse, check, encode/decode, WebDataset members) and the Schema."""
+"""readers/contract/fields.py: field types (parse, check, encode/decode, WebDataset members) and the Schema."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from webdataset.autodecode import decoders as wds_decoders
 
-from readers.fields import (NUMERIC_DTYPES, Field, FieldTypeError, FieldValueError, ImageType, NumericType, Schema,
+from readers.contract.fields import (NUMERIC_DTYPES, Field, FieldTypeError, FieldValueError, ImageType, NumericType, Schema,
                             member_suffix, parse_fields_option, parse_type)
-from readers.spec import DatasetFormatError
+from readers.contract.spec import DatasetFormatError
 
 # ------------------------------------------------------------------------------------------- strategies
 numeric_types = st.builds(

@@ -12,8 +12,8 @@ import pytest
 
 from packer import PackOptions, pack
 from packer.cli import main
-from packer.convert import convert
-from readers import spec
+from packer.tools.convert import convert
+from readers.contract import spec
 from test_fields_pack import (COCO_EXPECTED, _rows, _same, coco_instances, photos,  # noqa: F401
                               stored_fields, write_manifest)
 

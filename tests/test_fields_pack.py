@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from packer import PackOptions, pack
-from readers import spec
-from readers.fields import Schema
+from readers.contract import spec
+from readers.contract.fields import Schema
 
 FORMATS = spec.FORMATS
 PHOTOS = ["coins.png", "grace_hopper.jpg", "clock_motion.png", "text.png"]

@@ -21,12 +21,12 @@ from PIL import Image
 
 from conftest import make_image_folder
 from packer import PackOptions, pack
-from readers import spec
-from readers.collate import FieldCollate, Sample, collate_fields
-from readers.fields import Schema, parse_type
-from readers.loader import collate, make_loader
-from readers.registry import open_dataset
-from readers.spec import FORMATS, DatasetFormatError
+from readers.contract import spec
+from readers.formats.collate import FieldCollate, Sample, collate_fields
+from readers.contract.fields import Schema, parse_type
+from readers.loader.dataloader import collate, make_loader
+from readers.formats.registry import open_dataset
+from readers.contract.spec import FORMATS, DatasetFormatError
 from reference import pil_rgb, stored_samples
 
 N = 7
@@ -442,14 +442,14 @@ def test_loader_over_captions_resumes_exactly_with_two_workers(captions, fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_simulated_ddp_ranks_split_a_caption_dataset(captions, fmt, monkeypatch):
-    """Two ranks (readers.env.worker_env_hook, as tests/test_resume_loader.py simulates them) read
+    """Two ranks (readers.contract.env.worker_env_hook, as tests/test_resume_loader.py simulates them) read
     disjoint halves that together hold every sample, padded to the same length."""
-    import readers.env
-    from readers.env import WorkerEnv
+    import readers.contract.env
+    from readers.contract.env import WorkerEnv
 
     seen = []
     for rank in range(2):
-        monkeypatch.setattr(readers.env, "worker_env_hook", lambda rank=rank: WorkerEnv(rank, 2, 0, 1))
+        monkeypatch.setattr(readers.contract.env, "worker_env_hook", lambda rank=rank: WorkerEnv(rank, 2, 0, 1))
         ds = open_dataset(captions[fmt], fields=("caption",), return_index=True)
         loader = make_loader(ds, batch_size=2, num_workers=0, seed=3)
         got = [(c, i) for caps, idx in loader for c, i in zip(caps, idx.tolist())]

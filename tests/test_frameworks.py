@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-import readers.env
+import readers.contract.env
 from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers import make_loader, open_dataset
-from readers.env import WorkerEnv, default_workers, local_world_size
-from readers.sampler import EpochSampler
-from readers.spec import FORMATS
+from readers.contract.env import WorkerEnv, default_workers, local_world_size
+from readers.order.sampler import EpochSampler
+from readers.contract.spec import FORMATS
 
 SCRIPT = Path(__file__).with_name("frameworks_script.py")
 N = 33  # odd: 2 ranks need one padding sample
@@ -43,7 +43,7 @@ def _indices(loader) -> list[int]:
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
 def test_distributed_false_reads_everything_on_every_rank(packed33, fmt, monkeypatch):
-    monkeypatch.setattr(readers.env, "worker_env_hook", lambda: WorkerEnv(1, 2, 0, 1))  # rank 1 of 2
+    monkeypatch.setattr(readers.contract.env, "worker_env_hook", lambda: WorkerEnv(1, 2, 0, 1))  # rank 1 of 2
     ds = open_dataset(packed33[fmt], decode=False, return_index=True)
     split = make_loader(ds, batch_size=4, num_workers=0)
     whole = make_loader(ds, batch_size=4, num_workers=0, distributed=False)
@@ -61,7 +61,7 @@ def test_sampler_reads_the_rank_when_iterated(packed33, monkeypatch):
     assert isinstance(loader.sampler, EpochSampler) and len(loader.sampler) == N
     got = {}
     for r in range(2):
-        monkeypatch.setattr(readers.env, "worker_env_hook", lambda r=r: WorkerEnv(r, 2, 0, 1))
+        monkeypatch.setattr(readers.contract.env, "worker_env_hook", lambda r=r: WorkerEnv(r, 2, 0, 1))
         assert (loader.sampler.rank, loader.sampler.num_replicas, len(loader.sampler)) == (r, 2, 17)
         loader.set_epoch(0)
         got[r] = _indices(loader)
@@ -77,7 +77,7 @@ def test_default_workers_share_the_cpus_between_local_ranks(monkeypatch, env, cp
         monkeypatch.delenv(var, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(readers.env, "available_cpus", lambda: cpus)
+    monkeypatch.setattr(readers.contract.env, "available_cpus", lambda: cpus)
     assert default_workers() == want
     assert local_world_size() >= 1
 

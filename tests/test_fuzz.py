@@ -10,7 +10,7 @@ folder, or a symlink to a copy outside the folder). Then, in a child process:
 
 * opening and reading every sample either gives the original (label, bytes)
   or raises ``DatasetFormatError`` whose message names a path in the folder;
-* ``packer.verify.verify`` either raises ``DatasetFormatError`` (naming the
+* ``packer.tools.verify.verify`` either raises ``DatasetFormatError`` (naming the
   folder) or returns a report; if reading gave other data, the report is not
   OK, and if the report is OK, reading gave the original data;
 * no other exception type, no crash (the child dying is a failure), no hang
@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from packer import PackOptions, pack
-from readers import spec
+from readers.contract import spec
 from reliability_helpers import env
 
 pytestmark = pytest.mark.slow
@@ -63,8 +63,9 @@ _CHILD = textwrap.dedent(r'''
             except (TypeError, ValueError):
                 pass
 
-    from readers import open_dataset, spec
-    from packer.verify import verify
+    from readers import open_dataset
+    from readers.contract import spec
+    from packer.tools.verify import verify
 
     def read_all(root):
         ds = open_dataset(root, decode=False)

@@ -1,4 +1,4 @@
-"""readers.geometry: the one resize + center-crop geometry (eval transform, mmap --resize, naive baseline)."""
+"""readers.decode.geometry: the one resize + center-crop geometry (eval transform, mmap --resize, naive baseline)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from readers.geometry import resize_center_crop, resize_short_side
+from readers.decode.geometry import resize_center_crop, resize_short_side
 
 sides = st.integers(1, 5000)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import h5py
 import pytest
 
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 
 
 def test_chunk_table_reads_equal_h5py(packed_real):
@@ -46,7 +47,7 @@ def test_whole_batches_read_chunks_laid_out_in_any_order(packed_real, tmp_path):
     by run when they are not; the same file cut short is refused, naming a sample."""
     import numpy as np
 
-    from readers.perprocess import PerProcess
+    from readers.contract.perprocess import PerProcess
 
     ds = open_dataset(packed_real["hdf5"], decode=False)
     want = [ds.read(i) for i in range(len(ds))]

@@ -10,7 +10,8 @@ import h5py
 import numpy as np
 import pytest
 
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 from reliability_helpers import set_meta
 
 # name -> (h5py create_dataset options for /images, what the one-line refusal names)
@@ -41,7 +42,7 @@ def _restore(root, layout: str) -> None:
 @pytest.mark.parametrize("table", [False, True], ids=["no-chunk-table", "chunk-table"])
 @pytest.mark.parametrize("layout", list(_LAYOUTS))
 def test_an_unexpected_images_layout_is_refused_in_one_line(packed_real, tmp_path, layout, table, capsys):
-    from packer.verify import main as verify_main
+    from packer.tools.verify import main as verify_main
 
     root = tmp_path / "ds"
     shutil.copytree(packed_real["hdf5"], root)

@@ -25,7 +25,8 @@ import pytest
 from packer.formats.base import merged
 from packer.formats.hdf5 import HDF5Writer
 from packer.options import PackOptions
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 from readers.formats.h5layout import check_chunks
 from reliability_helpers import CLI, env
 

@@ -1,4 +1,4 @@
-"""packer.images against hostile and odd input, built here (in memory or under tmp_path).
+"""packer.prepare.images against hostile and odd input, built here (in memory or under tmp_path).
 
 Every case asserts the exact outcome: rejected (and why) or accepted, with
 the stored extension, whether the bytes were changed, the stored size and,
@@ -19,7 +19,7 @@ import pytest
 import simplejpeg
 from PIL import Image, ImageFile, ImageOps
 
-from packer.images import ImageOptions, Prepared, RejectedImage, prepare_image
+from packer.prepare.images import ImageOptions, Prepared, RejectedImage, prepare_image
 
 REPO = Path(__file__).resolve().parents[1]
 REAL = REPO / "examples" / "real-images"

@@ -19,7 +19,7 @@ from PIL import Image
 
 from conftest import REAL_IMAGES
 from packer import PackError, PackOptions, pack
-from readers import spec
+from readers.contract import spec
 
 CLI = [sys.executable, "-m", "packer.cli"]
 

@@ -1,4 +1,5 @@
-"""The shape of the code: imports flow one way (dataset_bench -> packer -> readers -> readers.spec), no
+"""The shape of the code: imports flow one way (dataset_bench -> packer -> readers -> readers.contract), the
+packages are layers that import only the ones below them (LAYERS), no
 import cycle anywhere in ``packer/``, ``readers/`` and ``dataset_bench/`` (function-level imports
 included), and no module reads another module's ``_private`` names.
 
@@ -111,29 +112,102 @@ def test_cycle_scan_finds_a_function_level_cycle(tmp_path):
 
 def test_no_import_cycles_in_packer_readers_bench():
     modules = _modules()
-    assert {"packer.cli", "readers.spec"} <= set(modules), "the scan must see the packages"
+    assert {"packer.cli", "readers.contract.spec"} <= set(modules), "the scan must see the packages"
     found = [sorted(c) for c in cycles(import_graph(modules))]
     assert not found, f"import cycles (function-level imports included): {found}"
 
 
+#: The packages of each layer and what each may import (besides itself and the standard library). The
+#: top-level modules of ``packer`` (api, cli, errors, options, output, journal, pipeline, remote_output: the
+#: pack itself) are units of their own.
+LAYERS = {
+    "readers.contract": set(),
+    "readers.remote": {"readers.contract"},
+    "readers.decode": {"readers.contract"},
+    "readers.order": {"readers.contract"},
+    "readers.formats": {"readers.contract", "readers.remote", "readers.decode", "readers.order"},
+    "readers.loader": {"readers.contract", "readers.remote", "readers.decode", "readers.order", "readers.formats"},
+    "packer.sources": {"packer.errors", "readers.contract"},
+    "packer.prepare": {"packer.errors", "packer.sources", "readers.contract", "readers.decode"},
+    "packer.importers": {"packer.errors", "packer.options", "packer.prepare", "packer.sources", "readers.contract",
+                         "readers.remote"},
+    "packer.formats": {"packer.errors", "packer.options", "packer.output", "packer.prepare", "readers.contract",
+                       "readers.formats"},
+}
+#: What ``packer`` may import of ``readers``: never the order or the loader (torch's DataLoader machinery).
+PACKER_MAY_IMPORT = {"readers.contract", "readers.decode", "readers.formats", "readers.remote"}
+
+
+def unit(module: str) -> str:
+    """The layer unit a module belongs to: its package under ``readers``/``packer``, else itself."""
+    parts = module.split(".")
+    head = ".".join(parts[:2])
+    return head if len(parts) >= 2 and head in _package_names() else module
+
+
+def _package_names() -> set[str]:
+    return {".".join(p.relative_to(ROOT).parts[:-1])
+            for pkg in ("readers", "packer") for p in (ROOT / pkg).glob("*/__init__.py")}
+
+
+def unit_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for mod, deps in edges.items():
+        out.setdefault(unit(mod), set()).update(unit(d) for d in deps if unit(d) != unit(mod))
+    return out
+
+
+def test_every_package_imports_only_the_layers_below_it():
+    """The folders are the layers: each package of ``readers`` and ``packer`` imports only what LAYERS allows,
+    every package is in LAYERS or is a top layer (``packer.engines``, ``packer.tools``), and each says in its
+    ``__init__`` docstring what it owns."""
+    edges = import_graph(_modules())
+    graph = unit_graph(edges)
+    packages = _package_names()
+    assert {"readers.contract", "readers.decode", "readers.order", "readers.formats", "readers.loader",
+            "readers.remote", "packer.sources", "packer.prepare", "packer.tools"} <= packages
+    assert packages - set(LAYERS) == {"packer.engines", "packer.tools"}, packages - set(LAYERS)
+    for pkg, allowed in LAYERS.items():
+        assert graph.get(pkg, set()) <= allowed, f"{pkg} imports {sorted(graph[pkg] - allowed)}"
+    for pkg in packages:
+        doc = ast.get_docstring(ast.parse((ROOT / pkg.replace(".", "/") / "__init__.py").read_text()))
+        assert doc and len(doc) > 80, f"{pkg}/__init__.py says what it owns"
+    # the top layers: in packer only the CLI reaches the tools; nothing in readers imports the loader but itself
+    assert {u for u, deps in graph.items() if "packer.tools" in deps and u.startswith("packer")} <= {"packer.cli"}
+    assert {u for u, deps in graph.items() if "readers.loader" in deps and u.startswith("readers")} <= {"readers"}
+
+
 def test_imports_flow_one_way():
-    """readers never imports packer or dataset_bench; packer never imports dataset_bench; readers.spec and the
-    modules under it (locations, safe I/O, the environment's knobs) import nothing of readers but each other."""
+    """readers never imports packer or dataset_bench; packer never imports dataset_bench and of readers only
+    the contract, the decode stack, the formats and the remote stores; inside the contract, the bottom
+    modules (locations, safe I/O, messages, the environment) import nothing of the project."""
     edges = import_graph(_modules())
     for mod, deps in edges.items():
         if mod.startswith("readers"):
             assert not {d for d in deps if d.startswith(("packer", "dataset_bench"))}, mod
         if mod.startswith("packer"):
             assert not {d for d in deps if d.startswith("dataset_bench")}, mod
-    bottom = {"readers.spec", "readers.safeio", "readers.location", "readers.units", "readers.checkcache",
-              "readers.env", "readers.messages"}
-    for mod in bottom:
-        assert edges[mod] <= bottom, f"{mod} imports {edges[mod] - bottom}"
-    assert edges["readers.location"] == set() and edges["readers.safeio"] == set()
-    assert edges["readers.checkcache"] <= {"readers.safeio"}  # its records are written with safeio.atomic_write
-    assert edges["readers.env"] == set() == edges["readers.messages"]
-    assert edges["readers.perprocess"] == set()
-    assert "readers.loader" not in edges["readers.shmring"]
+            reached = {unit(d) for d in deps if d.startswith("readers")}
+            assert reached <= PACKER_MAY_IMPORT, f"{mod} imports {sorted(reached - PACKER_MAY_IMPORT)}"
+    contract = {m for m in edges if m.startswith("readers.contract.")}
+    own = {m: edges[m] - {"readers.contract"} for m in contract}
+    for m in ("location", "safeio", "env", "messages", "perprocess", "units"):
+        assert own[f"readers.contract.{m}"] == set(), f"readers.contract.{m} imports {own[f'readers.contract.{m}']}"
+    assert own["readers.contract.checkcache"] <= {"readers.contract.safeio"}  # records written with atomic_write
+    assert "readers.loader.dataloader" not in edges["readers.loader.shmring"]
+
+
+def test_the_contract_imports_no_torch():
+    """``packer`` and the tools import the contract without paying for torch: importing every module of
+    ``readers.contract`` (and ``packer``'s own modules that only write) loads no torch."""
+    import subprocess
+    import sys
+    mods = sorted(m for m in _modules() if m.startswith("readers.contract"))
+    code = ("import importlib, sys\n"
+            f"for m in {mods!r} + ['packer.sources.source', 'packer.prepare.images']: importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def private_reads(modules: dict[str, Path], root: Path = ROOT) -> list[str]:

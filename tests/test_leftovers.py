@@ -97,7 +97,7 @@ def test_die_with_parent_in_a_grandchild(tmp_path):
     """The primitive: a process that asked for it dies when its parent is SIGKILLed."""
     code = (
         "import os, sys, time\n"
-        "from readers.env import die_with_parent\n"
+        "from readers.contract.env import die_with_parent\n"
         "parent = os.getpid()\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
@@ -120,6 +120,6 @@ def test_die_with_parent_in_a_grandchild(tmp_path):
 
 def test_die_with_parent_is_a_no_op_for_a_process_that_is_not_our_child():
     """A forkserver's child: its parent is the forkserver, not the loader's process; nothing is set."""
-    from readers.env import die_with_parent
+    from readers.contract.env import die_with_parent
 
     assert die_with_parent(os.getppid() + 1_000_000) is False

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 from torch.utils.data import DataLoader
 
-from readers import make_loader, spec
-from readers.registry import open_dataset
-from readers.spec import FORMATS
+from readers import make_loader
+from readers.contract import spec
+from readers.formats.registry import open_dataset
+from readers.contract.spec import FORMATS
 
 #: (num_workers, workers kind): no worker, one, two processes, two threads
 WORKERS = [(0, "processes"), (1, "processes"), (2, "processes"), (2, "threads")]

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from packer.formats.lmdb import LmdbWriter
-from packer.images import Prepared
+from packer.prepare.images import Prepared
 from packer.options import PackOptions
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 from readers.formats import lmdbcheck
 from reliability_helpers import probe_read
 
@@ -149,7 +150,7 @@ def test_damage_that_would_read_past_the_file_is_found_by_verify_and_near_the_en
     touch the value's pages inside txn.get: SIGBUS; lmdbcheck's docstring says so): verify, which
     checks every page, names it. tail: in a pack without the padding, the main database's last leaf (near the end of the file) has its first node moved
     past the page, which liblmdb would read past the end of the file: the open check finds it."""
-    from packer.verify import main as verify_main
+    from packer.tools.verify import main as verify_main
 
     root = tmp_path / "ds"
     _dataset(root, packed_generated["lmdb"], 8_000)

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import readers.env
-import readers.loader
+import readers.contract.env
+import readers.loader.dataloader
 from conftest import make_image_folder
 from packer import PackOptions, pack
-from readers import spec
-from readers.env import WorkerEnv, available_cpus, cgroup_cpu_limit
+from readers.contract import spec
+from readers.contract.env import WorkerEnv, available_cpus, cgroup_cpu_limit
 from readers.formats.wds import ShardDataset
-from readers.loader import ByteBatch, collate, make_loader, shm_check, use_file_system_sharing
-from readers.registry import open_dataset
-from readers.spec import FORMATS
+from readers.loader.dataloader import ByteBatch, collate, make_loader, shm_check, use_file_system_sharing
+from readers.formats.registry import open_dataset
+from readers.contract.spec import FORMATS
 
 MAP_FORMATS = [f for f in FORMATS if f != "wds"]
 BATCH = 4
@@ -80,7 +80,7 @@ def _worker_batches(root, workers: int, ep: int, seed: int, monkeypatch) -> list
     for w in range(workers):
         ds = ShardDataset(root, seed=seed, decode=False, return_index=True)
         ds.set_epoch(ep)
-        monkeypatch.setattr(readers.env, "worker_env_hook", lambda w=w: WorkerEnv(0, 1, w, workers))
+        monkeypatch.setattr(readers.contract.env, "worker_env_hook", lambda w=w: WorkerEnv(0, 1, w, workers))
         ids = [t[2] for t in ds]
         out.append([ids[k:k + BATCH] for k in range(0, len(ids), BATCH)])
     monkeypatch.undo()
@@ -181,7 +181,7 @@ def test_pin_memory_only_with_cuda(packed_generated):
 def test_default_num_workers_is_available_cpus(packed_generated, monkeypatch):
     ds = open_dataset(packed_generated["lmdb"])
     assert make_loader(ds, batch_size=2).num_workers == available_cpus()
-    monkeypatch.setattr(readers.env, "available_cpus", lambda: 1)  # (more than the host has would warn)
+    monkeypatch.setattr(readers.contract.env, "available_cpus", lambda: 1)  # (more than the host has would warn)
     loader = make_loader(ds, batch_size=2, workers="processes")
     assert loader.num_workers == 1 and loader.persistent_workers and loader.prefetch_factor == 2
 
@@ -190,8 +190,8 @@ def test_default_num_workers_is_available_cpus(packed_generated, monkeypatch):
     (8, None, 8), (8, 1.5, 2), (8, 0.2, 1), (2, 16.0, 2), (8, 4.0, 4),
 ])
 def test_available_cpus_honours_affinity_and_quota(monkeypatch, affinity, limit, expected):
-    monkeypatch.setattr(readers.env.os, "sched_getaffinity", lambda pid: set(range(affinity)))
-    monkeypatch.setattr(readers.env, "cgroup_cpu_limit", lambda: limit)
+    monkeypatch.setattr(readers.contract.env.os, "sched_getaffinity", lambda pid: set(range(affinity)))
+    monkeypatch.setattr(readers.contract.env, "cgroup_cpu_limit", lambda: limit)
     assert available_cpus() == expected
 
 
@@ -258,7 +258,7 @@ def test_make_loader_checks_shm(packed_generated, monkeypatch, restore_sharing_s
     def small_shm(path):
         return real(path)._replace(free=1 << 20) if str(path) == "/dev/shm" else real(path)
 
-    monkeypatch.setattr(readers.loader.shutil, "disk_usage", small_shm)
+    monkeypatch.setattr(readers.loader.dataloader.shutil, "disk_usage", small_shm)
     ds = open_dataset(packed_generated["lmdb"])
     with pytest.warns(RuntimeWarning, match="--shm-size") as record:
         make_loader(ds, batch_size=64, num_workers=2, workers="processes")  # threads need no shared memory
@@ -367,9 +367,9 @@ def test_shard_split_over_simulated_ranks_and_workers(request, packed_33, monkey
                 for r in range(R):
                     got = []
                     for w in range(W):
-                        monkeypatch.setattr(readers.env, "worker_env_hook", lambda r=r, w=w: WorkerEnv(r, R, w, W))
+                        monkeypatch.setattr(readers.contract.env, "worker_env_hook", lambda r=r, w=w: WorkerEnv(r, R, w, W))
                         got += [t[2] for t in ds]
-                    monkeypatch.setattr(readers.env, "worker_env_hook", lambda r=r: WorkerEnv(r, R, 0, 1))
+                    monkeypatch.setattr(readers.contract.env, "worker_env_hook", lambda r=r: WorkerEnv(r, R, 0, 1))
                     assert len(ds) == len(got)
                     per_rank.append(got)
                 counts = Counter(i for got in per_rank for i in got)
@@ -397,7 +397,7 @@ def test_shard_split_through_real_loaders(packed_33, monkeypatch):
             info = get_worker_info()
             return WorkerEnv(r, R, *((info.id, info.num_workers) if info else (0, 1)))
 
-        monkeypatch.setattr(readers.env, "worker_env_hook", hook)
+        monkeypatch.setattr(readers.contract.env, "worker_env_hook", hook)
         loader = loader_for(root, 2, decode=False, persistent_workers=False, kind="processes")
         got, b = epoch(loader)
         seen.append(got)

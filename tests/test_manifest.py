@@ -1,4 +1,4 @@
-"""packer/manifest.py: CSV, JSONL and Parquet manifests of the bundled photos (captions and
+"""packer/importers/manifest.py: CSV, JSONL and Parquet manifests of the bundled photos (captions and
 numeric columns made up), type inference, and each bad input as a one-line error or row reject."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packer import manifest as manifest_mod
+from packer.importers import manifest as manifest_mod
 from packer.errors import SourceError, UsageError
-from packer.manifest import Row, RowReject, manifest_kind, read_manifest
+from packer.importers.manifest import Row, RowReject, manifest_kind, read_manifest
 
 PHOTOS = ["animals/ocelot.jpg", "animals/chelsea.png", "objects_scenes/china.jpg", "people/astronaut.png",
           "objects_scenes/coffee.png", "animals/domestic_dog.jpg"]
@@ -326,7 +326,7 @@ def test_csv_numbers_with_one_word_become_text_with_a_warning(photos, caplog):
     path = photos / "rows.csv"
     path.write_text("image,score\nimages/ocelot.jpg,1.5\nimages/china.jpg,n/a\nimages/chelsea.png,2\n",
                     encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="packer.manifest"):
+    with caplog.at_level(logging.WARNING, logger="packer.importers.manifest"):
         m = read_manifest(path)
     assert m.schema["score"].type.name == "text"
     assert [r.values["score"] for r in m.rows()] == ["1.5", "n/a", "2"]

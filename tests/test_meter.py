@@ -1,4 +1,4 @@
-"""readers.meter.StarvationMeter: wait vs step accounting, summary, device copies, profiler trace."""
+"""readers.loader.meter.StarvationMeter: wait vs step accounting, summary, device copies, profiler trace."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from readers import meter as meter_module
-from readers.meter import StarvationMeter, verdict
+from readers.loader import meter as meter_module
+from readers.loader.meter import StarvationMeter, verdict
 
 
 class SleepyLoader:
@@ -220,7 +220,7 @@ def test_record_copy_hook_and_loader_copy_times():
 
 
 def test_device_prefetcher_copy_times():
-    prefetch = pytest.importorskip("readers.prefetch")
+    prefetch = pytest.importorskip("readers.loader.prefetch")
     meter = StarvationMeter(prefetch.DevicePrefetcher(SleepyLoader(3, delay=0.0), "cpu"))
     for x, _labels in meter:
         assert x.dtype == torch.float32

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from readers import make_loader, mix, open_dataset
-from readers.order import epoch_draw, shares
+from readers.order.epoch import epoch_draw, shares
 
 pytest_plugins = ["servers"]  # http_server (nginx), for the remote source
 

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from readers import make_loader, open_dataset, shmring
-from readers.batch import GatheredItems
-from readers.compose import Compose
-from readers.loader import PackedLoader, ThreadLoader, choose_workers, collate
-from readers.shmring import ByteBatch
-from readers.transforms import ResizeCenterCrop, imagenet_eval_transform, imagenet_train_transform
+from readers import make_loader, open_dataset
+from readers.loader import shmring
+from readers.formats.batch import GatheredItems
+from readers.decode.compose import Compose
+from readers.loader.dataloader import PackedLoader, ThreadLoader, choose_workers, collate
+from readers.loader.shmring import ByteBatch
+from readers.decode.transforms import ResizeCenterCrop, imagenet_eval_transform, imagenet_train_transform
 
 STORED = 24  # mmap-fixed's stored size
 
@@ -63,10 +64,10 @@ PROCESSES = [
 @pytest.mark.parametrize("fmt,opts,kw", THREADS)
 def test_auto_picks_threads_where_the_readers_own_work_releases_the_gil(packed, fmt, opts, kw, caplog):
     ds = open_dataset(packed[fmt], **opts)
-    with caplog.at_level(logging.INFO, logger="readers.loader"):
+    with caplog.at_level(logging.INFO, logger="readers.loader.dataloader"):
         loader = make_loader(ds, batch_size=4, num_workers=2, **kw)
     assert type(loader) is ThreadLoader
-    lines = [r.getMessage() for r in caplog.records if r.name == "readers.loader"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "readers.loader.dataloader"]
     assert len(lines) == 1 and "2 worker threads" in lines[0] and "releases the GIL" in lines[0], lines
     ds.close()
 
@@ -75,10 +76,10 @@ def test_auto_picks_threads_where_the_readers_own_work_releases_the_gil(packed, 
 def test_auto_picks_processes_for_python_code_of_the_callers_own(packed, fmt, opts, kw, why, caplog):
     ds = open_dataset(packed[fmt], **opts)
     kw = {"num_workers": 2, **kw}
-    with caplog.at_level(logging.INFO, logger="readers.loader"):
+    with caplog.at_level(logging.INFO, logger="readers.loader.dataloader"):
         loader = make_loader(ds, batch_size=4, **kw)
     assert type(loader) is PackedLoader
-    lines = [r.getMessage() for r in caplog.records if r.name == "readers.loader"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "readers.loader.dataloader"]
     assert len(lines) == 1 and "processes" in lines[0] and why in lines[0], lines
     ds.close()
 

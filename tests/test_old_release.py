@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from readers.registry import open_dataset
-from readers.spec import FORMATS
+from readers.formats.registry import open_dataset
+from readers.contract.spec import FORMATS
 from reference import pil_rgb, stored_samples
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "release-0.x"

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import readers.env
-import readers.order
-import readers.sampler
-from readers.env import WorkerEnv
-from readers.order import (ShardLayout, ShardSettings, batch_counts, buffer_shuffle, interleave, resume_order,
+import readers.contract.env
+import readers.order.epoch
+import readers.order.sampler
+from readers.contract.env import WorkerEnv
+from readers.order.epoch import (ShardLayout, ShardSettings, batch_counts, buffer_shuffle, interleave, resume_order,
                            shard_order, shard_stream, worker_lengths, worker_order)
-from readers.sampler import EpochSampler
+from readers.order.sampler import EpochSampler
 
 
 def ref_interleave(samples, shards, open_shards, rng):
@@ -122,7 +122,7 @@ def test_vectorized_interleave_and_buffer_equal_the_step_by_step_ones(sizes, cut
 def test_buffer_shuffle_in_chunks_equals_the_step_by_step_one(monkeypatch, chunk):
     """The steps are worked in chunks, the buffer carried between them: any chunk size gives the step-by-step
     order, for buffers that fit 16-bit sort keys and for one that does not."""
-    import readers.order as order
+    import readers.order.epoch as order
 
     monkeypatch.setattr(order, "_SHUFFLE_CHUNK", chunk)
     rng = np.random.default_rng(chunk)
@@ -211,49 +211,49 @@ def test_an_exact_resume_builds_one_worker_share():
 
 @pytest.fixture
 def permutations(monkeypatch):
-    """Counts the permutations of all n samples computed (readers.order.permutation, wherever it is
+    """Counts the permutations of all n samples computed (readers.order.epoch.permutation, wherever it is
     called from): a rank's share is computed by shuffle_at without one."""
     calls = []
-    real = readers.order.permutation
+    real = readers.order.epoch.permutation
 
-    def counting(n, seed, epoch, shuffle=True, kind=readers.order.MAP_ORDER):
+    def counting(n, seed, epoch, shuffle=True, kind=readers.order.epoch.MAP_ORDER):
         calls.append(n)
         return real(n, seed, epoch, shuffle, kind)
 
-    monkeypatch.setattr(readers.order, "permutation", counting)
-    monkeypatch.setattr(readers.sampler, "permutation", counting)
+    monkeypatch.setattr(readers.order.epoch, "permutation", counting)
+    monkeypatch.setattr(readers.order.sampler, "permutation", counting)
     return calls
 
 
 def _rank_list(n, world, rank, point=None):
-    hook = readers.env.worker_env_hook
-    readers.env.worker_env_hook = lambda: WorkerEnv(rank, world, 0, 1)  # a rank of a job, without a process group
+    hook = readers.contract.env.worker_env_hook
+    readers.contract.env.worker_env_hook = lambda: WorkerEnv(rank, world, 0, 1)  # a rank of a job, without a process group
     try:
         sampler = EpochSampler(n, seed=0, distributed=True)
         sampler.set_epoch(2)
         sampler.resume = point
         return sampler.indices()
     finally:
-        readers.env.worker_env_hook = hook
+        readers.contract.env.worker_env_hook = hook
 
 
 def _point(world, bs, delivered, **kw):
     return dict(seed=0, shuffle=True, drop_last=False, sampler_drop_last=False, world_size=world, batch_size=bs,
-                delivered=delivered, map_order=readers.order.MAP_ORDER, **kw)
+                delivered=delivered, map_order=readers.order.epoch.MAP_ORDER, **kw)
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 16, 17, 1000, 65_535, 65_536, 65_537, 300_001])
 def test_shuffle_at_is_a_permutation_and_the_ranks_split_it_as_distributed_sampler(n):
     """shuffle_at is a bijection of range(n) for every n, and each rank's share (computed alone)
     is positions rank, rank+R, ... of it, padded or cut as DistributedSampler pads or cuts."""
-    perm = readers.order.permutation(n, 3, 1)
+    perm = readers.order.epoch.permutation(n, 3, 1)
     assert np.array_equal(np.sort(perm), np.arange(n))
-    assert not np.array_equal(perm, readers.order.permutation(n, 3, 2)) or n < 3, "the epoch does not reshuffle"
+    assert not np.array_equal(perm, readers.order.epoch.permutation(n, 3, 2)) or n < 3, "the epoch does not reshuffle"
     for world in (1, 3, 8):
         for drop_last in (False, True):
             padded = np.concatenate([perm, np.resize(perm, -n % world)]) if not drop_last else perm[:n - n % world]
             for rank in range(world):
-                got = readers.order.rank_order(n, 3, 1, True, world, rank, drop_last)
+                got = readers.order.epoch.rank_order(n, 3, 1, True, world, rank, drop_last)
                 assert got.tolist() == padded[rank::world].tolist()
 
 
@@ -300,8 +300,8 @@ def test_a_state_saved_with_the_power_of_two_feistel_order_resumes_each_remainin
     """A resume point saved by the release whose map-style order was the Feistel network on 2^b
     values (``map_order="feistel"``): its delivered samples are that order's; the rest come once."""
     n, world, bs, delivered = 70_000, 4, 64, 30
-    old = readers.order.shuffle_at(np.arange(n), n, 0, 2, kind="feistel")
-    assert not np.array_equal(old, readers.order.permutation(n, 0, 2)), "the two orders should differ"
+    old = readers.order.epoch.shuffle_at(np.arange(n), n, 0, 2, kind="feistel")
+    assert not np.array_equal(old, readers.order.epoch.permutation(n, 0, 2)), "the two orders should differ"
     taken = np.concatenate([old[r::world][:delivered * bs] for r in range(world)])
     point = dict(_point(world, bs, delivered), map_order="feistel")
     rest = [_rank_list(n, world, r, point) for r in range(world)]
@@ -316,17 +316,17 @@ def test_map_order_encrypts_each_position_about_once_wherever_n_falls(monkeypatc
     as there are positions; this counts the values each network encrypted."""
     counted = {"feistel-ab": 0, "feistel": 0}
     for name, kind in (("_feistel_ab", "feistel-ab"), ("_feistel", "feistel")):
-        real = getattr(readers.order, name)
+        real = getattr(readers.order.epoch, name)
 
         def counting(x, *args, _real=real, _kind=kind):
             counted[_kind] += len(x)
             return _real(x, *args)
 
-        monkeypatch.setattr(readers.order, name, counting)
+        monkeypatch.setattr(readers.order.epoch, name, counting)
     positions = np.arange(0, n, 7)
     for kind in counted:
-        readers.order.shuffle_at(positions, n, 1, 0, kind=kind)
-    a, b = readers.order.ab_domain(n)
+        readers.order.epoch.shuffle_at(positions, n, 1, 0, kind=kind)
+    a, b = readers.order.epoch.ab_domain(n)
     assert n <= a * b < n + a
     assert counted["feistel-ab"] <= len(positions) * (1 + 3 / math.sqrt(n)) + 8
     if (n - 1) & (n - 2) == 0:  # one above a power of two: the old domain is ~2n

@@ -16,7 +16,7 @@ from PIL import Image, PngImagePlugin
 
 from conftest import REAL_IMAGES
 from reference import expected_rgb
-from packer.images import ImageOptions, prepare_image
+from packer.prepare.images import ImageOptions, prepare_image
 
 ORIENTATIONS = range(2, 9)
 

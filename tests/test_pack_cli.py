@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import make_image_folder
-from readers.spec import FORMATS
+from readers.contract.spec import FORMATS
 
 pytestmark = pytest.mark.slow  # every test runs the CLI in a subprocess
 
@@ -322,7 +322,7 @@ def test_help_shows_the_dataclass_defaults():
 
 
 def test_image_options_carry_the_pack_options():
-    from packer.images import ImageOptions
+    from packer.prepare.images import ImageOptions
     from packer.options import PackOptions
 
     opts = PackOptions(format="mmap", validate=False, max_side=99, quality=70, resize=32, max_pixels=1234)

@@ -40,10 +40,10 @@ from PIL import Image
 from conftest import make_image_folder
 from packer import PackOptions, pack
 from packer.formats.wds import WdsWriter, tar_header
-from packer.images import Prepared
+from packer.prepare.images import Prepared
 from packer.output import SHARD_LOG_NAME
-from readers import spec
-from readers.geometry import resize_center_crop
+from readers.contract import spec
+from readers.decode.geometry import resize_center_crop
 from reference import expected_rgb, imagefolder_reference, lmdb_items, needs_change
 
 FORMATS = spec.FORMATS
@@ -471,7 +471,7 @@ def test_shard_size_rollover(real_images, tmp_path, shard_size):
 
 
 def _reference_resize(rgb: np.ndarray, size: int) -> np.ndarray:
-    """Shorter side to ``size`` (bicubic), then the center size x size, in the shared geometry (readers.geometry)."""
+    """Shorter side to ``size`` (bicubic), then the center size x size, in the shared geometry (readers.decode.geometry)."""
     g = resize_center_crop(rgb.shape[0], rgb.shape[1], size, size)
     return np.asarray(Image.fromarray(rgb).resize((g.width, g.height), Image.BICUBIC).crop(g.box))
 
@@ -504,7 +504,7 @@ def test_mmap_resize_real_photos(real_images, tmp_path):
             # PNGs are decoded at full size and downscaled < 6x: plain bicubic, exactly
             np.testing.assert_array_equal(images[i], expected, err_msg=rel)
         else:
-            # large JPEGs may be decoded at a reduced DCT scale first (see packer/images.py):
+            # large JPEGs may be decoded at a reduced DCT scale first (see packer/prepare/images.py):
             # the same picture, not the same bits
             err = np.abs(images[i].astype(int) - expected).mean()
             assert err < 6.0, (rel, err)

@@ -16,9 +16,9 @@ import pytest
 from conftest import make_image_folder
 from packer import PackOptions, pack
 from packer.errors import PackError
-from packer.info import describe, render
+from packer.tools.info import describe, render
 from packer.output import SHARD_LOG_NAME, UPLOADS_NAME, OutputBusyError
-from readers import spec
+from readers.contract import spec
 from reliability_helpers import HOLD_LOCK, interrupt_after
 
 REPO = Path(__file__).resolve().parent.parent

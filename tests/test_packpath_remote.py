@@ -17,7 +17,7 @@ import pytest
 from packer import PackOptions, pack
 from packer.errors import OutputExistsError
 from packer.output import LOCK_NAME
-from readers import spec
+from readers.contract import spec
 from readers.remote import open_store
 from reliability_helpers import wait_for
 

@@ -1,4 +1,4 @@
-"""readers.perprocess.PerProcess: one value per process, never an inherited one, dropped on pickle."""
+"""readers.contract.perprocess.PerProcess: one value per process, never an inherited one, dropped on pickle."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from readers.perprocess import PerProcess
+from readers.contract.perprocess import PerProcess
 
 _made = itertools.count()
 CLOSED: list[tuple[int, int]] = []  # (pid, value) per close, in this process

@@ -15,12 +15,12 @@ import pytest
 
 from conftest import make_image_folder
 from packer import WRITERS, PackError, PackOptions
-from packer.images import ImageOptions
+from packer.prepare.images import ImageOptions
 from packer.journal import RECORDS_NAME, Journal, SideFiles
 from packer.pipeline import pack_split
-from packer.source import Source, scan
-from packer.workers import Outcome, prepare
-from readers import spec
+from packer.sources.source import Source, scan
+from packer.prepare.workers import Outcome, prepare
+from readers.contract import spec
 
 # What the pipeline itself puts in every sample's record; the rest comes from the writer.
 PIPELINE_FIELDS = {"labels", "checksums", "sizes", "heights", "widths"}

@@ -1,4 +1,4 @@
-"""packer.pool: the one process pool of every prepare stage (issue 21 item 2, issue 22 item 3, issue 23 item 2).
+"""packer.prepare.pool: the one process pool of every prepare stage (issue 21 item 2, issue 22 item 3, issue 23 item 2).
 
 In-process: results in order, the window's count and byte bounds (counted, not timed), errors at their
 turn, a SIGKILLed worker named, workers reaped however the consumer stops. Then the real ``pack-dataset``
@@ -24,12 +24,12 @@ import pytest
 
 from conftest import make_image_folder
 from packer import PackOptions, pack
-from packer.images import ImageOptions
-from packer.importers.stage import ordered_outcomes
-from packer.pool import CHUNK, WorkerDied, WorkerPool, ordered_map
-from packer.source import scan
-from packer.workers import Outcome, prepare
-from readers import spec
+from packer.prepare.images import ImageOptions
+from packer.prepare.stage import ordered_outcomes
+from packer.prepare.pool import CHUNK, WorkerDied, WorkerPool, ordered_map
+from packer.sources.source import scan
+from packer.prepare.workers import Outcome, prepare
+from readers.contract import spec
 from reliability_helpers import content, digest, env, error_lines, wait_for
 
 pytestmark = pytest.mark.slow  # every test here starts worker processes
@@ -192,7 +192,7 @@ def test_closing_early_stops_the_workers_at_once():
 
 def test_the_folder_stage_waits_for_its_consumer(tmp_path, monkeypatch):
     """The folder pool (``Pool.imap`` before) prepared the whole source ahead of a writer that waits."""
-    import packer.workers as workers
+    import packer.prepare.workers as workers
 
     src = make_image_folder(tmp_path / "src", classes=2, per_class=200, size=(16, 16), png_every=0)
     started = Counter(tmp_path / "started")
@@ -300,15 +300,15 @@ def stage(request, tmp_path) -> dict[str, Any]:
     name, out = request.param, tmp_path / "out"
     if name == "folder":
         src = request.getfixturevalue("folder")
-        return {"args": [src, "-f", "wds", "-o", out, "--shard-count", "4"], "slow": "packer.workers:_prepare_one",
+        return {"args": [src, "-f", "wds", "-o", out, "--shard-count", "4"], "slow": "packer.prepare.workers:_prepare_one",
                 "names": str(src), "out": out}
     if name == "convert":
         src = request.getfixturevalue("packed")
-        return {"args": ["convert", src, "-f", "mmap", "--resize", "24", "-o", out], "slow": "packer.convert:_job",
+        return {"args": ["convert", src, "-f", "mmap", "--resize", "24", "-o", out], "slow": "packer.tools.convert:_job",
                 "names": str(src), "out": out}
     if name == "wds-import":
         src = request.getfixturevalue("packed")
-        return {"args": [src, "-f", "lmdb", "-o", out], "slow": "packer.importers.stage:prepare_bytes",
+        return {"args": [src, "-f", "lmdb", "-o", out], "slow": "packer.prepare.stage:prepare_bytes",
                 "names": str(src), "out": out}
     server = request.getfixturevalue("s3_server")
     url = request.getfixturevalue("s3_folder")

@@ -1,11 +1,11 @@
-"""readers/prefetch.py: DevicePrefetcher on CPU (always) and CUDA (when present)."""
+"""readers/loader/prefetch.py: DevicePrefetcher on CPU (always) and CUDA (when present)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from readers.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, normalize
+from readers.loader.prefetch import IMAGENET_MEAN, IMAGENET_STD, DevicePrefetcher, normalize
 
 MEAN = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
 STD = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)

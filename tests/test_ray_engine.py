@@ -25,7 +25,8 @@ import pytest
 from PIL import Image
 
 from conftest import make_image_folder
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 
 pytest.importorskip("ray")
 from raycluster import RayCluster  # noqa: E402
@@ -301,7 +302,7 @@ JOURNAL_BYTES = """
     import json, sys
     from pathlib import Path
     from packer import PackOptions, pack
-    from readers import spec
+    from readers.contract import spec
     address, *pairs = sys.argv[1:]
     write, sizes = spec.write_json_atomic, []
 

@@ -22,9 +22,9 @@ from packer.engines import tasks
 from packer.engines.io import LocalFiles, LocalOutput
 from packer.engines.ray_wds import DeferredBytes, RayWdsWriter
 from packer.formats.wds import WdsWriter
-from packer.images import ImageOptions, Prepared
+from packer.prepare.images import ImageOptions, Prepared
 from packer.output import SHARD_LOG_NAME
-from readers import spec
+from readers.contract import spec
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from conftest import make_image_folder
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 from readers.remote import open_store
 
 pytest.importorskip("ray")

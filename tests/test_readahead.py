@@ -1,4 +1,4 @@
-"""packer.readahead.read_ahead: order, the byte bound, errors and early close."""
+"""packer.prepare.readahead.read_ahead: order, the byte bound, errors and early close."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from packer.readahead import read_ahead
+from packer.prepare.readahead import read_ahead
 
 
 def test_every_item_in_order_from_another_thread():

@@ -19,11 +19,11 @@ import torch
 
 from conftest import make_image_folder
 from packer import PackOptions, pack
-from readers import spec
-from readers.perprocess import PerProcess
+from readers.contract import spec
+from readers.contract.perprocess import PerProcess
 from readers.formats.wds import ShardDataset
-from readers.registry import READERS, open_dataset
-from readers.spec import FORMATS, DatasetFormatError, IncompleteDatasetError
+from readers.formats.registry import READERS, open_dataset
+from readers.contract.spec import FORMATS, DatasetFormatError, IncompleteDatasetError
 from reference import expected_rgb, pil_rgb
 
 MAP_FORMATS = [f for f in FORMATS if f != "wds"]
@@ -238,7 +238,7 @@ def test_spec_and_perprocess_import_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, readers.spec, readers.perprocess; print('torch' in sys.modules)"
+    code = "import sys, readers.contract.spec, readers.contract.perprocess; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -20,8 +20,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from readers import open_dataset, spec
-from readers.spec import DatasetFormatError
+from readers import open_dataset
+from readers.contract import spec
+from readers.contract.spec import DatasetFormatError
 from reliability_helpers import (
     array, cli, copy, env, meta, probe_read, resave_array, set_meta,
 )
@@ -41,7 +42,7 @@ def verify_cli(root):
 @pytest.fixture
 def verify_main(capsys):
     """``pack-dataset verify ROOT -q`` in this process: (exit code, stdout, stderr)."""
-    from packer.verify import main
+    from packer.tools.verify import main
 
     def run(root):
         code = main([str(root), "-q"])
@@ -110,7 +111,8 @@ def test_dataloader_worker_names_the_truncated_file(ds_copy):
     data = root / spec.DATA_FILE["lmdb"]
     os.truncate(data, data.stat().st_size // 2)
     code = textwrap.dedent(f'''
-        from readers import open_dataset, make_loader, spec
+        from readers import open_dataset, make_loader
+        from readers.contract import spec
         loader = make_loader(open_dataset({str(root)!r}, decode=False), batch_size=4, num_workers=2)
         try:
             for _ in loader:
@@ -453,7 +455,8 @@ def test_undecodable_sample_in_a_loader_worker_names_file_and_sample(ds_copy):
     root = ds_copy("lmdb")
     path = _zero_sample(root, "lmdb", 5)
     code = textwrap.dedent(f'''
-        from readers import open_dataset, make_loader, spec
+        from readers import open_dataset, make_loader
+        from readers.contract import spec
         loader = make_loader(open_dataset({str(root)!r}), batch_size=4, num_workers=2, shuffle=False)
         try:
             for _ in loader:

@@ -18,7 +18,7 @@ from PIL import Image
 
 from packer import PackOptions, pack
 from readers import open_dataset
-from readers.decode import decode_rgb_scaled, read_header
+from readers.decode.decoders import decode_rgb_scaled, read_header
 
 
 def _jpeg_441(tmp_path) -> bytes:

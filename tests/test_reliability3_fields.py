@@ -22,10 +22,10 @@ import pytest
 
 from conftest import make_image_folder
 from packer.cli import main
-from readers import spec
-from readers.fields import FieldTypeError, FieldValueError, JsonType, parse_type
-from readers.registry import open_dataset
-from readers.spec import FORMATS, DatasetFormatError
+from readers.contract import spec
+from readers.contract.fields import FieldTypeError, FieldValueError, JsonType, parse_type
+from readers.formats.registry import open_dataset
+from readers.contract.spec import FORMATS, DatasetFormatError
 from test_fields_read import pack_fields
 
 N = 4

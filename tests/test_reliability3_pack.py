@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 from reliability_helpers import CLI, assert_one_line, cli, env, pack_killed_at
 
 pytest_plugins = ["servers"]
@@ -25,7 +26,7 @@ pytest_plugins = ["servers"]
 pytestmark = pytest.mark.slow  # every test runs pack-dataset in a subprocess
 
 MB = 1 << 20
-#: --max-pixels of the remote tests: the image budget is 3 bytes per pixel of it (packer.images.max_image_bytes)
+#: --max-pixels of the remote tests: the image budget is 3 bytes per pixel of it (packer.prepare.images.max_image_bytes)
 MAX_PIXELS = 1_000_000
 BUDGET = 3 * MAX_PIXELS
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from reliability_helpers import assert_one_line, cli
 
-from readers import spec
+from readers.contract import spec
 
 DEEP = "[" * 100_000 + "]" * 100_000  # past the recursion limit: json.loads raises RecursionError
 MID = "[" * 500 + "]" * 500  # parses, but past MAX_JSON_DEPTH (200)
@@ -85,7 +85,7 @@ def test_csv_integers_are_ascii_decimals(images, tmp_path):
         {"path": "images/2.jpg", "reason": f"{path} row 3 column 'n': '\u0663' is not an integer (ASCII digits only, "
                                            f"no '_')"}]
     # inferred: the column is text, the cells kept as written (not 1000 and 3)
-    from packer.manifest import read_manifest
+    from packer.importers.manifest import read_manifest
     m = read_manifest(path)
     assert m.schema["n"].type.name == "text"
     assert [r.values["n"] for r in m.rows()] == ["7", "1_000", "\u0663"]

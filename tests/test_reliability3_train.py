@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from readers.loader import choose_workers
-from readers.registry import open_dataset
+from readers.loader.dataloader import choose_workers
+from readers.formats.registry import open_dataset
 
 
 def _by_name(sample: dict) -> dict:
@@ -26,7 +26,7 @@ def test_samples_per_epoch_past_what_an_epoch_can_index_is_refused_at_constructi
     import pytest
 
     from readers import make_loader, mix
-    from readers.sampler import MAX_EPOCH
+    from readers.order.sampler import MAX_EPOCH
 
     ds = open_dataset(packed_generated["lmdb"], decode=False)
     try:

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 from reliability_helpers import assert_one_line, cli, content, digest, env
 
 pytestmark = pytest.mark.slow
@@ -108,7 +109,7 @@ def test_a_real_full_disk_then_resume(noise, roomy, small_disk, fmt):
 # The disk fills up exactly when the index arrays are written (the last step before index.json).
 _FULL_AT_INDEX = textwrap.dedent('''
     import os, sys
-    from readers import spec
+    from readers.contract import spec
     real = spec.write_index
     def fill_then_write(root, meta, arrays):
         with open(os.path.join(sys.argv[1], "filler"), "wb", buffering=0) as f:

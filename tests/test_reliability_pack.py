@@ -19,7 +19,8 @@ import pytest
 
 from conftest import make_image_folder
 from packer import PackError, PackOptions, pack
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 from reliability_helpers import (
     assert_one_line, cli, content, digest, error_lines, no_root_powers, pack_killed_at, slow_pack, wait_for,
 )
@@ -136,7 +137,7 @@ def test_kill9_with_a_worker_pool_leaves_no_lock_and_no_broken_pipe_tracebacks(s
 @pytest.mark.slow
 def test_a_file_overwritten_after_validation_is_not_stored(tmp_path, monkeypatch):
     """Same size, other bytes, between the worker's check and the writer's re-read (a pool of 2)."""
-    import packer.workers as workers
+    import packer.prepare.workers as workers
 
     src = make_image_folder(tmp_path / "src", classes=2, per_class=8, png_every=0)
     victim = "class_01/img_002.JPEG"
@@ -384,7 +385,7 @@ def test_killed_while_overwrite_deletes(src, tmp_path, reference):
 
     out = tmp_path / "out"
     shutil.copytree(reference["wds"], out)
-    assert pack_killed_at("readers.spec:fsync_dir", *_args(src, out, "mmap", "--overwrite")).returncode == 137
+    assert pack_killed_at("readers.contract.spec:fsync_dir", *_args(src, out, "mmap", "--overwrite")).returncode == 137
     assert not (out / spec.INDEX_NAME).exists()  # the index goes first: never a half-deleted dataset that reads
     r = cli(*_args(src, out, "mmap", "--overwrite"))
     assert r.returncode == 0, r.stderr

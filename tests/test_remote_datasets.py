@@ -28,11 +28,12 @@ import pytest
 import torch
 
 from packer import PackOptions, pack
-from readers import make_loader, open_dataset, spec
+from readers import make_loader, open_dataset
+from readers.contract import spec
 from readers.formats import wds_io
 from readers.remote import RemoteIntegrityError, RemoteUnavailableError, RetryPolicy, open_store
 from readers.remote.cache import NodeCache
-from readers.spec import FORMATS
+from readers.contract.spec import FORMATS
 
 pytest_plugins = ["servers"]
 

@@ -18,8 +18,9 @@ import pytest
 
 from packer import PackOptions, pack
 from packer.errors import OutputError, OutputExistsError
-from packer.verify import verify
-from readers import open_dataset, spec
+from packer.tools.verify import verify
+from readers import open_dataset
+from readers.contract import spec
 from readers.remote import open_store
 from reliability_helpers import wait_for
 

@@ -29,7 +29,8 @@ import pytest
 
 from conftest import make_image_folder
 from packer import PackOptions, pack
-from readers import make_loader, open_dataset, spec
+from readers import make_loader, open_dataset
+from readers.contract import spec
 from readers.remote import RemoteIntegrityError, RemoteUnavailableError, RetryPolicy, open_store
 from readers.remote.cache import CacheFullError, NodeCache
 from readers.remote.download import partial_paths

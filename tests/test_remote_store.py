@@ -142,7 +142,7 @@ def test_local_path_never_imports_remote_clients(packed_generated):
         "from readers import open_dataset\n"
         f"ds = open_dataset({str(packed_generated['wds'])!r}, decode=False)\n"
         "next(iter(ds))\n"
-        f"import packer.verify; packer.verify.verify({str(packed_generated['mmap'])!r})\n"
+        f"import packer.tools.verify; packer.tools.verify.verify({str(packed_generated['mmap'])!r})\n"
         "assert not [m for m in sys.modules if m.startswith('readers.remote')], 'local path imported readers.remote'\n"
         "import readers.remote, readers.remote.cache\n"  # the package itself stays light too
         "bad = [m for m in ('s3fs', 'fsspec', 'aiohttp', 'botocore', 'obstore') if m in sys.modules]\n"

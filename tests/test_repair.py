@@ -22,9 +22,9 @@ from PIL import Image
 
 from conftest import REAL_IMAGES
 from packer import PackError, PackOptions, pack
-from packer.images import ImageOptions, RejectedImage, prepare_image
-from packer.jpeg_repair import repair_header
-from readers import spec
+from packer.prepare.images import ImageOptions, RejectedImage, prepare_image
+from packer.prepare.jpeg_repair import repair_header
+from readers.contract import spec
 
 PHOTOS = [REAL_IMAGES / "people" / "grace_hopper.jpg", REAL_IMAGES / "objects_scenes" / "rocket.jpg"]
 ADOBE = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x01"  # APP14, 12 payload bytes, transform 1 (YCbCr)
@@ -195,7 +195,7 @@ def test_repairs_survive_an_interrupted_pack(damaged_folder, tmp_path):
     """repairs.jsonl is journaled like rejects.jsonl: a resumed pack lists each repair once."""
     from packer.api import WRITERS, plan
     from packer.pipeline import pack_split
-    from packer.workers import prepare
+    from packer.prepare.workers import prepare
 
     (damaged_folder / "b" / "lost.jpg").unlink()
     for k in range(3):

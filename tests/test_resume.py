@@ -15,7 +15,8 @@ import pytest
 
 from conftest import make_image_folder
 from packer import PackOptions, pack
-from readers import open_dataset, spec
+from readers import open_dataset
+from readers.contract import spec
 
 pytestmark = pytest.mark.slow
 

@@ -22,13 +22,13 @@ import pytest
 import torch
 from torch.utils.data import get_worker_info
 
-import readers.env
+import readers.contract.env
 from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers import make_loader, open_dataset
-from readers.env import WorkerEnv
+from readers.contract.env import WorkerEnv
 from readers.formats.wds import ShardDataset
-from readers.spec import FORMATS
+from readers.contract.spec import FORMATS
 
 SCRIPT = Path(__file__).with_name("train_script.py")
 
@@ -147,7 +147,7 @@ def test_changed_workers_or_batch_size_deliver_the_rest_exactly_once(packed41, f
 
 def _hook(rank, world):
     def env():  # a worker process's id, or a loader thread's (make_loader may pick either)
-        info, thread = get_worker_info(), readers.env.thread_worker()
+        info, thread = get_worker_info(), readers.contract.env.thread_worker()
         if info is not None:
             return WorkerEnv(rank, world, info.id, info.num_workers)
         return WorkerEnv(rank, world, *((thread.worker_id, thread.num_workers) if thread else (0, 1)))
@@ -158,7 +158,7 @@ def _ranks_epoch(root, world, monkeypatch, workers=0, state=None, batch=4, k=Non
     """Each simulated rank's batches (all, or the first k) and its state."""
     out, states = [], []
     for r in range(world):
-        monkeypatch.setattr(readers.env, "worker_env_hook", _hook(r, world))
+        monkeypatch.setattr(readers.contract.env, "worker_env_hook", _hook(r, world))
         loader = loader_for(root, workers, batch=batch)
         if state is not None:
             loader.load_state_dict(state)
@@ -201,7 +201,7 @@ def test_skipping_reads_nothing(packed41, monkeypatch):
             orig_many = type(again.dataset).read_many
             monkeypatch.setattr(type(again.dataset), "read_many",
                                 lambda self, idx, orig=orig_many: reads.extend(idx) or orig(self, idx))
-            orig_batch = type(again.dataset).get_batch  # whole-batch reads (readers.batch) count too
+            orig_batch = type(again.dataset).get_batch  # whole-batch reads (readers.formats.batch) count too
             monkeypatch.setattr(type(again.dataset), "get_batch", lambda self, idx, alloc=None, orig=orig_batch: (
                 reads.extend(idx) if self.batchable() else None) or orig(self, idx, alloc))
         again.load_state_dict(state)
@@ -286,7 +286,7 @@ def _reference(root: Path, workers: int, epochs: int, world: int = 1, monkeypatc
     per_rank = []
     for r in range(world):
         if world > 1:
-            monkeypatch.setattr(readers.env, "worker_env_hook", _hook(r, world))
+            monkeypatch.setattr(readers.contract.env, "worker_env_hook", _hook(r, world))
         loader = make_loader(open_dataset(root, return_index=True, decode=False), batch_size=4, num_workers=workers,
                              seed=3)
         per_rank.append([i for _ in range(epochs) for i in flat(run_epoch(loader))])

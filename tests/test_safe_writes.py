@@ -1,4 +1,4 @@
-"""The one atomic write (``readers.safeio.atomic_write``) and the one first-line cut (``one_line``).
+"""The one atomic write (``readers.contract.safeio.atomic_write``) and the one first-line cut (``one_line``).
 
 Every writer of a whole file goes through ``atomic_write``: index arrays, ``index.json``, field
 columns, the remote store's local files, the node cache's records, the check record. These tests
@@ -16,9 +16,9 @@ import sys
 import numpy as np
 import pytest
 
-from readers import spec
-from readers.messages import one_line
-from readers.safeio import atomic_write
+from readers.contract import spec
+from readers.contract.messages import one_line
+from readers.contract.safeio import atomic_write
 
 
 def test_atomic_write_replaces_the_file_whole(tmp_path):
@@ -61,7 +61,7 @@ def test_a_killed_writer_leaves_the_previous_index_array(tmp_path):
     """SIGKILL in the middle of ``spec.save_array``: the array on disk is the previous one, whole."""
     spec.save_array(tmp_path, "labels", np.arange(10))
     code = ("import os, signal, numpy as np, sys\n"
-            "from readers import safeio\n"
+            "from readers.contract import safeio\n"
             "with safeio.atomic_write(sys.argv[1]) as f:\n"
             "    f.write(b'torn' * 1000); f.flush()\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n")

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from packer import info
-from readers import spec
+from packer.tools import info
+from readers.contract import spec
 
 
 @pytest.mark.parametrize("fmt", spec.FORMATS)
@@ -34,7 +34,7 @@ def test_open_checks_hold_a_slice_not_a_copy_of_the_labels(packed_generated, tmp
 
     import numpy as np
 
-    from readers.checks import check_index
+    from readers.contract.checks import check_index
 
     n, folder = 2_000_000, tmp_path / "lmdb"
     shutil.copytree(packed_generated["lmdb"], folder)
@@ -61,7 +61,7 @@ def test_crc_on_threads_is_the_one_pass_value(threads):
 
     import numpy as np
 
-    from readers import safeio
+    from readers.contract import safeio
 
     rng = np.random.default_rng(threads)
     for size in (0, 1, 4095, 8 * 4096, 8 * 4096 + 1, 23 * 4096 + 7):
@@ -72,7 +72,7 @@ def test_crc_on_threads_is_the_one_pass_value(threads):
 @pytest.fixture
 def many_slices(monkeypatch):
     """check_index in slices of 4 samples, on ``threads`` threads: several runs of slices per thread."""
-    from readers import checks
+    from readers.contract import checks
 
     monkeypatch.setattr(checks, "_SLICE", 4)
     return lambda threads: monkeypatch.setattr(checks, "check_threads", lambda: threads)
@@ -86,7 +86,7 @@ def test_open_checks_name_the_first_bad_slice_on_any_thread_count(packed_generat
     there (labels before sizes), its first bad sample."""
     import numpy as np
 
-    from readers.checks import check_index
+    from readers.contract.checks import check_index
 
     many_slices(threads)
     folder = tmp_path / "wds"
@@ -116,7 +116,7 @@ def test_an_order_is_turned_into_python_ints_a_block_at_a_time():
 
     import numpy as np
 
-    from readers.order import INT_BLOCK, as_ints
+    from readers.order.epoch import INT_BLOCK, as_ints
 
     n = 3 * INT_BLOCK + 5
     values = list(as_ints(np.arange(n)[::-1]))
@@ -135,7 +135,7 @@ def test_an_order_is_turned_into_python_ints_a_block_at_a_time():
 def test_a_wds_epoch_read_in_small_blocks_is_the_same_epoch(packed_generated, monkeypatch):
     """The wds worker reads its order through as_ints: with blocks of 3 samples the epoch holds the same
     items in the same order, the fields path too."""
-    import readers.order
+    import readers.order.epoch
     from readers import open_dataset
 
     def epoch(**kwargs):
@@ -146,7 +146,7 @@ def test_a_wds_epoch_read_in_small_blocks_is_the_same_epoch(packed_generated, mo
             ds.close()
 
     whole, with_fields = epoch(), epoch(fields=["image", "label"])
-    monkeypatch.setattr(readers.order, "INT_BLOCK", 3)
+    monkeypatch.setattr(readers.order.epoch, "INT_BLOCK", 3)
     assert epoch() == whole and len(whole) == 28
     assert epoch(fields=["image", "label"]) == with_fields
 
@@ -162,8 +162,8 @@ def test_a_wds_workers_private_memory_after_its_order_is_the_order():
 
     code = """
 import json, numpy as np
-from readers.env import WorkerEnv, release_freed_memory
-from readers.order import ShardLayout, ShardSettings, worker_order
+from readers.contract.env import WorkerEnv, release_freed_memory
+from readers.order.epoch import ShardLayout, ShardSettings, worker_order
 
 def anon():
     with open("/proc/self/status") as f:

@@ -1,4 +1,4 @@
-"""Reusable shared-memory slots for decode=False batches (readers.shmring)."""
+"""Reusable shared-memory slots for decode=False batches (readers.loader.shmring)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-import readers.loader
-from readers import make_loader, open_dataset, shmring
-from readers.loader import Collate
-from readers.shmring import ByteBatch
+import readers.loader.dataloader
+from readers import make_loader, open_dataset
+from readers.loader import shmring
+from readers.loader.dataloader import Collate
+from readers.loader.shmring import ByteBatch
 
 pytestmark = pytest.mark.skipif(not shmring.available(), reason="no writable /dev/shm")
 
@@ -88,7 +89,7 @@ def test_a_batch_bigger_than_a_slot_gets_a_bigger_segment(unmap_own_segments):
 
 
 def test_byte_batch_lives_beside_the_slots(unmap_own_segments):
-    assert readers.loader.ByteBatch is ByteBatch  # the loader re-exports it
+    assert readers.loader.dataloader.ByteBatch is ByteBatch  # the loader re-exports it
     ring = shmring.ShmSlots(slots=1)  # alive while its batch is received, as a worker's ring is
     (batch,) = pickle.loads(pickle.dumps(ring.pack([b"ab", b"c"], ())))
     assert isinstance(batch, ByteBatch) and len(batch) == 2 and batch.get(0) == b"ab" and batch.get(1) == b"c"

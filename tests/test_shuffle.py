@@ -9,15 +9,16 @@ from collections import Counter
 import numpy as np
 import pytest
 
-import readers.env
+import readers.contract.env
 from conftest import make_image_folder
 from packer import PackOptions, pack
-from readers import make_loader, open_dataset, spec
-from readers.env import WorkerEnv
+from readers import make_loader, open_dataset
+from readers.contract import spec
+from readers.contract.env import WorkerEnv
 from readers.formats.wds import ShardDataset
-from readers.order import ShardLayout, ShardSettings, interleave, worker_order
-from readers.quality import expected_displacement, expected_distinct, measure, measure_loader, simulate
-from readers.spec import FORMATS
+from readers.order.epoch import ShardLayout, ShardSettings, interleave, worker_order
+from readers.order.quality import expected_displacement, expected_distinct, measure, measure_loader, simulate
+from readers.contract.spec import FORMATS
 
 
 # --------------------------------------------------------------------------- the metric
@@ -75,7 +76,7 @@ def test_defaults_reach_a_uniform_shuffle_on_a_small_shape(fmt):
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
 def test_defaults_reach_the_target_on_imagenet_shape(fmt, capsys):
-    """1000 classes x 1,281 images, 8 ranks x 8 workers, batch 256 (readers.quality.IMAGENET)."""
+    """1000 classes x 1,281 images, 8 ranks x 8 workers, batch 256 (readers.order.quality.IMAGENET)."""
     q = simulate(fmt)
     with capsys.disabled():
         print(f"\n[shuffle] {fmt} defaults, ImageNet shape: {q.summary()}")
@@ -133,7 +134,7 @@ def test_sample_order_is_what_iteration_delivers(packed_generated, monkeypatch):
     ds = ShardDataset(packed_generated["wds"], decode=False, return_index=True, seed=4, buffer_size=5)
     ds.set_epoch(2)
     for env in (WorkerEnv(0, 1, 0, 1), WorkerEnv(1, 2, 1, 2)):
-        monkeypatch.setattr(readers.env, "worker_env_hook", lambda env=env: env)
+        monkeypatch.setattr(readers.contract.env, "worker_env_hook", lambda env=env: env)
         assert [t[2] for t in ds] == ds.sample_order().tolist() == ds.sample_order(env, 2).tolist()
 
 
@@ -185,7 +186,7 @@ def test_order_keeps_the_fingerprint_and_the_cli_matches_the_api(sorted_source, 
     opts = PackOptions(format="wds", workers=1, shard_count=4)
     pack(sorted_source, tmp_path / "ref", opts)
     from packer.journal import Journal
-    from packer.source import scan
+    from packer.sources.source import scan
 
     source = scan(sorted_source)
     shuffled = source.ordered("shuffled", 0)

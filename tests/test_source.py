@@ -1,4 +1,4 @@
-"""Scanning an ImageFolder tree (packer.source): which files are samples, their labels and order,
+"""Scanning an ImageFolder tree (packer.sources.source): which files are samples, their labels and order,
 symlinks, odd file names, and split detection. Expectations come from torchvision's ImageFolder
 rules, re-implemented in reference.imagefolder_reference (torchvision is not installed)."""
 
@@ -15,7 +15,7 @@ from PIL import Image
 
 from conftest import make_image_folder
 from packer import PackOptions, pack
-from packer.source import SourceError, find_split_dirs, scan
+from packer.sources.source import SourceError, find_split_dirs, scan
 from reference import imagefolder_reference
 
 
@@ -146,7 +146,7 @@ def test_empty_class_folder_keeps_its_label_index(tmp_path, caplog):
     text(tmp_path / "c" / "readme.txt")  # only non-images
     img(tmp_path / "d" / "2.jpg")
     img(tmp_path / "d" / "3.jpg")
-    with caplog.at_level(logging.WARNING, logger="packer.source"):
+    with caplog.at_level(logging.WARNING, logger="packer.sources.source"):
         src = scan(tmp_path)
     assert src.classes == ["a", "b", "c", "d"]
     assert src.labels == [0, 3, 3]

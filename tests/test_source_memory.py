@@ -1,4 +1,4 @@
-"""The packer's listing of the source costs a few bytes a file (issue 22 item 3): ``packer.source``
+"""The packer's listing of the source costs a few bytes a file (issue 22 item 3): ``packer.sources.source``
 keeps compact columns, no Python object per file; its fingerprints are the list-based ones."""
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import packer.columns as columns
-import packer.source as source_module
+import packer.sources.columns as columns
+import packer.sources.source as source_module
 from conftest import make_image_folder
 from packer import WRITERS, PackOptions
 from packer.api import plan
 from packer.journal import RECORD_BATCH, Journal, SideFiles
 from packer.pipeline import pack_split
-from packer.columns import IntColumn, StringColumn
-from packer.source import Source, scan
-from readers import spec
+from packer.sources.columns import IntColumn, StringColumn
+from packer.sources.source import Source, scan
+from readers.contract import spec
 
 PER_CLASS = 500  # files per class folder: the same in every tree, so per-folder costs cancel out
 

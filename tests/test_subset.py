@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from readers import Subset, make_loader, mix, open_dataset, subset
-from readers.spec import FORMATS
+from readers.contract.spec import FORMATS
 
 WORKERS = [(0, "processes"), pytest.param(2, "processes", marks=pytest.mark.slow), (2, "threads")]
 WIDS = ["0", "2p", "2t"]
@@ -156,7 +156,7 @@ def test_bad_subsets_say_what_is_wrong(packed_generated):
 def test_wds_subset_reads_each_shard_front_to_back(packed_generated):
     """The shard-based order runs on the kept samples: a worker's samples of one shard come in
     their order in the shard, and only kept ones."""
-    from readers.env import WorkerEnv
+    from readers.contract.env import WorkerEnv
 
     ds = _open(packed_generated, "wds")
     sub = subset(ds, indices=np.arange(1, 28, 3)).with_order(seed=1)

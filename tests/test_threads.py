@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from readers import spec
-from readers.env import ThreadWorker, as_thread_worker, current_worker_env, thread_worker, worker_seed
-from readers.loader import make_loader
-from readers.perprocess import PerProcess
-from readers.registry import open_dataset
-from readers.spec import FORMATS
-from readers.loader import PackedLoader, ThreadLoader
-from readers.transforms import imagenet_train_transform
+from readers.contract import spec
+from readers.contract.env import ThreadWorker, as_thread_worker, current_worker_env, thread_worker, worker_seed
+from readers.loader.dataloader import make_loader
+from readers.contract.perprocess import PerProcess
+from readers.formats.registry import open_dataset
+from readers.contract.spec import FORMATS
+from readers.loader.dataloader import PackedLoader, ThreadLoader
+from readers.decode.transforms import imagenet_train_transform
 
 MAP_FORMATS = [f for f in FORMATS if f != "wds"]
 
@@ -212,7 +212,7 @@ def _copy_dataset(src, dst):
 def test_whole_batch_shard_reads_check_every_header(packed_generated, tmp_path):
     """A damaged tar header fails the batch with the shard and byte named; a header spelled
     differently but valid (what other tar writers write) is accepted."""
-    from readers.shardbatch import iter_batches, supported
+    from readers.formats.shardbatch import iter_batches, supported
 
     root = _copy_dataset(packed_generated["wds"], tmp_path / "wds")
     ds = open_dataset(root, decode=False, return_index=True)
@@ -240,7 +240,7 @@ def test_whole_batch_shard_reads_check_every_header(packed_generated, tmp_path):
 def test_whole_batch_headers_are_checked_once_per_mapping(packed_generated, tmp_path, monkeypatch):
     """Epoch 1 checks every header; later epochs through the same mappings copy data only. A shard
     whose mapping was dropped is checked again: damage written since then is found."""
-    from readers import shardbatch
+    from readers.formats import shardbatch
 
     root = _copy_dataset(packed_generated["wds"], tmp_path / "wds")
     ds = open_dataset(root, decode=False, return_index=True).with_order(shuffle=False)

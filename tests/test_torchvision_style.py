@@ -11,18 +11,18 @@ import pytest
 import torch
 from PIL import Image
 
-import readers.compose
+import readers.decode.compose
 import tv_standin as T
 from readers import make_loader, open_dataset
-from readers.spec import FORMATS
-from readers.transforms import Compose, accepts_bytes, imagenet_eval_transform, imagenet_train_transform
+from readers.contract.spec import FORMATS
+from readers.decode.transforms import Compose, accepts_bytes, imagenet_eval_transform, imagenet_train_transform
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
 @pytest.fixture(autouse=True)
 def fresh_warning(monkeypatch):
-    monkeypatch.setattr(readers.compose, "_warned_lost", False)
+    monkeypatch.setattr(readers.decode.compose, "_warned_lost", False)
 
 
 class Spy:

@@ -1,4 +1,4 @@
-"""readers/transforms.py: crop sampler, crop/flip geometry, fused reduced decode, seeding, pickling."""
+"""readers/decode/transforms.py: crop sampler, crop/flip geometry, fused reduced decode, seeding, pickling."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from readers.decode import decode_rgb, read_header
-from readers.transforms import (
+from readers.decode.decoders import decode_rgb, read_header
+from readers.decode.transforms import (
     Box,
     EvalOptions,
     RandomResizedCrop,

@@ -1,4 +1,4 @@
-"""packer.validate_fast: the header-only fast path gives exactly what the full (Pillow) path gives."""
+"""packer.prepare.validate_fast: the header-only fast path gives exactly what the full (Pillow) path gives."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from packer.images import ImageOptions, RejectedImage, prepare_with_pillow, strict_pillow, prepare_image
-from packer.validate_fast import exif_orientation, plain_jpeg_size
+from packer.prepare.images import ImageOptions, RejectedImage, prepare_with_pillow, strict_pillow, prepare_image
+from packer.prepare.validate_fast import exif_orientation, plain_jpeg_size
 
 
 def photo(w=64, h=48, mode="RGB", seed=0) -> Image.Image:
@@ -64,7 +64,7 @@ CASES = {
     "444": lambda: jpeg(photo(), subsampling=0),
     "rotated xmp": lambda: jpeg(photo(), xmp=XMP % 6),  # Pillow applies XMP's orientation too
     "upright exif, rotated xmp": lambda: jpeg(photo(), orientation=1, xmp=XMP % 6),
-    "junk before a marker": lambda: junk_before_dqt(jpeg(photo())),  # repaired (packer.jpeg_repair)
+    "junk before a marker": lambda: junk_before_dqt(jpeg(photo())),  # repaired (packer.prepare.jpeg_repair)
     "big": lambda: jpeg(photo(640, 480)),
 }
 

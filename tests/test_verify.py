@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from readers import spec
+from readers.contract import spec
 
 CLI = [sys.executable, "-m", "packer.cli", "verify"]
 
@@ -94,7 +94,7 @@ def _count_index_reads(monkeypatch) -> list:
 
 @pytest.mark.parametrize("fmt", spec.FORMATS)
 def test_verify_reads_the_index_once(packed_generated, monkeypatch, capsys, fmt):
-    from packer.verify import main, verify
+    from packer.tools.verify import main, verify
 
     calls = _count_index_reads(monkeypatch)
     report = verify(packed_generated[fmt])
@@ -109,7 +109,7 @@ def test_verify_reads_the_index_once(packed_generated, monkeypatch, capsys, fmt)
 def test_verify_refuses_a_shards_array_that_disagrees_with_the_shard_list(packed_generated, tmp_path, capsys):
     """The open checks refuse it (the readers would read the sample from the wrong shard): verify says so
     in one line naming shards.npy, the sample and both shards, and exits 1."""
-    from packer.verify import main, verify
+    from packer.tools.verify import main, verify
 
     root = tmp_path / "wds"
     shutil.copytree(packed_generated["wds"], root)

@@ -3,7 +3,7 @@ installed (not editable) into a fresh virtualenv, works with no checkout around:
 ``pack-dataset info``, ``dataset-bench --generate 200 --quick``, and ``dataset-bench --chart`` without
 matplotlib fails at once, saying what to install.
 
-The native region decoder (``readers/_jpegcrop.c``, the optional extension of ``setup.py``): the wheel
+The native region decoder (``readers/decode/_jpegcrop.c``, the optional extension of ``setup.py``): the wheel
 holds its source and, where a C compiler and ``jpeglib.h`` exist, the built library, through which
 the installed readers decode a region; a build without a compiler still succeeds, without it."""
 
@@ -28,14 +28,14 @@ import pytest
 import torch
 from PIL import Image
 
-from readers.messages import one_line
+from readers.contract.messages import one_line
 
 REPO = Path(__file__).resolve().parent.parent
 EXCLUDE = {".git", ".venv", "build", "dist", "out", "__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
-NATIVE_SOURCE = "readers/_jpegcrop.c"
-#: The built decoder in a wheel for this interpreter (setup.py's extension readers._jpegcrop).
+NATIVE_SOURCE = "readers/decode/_jpegcrop.c"
+#: The built decoder in a wheel for this interpreter (setup.py's extension readers.decode._jpegcrop).
 NATIVE_BUILT = "readers/_jpegcrop" + importlib.machinery.EXTENSION_SUFFIXES[0]
-NOT_BUILT = "the native region decoder readers._jpegcrop was not built"
+NOT_BUILT = "the native region decoder readers.decode._jpegcrop was not built"
 
 
 def sh(cmd: list, cwd: Path, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -185,8 +185,8 @@ def test_region_decode_through_the_wheel(installed, native_blocker):
     code = (
         "import sys, numpy as np\n"
         "from PIL import Image\n"
-        "from readers import jpegcrop\n"
-        "from readers.decode import decode_rgb_region\n"
+        "from readers.decode import jpegcrop\n"
+        "from readers.decode.decoders import decode_rgb_region\n"
         "print(jpegcrop.native_path())\n"
         "assert jpegcrop.available(), 'jpegcrop not available'\n"
         "data = open(sys.argv[1], 'rb').read()\n"

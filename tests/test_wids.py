@@ -8,8 +8,8 @@ import json
 import pytest
 
 from packer import PackOptions, pack
-from packer.convert import convert
-from readers import spec
+from packer.tools.convert import convert
+from readers.contract import spec
 
 wids = pytest.importorskip("wids", reason="the 'wids' package is not installed (CI installs it: test extra)")
 

@@ -1,6 +1,6 @@
 """Engines: who runs the prepare stage of a pack (``PackOptions.engine``).
 
-* ``local`` -- a process pool on this machine (``packer.pool``, for every stage);
+* ``local`` -- a process pool on this machine (``packer.prepare.pool``, for every stage);
 * ``ray`` -- tasks on a Ray cluster (``packer.engines.ray``; needs the
   optional ``ray`` extra, imported only when this engine is asked for).
 
@@ -20,8 +20,8 @@ from packer.formats.base import FormatWriter
 from packer.journal import Journal
 from packer.options import PackOptions
 from packer.pipeline import PackProgress, SplitResult, pack_split
-from packer.source import Source
-from readers.env import available_cpus
+from packer.sources.source import Source
+from readers.contract.env import available_cpus
 
 __all__ = ["SplitPacker", "open_engine"]
 

@@ -23,8 +23,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from packer.workers import read_source  # the local pool's reader: the same checks, the same errors
-from readers import spec
+from packer.prepare.workers import read_source  # the local pool's reader: the same checks, the same errors
+from readers.contract import spec
 
 __all__ = ["LocalFiles", "LocalOutput", "StoreFiles", "StoreOutput", "list_objects"]
 

@@ -48,14 +48,14 @@ from packer.engines.io import LocalFiles, LocalOutput
 from packer.engines.ray_wds import DeferredBytes, RayWdsWriter
 from packer.errors import PackError, UsageError
 from packer.formats.base import FormatWriter
-from packer.images import ImageOptions
+from packer.prepare.images import ImageOptions
 from packer.journal import Journal
 from packer.options import PackOptions
 from packer.pipeline import PackProgress, SplitResult, pack_split
-from packer.source import Source
-from packer.workers import Outcome
-from readers.env import available_cpus
-from readers.messages import one_line
+from packer.sources.source import Source
+from packer.prepare.workers import Outcome
+from readers.contract.env import available_cpus
+from readers.contract.messages import one_line
 
 __all__ = ["RaySession", "RaySplitResult", "MAX_CHUNK_BYTES", "MAX_RETRIES"]
 
@@ -244,7 +244,7 @@ class RaySession:
 
 
 class _ChunkStage:
-    """The prepare stage (``packer.workers.PrepareStage``) as a window of Ray tasks."""
+    """The prepare stage (``packer.prepare.workers.PrepareStage``) as a window of Ray tasks."""
 
     def __init__(self, session: RaySession, files: LocalFiles, detach: bool) -> None:
         self.session, self.files, self.detach = session, files, detach

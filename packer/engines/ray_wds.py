@@ -34,9 +34,9 @@ from packer.engines.io import LocalOutput
 from packer.engines.tasks import ShardPart
 from packer.errors import PackError
 from packer.formats.wds import END_OF_ARCHIVE, ShardLog, WdsWriter, sample_span
-from packer.images import Prepared
+from packer.prepare.images import Prepared
 from packer.options import PackOptions
-from readers import spec
+from readers.contract import spec
 
 __all__ = ["DeferredBytes", "RayWdsWriter", "ShardTasks"]
 

@@ -3,7 +3,7 @@
 * :func:`plan_chunks` cuts the source list into contiguous chunks. The cut
   depends on the file sizes and the options only, never on the cluster.
 * :func:`prepare_files` is the prepare stage for one chunk: the same
-  per-image work and the same :class:`~packer.workers.Outcome` as the local
+  per-image work and the same :class:`~packer.prepare.workers.Outcome` as the local
   process pool. With ``detach`` the stored bytes come back separately, in one
   buffer, so that they can stay on the node that made them (wds).
 * :func:`write_tar` writes one WebDataset shard from such buffers, byte for
@@ -23,10 +23,10 @@ import numpy as np
 
 from packer.engines.io import LocalFiles, LocalOutput
 from packer.formats.wds import END_OF_ARCHIVE, sample_tar
-from packer.images import ImageOptions, RejectedImage, check_file_size
-from packer.pool import ordered_map
-from packer.workers import Outcome, outcome_bytes, outcome_of
-from readers import spec
+from packer.prepare.images import ImageOptions, RejectedImage, check_file_size
+from packer.prepare.pool import ordered_map
+from packer.prepare.workers import Outcome, outcome_bytes, outcome_of
+from readers.contract import spec
 
 __all__ = ["prepare_in_pool", "plan_chunks", "prepare_file", "prepare_files", "PreparedChunk", "ShardPart", "write_tar", "file_crc"]
 
@@ -155,7 +155,7 @@ def file_crc(output: LocalOutput, name: str) -> tuple[int, int] | None:
 def prepare_in_pool(files: Any, source: Any, start: int, opts: ImageOptions, workers: int,
                     chunk: int = 16) -> Iterator[Outcome]:
     """Outcomes of ``source.paths[start:]`` in order, read through ``files`` by ``workers`` processes
-    (``packer.pool``; stores rebuild their client after the fork). An object whose listed size
+    (``packer.prepare.pool``; stores rebuild their client after the fork). An object whose listed size
     (``source.sizes``) is over the byte budget is rejected without a GET.
 
     Closing the iterator early stops the pool at once.

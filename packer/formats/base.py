@@ -16,7 +16,7 @@ The pipeline calls, in this order::
 Each sample's index record holds labels, checksums, sizes, heights and
 widths (the pipeline knows them) plus the writer's ``location_fields``:
 where the sample sits in the writer's files, returned by ``append``.
-``readers.spec.REQUIRED_ARRAYS`` decides which of them the index keeps.
+``readers.contract.spec.REQUIRED_ARRAYS`` decides which of them the index keeps.
 
 Typed fields: a writer made with a ``schema`` that has extra fields
 (``Schema.extra_fields``: every field but ``image`` and the ``label`` kept in
@@ -34,15 +34,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from packer.formats.fieldstore import FieldStore
-from packer.images import Prepared
+from packer.prepare.images import Prepared
 from packer.options import PackOptions
-from readers.fields import Schema
+from readers.contract.fields import Schema
 
 __all__ = ["FormatWriter", "merged"]
 
 
 class FormatWriter(ABC):
-    #: the format's name in ``index.json`` (one of ``readers.spec.FORMATS``)
+    #: the format's name in ``index.json`` (one of ``readers.contract.spec.FORMATS``)
     format: ClassVar[str] = ""
     #: index arrays that ``append`` fills, in the order of the values it returns
     location_fields: ClassVar[tuple[str, ...]] = ()

@@ -1,4 +1,4 @@
-"""The typed fields of a pack (``readers.fields.Schema.extra_fields``) kept in side files while it runs,
+"""The typed fields of a pack (``readers.contract.fields.Schema.extra_fields``) kept in side files while it runs,
 and turned into the files every format shares at the end. Used by all four writers.
 
 Counterpart: the readers of each format (``docs/fields.md``, "How each format stores fields").
@@ -30,12 +30,12 @@ from typing import Any, BinaryIO, Sequence
 
 import numpy as np
 
-from readers import spec
-from readers.fields import Field, NumericType, Schema, blob_file, column_file, offsets_file
+from readers.contract import spec
+from readers.contract.fields import Field, NumericType, Schema, blob_file, column_file, offsets_file
 
 __all__ = ["FieldStore", "FIELD_CHECKSUMS", "field_file", "offsets_file", "blob_file", "is_field_file"]
 
-#: ``(N, F) <u4``: the CRC-32 of each extra field's stored blob per sample (``readers.spec.checksum``).
+#: ``(N, F) <u4``: the CRC-32 of each extra field's stored blob per sample (``readers.contract.spec.checksum``).
 FIELD_CHECKSUMS = "field_checksums.npy"
 _CRC_PART = "field_checksums.part"
 _SIZES_PART = "field_sizes.part"
@@ -43,7 +43,7 @@ _OFFSET = np.dtype("<i8")  # byte positions: blobs of a large dataset pass 2**31
 _CRC = np.dtype("<u4")
 
 
-field_file = column_file  # the names are the contract's (readers.fields, "field layout")
+field_file = column_file  # the names are the contract's (readers.contract.fields, "field layout")
 
 
 def is_field_file(name: str) -> bool:

@@ -33,12 +33,12 @@ import h5py
 import numpy as np
 
 from packer.formats.base import FormatWriter, merged
-from packer.images import Prepared
+from packer.prepare.images import Prepared
 from packer.output import start_writeback
-from readers.fields import hdf5_field_path
+from readers.contract.fields import hdf5_field_path
 from readers.formats.h5layout import chunk_table
-from readers.messages import one_line
-from readers.spec import DATA_FILE, HDF5_CHUNK_BYTES, HDF5_CHUNK_TABLE
+from readers.contract.messages import one_line
+from readers.contract.spec import DATA_FILE, HDF5_CHUNK_BYTES, HDF5_CHUNK_TABLE
 
 __all__ = ["HDF5Writer"]
 

@@ -37,9 +37,9 @@ from typing import Any
 import lmdb
 
 from packer.formats.base import FormatWriter
-from packer.images import Prepared
-from readers import spec
-from readers.fields import lmdb_field_key
+from packer.prepare.images import Prepared
+from readers.contract import spec
+from readers.contract.fields import lmdb_field_key
 from readers.formats.lmdbcheck import TAIL_PAD, read_meta
 
 __all__ = ["LmdbWriter", "TXN_BYTES"]
@@ -58,7 +58,7 @@ def _keep_freed_pages() -> None:
 
     Each commit frees the transaction's dirty pages (:data:`TXN_BYTES` of them); with glibc's
     initial trim threshold (128 KB) they go back to the kernel, and the next transaction faults
-    every page in again. Where the source is read in another thread (``packer.readahead``), that
+    every page in again. Where the source is read in another thread (``packer.prepare.readahead``), that
     thread's freed buffers cannot be reused for LMDB's pages either (another malloc arena): puts
     ran 5x slower (0.04 -> 0.20 s per 5,000 images). glibc raises its thresholds by itself when a
     large mapped block is freed (to its size, trim to twice that, for blocks up to 32 MB); freeing

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from packer.formats.base import FormatWriter
-from packer.images import Prepared
-from readers.spec import DATA_FILE, MMAP_HEADER_BYTES
+from packer.prepare.images import Prepared
+from readers.contract.spec import DATA_FILE, MMAP_HEADER_BYTES
 
 __all__ = ["MemmapWriter", "npy_header"]
 

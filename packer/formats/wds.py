@@ -34,10 +34,10 @@ from typing import Any, BinaryIO
 
 from packer.errors import PackError
 from packer.formats.base import FormatWriter
-from packer.images import Prepared
+from packer.prepare.images import Prepared
 from packer.output import SHARD_LOG_NAME, start_writeback
-from readers import spec
-from readers.fields import blob_member, member_suffix
+from readers.contract import spec
+from readers.contract.fields import blob_member, member_suffix
 
 __all__ = ["WdsWriter", "ShardLog", "sample_tar", "sample_span", "END_OF_ARCHIVE"]
 

@@ -5,7 +5,7 @@
   (:mod:`packer.importers.hf`; needs the optional ``datasets`` package).
 
 :func:`scan_import` recognizes them by their files and returns one
-:class:`packer.source.Source` per split, each with its own prepare stage
+:class:`packer.sources.source.Source` per split, each with its own prepare stage
 (``source.prepare``) that reads the images' bytes; validation, rejects,
 journal and summary are the folder's (``packer.pipeline``).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from packer.errors import SourceError
 from packer.importers.hf import is_hf_source, scan_hf
 from packer.importers.wds import is_wds_source, scan_wds, shard_files
-from packer.source import Source, list_folder
+from packer.sources.source import Source, list_folder
 
 __all__ = ["scan_import", "source_kind"]
 

@@ -16,7 +16,7 @@ non-image file in a folder is. The stored image bytes (or the file an image
 ``names.jsonl`` records ``<row>`` or ``<row>:<path>`` when the image has a path.
 
 **Every column as a field.** A dataset with columns beyond its image and ClassLabel (or with no
-ClassLabel) is imported with typed fields (``readers.fields``), each column by its feature type:
+ClassLabel) is imported with typed fields (``readers.contract.fields``), each column by its feature type:
 the first ``Image`` column is the field ``image`` (any other ``Image`` a second image), ``Value``
 strings ``text``, numbers their dtype (``bool`` as ``uint8``), ``binary`` ``bytes``, a ``ClassLabel``
 ``int32`` with its names as the field's classes (named ``label``: kept in ``labels.npy`` as
@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from packer.errors import SourceError
-from packer.images import ImageOptions, RejectedImage, check_file_size
-from packer.importers.stage import Unreadable, bytes_stage, fields_stage
-from packer.columns import IntBuilder, StringBuilder
-from packer.source import Source, list_folder
-from packer.workers import read_source
-from readers.fields import (NUMERIC_DTYPES, Field, FieldType, FieldTypeError, FieldValueError, ImageType, JsonType,
+from packer.prepare.images import ImageOptions, RejectedImage, check_file_size
+from packer.prepare.stage import Unreadable, bytes_stage, fields_stage
+from packer.sources.columns import IntBuilder, StringBuilder
+from packer.sources.source import Source, list_folder
+from packer.prepare.workers import read_source
+from readers.contract.fields import (NUMERIC_DTYPES, Field, FieldType, FieldTypeError, FieldValueError, ImageType, JsonType,
                             NumericType, Schema, check_field_name, parse_type)
 
 __all__ = ["is_hf_source", "scan_hf"]
@@ -263,7 +263,7 @@ def _scan_table(split: str, table: Any) -> Source:
     cols = table.columns
     if cols.schema is not None:
         return _scan_fields(split, table)
-    # compact columns, no Python object per row (see packer.source.StringColumn)
+    # compact columns, no Python object per row (see packer.sources.source.StringColumn)
     paths, labels, sizes, rows = StringBuilder(), IntBuilder("i"), IntBuilder("q"), IntBuilder("q")
     ignored: list[str] = []
     row = 0
@@ -313,7 +313,7 @@ def _read(table: Any, rows: Sequence[int], positions: Sequence[int], opts: Image
 
 def _image_bytes(image: dict, base: Path, opts: ImageOptions | None) -> Any:
     """An image's bytes, embedded in the table or read from the file it names (not read when the file
-    is over the byte budget: ``packer.workers.read_source``)."""
+    is over the byte budget: ``packer.prepare.workers.read_source``)."""
     if image.get("bytes") is not None:
         try:
             if opts is not None:
@@ -396,7 +396,7 @@ def _entry(schema: Schema, extra: tuple, values: dict[str, Any], row: int, where
 
 
 class _RowReader:
-    """A fields source's image, read by row (``packer.importers.stage.fields_stage``)."""
+    """A fields source's image, read by row (``packer.prepare.stage.fields_stage``)."""
 
     def __init__(self, table: Any) -> None:
         self.table = table

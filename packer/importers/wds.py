@@ -25,8 +25,8 @@ through the same validation as a folder's files.
 
 **Every member as a field.** Shards with members beyond the image and its label (img2dataset's
 ``key.jpg`` + ``key.txt`` + ``key.json``, ``key.boxes.npy``, ``key.mask.png``, ...), or whose
-samples have no label, are imported with typed fields (``readers.fields``): each member suffix
-becomes a field, as ``readers.fields.member_suffix`` names them (``txt`` -> field ``txt``,
+samples have no label, are imported with typed fields (``readers.contract.fields``): each member suffix
+becomes a field, as ``readers.contract.fields.member_suffix`` names them (``txt`` -> field ``txt``,
 ``caption.txt`` -> ``caption``, ``cls`` -> ``label``), typed by its extension (``txt`` text,
 ``json`` json, ``cls`` int, ``npy`` an array of the dtype and shape the members have -- a
 varying leading dim gives ``DTYPE[*,...]`` --, an image extension a second image, anything else
@@ -48,13 +48,13 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from packer.errors import SourceError
-from packer.images import ImageOptions, RejectedImage, check_file_size
-from packer.importers.stage import Unreadable, bytes_stage, fields_stage, label_names
-from packer.columns import IntBuilder, IntColumn, StringBuilder, spilled
-from packer.source import IMAGE_EXTENSIONS, Source, list_folder
-from readers.fields import (NUMERIC_DTYPES, Field, FieldType, FieldTypeError, ImageType, NumericType, Schema,
+from packer.prepare.images import ImageOptions, RejectedImage, check_file_size
+from packer.prepare.stage import Unreadable, bytes_stage, fields_stage, label_names
+from packer.sources.columns import IntBuilder, IntColumn, StringBuilder, spilled
+from packer.sources.source import IMAGE_EXTENSIONS, Source, list_folder
+from readers.contract.fields import (NUMERIC_DTYPES, Field, FieldType, FieldTypeError, ImageType, NumericType, Schema,
                             check_field_name, parse_type)
-from readers.safeio import NPY_HEADER_LIMIT, npy_header
+from readers.contract.safeio import NPY_HEADER_LIMIT, npy_header
 
 __all__ = ["is_wds_source", "scan_wds", "shard_files", "MIN_CLASS_LIMIT"]
 
@@ -182,7 +182,7 @@ def scan_wds(src: Path) -> Source:
     root = src
     if _has_fields(shards):
         return _scan_fields(src, shards)
-    # compact columns, no Python object per sample (see packer.source.StringColumn)
+    # compact columns, no Python object per sample (see packer.sources.source.StringColumn)
     names, raw, sizes, shard_at, offset_at = StringBuilder(), _Labels(), IntBuilder("q"), IntBuilder("i"), \
         IntBuilder("q")
     ignored: list[str] = []
@@ -299,7 +299,7 @@ def _npy_type(arrays: list[tuple[np.dtype, tuple[int, ...]]], where: str) -> Fie
 def _npy_member(fd: int, offset: int, size: int) -> tuple[np.dtype, tuple[int, ...]]:
     """(little-endian dtype, shape) of the ``.npy`` member of ``size`` bytes at ``offset``: its header
     only is read, and checked against the member's size before anything is built from it
-    (:func:`readers.safeio.npy_header`, as the readers check it); ValueError with the reason."""
+    (:func:`readers.contract.safeio.npy_header`, as the readers check it); ValueError with the reason."""
     head = os.pread(fd, min(size, 4096), offset)
     if len(head) >= 12 and head[6] in (2, 3):
         need = 12 + int.from_bytes(head[8:12], "little")

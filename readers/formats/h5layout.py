@@ -22,7 +22,7 @@ import array
 import h5py
 import numpy as np
 
-from readers import spec
+from readers.contract import spec
 
 __all__ = ["check_images", "check_chunks", "chunk_table"]
 

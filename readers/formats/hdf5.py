@@ -36,19 +36,19 @@ from typing import Any, Callable, Iterator
 import h5py
 import numpy as np
 
-from readers import spec
-from readers.base import MapReader
-from readers.fields import hdf5_field_path
-from readers.batch import Allocator, byte_offsets, concat_into, finish_batch, index_array, new_byte_batch
+from readers.contract import spec
+from readers.formats.base import MapReader
+from readers.contract.fields import hdf5_field_path
+from readers.formats.batch import Allocator, byte_offsets, concat_into, finish_batch, index_array, new_byte_batch
 from readers.formats.h5layout import check_images
-from readers.perprocess import PerProcess
+from readers.contract.perprocess import PerProcess
 
 __all__ = ["HDF5Dataset"]
 
 
 # Module-level (not lambdas) so readers pickle for spawn/forkserver workers.
 def _open_fd(file: Callable[[], str], size: int | None = None) -> int:
-    """A descriptor of the data file, checked by :func:`readers.safeio.open_data_file` (regular, never
+    """A descriptor of the data file, checked by :func:`readers.contract.safeio.open_data_file` (regular, never
     blocking, at least ``size`` bytes); ``file`` names it only when it is opened."""
     return spec.open_data_file(file(), size)
 
@@ -288,7 +288,7 @@ class HDF5Dataset(MapReader):
 
     def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
         """``decode=False`` with a chunk table: each sample copied from a read-only mapping of the
-        file straight into one ByteBatch buffer, no per-sample ``bytes``; see ``readers.batch``.
+        file straight into one ByteBatch buffer, no per-sample ``bytes``; see ``readers.formats.batch``.
         (A copy out of mapped page cache costs a memcpy; ``os.pread`` costs ~2x that.) Remote
         without a cache: None (each sample is a range request with its CRC checked)."""
         if not self.batchable():

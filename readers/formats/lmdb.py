@@ -34,12 +34,12 @@ from typing import Any, Callable
 import lmdb
 import numpy as np
 
-from readers import spec
-from readers.base import MapReader
-from readers.batch import Allocator, byte_batch, finish_batch, index_array
-from readers.fields import lmdb_field_key
+from readers.contract import spec
+from readers.formats.base import MapReader
+from readers.formats.batch import Allocator, byte_batch, finish_batch, index_array
+from readers.contract.fields import lmdb_field_key
 from readers.formats.lmdbcheck import check_file
-from readers.perprocess import PerProcess
+from readers.contract.perprocess import PerProcess
 
 __all__ = ["LMDBDataset"]
 
@@ -172,7 +172,7 @@ class LMDBDataset(MapReader):
     def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
         """``decode=False``: the batch's values copied straight out of the map into one ByteBatch
         (one transaction, no per-sample ``bytes``; each value's size checked as in ``read``);
-        see ``readers.batch``. None when decoding."""
+        see ``readers.formats.batch``. None when decoding."""
         if not self.batchable():
             return None
         idx = index_array(indices, len(self.labels))

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from readers import spec
+from readers.contract import spec
 
 __all__ = ["LmdbMeta", "read_meta", "check_file", "TAIL_PAD"]
 

@@ -30,11 +30,11 @@ import numpy as np
 import numpy.lib.format as npformat
 import torch
 
-from readers import spec
-from readers.base import MapReader
-from readers.batch import Allocator, finish_batch, index_array, new_byte_batch
-from readers.fields import blob_file, offsets_file
-from readers.perprocess import PerProcess
+from readers.contract import spec
+from readers.formats.base import MapReader
+from readers.formats.batch import Allocator, finish_batch, index_array, new_byte_batch
+from readers.contract.fields import blob_file, offsets_file
+from readers.contract.perprocess import PerProcess
 
 __all__ = ["MemmapDataset"]
 
@@ -180,7 +180,7 @@ class MemmapDataset(MapReader):
         """``(top, left, height, width)`` when the transform only crops this pack's stored pixels: the readers'
         eval transform (``ResizeCenterCrop``) whose resize is the stored shorter side, so its output is
         exactly that window of every sample (no resampling); None for any other transform or shape."""
-        from readers.transforms import ResizeCenterCrop
+        from readers.decode.transforms import ResizeCenterCrop
 
         shape, t = self.fixed_shape, self.transform
         if type(t) is not ResizeCenterCrop or not shape or min(shape[0], shape[1]) != t.options.resize:
@@ -191,7 +191,7 @@ class MemmapDataset(MapReader):
         return int(box.top), int(box.left), int(box.height), int(box.width)
 
     def get_batch(self, indices: list[int], alloc: Allocator | None = None) -> tuple | None:
-        """The whole batch in one gather (``numpy.take``) into one buffer; see ``readers.batch``.
+        """The whole batch in one gather (``numpy.take``) into one buffer; see ``readers.formats.batch``.
 
         Decoded: a uint8 ``[B, 3, S, S]`` tensor in ``channels_last`` layout (the stored HWC
         rows, not transposed). ``decode=False``: a ByteBatch of each sample's HWC bytes. With

@@ -5,10 +5,10 @@ using the index's per-sample offsets instead of parsing the tar stream.
 
 How an epoch is ordered (shard order per epoch, ranks and workers take
 contiguous slices, each worker reads a few shards at once and shuffles through
-a bounded buffer) is computed from the index alone by ``readers.order``: see
+a bounded buffer) is computed from the index alone by ``readers.order.epoch``: see
 there. ``sample_order()`` returns a worker's order without reading anything,
 which is what mid-epoch resume (``resume_point``) and the shuffle-quality
-simulation (``readers.quality``) use. With ``pad=True`` (default) every rank
+simulation (``readers.order.quality``) use. With ``pad=True`` (default) every rank
 yields ``ceil(N / R)`` samples (at most R-1 repeats); ``pad=False`` cuts to
 ``floor(N / R)``: uneven shards can never leave one rank short and hang DDP.
 
@@ -36,11 +36,11 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from readers import spec
-from readers.base import PackedDataset
-from readers.env import WorkerEnv, current_worker_env, release_freed_memory
+from readers.contract import spec
+from readers.formats.base import PackedDataset
+from readers.contract.env import WorkerEnv, current_worker_env, release_freed_memory
 from readers.formats import wds_io
-from readers.order import ShardLayout, ShardSettings, as_ints, resume_order, worker_order
+from readers.order.epoch import ShardLayout, ShardSettings, as_ints, resume_order, worker_order
 
 __all__ = ["ShardDataset"]
 
@@ -109,7 +109,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
 
     def with_samples(self, kept: np.ndarray) -> "ShardDataset":
         """A copy that reads only the samples ``kept`` (indices of this dataset's index; see
-        ``readers.subset``), in the same shard-based order: the order of ``readers.order`` runs on
+        ``readers.subset``), in the same shard-based order: the order of ``readers.order.epoch`` runs on
         the kept samples (position ``j`` of a shard's kept samples is the ``j``-th kept one in it),
         so shuffle, ranks, workers, resume and ``len`` count only them."""
         kept = np.unique(np.asarray(kept, dtype=np.int64))
@@ -120,7 +120,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         return other
 
     def _kept_layout(self, kept: np.ndarray) -> ShardLayout:
-        """The shard layout of the samples ``kept`` (sorted by shard), as ``readers.order`` sees them."""
+        """The shard layout of the samples ``kept`` (sorted by shard), as ``readers.order.epoch`` sees them."""
         shard_of = self._shard_of[kept].astype(np.int32)
         sizes = np.bincount(shard_of, minlength=len(self.shard_sizes)).astype(np.int64)
         first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -240,7 +240,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         with the order settings it ran with (``seed``, ``shuffle``, ``buffer_size``,
         ``open_shards``, ``pad``); ``exact``: the loader's batching is unchanged;
         ``after``: an earlier point of this epoch that run had resumed from. See
-        :func:`readers.order.resume_order`.
+        :func:`readers.order.epoch.resume_order`.
         """
         text = b"" if point is None else json.dumps(point, sort_keys=True).encode()
         if len(text) >= RESUME_BYTES:

@@ -1,6 +1,6 @@
 """Where ``ShardDataset`` gets its bytes: local shard files, a remote store, or a node cache.
 
-``ShardDataset`` decides the ORDER (``readers.order``: which samples each
+``ShardDataset`` decides the ORDER (``readers.order.epoch``: which samples each
 rank and worker reads, interleaved and shuffled how, resumed where); the
 classes here only fetch the bytes of the samples they are given, in the
 order given, as ``(index, stored bytes)`` pairs:
@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from readers import spec
-from readers.order import as_ints
+from readers.contract import spec
+from readers.order.epoch import as_ints
 
 __all__ = ["LocalShards", "CachedShards", "StreamedShards", "shard_io", "check_sample", "parse_header",
            "STREAM_CHUNK", "STREAM_READAHEAD", "CACHE_DEPTH"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from readers.location import parse_location
+from readers.contract.location import parse_location
 from readers.remote.config import RemoteURL, is_url, parse_size, parse_url
 from readers.remote.errors import (
     ObjectNotFoundError,
@@ -73,8 +73,8 @@ def open_store(location: str | os.PathLike, storage_options: Mapping[str, Any] |
 
 def read_index(location: str | os.PathLike | Store, storage_options: Mapping[str, Any] | None = None,
                retry: RetryPolicy | None = None):
-    """:func:`readers.spec.read_index` for a local folder, a URL or a :class:`Store`."""
-    from readers import spec
+    """:func:`readers.contract.spec.read_index` for a local folder, a URL or a :class:`Store`."""
+    from readers.contract import spec
 
     store = location if isinstance(location, Store) else open_store(location, storage_options, retry)
     return spec.read_index(store)

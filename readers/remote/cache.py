@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Iterator
 
 from readers.remote.config import parse_size
-from readers.safeio import atomic_write
+from readers.contract.safeio import atomic_write
 from readers.remote.download import DEFAULT_PART_SIZE, TransferProgress, download_ranged, partial_paths
 from readers.remote.errors import RemoteError, RemoteIntegrityError
 from readers.remote.store import ObjectInfo, Store

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from readers.location import REMOTE_SCHEMES, is_url  # the one URL parser (readers.location)
+from readers.contract.location import REMOTE_SCHEMES, is_url  # the one URL parser (readers.contract.location)
 
 __all__ = ["RemoteURL", "is_url", "parse_url", "S3Settings", "s3_settings", "parse_size", "REMOTE_SCHEMES"]
 
@@ -135,7 +135,7 @@ def describe_credential_sources(opts: Mapping[str, Any], env: Mapping[str, str])
 
 # --------------------------------------------------------------------------- sizes
 def parse_size(value: int | float | str) -> int:
-    """Bytes from ``200GB``, ``200GiB``, ``1.5T``, ``4096`` or an int: binary units (:mod:`readers.units`)."""
-    from readers.units import parse_size as parse
+    """Bytes from ``200GB``, ``200GiB``, ``1.5T``, ``4096`` or an int: binary units (:mod:`readers.contract.units`)."""
+    from readers.contract.units import parse_size as parse
 
     return parse(value)

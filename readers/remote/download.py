@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from readers import spec
+from readers.contract import spec
 from readers.remote.errors import RemoteIntegrityError
 from readers.remote.store import Store
 

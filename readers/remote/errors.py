@@ -7,7 +7,7 @@ file errors handles these too; :class:`ObjectNotFoundError` is also a
 
 from __future__ import annotations
 
-from readers.messages import one_line  # re-exported: the stores quote errors with it
+from readers.contract.messages import one_line  # re-exported: the stores quote errors with it
 
 __all__ = [
     "RemoteError",

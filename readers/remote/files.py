@@ -27,8 +27,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Mapping
 
-from readers.perprocess import PerProcess
-from readers.spec import recorded_files
+from readers.contract.perprocess import PerProcess
+from readers.contract.spec import recorded_files
 from readers.remote.cache import NodeCache, Pin
 from readers.remote.download import TransferProgress
 from readers.remote.store import Store

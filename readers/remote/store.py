@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from readers import spec
+from readers.contract import spec
 from readers.remote.errors import ObjectNotFoundError, RemoteError, RemoteIntegrityError, RemoteTooLargeError
 
 __all__ = ["Store", "LocalStore", "RequestStats", "ObjectInfo", "DEFAULT_CHUNK", "DEFAULT_PART", "MAX_READ_BYTES",

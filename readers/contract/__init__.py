@@ -1,0 +1,18 @@
+"""The contract: what a packed dataset is on disk, and the small torch-free pieces everything above shares.
+
+``packer`` writes what this package defines and ``readers`` reads it; nothing here imports torch or
+any other ``readers`` package, so a tool that only writes or checks datasets pays for none of them
+(``tests/test_layering.py`` keeps it so).
+
+* :mod:`~readers.contract.spec` -- the index (``index.json``), file names, formats, checksums;
+* :mod:`~readers.contract.fields` -- typed sample fields and the :class:`Schema`, and where each
+  field lives in each format;
+* :mod:`~readers.contract.checks` -- what an index's values may be, checked on open;
+  :mod:`~readers.contract.checkcache` -- the record of checks that passed;
+* :mod:`~readers.contract.safeio` -- the one place that opens, sizes, reads, maps and atomically
+  writes a dataset's files;
+* :mod:`~readers.contract.location`, :mod:`~readers.contract.units`,
+  :mod:`~readers.contract.messages`, :mod:`~readers.contract.env`,
+  :mod:`~readers.contract.perprocess` -- paths and URLs, sizes, one-line messages, what this
+  process may use, one value per process.
+"""

@@ -1,0 +1,164 @@
+"""Whole batches of stored bytes from WebDataset shards (``decode=False``), for the thread loader.
+
+``ShardDataset`` yields one sample at a time: a ``pread`` of header and
+data, a Python check of the 512-byte tar header, a slice copy, then
+``collate`` copies every sample once more into the batch. Here a batch of
+the same samples, in the same order, is read with one copy per
+sample -- copied out of a read-only mapping of its shard (page cache: a
+memcpy, where ``pread`` costs about twice that), its header into a row of a
+``(B, 512)`` array, its data straight into the batch buffer -- and the
+headers are checked together with numpy, once per sample and mapping
+(:class:`ShardMaps`; later epochs copy the data only):
+the member name is the sample's key, the size field matches the index, the
+header checksum holds. A header in any other (valid) spelling is checked
+one by one, exactly as ``ShardDataset.read_from`` checks it; a damaged one
+raises the same ``DatasetFormatError`` naming the shard and byte offset.
+Shards are opened as per-sample reads open them (``ShardDataset.open_shard``:
+regular files inside the dataset folder, never blocking) before they are
+mapped; a remote dataset (streamed or cached) is read sample by sample.
+
+``readers.loader.threads.ThreadLoader`` uses :func:`iter_batches` for a local
+``ShardDataset`` with ``decode=False``; everything else iterates samples.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from readers.contract import spec
+from readers.formats.batch import byte_offsets, concat_into, finish_batch, new_byte_batch
+from readers.formats import wds_io
+
+__all__ = ["supported", "iter_batches", "ShardMaps"]
+
+BLOCK = spec.TAR_BLOCK  # 512-byte tar header in front of each sample
+_POW10 = 10 ** np.arange(9, -1, -1, dtype=np.int64)  # the ten digits of a key
+_POW8_11 = 8 ** np.arange(10, -1, -1, dtype=np.int64)
+_POW8_6 = 8 ** np.arange(5, -1, -1, dtype=np.int64)
+
+
+def supported(dataset: Any) -> bool:
+    """True for a ShardDataset this module reads: local shards, ``decode=False``, image + label items
+    (not ``fields=``: those samples are read member by member, see docs/fields.md)."""
+    return (getattr(dataset, "format", "") == "wds" and not dataset.decode and getattr(dataset, "fields", None) is None
+            and getattr(dataset, "remote", None) is None and hasattr(dataset, "sample_order"))
+
+
+def canonical_ok(headers: np.ndarray, idx: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per row: the header is this writer's exact spelling of sample ``idx``'s member of ``sizes`` bytes."""
+    digits = (idx[:, None] // _POW10) % 10 + 48
+    name_ok = np.all(headers[:, :10] == digits, axis=1) & (headers[:, 10] == 46)  # "<key>."
+    size_digits = headers[:, 124:135].astype(np.int64) - 48
+    size_ok = np.all((size_digits >= 0) & (size_digits <= 7), axis=1) & (headers[:, 135] == 0)
+    size_ok &= (size_digits @ _POW8_11) == sizes
+    chk_digits = headers[:, 148:154].astype(np.int64) - 48
+    chk_ok = np.all((chk_digits >= 0) & (chk_digits <= 7), axis=1) & (headers[:, 154] == 0) & (headers[:, 155] == 32)
+    total = headers.sum(axis=1, dtype=np.int64) - headers[:, 148:156].sum(axis=1, dtype=np.int64) + 256
+    chk_ok &= (chk_digits @ _POW8_6) == total
+    return name_ok & size_ok & chk_ok
+
+
+def _check_one(ds: Any, header: np.ndarray, data: np.ndarray, i: int, shard: int, offset: int) -> None:
+    """The per-sample check of ``ShardDataset.read_from`` for one header the fast check did not take
+    (the same function, so the same DatasetFormatError naming the shard and byte)."""
+    where = lambda: f"{ds.shard_location(shard)} at byte {offset - BLOCK}"  # noqa: E731
+    wds_io.check_sample(header.tobytes() + data.tobytes(), i, len(data), where)
+
+
+MAX_MAPPED = 64  # shards kept mapped per caller (each mapping holds a descriptor)
+
+
+class ShardMaps:
+    """Read-only mappings of one dataset's shards, kept by a caller from epoch to epoch (at most
+    :data:`MAX_MAPPED`, least recently used dropped first), and which samples' tar headers have
+    been checked in them.
+
+    A header is checked the first time its sample is read through a mapping, not on every
+    epoch: the mapping holds the shard's inode, a shard is written once and never changed in
+    place (a re-pack writes new files and renames them over), so bytes checked once in a
+    mapping stay checked while it lives. When a shard's mapping is dropped its samples are
+    checked again on their next read.
+    """
+
+    def __init__(self) -> None:
+        self._maps: dict[int, np.ndarray] = {}
+        self._owner: Any = None
+        self.checked = np.zeros(0, dtype=bool)
+
+    def bind(self, ds: Any) -> None:
+        """Serve ``ds`` (the mappings and checks of another dataset's index are dropped)."""
+        if self._owner is not ds.sample_offsets:  # with_order copies share the index arrays
+            self._maps.clear()
+            self._owner, self.checked = ds.sample_offsets, np.zeros(len(ds.sample_offsets), dtype=bool)
+
+    def get(self, ds: Any, shard: int) -> np.ndarray:
+        """The mapping of ``shard`` (opened now if needed), as a uint8 array."""
+        m = self._maps.pop(shard, None)
+        if m is not None:
+            self._maps[shard] = m  # most recently used last
+            return m
+        if len(self._maps) >= MAX_MAPPED:
+            dropped = next(iter(self._maps))
+            del self._maps[dropped]
+            self.checked[ds.sample_shards == dropped] = False
+        fd = ds.open_shard(shard)  # a regular file inside the dataset folder, as for per-sample reads
+        try:
+            m = spec.map_file(fd)
+        finally:
+            os.close(fd)
+        self._maps[shard] = m
+        return m
+
+
+def _read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray) -> tuple:
+    maps.bind(ds)
+    sizes = ds.sample_sizes[idx].astype(np.int64)
+    offsets = byte_offsets(sizes)
+    batch, data = new_byte_batch(offsets)
+    todo = ~maps.checked[idx]  # samples whose header this mapping has not checked yet
+    headers = np.empty((len(idx), BLOCK), dtype=np.uint8)
+    shards = ds.sample_shards[idx]
+    starts = ds.sample_offsets[idx]
+    # Python ints and the current shard's mapping held across samples: per sample this loop takes a
+    # view of the bytes (and copies the header, the first time); one concat_into copies them all.
+    heads = headers.data.cast("B")  # ndarray.data: the memoryview, typed (numpy declares __buffer__ only on 3.12+)
+    pieces = []
+    last, view = -1, np.zeros(0, dtype=np.uint8)
+    for k, (shard, start, size, check) in enumerate(zip(shards.tolist(), starts.tolist(), sizes.tolist(),
+                                                        todo.tolist())):
+        if shard != last:
+            last, view = shard, maps.get(ds, shard)
+        if start + size > len(view) or start < BLOCK:
+            raise spec.DatasetFormatError(
+                f"{ds.shard_location(shard)} at byte {start - BLOCK}: shard ends early (sample {int(idx[k])}): "
+                "truncated or damaged")
+        if check:
+            heads[k * BLOCK:(k + 1) * BLOCK] = view[start - BLOCK:start].data
+        pieces.append(view[start:start + size])
+    concat_into(pieces, data)
+    if todo.any():
+        rows = np.flatnonzero(todo)
+        ok = canonical_ok(headers[rows], idx[rows], sizes[rows])
+        for k in rows[~ok]:
+            _check_one(ds, headers[k], data[offsets[k]:offsets[k + 1]], int(idx[k]), int(shards[k]),
+                       int(starts[k]))
+        maps.checked[idx[rows]] = True
+    return finish_batch(ds, batch, idx)
+
+
+def iter_batches(ds: Any, batch_size: int, drop_last: bool = False,
+                 maps: ShardMaps | None = None) -> Iterator[tuple]:
+    """This worker's (thread's) samples of the epoch, in ``ShardDataset``'s order, as collated batches.
+
+    ``maps`` (:class:`ShardMaps`: read-only mappings, page cache rather than private memory,
+    and the headers checked in them) is kept by the caller from epoch to epoch, so pages
+    mapped once are not faulted in again and headers are not checked again.
+    """
+    maps = ShardMaps() if maps is None else maps
+    order = np.asarray(ds.sample_order(), dtype=np.int64)  # this worker's epoch (and resume point), no I/O
+    stop = len(order) - len(order) % batch_size if drop_last else len(order)
+    for start in range(0, stop, batch_size):
+        yield _read_batch(ds, maps, order[start:start + batch_size])

@@ -1,0 +1,12 @@
+"""Loading: ``make_loader`` and what feeds the GPU.
+
+* :mod:`~readers.loader.dataloader` -- ``make_loader``, a DataLoader with pinned memory, persistent
+  workers and exact resume;
+* :mod:`~readers.loader.threads` -- thread workers and the ``workers="auto"`` choice;
+* :mod:`~readers.loader.shmring` -- reusable shared-memory slots for whole batches;
+* :mod:`~readers.loader.prefetch` -- the overlapped host-to-device copy;
+* :mod:`~readers.loader.meter` -- is the GPU starving?
+
+The top layer of ``readers``: it imports the formats, the order, the decode stack and the
+contract; nothing imports it.
+"""
