@@ -251,13 +251,11 @@ def _unsampled_label(labels_path: Path, n: int) -> int:
     return (page * 4096 - header) // 4 + 10
 
 
-@pytest.mark.timeout(120)
-def test_a_label_outside_the_classes_on_an_unsampled_page_is_refused_whatever_is_recorded(
-        packed_generated, tmp_path, counters):
-    """Issue 33 item 9, the page no CRC samples: the stat and the sampled pages still match the
-    record, so the CRC-32 and most value checks are skipped, but the labels are range-checked on
-    every open: label 99 is refused, naming the file and the sample."""
-    crcs, _values = counters
+def _relabel_on_an_unsampled_page(packed_generated, tmp_path, new_label, opens_before=1):
+    """A 100,000-sample dataset whose label on a page the record's CRC does not sample is rewritten
+    (``new_label(classes, old)``) through a mapping held while ``opens_before`` opens write the record.
+    Returns the dataset, the position, the new label and whether the labels file's stat key came through
+    unchanged."""
     n = 100_000
     root = _many_labels(packed_generated, tmp_path, n)
     labels = root / spec.array_file("labels")
@@ -265,12 +263,25 @@ def test_a_label_outside_the_classes_on_an_unsampled_page_is_refused_whatever_is
     before = {}
 
     def opens():
-        open_dataset(root, decode=False)
-        open_dataset(root, decode=False)
+        for _ in range(opens_before):
+            open_dataset(root, decode=False)
         before["key"] = checkcache.stat_key(labels)
 
-    relabel_while_recorded(labels, position - 1, position, 99, opens)
-    if checkcache.stat_key(labels) == before["key"]:  # the case of the issue (unless the kernel wrote the page back)
+    new = new_label(len(spec.read_meta(root)["classes"]), int(np.load(labels)[position]))
+    relabel_while_recorded(labels, position - 1, position, new, opens)
+    return root, position, new, checkcache.stat_key(labels) == before["key"]
+
+
+@pytest.mark.timeout(120)
+def test_a_label_outside_the_classes_on_an_unsampled_page_is_refused_whatever_is_recorded(
+        packed_generated, tmp_path, counters):
+    """Issue 33 item 9, the page no CRC samples: the stat and the sampled pages still match the
+    record, so the CRC-32 and most value checks are skipped, but the labels are range-checked on
+    every open: label 99 is refused, naming the file and the sample."""
+    crcs, _values = counters
+    root, position, _, unchanged = _relabel_on_an_unsampled_page(packed_generated, tmp_path,
+                                                                 lambda _classes, _old: 99, opens_before=2)
+    if unchanged:  # the case of the issue (unless the kernel wrote the page back)
         seen = len(crcs)
         with pytest.raises(spec.DatasetFormatError, match=f"labels.npy: sample {position}: label 99 is outside the"):
             open_dataset(root, decode=False)
@@ -285,19 +296,9 @@ def test_the_limit_an_in_range_label_on_an_unsampled_page_is_found_by_verify(pac
     """What the record does not cover (docs/guarantees.md): a label changed to another class, on a
     page the CRC does not sample, through a mapping held while the record was written, opens
     unchecked (the record still matches); verify, which ignores the record, finds it."""
-    n = 100_000
-    root = _many_labels(packed_generated, tmp_path, n)
-    labels = root / spec.array_file("labels")
-    position = _unsampled_label(labels, n)
-    before = {}
-
-    def opens():
-        open_dataset(root, decode=False)
-        before["key"] = checkcache.stat_key(labels)
-
-    new = (int(np.load(labels)[position]) + 1) % len(spec.read_meta(root)["classes"])
-    relabel_while_recorded(labels, position - 1, position, new, opens)
-    if checkcache.stat_key(labels) == before["key"]:
+    root, position, new, unchanged = _relabel_on_an_unsampled_page(
+        packed_generated, tmp_path, lambda classes, old: (old + 1) % classes)
+    if unchanged:
         assert int(open_dataset(root, decode=False).index.arrays["labels"][position]) == new
     with pytest.raises(spec.DatasetFormatError, match="labels.npy: checksum differs"):
         verify(root)
