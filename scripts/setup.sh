@@ -20,7 +20,7 @@ fi
 # the system libjpeg-turbo) where a C compiler and jpeglib.h exist (Debian: apt-get install gcc
 # libjpeg62-turbo-dev); without them it goes on, and the readers decode whole JPEGs.
 run pip install -c <(python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" 2>/dev/null) -e ".[test]"
-if ! python -c "from readers import jpegcrop; assert jpegcrop.native_path()" 2>/dev/null; then
+if ! python -c "from readers.decode import jpegcrop; assert jpegcrop.native_path()" 2>/dev/null; then
   echo "note: the native region decoder (readers/decode/_jpegcrop.c) was not built: it needs cc and libjpeg-turbo's jpeglib.h (Debian: apt-get install gcc libjpeg62-turbo-dev, then rerun this); the readers decode whole JPEGs" >&2
 fi
 python -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1 || true
