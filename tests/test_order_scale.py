@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import readers.contract.env
 import readers.order.epoch
+import readers.order.mapstyle
 import readers.order.sampler
 from readers.contract.env import WorkerEnv
 from readers.order.epoch import (ShardLayout, ShardSettings, batch_counts, buffer_shuffle, interleave, resume_order,
@@ -211,17 +212,17 @@ def test_an_exact_resume_builds_one_worker_share():
 
 @pytest.fixture
 def permutations(monkeypatch):
-    """Counts the permutations of all n samples computed (readers.order.epoch.permutation, wherever it is
+    """Counts the permutations of all n samples computed (readers.order.mapstyle.permutation, wherever it is
     called from): a rank's share is computed by shuffle_at without one."""
     calls = []
-    real = readers.order.epoch.permutation
+    real = readers.order.mapstyle.permutation
 
-    def counting(n, seed, epoch, shuffle=True, kind=readers.order.epoch.MAP_ORDER):
+    def counting(n, seed, epoch, shuffle=True, kind=readers.order.mapstyle.MAP_ORDER):
         calls.append(n)
         return real(n, seed, epoch, shuffle, kind)
 
-    monkeypatch.setattr(readers.order.epoch, "permutation", counting)
-    monkeypatch.setattr(readers.order.sampler, "permutation", counting)
+    for module in (readers.order.mapstyle, readers.order.epoch, readers.order.sampler):  # defined, re-exported, used
+        monkeypatch.setattr(module, "permutation", counting)
     return calls
 
 
@@ -316,13 +317,13 @@ def test_map_order_encrypts_each_position_about_once_wherever_n_falls(monkeypatc
     as there are positions; this counts the values each network encrypted."""
     counted = {"feistel-ab": 0, "feistel": 0}
     for name, kind in (("_feistel_ab", "feistel-ab"), ("_feistel", "feistel")):
-        real = getattr(readers.order.epoch, name)
+        real = getattr(readers.order.mapstyle, name)
 
         def counting(x, *args, _real=real, _kind=kind):
             counted[_kind] += len(x)
             return _real(x, *args)
 
-        monkeypatch.setattr(readers.order.epoch, name, counting)
+        monkeypatch.setattr(readers.order.mapstyle, name, counting)
     positions = np.arange(0, n, 7)
     for kind in counted:
         readers.order.epoch.shuffle_at(positions, n, 1, 0, kind=kind)

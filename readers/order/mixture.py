@@ -8,7 +8,7 @@ hands to the :class:`readers.order.sampler.EpochSampler`:
 * each epoch has ``samples_per_epoch`` samples (default: all samples of all
   sources), ``floor`` or ``ceil`` of ``samples_per_epoch x w_j / sum(w)``
   from source ``j``: the proportions are exact in every epoch, and the sources
-  are interleaved at random (:func:`readers.order.epoch.epoch_draw`);
+  are interleaved at random (:func:`readers.order.draw.epoch_draw`);
 * each source keeps its own shuffle: it delivers its samples in a permutation
   of its own, without repeats until all of them came; a share larger than the
   source goes on with its next pass, a new permutation. The next epoch goes on

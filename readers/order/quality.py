@@ -35,7 +35,8 @@ import numpy as np
 
 from readers.contract import spec
 from readers.contract.env import WorkerEnv
-from readers.order.epoch import ShardLayout, ShardSettings, rank_indices, round_robin, worker_order
+from readers.order.epoch import ShardLayout, ShardSettings, round_robin, worker_order
+from readers.order.mapstyle import rank_indices
 
 __all__ = ["ShuffleQuality", "expected_distinct", "expected_displacement", "measure", "measure_loader", "simulate",
            "IMAGENET"]

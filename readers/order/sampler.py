@@ -3,8 +3,8 @@
 One permutation of all samples per ``(seed, epoch)``, split over DDP ranks
 the way ``DistributedSampler`` splits (rank r takes positions r, r+R, ... of
 the permutation, padded by repeating its start, or cut with ``drop_last``):
-see :func:`readers.order.epoch.rank_indices`. Each rank computes only its own share
-of the permutation (:func:`readers.order.epoch.shuffle_at`, a keyed bijection), so
+see :func:`readers.order.mapstyle.rank_indices`. Each rank computes only its own share
+of the permutation (:func:`readers.order.mapstyle.shuffle_at`, a keyed bijection), so
 an epoch start and an exact resume cost O(N / ranks) per rank.
 
 It *is* a ``DistributedSampler`` (frameworks such as Lightning check that and
@@ -26,7 +26,7 @@ permutation of all N, ``"rng"``) resumes that way too: its delivered samples
 are those of numpy's permutation, the rest comes in this release's order.
 
 Epochs of a set length and mixtures (``spec``, an :class:`EpochSpec`): the
-epoch is the list of :func:`readers.order.epoch.epoch_draw` (``samples_per_epoch``
+epoch is the list of :func:`readers.order.draw.epoch_draw` (``samples_per_epoch``
 samples of one dataset, or of several sources laid end to end in the index
 space of a :class:`readers.order.mixture.Mixture`); the split over ranks and the resume
 then work on positions of that list exactly as above on a permutation (the
@@ -43,7 +43,9 @@ import numpy as np
 from torch.utils.data import DistributedSampler
 
 from readers.contract.env import current_worker_env
-from readers.order.epoch import MAP_ORDER, as_ints, epoch_draw, permutation, rank_indices, rank_order, shares
+from readers.order.draw import epoch_draw, shares
+from readers.order.epoch import as_ints
+from readers.order.mapstyle import MAP_ORDER, permutation, rank_indices, rank_order
 
 __all__ = ["EpochSampler", "EpochSpec", "map_delivered", "exact_resume"]
 
@@ -142,7 +144,7 @@ class EpochSampler(DistributedSampler):
     the rank in force. ``drop_last`` as ``DistributedSampler``'s.
     """
 
-    #: The shuffle this sampler uses (:data:`readers.order.epoch.MAP_ORDERS`); a loader's state records it.
+    #: The shuffle this sampler uses (:data:`readers.order.mapstyle.MAP_ORDERS`); a loader's state records it.
     map_order = MAP_ORDER
 
     def __init__(self, n: int, shuffle: bool = True, seed: int = 0, *, distributed: bool | None = None,
