@@ -16,7 +16,7 @@ import pytest
 
 from readers.contract import spec
 from readers.contract.location import UnsupportedLocationError, parse_location
-from readers.remote.resolve import resolve_index
+from readers.formats.resolve import resolve_index
 from readers.contract.units import format_size, parse_size
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXCLUDE = {".git", ".venv", "build", "dist", "out", "__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
 NATIVE_SOURCE = "readers/decode/_jpegcrop.c"
 #: The built decoder in a wheel for this interpreter (setup.py's extension readers.decode._jpegcrop).
-NATIVE_BUILT = "readers/_jpegcrop" + importlib.machinery.EXTENSION_SUFFIXES[0]
+NATIVE_BUILT = "readers/decode/_jpegcrop" + importlib.machinery.EXTENSION_SUFFIXES[0]
 NOT_BUILT = "the native region decoder readers.decode._jpegcrop was not built"
 
 
@@ -115,7 +115,7 @@ def test_wheel_holds_the_native_decoder(wheel, native_blocker):
     assert NATIVE_SOURCE in names
     if native_blocker:
         pytest.skip(native_blocker)
-    assert NATIVE_BUILT in names, sorted(n for n in names if n.startswith("readers/_"))
+    assert NATIVE_BUILT in names, sorted(n for n in names if n.startswith("readers/decode/_"))
     assert wheel.name.endswith(f"-{sysconfig.get_platform().replace('-', '_').replace('.', '_')}.whl"), wheel.name
 
 
@@ -126,7 +126,7 @@ def test_a_build_without_a_compiler_succeeds_without_the_decoder(source, tmp_pat
     built, output = build_wheel(source, tmp_path / "dist", env)
     with zipfile.ZipFile(built) as z:
         names = z.namelist()
-    assert NATIVE_SOURCE in names and not [n for n in names if n.startswith("readers/_jpegcrop") and n.endswith(".so")]
+    assert NATIVE_SOURCE in names and not [n for n in names if n.startswith("readers/decode/_jpegcrop") and n.endswith(".so")]
     [warning] = [line.strip() for line in output.splitlines() if NOT_BUILT in line]
     assert "no-such-cc" in warning and "jpeglib.h" in warning and "decode whole JPEGs" in warning, warning
 

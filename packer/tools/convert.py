@@ -348,7 +348,7 @@ def _roots(src: Path) -> list[Path]:
 
 
 def _read(root: Path) -> spec.Index:
-    from readers.remote.resolve import resolve_index
+    from readers.formats.resolve import resolve_index
 
     try:
         return resolve_index(root)

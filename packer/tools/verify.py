@@ -34,7 +34,7 @@ from readers.contract import checkcache
 from readers.contract import spec
 from readers.contract.checks import data_files
 from readers.contract.location import UnsupportedLocationError
-from readers.remote.resolve import resolve_index
+from readers.formats.resolve import resolve_index
 
 __all__ = ["Problem", "VerifyReport", "verify", "main", "add_arguments", "run"]
 

@@ -29,7 +29,7 @@ from readers.decode.compose import accepts_bytes, warn_if_fused_lost
 from readers.decode.decoders import DecodeError, decode_rgb
 from readers.contract.fields import Field, Schema, column_file
 from readers.contract.perprocess import PerProcess
-from readers.remote.resolve import resolve_index
+from readers.formats.resolve import resolve_index
 
 __all__ = ["PackedDataset", "MapReader", "to_chw", "IMAGE_KINDS", "INDEX_KEY", "load_column"]
 

@@ -10,7 +10,7 @@ from readers.formats.hdf5 import HDF5Dataset
 from readers.formats.lmdb import LMDBDataset
 from readers.formats.mmap import MemmapDataset
 from readers.formats.wds import ShardDataset
-from readers.remote.resolve import resolve_index
+from readers.formats.resolve import resolve_index
 
 __all__ = ["READERS", "open_dataset"]
 
