@@ -17,6 +17,12 @@ The top layer of the project: ``dataset_bench`` -> ``packer`` -> ``readers`` ->
 * :mod:`dataset_bench.remote`, :mod:`dataset_bench.servers` -- ``dataset-bench --remote``: reading from a
   loopback S3 server (SeaweedFS) against the official reader and the local disk; the real
   servers (SeaweedFS, nginx) that it and the tests start;
+* :mod:`dataset_bench.peers`, :mod:`dataset_bench.peerreaders`, :mod:`dataset_bench.peerwriters`,
+  :mod:`dataset_bench.newpeers` -- the peers: which ones are installed (here or in a venv of their own),
+  the older peers' readers and writers, the 2026 peers' loaders and writers;
+* :mod:`dataset_bench.sidecases`, :mod:`dataset_bench.sidemeasure`, :mod:`dataset_bench.sidebyside`,
+  :mod:`dataset_bench.sidereport`, :mod:`dataset_bench.sidecli` -- ``dataset-bench --peers``: its
+  configuration and read cases, one measurement, the run, its report, its command;
 * :mod:`dataset_bench.cli` -- the ``dataset-bench`` command (the only place with argparse and
   progress bars).
 

@@ -5,7 +5,7 @@ Reading (naive folder, naive ``np.memmap`` Dataset, LMDB by hand, the
 official webdataset reader, a plain thread pool, FFCV when installed, and
 every format of ours in every mode with 0 and 2 workers, processes and
 threads, and with 2 workers ``make_loader``'s defaults; the modes are
-``dataset_bench.sidebyside.MODES``: pixels, raw224, bytes, decoded, train,
+``dataset_bench.sidecases.MODES``: pixels, raw224, bytes, decoded, train,
 pil), packing (ours with validation on and off against LMDB by hand,
 ``webdataset.ShardWriter`` and mosaicml-streaming's ``MDSWriter`` when
 installed) and the loaders' private memory. See ``dataset_bench/sidebyside.py``. Usage::
@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 
 from dataset_bench.peers import NEW_PEERS
-from dataset_bench.sidebyside import SideConfig, run_side_by_side
+from dataset_bench.sidebyside import run_side_by_side
+from dataset_bench.sidecases import SideConfig
 from dataset_bench.sidereport import draw_side_chart, markdown, report, targets
 
 __all__ = ["build_parser", "main"]

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dataset_bench.sidebyside import DEFAULTS, FORMATS, MODES
+from dataset_bench.sidecases import DEFAULTS, FORMATS, MODES
 
 __all__ = ["targets", "report", "draw_side_chart"]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from dataset_bench.peers import NEW_PEERS, installed
-from dataset_bench.sidebyside import FORMATS, ReadCase, SideConfig, folder_samples, read_cases, same_samples, \
-    sample_key
+from dataset_bench.sidecases import FORMATS, ReadCase, SideConfig, read_cases
+from dataset_bench.sidemeasure import folder_samples, same_samples, sample_key
 from dataset_bench.sidereport import targets
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_peers.py"
@@ -155,7 +155,7 @@ def test_our_datasets_deliver_each_mode_and_the_loader_says_which_workers_it_ran
     import torch
 
     from dataset_bench.naive import NaiveImageFolder, pil_eval
-    from dataset_bench.sidebyside import chosen_workers, our_dataset
+    from dataset_bench.sidemeasure import chosen_workers, our_dataset
     from dataset_bench.targets import pack_formats
     from readers import make_loader
 
