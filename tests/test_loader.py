@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import readers.contract.env
-import readers.loader.dataloader
+import readers.loader.shmspace
 from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers.contract import spec
@@ -258,7 +258,7 @@ def test_make_loader_checks_shm(packed_generated, monkeypatch, restore_sharing_s
     def small_shm(path):
         return real(path)._replace(free=1 << 20) if str(path) == "/dev/shm" else real(path)
 
-    monkeypatch.setattr(readers.loader.dataloader.shutil, "disk_usage", small_shm)
+    monkeypatch.setattr(readers.loader.shmspace.shutil, "disk_usage", small_shm)
     ds = open_dataset(packed_generated["lmdb"])
     with pytest.warns(RuntimeWarning, match="--shm-size") as record:
         make_loader(ds, batch_size=64, num_workers=2, workers="processes")  # threads need no shared memory

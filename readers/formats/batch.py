@@ -18,7 +18,7 @@ in one call, straight into the batch's own buffer, and returns what
 A reader returns None from ``get_batch`` when it has no whole-batch path for
 its settings (a transform, samples of different shapes); the loaders then
 fall back to ``__getitems__`` + collate. ``readers.loader.threads`` and the
-loader's collate in worker processes (``readers.loader.dataloader.Collate``) call it.
+loader's collate in worker processes (``readers.loader.collation.Collate``) call it.
 
 Every :class:`ByteBatch` is built by :func:`new_byte_batch` (or
 :func:`byte_batch`, which copies pieces into one).
@@ -171,7 +171,7 @@ class GatheredItems:
 
     A sequence of the batch's ``(image, label[, index])`` items for anyone who
     treats it as one (a custom ``collate_fn``, ``default_collate``, a direct
-    call), built from one whole-batch read. ``readers.loader.dataloader.Collate`` asks for
+    call), built from one whole-batch read. ``readers.loader.collation.Collate`` asks for
     :meth:`gather` instead and gets the batch itself: no per-sample objects at
     all. The read happens on first use, so a collate can say where the batch
     goes (``alloc``: a reusable shared-memory slot in a worker process).

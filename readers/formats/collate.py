@@ -1,6 +1,6 @@
 """Batches of samples with typed fields (docs/fields.md): one column per field, collated by what it holds.
 
-``readers.loader.dataloader.collate`` hands a batch here when its items are field samples: a
+``readers.loader.collation.collate`` hands a batch here when its items are field samples: a
 :class:`Sample` (the tuple a reader returns for ``fields=(...)``) or a dict (``fields=None`` on
 a dataset without ``label``). Per field, over the batch:
 

@@ -25,6 +25,10 @@
   reading the skipped samples (see ``readers.order.epoch`` and ``readers.order.sampler``);
 * workers die with the main process (``PR_SET_PDEATHSIG``), so a killed
   trainer leaves no worker behind holding shared memory or its output pipes.
+
+The pieces live beside it and are re-exported here: ``collate`` / ``Collate`` in
+:mod:`readers.loader.collation`, ``choose_workers`` and the thread workers in
+:mod:`readers.loader.threads`, the ``/dev/shm`` check in :mod:`readers.loader.shmspace`.
 """
 
 from __future__ import annotations
@@ -32,137 +36,30 @@ from __future__ import annotations
 import logging
 import os
 import random
-import shutil
 import threading
-import warnings
 import weakref
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset
 
-from readers.decode import compose
-from readers.loader import shmring
-from readers.formats.batch import GatheredItems, batch_buffer, byte_batch, shared_tensor
-from readers.formats.collate import collate_fields, is_field_batch
 from readers.contract.env import default_workers, die_with_parent
-from readers.order.epoch import batch_counts, worker_lengths
 from readers.formats.registry import open_dataset
-from readers.order.sampler import EpochSampler, EpochSpec
+from readers.loader import shmring
+from readers.loader.collation import Collate, collate
 from readers.loader.shmring import ByteBatch
+from readers.loader.shmspace import ShmSpace, item_bytes, shm_check, use_file_system_sharing
+from readers.loader.threads import WORKER_KINDS, ThreadBatches, choose_workers
+from readers.order.epoch import batch_counts, worker_lengths
+from readers.order.sampler import EpochSampler, EpochSpec
 
-__all__ = ["make_loader", "choose_workers", "PackedLoader", "ThreadLoader", "EpochSampler", "ByteBatch", "collate", "shm_check", "ShmSpace",
-           "use_file_system_sharing"]
+# make_loader and its loaders; the rest re-exported from where it lives (collation, shmspace, threads,
+# shmring, readers.order.sampler), so one import reaches everything a training script names
+__all__ = ["make_loader", "PackedLoader", "ThreadLoader", "choose_workers", "EpochSampler", "ByteBatch", "collate",
+           "Collate", "shm_check", "ShmSpace", "use_file_system_sharing"]
 
 log = logging.getLogger(__name__)
-
-
-def _collate_bytes(items: Sequence[Any]) -> ByteBatch:
-    """Pack encoded samples into one uint8 tensor, written straight into shared memory
-    when running in a loader worker (so sending it to the main process copies nothing)."""
-    return byte_batch(items, alloc=shared_tensor if get_worker_info() is not None else None)
-
-
-def _collate_images(images: Sequence[Any]) -> Any:
-    # numpy stack, not torch.stack: torch's intra-op threads spin against the
-    # loader's own workers on a busy machine (measured here: 0.3 ms vs up to
-    # 100 ms for a 6 MB batch).
-    first = images[0]
-    if isinstance(first, (bytes, bytearray, memoryview)):
-        return _collate_bytes(images)
-    if type(first).__module__.startswith("PIL."):
-        return list(images)  # image="pil" without a transform that makes tensors
-    if isinstance(first, torch.Tensor):
-        same = all(t.shape == first.shape for t in images)
-        if same and first.dtype != torch.bfloat16:
-            return torch.from_numpy(np.stack([t.numpy() for t in images]))
-        if same:
-            return torch.stack(list(images))
-        return list(images)  # images of different sizes and no resizing transform
-    return torch.utils.data.default_collate(list(images))
-
-
-def collate(batch: Sequence[tuple]) -> tuple:
-    """Collate (image, label[, index]) items: stack equal-shape images, pack bytes flat."""
-    if isinstance(batch, GatheredItems):  # a whole-batch read (readers.formats.batch)
-        return batch.gather()
-    if is_field_batch(batch):  # samples with typed fields (readers.formats.collate, docs/fields.md)
-        return collate_fields(batch)
-    columns = list(zip(*batch))
-    out = [_collate_images(columns[0])]
-    out += [torch.as_tensor(c, dtype=torch.int64) for c in columns[1:]]
-    return tuple(out)
-
-
-class Collate:
-    """``collate`` plus reusable shared-memory slots for whole batches (see readers.loader.shmring).
-
-    In a loader worker, a batch goes into one of the worker's reusable slots
-    and the main process rebuilds it as views of that slot: a whole-batch read
-    (``GatheredItems``: ByteBatches of ``decode=False`` readers, mmap's pixel
-    tensors) is written there directly by ``get_batch``, a batch of ``bytes``
-    items is copied there, decoded images of one shape are stacked there.
-    Everything else (PIL images, images of different shapes, a batch for which
-    no slot freed up within ``wait_s``, and the main process itself) goes
-    through ``collate``.
-    """
-
-    def __init__(self, slots: int = 4, wait_s: float = 0.05) -> None:
-        self.ring = shmring.ShmSlots(slots, wait_s) if shmring.available() else None
-
-    def __call__(self, batch: Sequence[tuple]) -> Any:
-        if self.ring is None or not batch or get_worker_info() is None:
-            return collate(batch)  # the main process: nothing to send
-        if isinstance(batch, GatheredItems):
-            return self._gathered(batch)
-        if is_field_batch(batch):
-            return collate(batch)  # samples with typed fields: readers.formats.collate
-        first = batch[0][0]
-        if isinstance(first, (bytes, bytearray)):
-            images, *rest = zip(*batch)
-            packed = self.ring.pack(images, tuple(torch.as_tensor(c, dtype=torch.int64) for c in rest))
-            if packed is not None:
-                return packed
-        elif isinstance(first, torch.Tensor) and first.dtype != torch.bfloat16 and first.device.type == "cpu":
-            stacked = self._stacked(batch)
-            if stacked is not None:
-                return stacked
-        return collate(batch)  # other items, or no free slot in time
-
-    def _stacked(self, batch: Sequence[tuple]) -> Any:
-        """Decoded images of one shape and dtype stacked straight into a free slot (one copy each)."""
-        images, *rest = zip(*batch)
-        first = images[0]
-        if not all(isinstance(t, torch.Tensor) and t.shape == first.shape and t.dtype == first.dtype for t in images):
-            return None
-        slot = self.ring.slot(len(images) * first.numel() * first.element_size())
-        if slot is None:
-            return None
-        out = slot.array.view(first.numpy().dtype).reshape(len(images), *first.shape)
-        np.stack([t.numpy() for t in images], out=out)
-        sent = self.ring.send(slot, (torch.from_numpy(out), *(torch.as_tensor(c, dtype=torch.int64) for c in rest)))
-        return sent
-
-    def _gathered(self, items: GatheredItems) -> Any:
-        """The whole-batch read written straight into a free slot (sent as a reference to it)."""
-        ring, got = self.ring, []
-
-        def alloc(nbytes: int) -> Any:  # the batch's one buffer: the slot (a second one: not in the slot)
-            slot = ring.slot(nbytes) if not got else None
-            got.append(slot)
-            return slot.array if slot is not None else batch_buffer(nbytes)
-
-        result = items.gather(alloc)
-        slot = got[0] if got else None
-        if slot is None:  # no free slot in time (the caller keeps its batches): the ordinary way
-            return result
-        sent = ring.send(slot, result)
-        if sent is not None:
-            return sent
-        # a batch of another shape than send knows: read it again outside the slot (which stays free)
-        return GatheredItems(items.dataset, items.indices.tolist()).gather()
 
 
 STATE_VERSION = 1
@@ -209,14 +106,20 @@ class PackedLoader(DataLoader):
     #: accelerate's save_state / load_state call state_dict() / load_state_dict() on loaders with this flag.
     use_stateful_dataloader = True
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, seed: int = 0, distributed: bool | None = None, **kwargs: Any) -> None:
+        """``DataLoader``'s arguments, and two of ``make_loader``'s: ``seed``, the order's seed when
+        the sampler has none of its own (what a state records; the workers' per-epoch base seed is
+        drawn from it), and ``distributed``, as ``make_loader`` was given it (None: split by rank when
+        a job has several, False: every rank reads everything, so a framework may shard the loader)."""
         super().__init__(*args, **kwargs)
         self._epoch, self._explicit, self._started = 0, False, False
         self._delivered, self._finished = 0, False
         self._resume: dict[str, Any] | None = None  # what the epoch in progress resumed from
         self._pending: dict[str, Any] | None = None  # a loaded state, applied by the next iter()
         self._sampler_epoch = 0  # the epoch this loader last gave its sampler
-        self._seed, self._distributed, self._marked = 0, None, False
+        self._seed: int = int(seed)
+        self._distributed: bool | None = distributed
+        self._marked = False
 
     @property
     def epoch(self) -> int:
@@ -239,7 +142,8 @@ class PackedLoader(DataLoader):
     # ------------------------------------------------------------ state
     def _run_settings(self) -> dict[str, Any]:
         """What decides this loader's order, as a resume point records it."""
-        ds, iterable = self.dataset, isinstance(self.dataset, IterableDataset)
+        ds: Any = self.dataset  # a reader, a subset, a mixture or a dataset of the caller's own
+        iterable = isinstance(ds, IterableDataset)
         num_samples = len(getattr(ds, "labels", ()))
         if iterable and hasattr(ds, "settings"):
             env = ds._env()
@@ -363,13 +267,16 @@ class PackedLoader(DataLoader):
         part (its last batch may be short), so the count is the sum over workers, not
         ``ceil(len(dataset) / batch_size)`` as a plain DataLoader says. A resumed epoch
         delivers fewer: ``len`` is always the whole epoch's (what an LR schedule is sized by)."""
-        ds = self.dataset
-        if not (isinstance(ds, IterableDataset) and hasattr(ds, "sample_order") and self.batch_size is not None):
+        ds: Any = self.dataset  # a ShardDataset counts its own samples; a DataLoader does the rest
+        shards = isinstance(ds, IterableDataset) and hasattr(ds, "sample_order")
+        if not (shards and self.batch_size is not None):
             return super().__len__()
         # len(ds): this rank's samples, which its workers split as one rank of one splits them
         lengths = worker_lengths(len(ds), 1, max(1, self.num_workers), True)
-        self._IterableDataset_len_called = total = sum(batch_counts(lengths, self.batch_size, self.drop_last))
-        return total  # (DataLoader warns if an epoch yields more than _IterableDataset_len_called)
+        total = sum(batch_counts(lengths, self.batch_size, self.drop_last))
+        # DataLoader warns if an epoch yields more than this (torch declares it None; it holds the count)
+        self._IterableDataset_len_called = total  # type: ignore[assignment]
+        return total
 
     def _get_iterator(self):
         it = super()._get_iterator()
@@ -432,144 +339,8 @@ class ThreadLoader(PackedLoader):
         self.whole_batches = whole_batches
         self._shard_maps: dict[int, Any] = {}  # thread -> its ShardMaps (shard mappings, headers checked), kept between epochs
 
-    def _get_iterator(self):
-        from readers.loader.threads import ThreadBatches
-
+    def _get_iterator(self) -> Any:  # a ThreadBatches: DataLoader's iterator protocol, not its _BaseDataLoaderIter
         return ThreadBatches(self)
-
-
-def _item_bytes(dataset: Any) -> int:
-    """Rough size of one item as it crosses to the main process."""
-    index = getattr(dataset, "index", None)
-    sizes = index.arrays.get("sizes") if index is not None else None
-    mean = float(sizes.mean()) if sizes is not None and len(sizes) else 150_000.0
-    if getattr(dataset, "format", "") == "mmap" or not getattr(dataset, "decode", True):
-        return int(mean)
-    if getattr(dataset, "transform", None) is not None:
-        return 3 * 224 * 224
-    return int(mean * 10)  # JPEG compresses ~10:1
-
-
-@dataclass(frozen=True)
-class ShmSpace:
-    """Free space in a shared-memory folder against what a loader needs. True when enough."""
-
-    path: str
-    free: int | None  # None: the folder could not be examined (then assumed enough)
-    needed: int
-
-    @property
-    def enough(self) -> bool:
-        return self.free is None or self.free >= self.needed
-
-    def __bool__(self) -> bool:
-        return self.enough
-
-
-def shm_check(need_bytes: int, path: str = "/dev/shm") -> ShmSpace:
-    """How much room ``path`` has for ``need_bytes`` (changes nothing; ``bool()`` of it: enough)."""
-    try:
-        free: int | None = shutil.disk_usage(path).free
-    except OSError:
-        free = None
-    return ShmSpace(path, free, int(need_bytes))
-
-
-def use_file_system_sharing(space: ShmSpace, stacklevel: int = 1) -> None:
-    """Switch torch.multiprocessing (process-wide) to the 'file_system' sharing strategy and
-    warn, naming how short ``space`` is and how to fix it. ``make_loader`` calls this when
-    :func:`shm_check` finds too little room. ``stacklevel`` as for ``warnings.warn``, counted
-    from the caller (1: the warning names the line that called this)."""
-    if torch.multiprocessing.get_sharing_strategy() != "file_system":
-        torch.multiprocessing.set_sharing_strategy("file_system")
-    warnings.warn(
-        f"{space.path} has {(space.free or 0) / 2**20:.0f} MB free but the loader's prefetch queue needs about "
-        f"{space.needed / 2**20:.0f} MB; switched torch.multiprocessing to the 'file_system' sharing "
-        "strategy (slower, may leak files on crashes). Give the container more shared memory, "
-        "e.g. `docker run --shm-size=8g`, or lower num_workers / prefetch_factor / batch_size.",
-        RuntimeWarning,
-        stacklevel=stacklevel + 1,
-    )
-
-
-WORKER_KINDS = ("auto", "threads", "processes")
-
-
-def _own_transform(transform: Any) -> bool:
-    """A transform of this package (``readers.decode.transforms``), or a Compose of nothing else: its work
-    (JPEG decode in libjpeg-turbo, torch resize kernels) runs with the GIL released."""
-    parts = compose.steps(transform)
-    if parts is not None:
-        return bool(parts) and all(_own_transform(t) for t in parts)
-    return type(transform).__module__.startswith("readers.")
-
-
-def _first_reason(dataset: Any, reason: Callable[[Any], str | None]) -> str | None:
-    """``reason(reader)`` for the first reader under ``dataset`` that has one: each source of a mixture,
-    the dataset under a subset, else ``dataset`` itself."""
-    sources = getattr(dataset, "sources", None)
-    if sources is not None:  # a mixture: every source must do
-        return next((why for why in (_first_reason(s, reason) for s in sources) if why is not None), None)
-    if type(dataset).__module__ == "readers.order.subsets":
-        return _first_reason(dataset.dataset, reason)
-    return reason(dataset)
-
-
-def _gil_free(dataset: Any) -> str | None:
-    """Why ``dataset``'s per-sample work may hold the GIL (so worker processes suit it better), or None
-    when it releases it: a reader of this package reading stored bytes, stored pixels, or decoding
-    with its own decode and transforms."""
-    from readers.formats.base import PackedDataset
-
-    if not isinstance(dataset, PackedDataset):
-        return f"a dataset of your own ({type(dataset).__name__})"
-    sample_transform = getattr(dataset, "sample_transform", None)
-    if sample_transform is not None:  # Python of the caller's own per sample, like a transform (issue 33 item 12)
-        return f"a Python sample_transform of your own ({getattr(sample_transform, '__name__', type(sample_transform).__name__)})"
-    if not dataset.decode:
-        return None
-    if dataset.image == "pil":
-        return "image='pil' (PIL images)"
-    if dataset.transform is not None and not _own_transform(dataset.transform):
-        return f"a Python transform of your own ({type(dataset.transform).__name__})"
-    return None
-
-
-def _decodes_per_sample(dataset: Any) -> str | None:
-    """Why worker processes beat threads for ``dataset`` although its work releases the GIL, or None:
-    a map-style reader that decodes (or resamples) each sample with its own decode and transforms.
-    Between those GIL-free calls each sample still runs Python (read, crop box, collate), and loader
-    threads queue for one GIL there: with 2 workers on 2 cores, worker processes delivered 0-20%
-    more images/s than threads for lmdb and hdf5 (eval and train transforms; ``ShardDataset`` the same
-    in both kinds, so it keeps threads)."""
-    from readers.formats.base import MapReader
-
-    if isinstance(dataset, MapReader) and dataset.decode and not dataset.batchable():
-        return "a map-style reader decoding each sample (processes keep the Python between decodes off one GIL)"
-    return None
-
-
-def choose_workers(dataset: Any, *, num_workers: int, collate_fn: Callable | None = None,
-                   multiprocessing_context: Any = None, worker_init_fn: Callable | None = None) -> tuple[str, str]:
-    """The worker kind ``make_loader(workers="auto")`` picks for ``dataset``, and why: ``("threads", why)``
-    when the per-sample work releases the GIL (this package's readers, with ``decode=False``, stored
-    pixels, or ``ShardDataset``'s own decode and transforms) so threads do it without copying batches
-    between processes; ``("processes", why)`` when Python code of the caller's own runs per sample or
-    per batch (a transform, a ``collate_fn``, a dataset), which would hold the GIL in threads, a
-    ``worker_init_fn`` (often written for worker processes: ``get_worker_info()``, global seeds), or a
-    map-style reader decodes each sample (:func:`_decodes_per_sample`: measured faster in processes)."""
-    if num_workers == 0:
-        return "processes", "num_workers=0: everything runs in the calling thread"
-    if multiprocessing_context is not None:
-        return "processes", "a multiprocessing_context was given"
-    if worker_init_fn is not None:
-        return "processes", "a worker_init_fn of your own"
-    if collate_fn is not None:
-        return "processes", f"a collate_fn of your own ({getattr(collate_fn, '__name__', type(collate_fn).__name__)})"
-    why = _first_reason(dataset, _gil_free) or _first_reason(dataset, _decodes_per_sample)
-    if why is not None:
-        return "processes", why
-    return "threads", "the reader's own work releases the GIL (stored bytes, stored pixels, its own decode and transforms)"
 
 
 # Over 60 lines only because the public entry point lists and documents every knob; the body is ~35.
@@ -657,11 +428,11 @@ def make_loader(
         raise ValueError("make_loader: replacement=True needs samples_per_epoch")
     if getattr(dataset, "sources", None) is not None and getattr(dataset, "seed", None) is not None:
         seed = int(dataset.seed)  # the mixture's own seed
-    kind, workers = workers, default_workers() if num_workers is None else num_workers
+    kind, count = workers, default_workers() if num_workers is None else num_workers
     if kind == "auto":
-        kind, why = choose_workers(dataset, num_workers=workers, collate_fn=collate_fn,
+        kind, why = choose_workers(dataset, num_workers=count, collate_fn=collate_fn,
                                    multiprocessing_context=multiprocessing_context, worker_init_fn=worker_init_fn)
-        log.info("make_loader: %d worker %s: %s (workers='threads' or 'processes' to choose)", workers, kind, why)
+        log.info("make_loader: %d worker %s: %s (workers='threads' or 'processes' to choose)", count, kind, why)
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     sampler = kwargs.pop("sampler", None)
     if "batch_sampler" in kwargs:  # DataLoader's rule: a batch sampler replaces all four
@@ -675,27 +446,21 @@ def make_loader(
                                drop_last=drop_last, spec=spec)
     elif spec is not None:
         raise ValueError("make_loader: samples_per_epoch and mixtures need make_loader's own sampler, not sampler=")
+    generator = torch.Generator()
+    generator.manual_seed(seed)
     if kind == "threads":
-        generator = torch.Generator()
-        generator.manual_seed(seed)
-        loader = ThreadLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin,
+        return ThreadLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=count, pin_memory=pin,
                               drop_last=drop_last, collate_fn=collate_fn or collate, generator=generator,
                               prefetch_factor=prefetch_factor, whole_batches=collate_fn is None,
-                              worker_init_fn=worker_init_fn, **kwargs)
-        loader._seed, loader._distributed = seed, distributed
-        return loader
-    if workers > 0:
-        space = shm_check(workers * prefetch_factor * batch_size * _item_bytes(dataset) * 2)
+                              worker_init_fn=worker_init_fn, seed=seed, distributed=distributed, **kwargs)
+    if count > 0:
+        space = shm_check(count * prefetch_factor * batch_size * item_bytes(dataset) * 2)
         if not space:
             use_file_system_sharing(space, stacklevel=2)
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                       multiprocessing_context=multiprocessing_context)
-    generator = torch.Generator()
-    generator.manual_seed(seed)
-    loader = PackedLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin,
+    return PackedLoader(
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=count, pin_memory=pin,
         drop_last=drop_last, collate_fn=collate_fn or Collate(slots=prefetch_factor + 3),
-        worker_init_fn=_WorkerInit(worker_init_fn), generator=generator, **kwargs,
+        worker_init_fn=_WorkerInit(worker_init_fn), generator=generator, seed=seed, distributed=distributed, **kwargs,
     )
-    loader._seed, loader._distributed = seed, distributed
-    return loader
