@@ -56,6 +56,9 @@ Per format and N (each in a fresh process, so memory figures are its own):
 Each figure is printed with its ratio to the previous N of the same format
 (``x``); a cost that grows linearly shows ~10x per 10x of N.
 
+The datasets are built by ``scale_data.py`` beside this file, the tables and the checks made by
+``scale_report.py``; here: the probes (each in a child process) and the run.
+
 Usage::
 
     python benchmarks/bench_scale.py --quick            # 10k packs, 100k (wds only), index-only 1M: ~3 min
@@ -82,12 +85,11 @@ from typing import Any
 
 import numpy as np
 
+from scale_data import FORMATS, SHARD_SAMPLES, UNIQUE, index_only, make_images, pack_options  # beside this file
+from scale_report import checks, curve_table, per_10x, ratios, tables
+
 ROOT = Path(__file__).resolve().parent.parent
-FORMATS = ("wds", "lmdb", "hdf5", "mmap")
-CLASSES = 1000
-IMAGE_BYTES = 700  # index-only: stored bytes of each sample (a 32 x 32 JPEG is 0.7-1.2 KB)
 RANKS, WORKERS, BATCH = 8, 8, 256
-SHARD_SAMPLES = 10_000  # index-only wds: samples per shard
 
 QUICK = {"packs": [10_000, 100_000], "pack_formats": {10_000: FORMATS, 100_000: ("wds",)},
          "index": [1_000_000], "order": [100_000_000, 1_000_000_000]}
@@ -130,129 +132,6 @@ def peak_rss() -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-# ----------------------------------------------------------------------------- building data
-UNIQUE = 10_000  # distinct JPEGs generated; larger sets hard-link them under new names (same class)
-
-
-def make_images(root: Path, n: int, procs: int, base: Path | None = None) -> float:
-    """``n`` 32 x 32 JPEGs in 1,000 class folders (kept between runs); seconds spent.
-
-    At most :data:`UNIQUE` are generated (in ``base``); image ``i`` of a larger set is a hard link
-    to distinct image ``i % UNIQUE``, which has the same class: the packer still lists, reads and
-    writes ``n`` files (1.28M in a minute instead of an hour of JPEG encoding)."""
-    from dataset_bench.synth import SynthOptions, make_imagenet_like
-
-    t0 = time.perf_counter()
-    done = root / ".complete"
-    if done.exists():
-        return time.perf_counter() - t0
-    if n <= UNIQUE or base is None:
-        make_imagenet_like(root, n, classes=min(CLASSES, n), options=SynthOptions(size=(32, 32), jitter=0, noise=4.0),
-                           processes=procs)
-    else:
-        make_images(base, UNIQUE, procs)
-        for c in range(CLASSES):
-            (root / f"n{c:08d}").mkdir(parents=True, exist_ok=True)
-        for i in range(n):
-            name = f"n{i % CLASSES:08d}/img_{i:07d}.JPEG"
-            if not os.path.exists(root / name):
-                os.link(base / f"n{i % CLASSES:08d}/img_{i % UNIQUE:07d}.JPEG", root / name)
-    done.write_text(str(n))
-    return time.perf_counter() - t0
-
-
-def pack_options(fmt: str, workers: int) -> dict[str, Any]:
-    return {"format": fmt, "workers": workers, "overwrite": True, **({"resize": 32} if fmt == "mmap" else {})}
-
-
-def template(work: Path, fmt: str) -> Path:
-    """A 64-image pack of ``fmt``: the metadata (and for lmdb the data file) an index-only dataset starts from."""
-    out = work / "template" / fmt
-    if not (out / "index.json").exists():
-        from packer.api import pack
-        from packer.options import PackOptions
-
-        src = work / "template-images"
-        make_images(src, 64, 1)
-        pack(src, out, PackOptions(**pack_options(fmt, 1)))
-    return out
-
-
-def index_only(work: Path, fmt: str, n: int) -> Path:
-    """An index-only dataset of ``fmt`` with ``n`` samples (see the module doc); kept between runs."""
-    from readers.contract import spec
-
-    out = work / "index" / f"{fmt}-{n}"
-    if (out / spec.INDEX_NAME).exists():
-        return out
-    tpl = template(work, fmt)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    meta = json.loads((tpl / spec.INDEX_NAME).read_text())
-    for key in ("index_arrays", "files_crc32", "spec_version", "checksum"):
-        meta.pop(key, None)
-    i = np.arange(n, dtype=np.int64)
-    labels = (i % CLASSES).astype(np.int32)
-    arrays: dict[str, np.ndarray] = {"labels": labels, "checksums": np.zeros(n, np.uint32),
-                                     "sizes": np.full(n, IMAGE_BYTES, np.int64)}
-    meta.update(num_samples=n, class_counts=np.bincount(labels, minlength=CLASSES).tolist(),
-                classes=[f"n{c:08d}" for c in range(CLASSES)])
-    if fmt == "wds":
-        stride = spec.TAR_BLOCK + -(-IMAGE_BYTES // spec.TAR_BLOCK) * spec.TAR_BLOCK + 2 * spec.TAR_BLOCK
-        arrays["shards"] = (i // SHARD_SAMPLES).astype(np.int32)
-        arrays["offsets"] = (i % SHARD_SAMPLES) * stride + spec.TAR_BLOCK
-        shards, files = [], {}
-        for k, first in enumerate(range(0, n, SHARD_SAMPLES)):
-            count = min(SHARD_SAMPLES, n - first)
-            name = spec.shard_name("index", k)
-            size = count * stride + 2 * spec.TAR_BLOCK
-            _sparse(out / name, size)
-            shards.append({"name": name, "samples": count, "first": first, "bytes": size, "crc32": 0})
-            files[name] = size
-        meta.update(shards=shards, files=files)
-        meta["storage"].pop("wids_index", None)
-    elif fmt == "lmdb":
-        shutil.copy(tpl / "data.mdb", out / "data.mdb")
-    elif fmt == "hdf5":
-        arrays["offsets"] = i * IMAGE_BYTES
-        _sparse_h5(out, n * IMAGE_BYTES)
-        meta["files"] = {"data.h5": (out / "data.h5").stat().st_size,
-                         spec.HDF5_CHUNK_TABLE: (out / spec.HDF5_CHUNK_TABLE).stat().st_size}
-    else:
-        from packer.formats.mmap import npy_header
-
-        side = 32 * 32 * 3
-        arrays.update(offsets=i * side, sizes=np.full(n, side, np.int64), heights=np.full(n, 32, np.int32),
-                      widths=np.full(n, 32, np.int32))
-        with open(out / "images.npy", "wb") as f:
-            f.write(npy_header((n, 32, 32, 3)))
-        os.truncate(out / "images.npy", spec.MMAP_HEADER_BYTES + n * side)
-        meta["files"] = {"images.npy": spec.MMAP_HEADER_BYTES + n * side}
-    del i
-    spec.write_index(out, meta, arrays)
-    return out
-
-
-def _sparse(path: Path, size: int) -> None:
-    with open(path, "wb") as f:
-        f.truncate(size)
-
-
-def _sparse_h5(out: Path, nbytes: int) -> None:
-    """data.h5 with a 1-D uint8 ``/images`` of ``nbytes`` in the packer's chunks, all allocated, none written."""
-    import h5py
-
-    from bench_hdf5_chunks import make  # the one sparse /images builder (this folder is on sys.path)
-    from readers.contract import spec
-    from readers.formats.h5layout import chunk_table
-
-    chunk = spec.HDF5_CHUNK_BYTES
-    make(str(out / "data.h5"), -(-nbytes // chunk))
-    with h5py.File(out / "data.h5", "r") as f:
-        table = chunk_table(f["images"], chunk)
-    np.save(out / spec.HDF5_CHUNK_TABLE, np.asarray(table, dtype="<i8"))
 
 
 # ----------------------------------------------------------------------------- probes (child processes)
@@ -540,127 +419,6 @@ def cli(command: str, folder: Path) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- the run
-COLUMNS = [  # key, heading, kind (s, B, /s, us, n)
-    ("scan_s", "scan", "s"), ("images_per_s", "pack img/s", "/s"), ("pack_rss", "pack RSS", "B"),
-    ("pack_private", "pack private", "B"),
-    ("open_first_s", "first open", "s"), ("open_s", "open", "s"), ("open_private", "open private", "B"), ("open_mapped", "open mapped", "B"),
-    ("random_us", "random read", "us"), ("first_batch_s", "first batch", "s"),
-    ("worker_private", "worker private", "B"), ("order_s", "order", "s"), ("order_base_s", "permutation", "s"),
-    ("order_peak", "order peak", "B"),
-    ("state_bytes", "state_dict", "n"), ("resume_s", "resume (8 ranks)", "s"), ("resume_peak", "resume peak", "B"),
-    ("info_s", "info", "s"), ("info_rss", "info RSS", "B"), ("verify_s", "verify", "s"), ("verify_rss", "verify RSS", "B"),
-    ("disk_ratio", "disk / payload", "x"),
-]
-
-
-def _fmt(value: float, kind: str) -> str:
-    if kind == "s":
-        return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
-    if kind == "B":
-        return f"{value / 2**20:.1f} MB"
-    if kind == "/s":
-        return f"{value:,.0f}"
-    if kind == "us":
-        return f"{value:.0f} µs"
-    if kind == "x":
-        return f"{value:.2f}"
-    return f"{value:,.0f}"
-
-
-def per_10x(ratio: float, step: float) -> float:
-    """A cost's ``ratio`` between two sizes ``step`` apart (``step`` = their ratio of N), per 10x of N."""
-    return ratio ** (1 / np.log10(step)) if step > 1 else ratio
-
-
-def ratios(rows: list[dict[str, Any]]) -> None:
-    """Add ``ratio[key]``: each figure over the same format's previous N, and ``per10``: that ratio per 10x of N."""
-    last: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        prev = last.get(row["format"])
-        row["ratio"], row["per10"] = {}, {}
-        if prev is not None:
-            step = row["n"] / prev["n"]
-            for key, _, kind in COLUMNS:
-                a, b = prev.get(key), row.get(key)
-                if a and b and kind not in ("n", "x"):
-                    r = b / a
-                    row["ratio"][key] = r
-                    row["per10"][key] = per_10x(r, step)
-        last[row["format"]] = row
-
-
-GROUPS = {  # the printed tables: one per stage, so that each fits a page
-    "packing": ("scan_s", "images_per_s", "pack_rss", "pack_private", "disk_ratio", "verify_s", "verify_rss"),
-    "opening and reading": ("open_first_s", "open_s", "open_private", "open_mapped", "random_us", "first_batch_s", "worker_private",
-                            "info_s", "info_rss"),
-    "epoch order and resume": ("order_s", "order_base_s", "order_peak", "state_bytes", "resume_s", "resume_peak"),
-}
-
-
-def tables(rows: list[dict[str, Any]]) -> str:
-    """One markdown table per :data:`GROUPS` entry (rows without any of its figures left out)."""
-    out = []
-    for title, keys in GROUPS.items():
-        part = [r for r in rows if any(k in r for k in keys)]
-        if part:
-            out += [f"{title}:", "", table(part, keys), ""]
-    return "\n".join(out)
-
-
-def table(rows: list[dict[str, Any]], only: tuple[str, ...] | None = None) -> str:
-    keys = [(k, h, kind) for k, h, kind in COLUMNS if any(k in r for r in rows) and (only is None or k in only)]
-    head = "| format | N | kind | " + " | ".join(h for _, h, _ in keys) + " |"
-    lines = [head, "|---|---:|---|" + "---:|" * len(keys)]
-    for r in rows:
-        cells = []
-        for k, _, kind in keys:
-            if k not in r:
-                cells.append("–")
-                continue
-            text = _fmt(r[k], kind)
-            if k in r.get("ratio", {}):
-                text += f" ({r['ratio'][k]:.1f}x)"
-            cells.append(text)
-        lines.append(f"| {r['format']} | {r['n']:,} | {r['kind']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def checks(rows: list[dict[str, Any]], curve: list[dict[str, Any]] = ()) -> list[str]:
-    """The issue's Done-when figures that these rows can show, as failures (empty: all met)."""
-    bad = []
-    # the order past the CPU's cache: ~11x per 10x of N here (numpy's permutation 23-27x), far under a square's 100x
-    if curve and "per10" in curve[-1] and curve[-1]["per10"] >= 20:
-        bad.append(f"the wds worker order grows {curve[-1]['per10']:.1f}x per 10x of N at {curve[-1]['n']:,}")
-    # costs that must not grow faster than N: at most 12x per 10x of N
-    linear = ("scan_s", "pack_rss", "pack_private", "open_first_s", "open_s", "open_private", "worker_private", "order_s", "order_peak",
-              "resume_s", "resume_peak", "info_s", "info_rss", "verify_s", "verify_rss", "state_bytes")
-    kinds = {k: kd for k, _, kd in COLUMNS}
-    previous: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        prev, previous[r["format"]] = previous.get(r["format"]), r
-        for key in linear:
-            per10 = r.get("per10", {}).get(key)
-            floor = {"s": 0.05, "B": 8 << 20}.get(kinds[key], 0)
-            # judged where both figures are above the floor: a ratio of milliseconds is the machine's noise
-            if per10 is not None and per10 > 12 and prev is not None and min(prev[key], r[key]) >= floor:
-                bad.append(f"{r['format']} {key} grows {per10:.1f}x per 10x of N at {r['n']:,}")
-        if r.get("worker_private", 0) > 64 << 20:
-            bad.append(f"{r['format']} per-worker private memory {r['worker_private'] / 2**20:.0f} MB at {r['n']:,}")
-        if r["n"] >= 1_000_000 and r.get("open_s", 0) > 1.0:
-            bad.append(f"{r['format']} open takes {r['open_s']:.2f} s at {r['n']:,}")
-        if r["n"] >= 1_000_000 and r.get("resume_s", 0) > 2.0:
-            bad.append(f"{r['format']} exact resume takes {r['resume_s']:.2f} s per rank at {r['n']:,}")
-    packs = {}
-    for r in rows:
-        if r["kind"] == "pack" and "pack_private" in r:
-            packs.setdefault(r["format"], []).append(r)
-    for fmt, rs in packs.items():  # private memory: the mapped files are page cache, counted apart
-        if len(rs) >= 2 and rs[-1]["n"] >= 1_000_000 and rs[-1]["pack_private"] > 1.5 * rs[-2]["pack_private"]:
-            bad.append(f"{fmt} packer peak private memory at {rs[-1]['n']:,} is "
-                       f"{rs[-1]['pack_private'] / rs[-2]['pack_private']:.2f}x its value at {rs[-2]['n']:,}")
-    return bad
-
-
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -739,18 +497,6 @@ def order_curve(sizes: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
-def curve_table(curve: list[dict[str, Any]]) -> str:
-    lines = ["wds epoch order of one worker (8 ranks x 8 workers), on the shard layout alone:", "",
-             "| N | share | order | per sample | per 10x of N | permutation | per sample | per 10x of N |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in curve:
-        grow = f"{r['per10']:.1f}x" if "per10" in r else "–"
-        base = f"{r['base_per10']:.1f}x" if "base_per10" in r else "–"
-        lines.append(f"| {r['n']:,} | {r['share']:,} | {r['order_s'] * 1e3:.1f} ms | {r['order_s'] / r['share'] * 1e9:.1f} ns "
-                     f"| {grow} | {r['order_base_s'] * 1e3:.1f} ms | {r['order_base_s'] / r['share'] * 1e9:.1f} ns | {base} |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--probe":
@@ -793,3 +539,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
