@@ -18,6 +18,8 @@ from packer.api import WRITERS, pack
 from packer.errors import OutputError, OutputExistsError, PackError, PackerError, SourceError, UsageError
 from packer.options import PackOptions
 from packer.pipeline import SplitResult
+from packer.writer import SampleError, Writer
 
 __all__ = ["pack", "PackOptions", "PackerError", "UsageError", "PackError", "OutputError", "OutputExistsError",
            "SourceError", "SplitResult", "WRITERS"]
+__all__ += ["Writer", "SampleError"]  # packer.writer: write a dataset from Python, sample by sample

@@ -1,0 +1,498 @@
+"""``Writer``: write a dataset from Python, one sample dict at a time, through the pack's own write stage.
+
+    from packer import Writer, PackOptions
+
+    with Writer("out", format="lmdb", classes=["cat", "dog"]) as w:
+        for image, label, caption in produce():
+            w.write({"image": image, "label": label, "caption": caption})
+
+The seam: a pack (``packer.pipeline.pack_split``) consumes a prepare stage, an iterator of
+:class:`~packer.prepare.workers.Outcome` in source order. A ``Writer`` runs that same
+``pack_split`` in one background thread over a source that grows as samples are written, and
+its prepare stage is a bounded queue fed by :meth:`Writer.write`. So the format writers
+(``packer.formats``), the journal and its checkpoints (``packer.journal``), the output policy and
+lock (``packer.output``), the CRCs, the index (written last, atomically, by a clean close only)
+and ``resume`` are the pack's, not copies. Each sample is checked in the caller's thread
+(``write`` raises at once, naming the sample and field): its image by
+``packer.prepare.workers.outcome_of`` (the pack's validation and normalization: ``max_side``,
+``resize``, re-encoding, rejects), its other fields by their types' ``encode``
+(``readers.contract.fields``, as a manifest pack does).
+
+A sample is a dict: ``image`` (encoded bytes, a PIL image or an ``HxWx3`` / ``HxW`` uint8 array; a
+PIL image or array is encoded as a lossless PNG, as a pack stores a BMP), an optional integer
+``label`` (``classes=`` names them), an optional ``__key__`` (the sample's name in
+``names.jsonl``; default its position) and any typed fields (``fields=``, else inferred from the
+first sample: ``str`` -> text, ``int`` -> int, ``float`` -> float, ``bool`` -> uint8, dict / list ->
+json, ``bytes`` -> bytes, a numpy array -> ``DTYPE[*,...]`` (state ``DTYPE[N]`` for a fixed
+column), a numpy scalar -> its dtype).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import queue
+import re
+import threading
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from packer.api import WRITERS
+from packer.errors import PackError, UsageError
+from packer.journal import SideFiles
+from packer.options import PackOptions
+from packer.output import OutputLock, prepare_output
+from packer.pipeline import SplitResult, pack_split
+from packer.prepare.images import ImageOptions
+from packer.prepare.workers import Outcome, outcome_of
+from packer.sources.source import Source
+from readers.contract import spec
+from readers.contract.fields import Field, FieldType, FieldValueError, ImageType, NumericType, Schema, parse_type
+
+__all__ = ["Writer", "SampleError", "infer_schema"]
+
+log = logging.getLogger(__name__)
+
+ON_ERROR = ("raise", "reject")
+_QUEUE = 64  # samples checked and waiting for the write thread (a bounded window, never an unbounded pile)
+_END, _ABORT = object(), object()
+_LABEL = NumericType("int32")  # what labels.npy holds (Schema.labels_field)
+
+
+class SampleError(PackError, ValueError):
+    """A sample that cannot be written (``on_error="raise"``): one line naming its position and field."""
+
+
+class _Aborted(Exception):
+    """The ``with`` block of a Writer ended by an exception: the write thread stops, resumable."""
+
+
+# ------------------------------------------------------------------------------------ schema
+def _infer_type(name: str, value: Any) -> FieldType:
+    if name == "image":
+        return ImageType()
+    if name == "label" and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return _LABEL
+    if isinstance(value, bool):
+        return NumericType("uint8")
+    if isinstance(value, np.generic) and value.dtype.kind in "iuf":
+        return NumericType(value.dtype)
+    if isinstance(value, int):
+        return parse_type("int")
+    if isinstance(value, float):
+        return parse_type("float")
+    if isinstance(value, str):
+        return parse_type("text")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return parse_type("bytes")
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iuf" and value.ndim >= 1:
+        return NumericType(value.dtype, (None, *value.shape[1:]))
+    if isinstance(value, (dict, list, tuple)):
+        return parse_type("json")
+    raise UsageError(f"field {name!r}: cannot infer a type from {type(value).__name__}; state it with "
+                     f"fields={{{name!r}: TYPE}}")
+
+
+def infer_schema(sample: Mapping[str, Any], fields: Mapping[str, FieldType | str] | str | None = None,
+                 classes: Sequence[str] | None = None) -> Schema:
+    """The schema of a Writer: ``fields`` (``name -> type``, or ``"caption:text,boxes:float32[*,4]"``),
+    else the types of ``sample``'s values (``__key__`` is no field). ``image`` is required; ``label``
+    gets ``classes``."""
+    if isinstance(fields, str):
+        from readers.contract.fields import parse_fields_option
+
+        fields = parse_fields_option(fields)
+    pairs = dict(fields) if fields is not None else {n: _infer_type(n, v) for n, v in sample.items()
+                                                     if n != "__key__"}
+    if "image" not in pairs:
+        raise UsageError(f"a Writer's samples need an 'image' field; the fields are {', '.join(pairs) or 'none'}")
+    order = ["image"] + (["label"] if "label" in pairs else []) + [n for n in pairs if n not in ("image", "label")]
+    out = []
+    for n in order:
+        given = pairs[n]
+        t = given if isinstance(given, FieldType) else parse_type(str(given), n)
+        names = dict(enumerate(classes)) if n == "label" and classes is not None and t == _LABEL else None
+        out.append(Field(n, t, names))
+    return Schema(tuple(out))
+
+
+# ------------------------------------------------------------------------------------ the growing source
+class _Column(Sequence):
+    """A source column that grows as samples are written (the caller's thread appends); the write
+    thread reads each entry once and drops it (:meth:`forget_before`), so memory stays flat."""
+
+    def __init__(self) -> None:
+        self.size = 0  # positions so far (a resume starts past 0)
+        self._base = 0  # the position of _kept[0]
+        self._kept: deque[Any] = deque()  # append and popleft are thread-safe
+
+    def restart(self, start: int) -> None:
+        self.size = self._base = start
+
+    def append(self, value: Any) -> None:
+        self._kept.append(value)
+        self.size += 1
+
+    def forget_before(self, pos: int) -> None:
+        while self._base < pos and self._kept:
+            self._kept.popleft()
+            self._base += 1
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice) or not self._base <= i < self._base + len(self._kept):
+            raise IndexError(f"position {i}: a Writer's source keeps only the samples not yet written")
+        return self._kept[i - self._base]
+
+
+class _StreamSource(Source):
+    """A :class:`Source` whose entries are the samples written so far. Its fingerprint is the schema's
+    (and the class names given), so a resume with other fields is refused; the samples themselves are
+    the caller's to repeat (``Writer.count``)."""
+
+    def fingerprint(self) -> str:
+        text = json.dumps({"fields": self.details["fields"], "classes": self.details.get("classes")}, sort_keys=True)
+        return "writer:" + hashlib.sha256(text.encode()).hexdigest()
+
+    def prefix_fingerprint(self, n: int) -> str:
+        return ""  # the samples are not known again on resume: the journal checks the schema only
+
+    def describe(self) -> dict[str, Any]:
+        return {"root": "packer.Writer", "kind": self.kind, **self.details}  # no path: a resume is the same write
+
+    @property
+    def total_bytes(self) -> int:
+        return 0
+
+
+# ------------------------------------------------------------------------------------ images
+def _image_bytes(value: Any) -> bytes:
+    """Encoded bytes of an ``image`` value: bytes as they are; a PIL image or uint8 array as PNG."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    from PIL import Image
+
+    if isinstance(value, np.ndarray):
+        if value.dtype != np.uint8 or not (value.ndim == 2 or value.ndim == 3 and value.shape[2] in (3, 4)):
+            raise FieldValueError(f"field 'image': an array must be HxWx3 (RGB), HxWx4 (RGBA) or HxW uint8, got "
+                                  f"{value.dtype} {value.shape}")
+        value = Image.fromarray(np.ascontiguousarray(value))
+    if not isinstance(value, Image.Image):
+        raise FieldValueError(f"field 'image': expected encoded bytes, a PIL image or a uint8 array, got "
+                              f"{type(value).__name__}")
+    buf = io.BytesIO()
+    try:
+        value.save(buf, "PNG")  # lossless, as a pack stores any image that is neither JPEG nor PNG
+    except (OSError, ValueError) as exc:
+        raise FieldValueError(f"field 'image': cannot encode this {value.mode} image as PNG ({exc})") from None
+    return buf.getvalue()
+
+
+# ------------------------------------------------------------------------------------ the writer
+class Writer:
+    """Write samples into a dataset folder ``out`` (see the module docstring); a context manager.
+
+    ``format`` overrides ``options.format``; ``options`` are a pack's (``max_side``, ``quality``,
+    ``validate``, ``shard_size``, ``checkpoint_bytes``, ...; the order written is the order given).
+    ``on_error``: ``"raise"`` (a bad sample raises :class:`SampleError` from :meth:`write`; it is
+    not counted) or ``"reject"`` (it becomes a line of ``rejects.jsonl``, counted). ``resume=True``
+    continues an interrupted write into ``out``: :attr:`count` says how many samples of the
+    sequence it holds (written or rejected); write the rest. ``overwrite=True`` replaces a dataset
+    of ours. ``split``: the dataset's split name (wds shards are ``<split>-NNNNNN.tar``).
+    """
+
+    def __init__(self, out: str | os.PathLike, format: str | None = None, *,
+                 fields: Mapping[str, FieldType | str] | str | None = None, classes: Sequence[str] | None = None,
+                 options: PackOptions | None = None, on_error: str = "raise", resume: bool = False,
+                 overwrite: bool = False, split: str = "data") -> None:
+        if on_error not in ON_ERROR:
+            raise UsageError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", split):
+            raise UsageError(f"split {split!r}: letters, digits, '_' and '-' only (it names the shards)")
+        options = options or PackOptions()
+        change: dict[str, Any] = {"resume": resume or options.resume, "overwrite": overwrite or options.overwrite}
+        if format is not None:
+            change["format"] = format
+        if options.order is None:
+            change["order"] = "source"
+        options = dataclasses.replace(options, **change)
+        refused = [(options.order == "shuffled", "order='shuffled' (a Writer writes the order given: shuffle "
+                                                 "the samples before writing them)"),
+                   (options.engine != "local", f"engine={options.engine!r} (a Writer writes in this process)"),
+                   (options.fields is not None, "options.fields (pass fields= to the Writer)")]
+        for bad, what in refused:
+            if bad:
+                raise UsageError(f"Writer: {what}")
+        if options.resume and options.format == "lmdb":
+            raise UsageError("Writer(resume=True) is not offered for lmdb: its data.mdb depends on the commit "
+                             "history, so a resumed write would hold the same samples in other bytes; write wds, "
+                             "hdf5 or mmap (pack-dataset convert makes the lmdb), or start again with overwrite=True")
+        self.out, self.options, self.on_error, self.split = Path(out), options, on_error, split
+        self._fields, self._classes = fields, list(classes) if classes is not None else None
+        self._writer_cls = WRITERS[options.format]
+        self.count = 0  #: samples of the caller's sequence taken so far (written or rejected)
+        self.result: SplitResult | None = None  #: the pack's result, after a clean close
+        self._schema: Schema | None = None
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue = queue.Queue(_QUEUE)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._opts: ImageOptions | None = None
+        self._closed = False
+        self._complete = False
+        self._max_label = -1
+        self._lock = OutputLock()
+        try:
+            prepare_output(self.out, options, [self.out], self._lock, split_hint=split)
+            if os.path.lexists(self.out / spec.INDEX_NAME) and options.resume:
+                self._finished()
+            elif options.resume and os.path.lexists(self.out / spec.STATE_NAME):
+                self._start(self._journal_schema())  # count is known before the first write
+        except BaseException:
+            self._lock.release()
+            raise
+
+    # ---- context manager
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    # ---- the caller's side
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Check ``sample`` and queue it for the write thread (see the class docstring for errors)."""
+        if self._closed:
+            raise UsageError(f"{self.out}: this Writer is closed")
+        if self._complete:
+            raise UsageError(f"{self.out} is complete already ({self.count} samples); nothing to resume")
+        if not isinstance(sample, Mapping):
+            raise SampleError(f"sample {self.count}: expected a dict of field values, got {type(sample).__name__}")
+        self._raise_failure()
+        if self._thread is None:
+            self._start(infer_schema(sample, self._fields, self._classes))
+        pos = self.count
+        outcome, label, name, size = self._check(pos, sample)
+        if outcome.prepared is None and self.on_error == "raise":
+            raise SampleError(outcome.problem)
+        for column, value in zip(self._columns, (name, label, size)):
+            column.append(value)
+        if outcome.prepared is not None and label > self._max_label:
+            self._max_label = label
+            self._grow_classes()
+        self._put(outcome)
+        self.count += 1
+
+    def close(self) -> SplitResult | None:
+        """Finish: the write thread writes what is queued, then the index (the dataset is complete)."""
+        if self._closed:
+            return self.result
+        self._closed = True
+        try:
+            if self._complete:
+                return self.result
+            if self._thread is None:
+                raise PackError(f"{self.out}: no sample was written; nothing was packed")
+            self._put(_END)
+            self._thread.join()
+            if self._error is not None:
+                raise self._error
+            return self.result
+        finally:
+            self._lock.release()
+
+    def abort(self) -> None:
+        """Stop without writing the index: what was checkpointed stays resumable (``resume=True``)."""
+        if self._closed:
+            self._lock.release()  # a failure that closed the writer may have left it held
+            return
+        self._closed = True
+        try:
+            if self._thread is not None:
+                while self._thread.is_alive():
+                    try:
+                        self._queue.put(_ABORT, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                self._thread.join()
+        finally:
+            self._lock.release()
+
+    # ---- checks, in the caller's thread
+    def _check(self, pos: int, sample: Mapping[str, Any]) -> tuple[Outcome, int, str, int]:
+        """(outcome, label, name, source bytes) of one sample; a bad one's outcome names it."""
+        schema, where = self._schema, f"sample {pos}"
+        assert schema is not None and self._opts is not None
+        names = set(sample) - {"__key__"}
+        missing, unknown = [n for n in schema.names if n not in names], sorted(names - set(schema.names))
+        if missing or unknown:
+            what = "; ".join(filter(None, [f"missing field {', '.join(map(repr, missing))}" if missing else "",
+                                           f"field {', '.join(map(repr, unknown))} not in the schema "
+                                           f"({', '.join(schema.names)})" if unknown else ""]))
+            return Outcome(None, problem=f"{where}: {what}"), 0, self._name(pos, sample), 0
+        name = self._name(pos, sample)
+        try:
+            data = _image_bytes(sample["image"])
+            label = self._label(sample)
+            blobs = tuple(f.type.encode(sample[f.name], f.name) for f in schema.extra_fields)
+        except FieldValueError as exc:
+            return Outcome(None, problem=f"{where}: {exc}"), 0, name, 0
+        outcome = outcome_of(data, self._opts)
+        if outcome.prepared is None:
+            return Outcome(None, problem=f"{where}: field 'image': {outcome.problem}"), 0, name, len(data)
+        return outcome._replace(fields=blobs if schema.extra_fields else None), label, name, len(data)
+
+    def _name(self, pos: int, sample: Mapping[str, Any]) -> str:
+        key = sample.get("__key__")
+        return str(pos) if key is None else str(key)
+
+    def _label(self, sample: Mapping[str, Any]) -> int:
+        schema = self._schema
+        assert schema is not None
+        field = schema.labels_field
+        if field is None:
+            return 0
+        value = field.type.check(sample["label"], "label")
+        if value < 0 or self._classes is not None and value >= len(self._classes):
+            known = f"0 .. {len(self._classes) - 1} (classes=)" if self._classes is not None else ">= 0"
+            raise FieldValueError(f"field 'label': {value} is not a class index ({known})")
+        return int(value)
+
+    def _grow_classes(self) -> None:
+        """Without ``classes=``, the class names are ``"0"``, ``"1"``, ... up to the largest label."""
+        classes = self._source.classes
+        while len(classes) <= self._max_label and self._classes is None:
+            classes.append(str(len(classes)))
+
+    # ---- the write thread
+    def _start(self, schema: Schema) -> None:
+        self._schema = schema
+        has_label = schema.labels_field is not None
+        classes = list(self._classes) if self._classes is not None and has_label else []
+        details = {"fields": schema.to_json()["fields"], "classes": self._classes if has_label else None}
+        self._columns = (_Column(), _Column(), _Column())  # paths (names), labels, sizes
+        self._source = _StreamSource(Path(self.out), classes, *self._columns, kind="writer", details=details,
+                                     schema=schema, order={"kind": "source"})
+        self._thread = threading.Thread(target=self._run, name="packer-writer", daemon=True)
+        self._thread.start()
+        while not self._ready.wait(0.05):
+            if not self._thread.is_alive():
+                self._thread.join()
+                if self._error is not None:
+                    error, self._error = self._error, None
+                    self._closed = True
+                    self._lock.release()
+                    raise error
+                if self.result is not None and self.result.already_complete:
+                    self._complete = True
+                    return
+                raise PackError(f"{self.out}: the write thread ended before it started")
+
+    def _run(self) -> None:
+        try:
+            self.result = pack_split(self._source, self.out, self.split, self.options, self._writer_cls, 1,
+                                     prepare=self._stage)
+        except _Aborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self._error = exc
+
+    def _stage(self, source: Source, start: int, opts: ImageOptions, workers: int) -> Iterator[Outcome]:
+        """The prepare stage ``pack_split`` calls (after the journal, writer and side files are open)."""
+        self.count = start
+        for column in self._columns:
+            column.restart(start)
+        if start:  # the labels already written decide the class names, as in an uninterrupted write
+            records = SideFiles.read_records(self.out)
+            self._max_label = int(records["labels"][:start].max(initial=-1)) if len(records) else -1
+            del records
+            self._grow_classes()
+        self._opts = opts
+        self._ready.set()
+        return self._outcomes(source, start)
+
+    def _outcomes(self, source: Source, start: int) -> Iterator[Outcome]:
+        pos = start
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                return
+            if item is _ABORT:
+                raise _Aborted()
+            for column in self._columns:
+                column.forget_before(pos)
+            yield item
+            pos += 1
+
+    def _put(self, item: Any) -> None:
+        assert self._thread is not None
+        while True:
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        """The write thread's error (a full disk, an I/O error), raised in the caller's thread."""
+        if self._thread is not None and not self._thread.is_alive():
+            self._thread.join()
+            self._closed = True
+            self._lock.release()
+            if self._error is not None:
+                raise self._error
+            raise PackError(f"{self.out}: the write thread ended early")
+
+    # ---- resume
+    def _journal_schema(self) -> Schema:
+        """The schema of the interrupted write in ``out`` (its journal's source record); ``fields=``,
+        when given, must be the same."""
+        try:
+            state = json.loads((self.out / spec.STATE_NAME).read_text(encoding="utf-8"))
+            record = state["source"]
+            then = Schema.from_json(record, str(self.out / spec.STATE_NAME))
+        except (OSError, ValueError, KeyError, TypeError):
+            raise PackError(f"{self.out}: not an interrupted Writer's output ({spec.STATE_NAME} names no "
+                            "fields); resume it with the command that wrote it, or start again with "
+                            "overwrite=True") from None
+        if self._fields is not None:
+            now = infer_schema({}, self._fields, self._classes)
+            if not self._fields_match(now, then):
+                raise PackError(f"{self.out}: the interrupted write had fields "
+                                f"{', '.join(f'{f.name}:{f.type.name}' for f in then)}, this one "
+                                f"{', '.join(f'{f.name}:{f.type.name}' for f in now)}; resume with the same "
+                                "fields, or start again with overwrite=True")
+        if self._classes is not None and record.get("classes") not in (None, self._classes):
+            raise PackError(f"{self.out}: the interrupted write had classes {record['classes']}, this one "
+                            f"{self._classes}; resume with the same classes, or start again with overwrite=True")
+        if self._classes is None and record.get("classes") is not None:
+            self._classes = list(record["classes"])
+        return Schema(tuple(dataclasses.replace(f, classes=None) if f.name == "label" and self._classes is None
+                            else f for f in then))
+
+    @staticmethod
+    def _fields_match(a: Schema, b: Schema) -> bool:
+        return [(f.name, f.type.name) for f in a] == [(f.name, f.type.name) for f in b]
+
+    def _finished(self) -> None:
+        """``resume=True`` on a complete dataset: nothing to write; :attr:`count` is its sample count."""
+        meta = spec.read_index(self.out).meta
+        src: dict[str, Any] = meta["source"] if isinstance(meta.get("source"), dict) else {}
+        if src.get("kind") != "writer":
+            raise PackError(f"{self.out} holds a finished pack, not a Writer's; nothing to resume")
+        self.count = int(src.get("images_found", meta.get("num_samples", 0)))
+        self._complete = True
