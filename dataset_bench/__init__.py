@@ -10,6 +10,8 @@ The top layer of the project: ``dataset_bench`` -> ``packer`` -> ``readers`` ->
 * :mod:`dataset_bench.targets` -- what is read: packed datasets (packed on demand), the source folder;
 * :mod:`dataset_bench.measure` -- one loader measurement (:class:`~dataset_bench.measure.LoaderStats`);
 * :mod:`dataset_bench.limits` -- the machine's raw read and decode rates;
+* :mod:`dataset_bench.memory`, :mod:`dataset_bench.onecore` -- a loader's processes' memory as the
+  targets count it; per-image work timed on one core;
 * :mod:`dataset_bench.plan`, :mod:`dataset_bench.isolate`, :mod:`dataset_bench.run` -- a ``dataset-bench`` run:
   its configuration and cases, one fresh process per measurement, the run itself;
 * :mod:`dataset_bench.results`, :mod:`dataset_bench.report` -- the result as plain data / JSON, and as
@@ -17,14 +19,16 @@ The top layer of the project: ``dataset_bench`` -> ``packer`` -> ``readers`` ->
 * :mod:`dataset_bench.remote`, :mod:`dataset_bench.servers` -- ``dataset-bench --remote``: reading from a
   loopback S3 server (SeaweedFS) against the official reader and the local disk; the real
   servers (SeaweedFS, nginx) that it and the tests start;
+* :mod:`dataset_bench.convert`, :mod:`dataset_bench.fieldsbench` -- ``pack-dataset convert`` beside a
+  raw copy; ``dataset-bench --fields``, the previous release beside this checkout;
 * :mod:`dataset_bench.peers`, :mod:`dataset_bench.peerreaders`, :mod:`dataset_bench.peerwriters`,
   :mod:`dataset_bench.newpeers` -- the peers: which ones are installed (here or in a venv of their own),
   the older peers' readers and writers, the 2026 peers' loaders and writers;
 * :mod:`dataset_bench.sidecases`, :mod:`dataset_bench.sidemeasure`, :mod:`dataset_bench.sidebyside`,
   :mod:`dataset_bench.sidereport`, :mod:`dataset_bench.sidecli` -- ``dataset-bench --peers``: its
   configuration and read cases, one measurement, the run, its report, its command;
-* :mod:`dataset_bench.cli` -- the ``dataset-bench`` command (the only place with argparse and
-  progress bars).
+* :mod:`dataset_bench.cli` -- the ``dataset-bench`` command (with :mod:`dataset_bench.sidecli`, the only
+  places with argparse and progress bars).
 
 The names below are importable from ``dataset_bench`` directly (lazily: ``import dataset_bench``
 costs nothing).
