@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -27,11 +27,12 @@ from readers.contract.checks import check_index
 from readers.formats.collate import Sample, SampleDict
 from readers.decode.compose import accepts_bytes, warn_if_fused_lost
 from readers.decode.decoders import DecodeError, decode_rgb
-from readers.contract.fields import Field, Schema, column_file
+from readers.contract.fields import Field, NumericType, Schema, column_file
 from readers.contract.perprocess import PerProcess
 from readers.formats.resolve import resolve_index
 
-__all__ = ["PackedDataset", "MapReader", "to_chw", "IMAGE_KINDS", "INDEX_KEY", "load_column"]
+__all__ = ["PackedDataset", "MapReader", "ReadsBatches", "ReadsItems", "to_chw", "IMAGE_KINDS", "INDEX_KEY",
+           "load_column"]
 
 #: What a reader's decoded image is: a uint8 CHW tensor, or a PIL RGB image (torchvision pipelines).
 IMAGE_KINDS = ("tensor", "pil")
@@ -56,19 +57,46 @@ def to_chw(arr: np.ndarray) -> torch.Tensor:
 INDEX_KEY = "__index__"
 
 
+@runtime_checkable
+class ReadsBatches(Protocol):
+    """A dataset that reads a whole batch in one call: ``get_batch(indices, alloc=None)`` gives the
+    collated batch, or None where its settings have no whole-batch path (``readers.formats.batch``).
+    :class:`MapReader` and ``readers.subset``'s ``Subset`` offer it; loader threads ask it first."""
+
+    def get_batch(self, indices: list[int], alloc: Any = None) -> tuple | None: ...
+
+
+@runtime_checkable
+class ReadsItems(Protocol):
+    """A dataset that fetches a batch's items in one call, ``__getitems__(indices)`` (torch's
+    DataLoader calls it too). :class:`MapReader`, ``Subset`` and ``readers.mix``'s ``Mixture`` offer
+    it; a dataset without it is read one ``dataset[i]`` at a time."""
+
+    def __getitems__(self, indices: list[int]) -> Any: ...
+
+
+def _fixed_type(field: Field) -> NumericType:
+    """The type of fixed-size ``field`` (numbers and fixed-shape arrays are the fixed types), whose
+    values are rows of a column; TypeError for a variable-size one."""
+    if not isinstance(field.type, NumericType) or not field.type.fixed:
+        raise TypeError(f"field {field.name!r} ({field.type.name}) is variable-size: it has no column")
+    return field.type
+
+
 def load_column(path: str, field: Field, n: int) -> np.ndarray:
     """Fixed-size field ``field``'s ``(n, *shape)`` index array at ``path``, mapped read-only (the
     page cache, shared by every worker), its dtype and shape checked against the schema."""
+    typ = _fixed_type(field)
     os.close(spec.open_regular(path, f"field {field.name!r} array"))  # a regular file, never blocking
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise spec.DatasetFormatError(f"{path}: field {field.name!r} array is damaged ({exc})") from None
-    want = (n, *field.type.shape)
-    if arr.dtype != field.type.dtype or arr.shape != want:
+    want = (n, *typ.shape)
+    if arr.dtype != typ.dtype or arr.shape != want:
         raise spec.DatasetFormatError(
             f"{path}: field {field.name!r} array holds {arr.dtype.str} {arr.shape}; the schema says "
-            f"{field.type.name} for {n} samples ({field.type.dtype.str} {want})")
+            f"{typ.name} for {n} samples ({typ.dtype.str} {want})")
     return arr
 
 
@@ -178,8 +206,9 @@ class PackedDataset:
             self.fields = None if fast else ("image", "label")
         else:
             self.fields, self._as_dict = schema.names, True
-        variable = [n for n in self.fields or () if not schema[n].type.fixed and schema[n].type.shape]
-        self._variable = frozenset(variable if self._as_dict else (self.fields.index(n) for n in variable))
+        names = self.fields or ()
+        variable = [n for n in names if not schema[n].type.fixed and schema[n].type.shape]
+        self._variable = frozenset(variable if self._as_dict else (names.index(n) for n in variable))
 
     def _column(self, field: Field) -> np.ndarray:
         """Fixed field ``field``'s ``(N, *shape)`` column, mapped in this process on first use."""
@@ -237,7 +266,7 @@ class PackedDataset:
         ``verify`` and ``convert`` read fields through this, so what they pass every reader reads."""
         if field.type.fixed:
             row = self._column(field)[i]
-            field.type.from_row(row)
+            _fixed_type(field).from_row(row)
             return np.ascontiguousarray(row, dtype=field.type.dtype).tobytes()
         data = self._read_blobs(i, [field])[field.name]
         value = self._value(i, field, data)
@@ -256,16 +285,16 @@ class PackedDataset:
     def _field_item(self, i: int, image: Any = None, blobs: dict[str, Any] | None = None) -> Any:
         """Sample ``i`` with the selected fields. ``image``: its stored image when already read;
         ``blobs``: its variable fields' blobs when already read (else read here)."""
-        schema, values = self.schema, {}
+        schema, values, names = self.schema, {}, self.fields or ()
         if blobs is None:
-            wanted = [schema[n] for n in self.fields if n != "image" and not schema[n].type.fixed]
+            wanted = [schema[n] for n in names if n != "image" and not schema[n].type.fixed]
             blobs = self._read_blobs(i, wanted) if wanted else {}
-        for name in self.fields:
+        for name in names:
             f = schema[name]
             if name == "image":
                 values[name] = self._value(i, f, self.read(i) if image is None else image)
             elif f.type.fixed:
-                values[name] = f.type.from_row(self._column(f)[i])
+                values[name] = _fixed_type(f).from_row(self._column(f)[i])
             else:
                 values[name] = self._value(i, f, blobs[name])
         if self.sample_transform is not None:
@@ -277,7 +306,7 @@ class PackedDataset:
             out = SampleDict(values, **{INDEX_KEY: i}) if self.return_index else SampleDict(values)
             out.variable = self._variable
             return out
-        item = tuple(values[n] for n in self.fields)
+        item = tuple(values[n] for n in names)
         sample = Sample(item + (i,) if self.return_index else item)
         sample.variable = self._variable
         return sample
@@ -304,15 +333,20 @@ class PackedDataset:
         """The file that holds sample ``i``, as shown in messages (never downloads)."""
         raise NotImplementedError
 
+    def read(self, i: int) -> Any:
+        """The stored bytes (or pixel array, for mmap) of sample ``i``; each format reads its own."""
+        raise NotImplementedError
+
     def _convert(self, data: Any) -> Any:
         if not self.decode:
             return data if isinstance(data, bytes) else bytes(data)
-        if self._fused:
+        if self._fused and self.transform is not None:  # fused: the transform decodes the stored bytes
             return self.transform(bytes(data))
         return self._transformed(decode_rgb(data))
 
     def _transformed(self, hwc: np.ndarray) -> Any:
         """The decoded (H, W, 3) pixels as ``image`` asks, through ``transform``."""
+        image: Any
         if self.image == "pil":
             from PIL import Image
 
@@ -351,7 +385,7 @@ class PackedDataset:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        index = state.get("index")
+        index: Any = state.get("index")  # an _IndexArray names one of its arrays
         for key, value in state.items():
             if isinstance(value, _IndexArray):
                 state[key] = index.arrays[value.name]
@@ -415,10 +449,6 @@ class MapReader(PackedDataset, torch.utils.data.Dataset):
             raise IndexError(f"sample index {i} out of range for {n} samples")
         return int(i)
 
-    def read(self, i: int) -> Any:
-        """The stored bytes (or pixel array, for mmap) of sample ``i``."""
-        raise NotImplementedError
-
     def read_many(self, indices: list[int]) -> list[Any]:
         return [self.read(i) for i in indices]
 
@@ -438,7 +468,7 @@ class MapReader(PackedDataset, torch.utils.data.Dataset):
 
         A list of items, or, when the reader is ``batchable()``, a
         ``readers.formats.batch.GatheredItems``: the same items as a sequence, which
-        ``readers.loader.dataloader.Collate`` turns into the batch in one read instead."""
+        ``readers.loader.collation.Collate`` turns into the batch in one read instead."""
         if self.fields is None and self.batchable():
             from readers.formats.batch import GatheredItems
 

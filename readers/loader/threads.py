@@ -55,6 +55,9 @@ from torch.utils.data import IterableDataset
 
 from readers.contract.env import ThreadWorker, as_thread_worker
 from readers.decode import compose
+from readers.formats.base import MapReader, PackedDataset, ReadsBatches, ReadsItems
+from readers.order.mixture import Mixture
+from readers.order.subsets import Subset
 
 __all__ = ["ThreadBatches", "fetch_batch", "choose_workers", "WORKER_KINDS"]
 
@@ -71,15 +74,13 @@ class _Failed:
 def fetch_batch(dataset: Any, indices: list[int], collate_fn: Callable[[list], Any],
                 whole_batches: bool = True) -> Any:
     """One batch of a map-style dataset: its batch reader when it has one and ``whole_batches``
-    (``get_batch``, no per-sample objects), else ``__getitems__`` (or one ``__getitem__`` per
-    index) + ``collate_fn``."""
-    get_batch = getattr(dataset, "get_batch", None) if whole_batches else None
-    if get_batch is not None:
-        batch = get_batch(indices)
+    (:class:`~readers.formats.base.ReadsBatches`, no per-sample objects), else its items in one call
+    (:class:`~readers.formats.base.ReadsItems`) or one ``dataset[i]`` per index, + ``collate_fn``."""
+    if whole_batches and isinstance(dataset, ReadsBatches):
+        batch = dataset.get_batch(indices)
         if batch is not None:
             return batch
-    getitems = getattr(dataset, "__getitems__", None)
-    items = getitems(indices) if getitems is not None else [dataset[i] for i in indices]
+    items = dataset.__getitems__(indices) if isinstance(dataset, ReadsItems) else [dataset[i] for i in indices]
     return collate_fn(items)
 
 
@@ -273,10 +274,9 @@ def _own_transform(transform: Any) -> bool:
 def _first_reason(dataset: Any, reason: Callable[[Any], str | None]) -> str | None:
     """``reason(reader)`` for the first reader under ``dataset`` that has one: each source of a mixture,
     the dataset under a subset, else ``dataset`` itself."""
-    sources = getattr(dataset, "sources", None)
-    if sources is not None:  # a mixture: every source must do
-        return next((why for why in (_first_reason(s, reason) for s in sources) if why is not None), None)
-    if type(dataset).__module__ == "readers.order.subsets":
+    if isinstance(dataset, Mixture):  # every source must do
+        return next((why for why in (_first_reason(s, reason) for s in dataset.sources) if why is not None), None)
+    if isinstance(dataset, Subset):
         return _first_reason(dataset.dataset, reason)
     return reason(dataset)
 
@@ -285,8 +285,6 @@ def _gil_free(dataset: Any) -> str | None:
     """Why ``dataset``'s per-sample work may hold the GIL (so worker processes suit it better), or None
     when it releases it: a reader of this package reading stored bytes, stored pixels, or decoding
     with its own decode and transforms."""
-    from readers.formats.base import PackedDataset
-
     if not isinstance(dataset, PackedDataset):
         return f"a dataset of your own ({type(dataset).__name__})"
     sample_transform = getattr(dataset, "sample_transform", None)
@@ -308,8 +306,6 @@ def _decodes_per_sample(dataset: Any) -> str | None:
     threads queue for one GIL there: with 2 workers on 2 cores, worker processes delivered 0-20%
     more images/s than threads for lmdb and hdf5 (eval and train transforms; ``ShardDataset`` the same
     in both kinds, so it keeps threads)."""
-    from readers.formats.base import MapReader
-
     if isinstance(dataset, MapReader) and dataset.decode and not dataset.batchable():
         return "a map-style reader decoding each sample (processes keep the Python between decodes off one GIL)"
     return None

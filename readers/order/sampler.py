@@ -155,10 +155,12 @@ class EpochSampler(DistributedSampler):
         self.spec = spec
         if spec is not None and sum(spec.sizes) != self.n:
             raise ValueError(f"the epoch spec covers {sum(spec.sizes)} samples, the dataset has {self.n}")
-        self.dataset = range(self.length)
+        # what frameworks read as the sampler's dataset (its len): the epoch's positions, not a Dataset
+        self.dataset = range(self.length)  # type: ignore[assignment]
         self.distributed = distributed
         #: A resume point for the next iteration (``PackedLoader`` sets and clears it), or None.
         self.resume: dict[str, Any] | None = None
+        self._draw_cache: tuple[tuple[Any, ...], np.ndarray, np.ndarray] | None = None  # see _drawn
 
     def _ranks(self) -> tuple[int, int]:
         if self.distributed is False:
@@ -208,10 +210,13 @@ class EpochSampler(DistributedSampler):
 
     def _drawn(self) -> tuple[np.ndarray, np.ndarray]:
         """The spec's draw for this epoch, kept until the seed, epoch or order changes."""
-        key = (self.spec, self.seed, self.epoch, self.shuffle)
-        cached = getattr(self, "_draw_cache", None)
+        spec = self.spec
+        if spec is None:
+            raise TypeError("EpochSampler: no epoch spec to draw from (one pass over range(n) is not drawn)")
+        key = (spec, self.seed, self.epoch, self.shuffle)
+        cached = self._draw_cache
         if cached is None or cached[0] != key:
-            cached = self._draw_cache = (key, *self.spec.draw(self.seed, self.epoch, self.shuffle))
+            cached = self._draw_cache = (key, *spec.draw(self.seed, self.epoch, self.shuffle))
         return cached[1], cached[2]
 
     def _positions(self, point: dict[str, Any] | None) -> np.ndarray:
