@@ -221,3 +221,25 @@ def test_the_docs_recipe_runs(tmp_path, monkeypatch):
     for code in blocks:
         exec(compile(code, "docs/writing.md", "exec"), {"__name__": "recipe"})
     assert verify(tmp_path / "generated-lmdb").ok
+
+
+def test_labels_classes_and_stated_fields(tmp_path):
+    with Writer(tmp_path / "named", format="wds", classes=["a", "b"]) as w:
+        w.write(sample(0))
+        with pytest.raises(SampleError, match=r"^sample 1: field 'label': 3 is not a class index \(0 \.\. 1"):
+            w.write(dict(sample(1), label=3))
+        w.write(dict(sample(1), label=1))
+    stated = tmp_path / "stated"
+    with Writer(stated, format="mmap", fields="image:image,label:int32,caption:text,boxes:float32[*,4],score:float32,"
+                                              "emb:float32[3]") as w:
+        for i in range(6):
+            w.write(dict(sample(i), label=2 * i, emb=[i, i + 1, i + 2], __key__=f"k{i}"))
+    meta = json.loads((stated / spec.INDEX_NAME).read_text())
+    assert meta["classes"] == [str(i) for i in range(11)]  # without classes=: "0" .. the largest label
+    assert [f["type"] for f in meta["fields"]][-2:] == ["float32", "float32[3]"]
+    assert [json.loads(line) for line in (stated / spec.NAMES_FILE).read_text().splitlines()] == [
+        f"k{i}" for i in range(6)]
+    ds = open_dataset(stated, fields=("label", "emb"))
+    assert [int(ds[i][0]) for i in range(6)] == [0, 2, 4, 6, 8, 10]
+    assert np.array_equal(ds[5][1], np.array([5, 6, 7], np.float32))
+    assert verify(stated).ok
