@@ -9,17 +9,18 @@ shards written by other tools, and a Hugging Face ``datasets`` dataset (saved
 to disk or as Parquet). Each sample's fields are stored with their types
 (``docs/fields.md``); every image is validated once on the way in.
 
-``from packer import pack, PackOptions``; the ``pack-dataset`` command is a
-thin layer over :func:`pack` (``pack-dataset convert``, ``verify`` and
-``info`` over their modules). Readers live in the ``readers`` package.
+``from packer import pack, PackOptions`` (and ``RemoteOptions`` for object
+storage); the ``pack-dataset`` command is a thin layer over :func:`pack`
+(``pack-dataset convert``, ``verify`` and ``info`` over their modules).
+Readers live in the ``readers`` package.
 """
 
 from packer.api import WRITERS, pack
 from packer.errors import OutputError, OutputExistsError, PackError, PackerError, SourceError, UsageError
-from packer.options import PackOptions
+from packer.options import PackOptions, RemoteOptions
 from packer.pipeline import SplitResult
 from packer.writer import SampleError, Writer
 
-__all__ = ["pack", "PackOptions", "PackerError", "UsageError", "PackError", "OutputError", "OutputExistsError",
-           "SourceError", "SplitResult", "WRITERS"]
+__all__ = ["pack", "PackOptions", "RemoteOptions", "PackerError", "UsageError", "PackError", "OutputError",
+           "OutputExistsError", "SourceError", "SplitResult", "WRITERS"]
 __all__ += ["Writer", "SampleError"]  # packer.writer: write a dataset from Python, sample by sample

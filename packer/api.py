@@ -15,7 +15,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from packer.engines import SplitPacker, open_engine
 from packer.errors import OutputError, SourceError, UsageError
@@ -25,7 +25,7 @@ from packer.formats.lmdb import LmdbWriter
 from packer.formats.mmap import MemmapWriter
 from packer.formats.wds import WdsWriter
 from packer.importers import scan_import
-from packer.options import PackOptions
+from packer.options import PackOptions, RemoteOptions
 from packer.output import OutputLock, prepare_output
 from packer.pipeline import PackProgress, SplitResult
 from packer.remote_output import StagedOutput
@@ -55,9 +55,9 @@ def _split_name(path: Path) -> str:
     return name or "data"
 
 
-def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
-         lock: OutputLock | None = None, storage_options: dict[str, Any] | None = None,
-         retry: Any = None, role: str = "") -> list[tuple[str, Source, Path]]:
+def plan(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackOptions, *,
+         lock: OutputLock | None = None, remote: RemoteOptions | None = None,
+         role: str = "") -> list[tuple[str, Source, Path]]:
     """Scan the source and decide (split name, source, output folder) for each split.
 
     Raises SourceError / OutputError (both UsageError) before anything is written.
@@ -65,12 +65,13 @@ def plan(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *
     whole run); without, they are locked only while the output is checked.
     ``role`` says what ``out`` is in messages (a staging folder). ``src`` and ``out`` are read as the
     CLI reads them: ``file:///abs/path`` is the local folder ``/abs/path``, ``gs://`` is refused.
+    An ``s3://`` source is listed with ``remote``'s ``storage_options`` and ``retry``.
     """
     src, out = _location(src, SourceError), _location(out, OutputError)
     if isinstance(out, str):
         raise OutputError(f"{out}: plan() writes a local folder; pack() stages and uploads an s3:// output")
     if isinstance(src, str):
-        jobs = [_remote_source(src, out, storage_options, retry)]
+        jobs = [_remote_source(src, out, remote or RemoteOptions())]
         prepare_output(out, options, [out], lock, split_hint=jobs[0][0], role=role)
         return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
     if not src.exists():
@@ -105,14 +106,13 @@ def _local_jobs(src: Path, out: Path, options: PackOptions) -> list[tuple[str, S
     return [(_split_name(d), scan(d, follow_symlinks=options.follow_symlinks), out / _split_name(d)) for d in splits]
 
 
-def _remote_source(url: str, out: Path, storage_options: dict[str, Any] | None,
-                   retry: Any) -> tuple[str, Source, Path]:
+def _remote_source(url: str, out: Path, remote: RemoteOptions) -> tuple[str, Source, Path]:
     """An ImageFolder under an ``s3://`` prefix: one listing; tasks read each object through the store."""
     from packer.engines.io import StoreFiles, list_objects
     from readers.remote import open_store
 
     try:
-        store = open_store(url, storage_options, retry)
+        store = open_store(url, remote.storage_options, remote.retry)
         if store.url.split("://")[0] != "s3":
             raise SourceError(f"{url}: an http(s):// location cannot be listed; sources on object storage "
                               "are read from s3:// prefixes")
@@ -169,12 +169,12 @@ class FolderOutput:
 
 
 def pack(
-    src: str | os.PathLike,
-    out: str | os.PathLike,
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
     options: PackOptions | None = None,
     *,
     progress: Callable[[str, Source], PackProgress | None] | None = None,
-    **remote: Any,
+    remote: RemoteOptions | None = None,
 ) -> list[SplitResult]:
     """Pack the dataset ``src`` into ``out`` (one dataset folder per split) and return each split's result.
 
@@ -192,38 +192,41 @@ def pack(
 
     Every image is validated (and re-encoded where ``options`` ask) the same way whatever the source.
     ``src`` may also be an ``s3://bucket/prefix`` holding an image folder (``<class>/<image>`` objects):
-    it is listed once and each image read through the store (``storage_options``, ``retry``).
+    it is listed once and each image read through the store (``remote.storage_options``, ``remote.retry``).
 
     ``progress(split, source)`` may return a callback ``(images, bytes)`` that
     is called as work completes; the CLI uses it for its progress bar.
 
     ``out`` may be an ``s3://bucket/prefix`` URL: the pack is staged locally
-    and uploaded as it goes, ``index.json`` last (``packer.remote_output``;
-    keyword arguments ``storage_options``, ``stage_dir``, ``retry`` and
-    ``upload_progress(split) -> callback(bytes)`` apply there only). The
+    and uploaded as it goes, ``index.json`` last (``packer.remote_output``). The
     staging folder is locked, checked and cleared as a local output is.
+
+    ``remote`` (:class:`packer.RemoteOptions`) says how object storage is reached:
+    ``storage_options`` and ``retry`` for an ``s3://`` source or output, ``stage_dir`` and
+    ``upload_progress(split) -> callback(bytes)`` for an ``s3://`` output only; a field set
+    where it cannot apply (a local output and source) is a one-line TypeError naming it::
+
+        pack("data/train", "s3://bucket/train-wds", PackOptions(format="wds"),
+             remote=RemoteOptions(storage_options={"endpoint_url": "http://127.0.0.1:8333"},
+                                  stage_dir="/nvme/stage"))
 
     ``src`` and ``out`` are read as the CLI reads them (:func:`readers.contract.location.parse_location`):
     ``file:///abs/path`` is the local folder ``/abs/path``; another scheme (``gs://``) is a
     SourceError / OutputError naming it and the schemes served.
     """
-    options = options or PackOptions()
+    options, remote = options or PackOptions(), remote or RemoteOptions()
     src, out = _location(src, SourceError), _location(out, OutputError)
-    listing = {k: remote[k] for k in ("storage_options", "retry") if k in remote}  # an s3:// source's too
-    target: PackOutput
-    if isinstance(out, str):
-        target = StagedOutput(out, options, **remote)
-    else:
-        unused = sorted(set(remote) - (set(listing) if isinstance(src, str) else set()))
-        if unused:
-            raise TypeError(f"{', '.join(unused)}: only for an s3:// output")
-        target = FolderOutput(out)
+    unused = remote.unused(remote_source=isinstance(src, str), remote_output=isinstance(out, str))
+    if unused:  # a local output (and source): one line naming what cannot apply
+        where = "output" if set(unused) <= {"stage_dir", "upload_progress"} else "output or source"
+        raise TypeError(f"RemoteOptions {', '.join(unused)}: only for an s3:// {where}; {out} is a local folder")
+    target: PackOutput = StagedOutput(out, options, remote) if isinstance(out, str) else FolderOutput(out)
     # The engine connects first (a cluster that cannot be reached changes nothing); then the output
     # folders are locked for the whole run, whichever engine writes them.
     try:
         with open_engine(options) as pack_split, OutputLock() as lock:
             target.check(lock)
-            jobs = plan(src, target.folder, options, lock=lock, role=target.role, **listing)
+            jobs = plan(src, target.folder, options, lock=lock, remote=remote, role=target.role)
             target.ready()
             results = []
             for split, source, dest in jobs:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from packer.errors import PackerError, PackError, UsageError
-from packer.options import GROUPS, Flag, OptionError, PackOptions, cli_fields
+from packer.options import GROUPS, Flag, OptionError, PackOptions, RemoteOptions, cli_fields
 from readers.contract.location import UnsupportedLocationError, parse_location
 from readers.contract.spec import DatasetFormatError
 
@@ -84,7 +84,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.help_command = help_command or f"{self.prog} --help"
 
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\ntry '{self.help_command}'\n")
 
 
@@ -299,12 +299,12 @@ def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     out = args.output
     if isinstance(args.src, str) and out is None:
         parser.error(f"{args.src}: a source on object storage needs -o (a folder or an s3:// prefix)")
-    remote: dict[str, Any] = {}
+    remote = None  # credentials and endpoint: the AWS_* environment (docs/remote.md)
     if isinstance(out, str):  # s3:// (packer.remote_output)
-        remote = {"stage_dir": args.stage_dir, "upload_progress": _upload_bar_factory(args.quiet)}
+        remote = RemoteOptions(stage_dir=args.stage_dir, upload_progress=_upload_bar_factory(args.quiet))
     elif args.stage_dir is not None:
         parser.error("--stage-dir applies to an s3:// output only")
-    return _run(args, lambda out: pack(args.src, out, options, progress=_progress_factory(args.quiet), **remote))
+    return _run(args, lambda out: pack(args.src, out, options, progress=_progress_factory(args.quiet), remote=remote))
 
 
 def output_location(text: str) -> Path | str:

@@ -163,7 +163,7 @@ class Journal:
         """The source changed: resume only if the part already packed is the same."""
         n, prefix = state["next_source"], state.get("source_prefix")
         now = source.prefix_fingerprint(n) if source is not None and 0 <= n <= len(source.paths) else None
-        if now is not None and prefix and now.split("/")[0] == prefix.split("/")[0]:
+        if source is not None and now is not None and prefix and now.split("/")[0] == prefix.split("/")[0]:
             Journal._check_times(out, state, source)
             log.warning("%s: the source changed after the %d files already packed; resuming with the source "
                         "as it is now", out, n)

@@ -1,5 +1,8 @@
 """Packing options, grouped in one frozen dataclass shared by the API and the CLI.
 
+:class:`PackOptions` says what to write; :class:`RemoteOptions` says how to reach object storage
+(an ``s3://`` output or source), for ``pack(..., remote=RemoteOptions(...))``.
+
 Each field that ``pack-dataset`` exposes carries its command-line spelling
 and help text as field metadata (:class:`Flag`); ``packer.cli`` builds its
 parser from them, so a new option is one field here. Defaults live only in
@@ -9,16 +12,20 @@ the field definitions (image-rule defaults come from ``packer.prepare.images``).
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from packer.prepare.images import DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, ImageOptions
 from readers.contract.spec import DEFAULT_ORDER, FORMATS, ORDER_KINDS
 from readers.contract.units import format_size
 from readers.contract.units import parse_size as _parse_size
 
-__all__ = ["PackOptions", "OptionError", "ENGINES", "Flag", "GROUPS", "cli_fields", "DEFAULT_SHARD_SIZE",
-           "parse_size", "format_size", "parse_positive"]
+if TYPE_CHECKING:
+    from readers.remote import RetryPolicy
+
+__all__ = ["PackOptions", "RemoteOptions", "OptionError", "ENGINES", "Flag", "GROUPS", "cli_fields",
+           "DEFAULT_SHARD_SIZE", "parse_size", "format_size", "parse_positive"]
 
 #: who prepares the images: this machine's process pool, or a Ray cluster (``packer.engines``)
 ENGINES = ("local", "ray")
@@ -287,3 +294,34 @@ def cli_fields(command: str = "pack") -> Iterator[tuple[dataclasses.Field, Flag]
     for f in dataclasses.fields(PackOptions):
         if "cli" in f.metadata and command in f.metadata["cli"].commands:
             yield f, f.metadata["cli"]
+
+
+#: ``upload_progress(split)`` may return a callback called with each upload's bytes as they go.
+UploadProgressFactory = Callable[[str], "Callable[[int], None] | None"]
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How ``pack`` reaches object storage: ``pack(src, out, options, remote=RemoteOptions(...))``.
+
+    * ``storage_options`` -- s3fs's settings (``endpoint_url``, ``key``, ``secret``, ...; the
+      ``AWS_*`` environment fills in what they leave out: docs/remote.md);
+    * ``retry`` -- a :class:`readers.remote.RetryPolicy` for every request (None: its defaults);
+    * ``stage_dir`` -- the local staging folder of an ``s3://`` output (None:
+      ``$DATASET_PACKER_STAGE`` or ``~/.cache/dataset-packer/stage/<url>-<hash>``);
+    * ``upload_progress(split)`` -- may return a callback ``(bytes)`` called as uploads go.
+
+    All four apply to an ``s3://`` output; ``storage_options`` and ``retry`` to an ``s3://`` source
+    too. A field set where it cannot apply is a TypeError naming it (:meth:`unused`).
+    """
+
+    storage_options: Mapping[str, Any] | None = None
+    retry: RetryPolicy | None = None
+    stage_dir: str | os.PathLike[str] | None = None
+    upload_progress: UploadProgressFactory | None = None
+
+    def unused(self, *, remote_source: bool, remote_output: bool) -> list[str]:
+        """The fields set (not None) that a pack with this source and output would not use."""
+        used = {f.name for f in dataclasses.fields(self)} if remote_output else (
+            {"storage_options", "retry"} if remote_source else set())
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None and f.name not in used]

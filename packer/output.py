@@ -38,14 +38,12 @@ from packer.errors import OutputError, OutputExistsError
 from packer.formats.fieldstore import is_field_file
 from packer.options import PackOptions
 from readers.contract import spec
+# The lock file a running pack holds in each folder it writes is the on-disk contract's (readers see it).
+from readers.contract.locks import LOCK_NAME, lock_holder, lock_pid, try_lock
 
-__all__ = ["prepare_output", "OutputLock", "OutputBusyError", "LOCK_NAME", "SHARD_LOG_NAME", "UPLOADS_NAME",
-           "UPLOADS_NAME_V1", "known_names", "leftovers", "lock_holder", "start_writeback", "failed_report"]
+__all__ = ["prepare_output", "OutputLock", "OutputBusyError", "SHARD_LOG_NAME", "UPLOADS_NAME",
+           "UPLOADS_NAME_V1", "known_names", "leftovers", "start_writeback", "failed_report"]
 
-#: The lock file a running pack holds inside each folder it writes (the on-disk contract: readers see it).
-LOCK_NAME = spec.LOCK_NAME
-#: The pid of the pack holding a folder's lock now, or None (readers.contract.spec, so readers can say it too).
-lock_holder = spec.lock_holder
 #: A wds pack in progress: one JSON line per closed shard (``packer.formats.wds``).
 SHARD_LOG_NAME = "shard-log.jsonl"
 #: A staged ``s3://`` pack: one JSON line per object uploaded so far (``packer.remote_output``);
@@ -165,8 +163,8 @@ class OutputLock:
 
     @staticmethod
     def _flock(fd: int, folder: Path) -> None:
-        if not spec.try_lock(fd):
-            raise OutputBusyError(_busy(folder, spec.lock_pid(fd)))
+        if not try_lock(fd):
+            raise OutputBusyError(_busy(folder, lock_pid(fd)))
 
     def release_one(self, folder: Path, *, remove: bool = True) -> None:
         fd = self._held.pop(Path(folder), None)
@@ -257,7 +255,7 @@ def _shard_names(folder: Path, splits: set[str]) -> tuple[set[str], list[re.Patt
             continue
         if isinstance(doc.get("split"), str):
             splits.add(doc["split"])
-        writer = doc.get("writer") if isinstance(doc.get("writer"), dict) else {}
+        writer: dict[str, Any] = doc["writer"] if isinstance(doc.get("writer"), dict) else {}
         for shard in list(doc.get("shards") or []) + list(writer.get("shards") or []):
             if isinstance(shard, dict) and isinstance(shard.get("name"), str):
                 names.add(shard["name"])

@@ -42,12 +42,13 @@ from packer.formats.base import FormatWriter, merged
 from packer.formats.fieldstore import is_field_file
 from packer.journal import Journal, SideFiles, option_differences
 from packer.options import PackOptions
-from packer.output import LOCK_NAME, known_names
+from packer.output import known_names
 from packer.sources.source import Source
 from packer.prepare.workers import Outcome, PrepareStage
 from packer.prepare.workers import prepare as prepare_locally
 from readers.contract import spec
 from readers.contract.fields import Schema
+from readers.contract.locks import LOCK_NAME
 
 __all__ = ["SplitResult", "pack_split", "PackProgress", "VERSION"]
 
@@ -157,8 +158,8 @@ def pack_split(
             raise _io_error(exc, out) from exc
         raise
     finally:
-        if outcomes is not None:
-            outcomes.close()  # stops the worker pool at once on errors
+        if outcomes is not None and hasattr(outcomes, "close"):
+            outcomes.close()  # a generator: stops the worker pool at once on errors
     return _result(split, out, meta, time.perf_counter() - t0, resumed_from)
 
 
@@ -194,7 +195,7 @@ def _io_error(exc: OSError, out: Path) -> PackError:
 def _already_complete(source: Source, out: Path, split: str, options: PackOptions, seconds: float) -> SplitResult:
     """``--resume`` on a finished pack: the same pack, only its clean-up may be missing."""
     meta = spec.read_index(out).meta
-    src = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    src: dict[str, Any] = meta["source"] if isinstance(meta.get("source"), dict) else {}
     diff = ""
     if meta.get("format") != options.format:
         diff = f"format {meta.get('format')} then, {options.format} now"
@@ -206,7 +207,7 @@ def _already_complete(source: Source, out: Path, split: str, options: PackOption
         raise OutputExistsError(f"{out} holds a finished pack made with other settings ({diff}); nothing to "
                                 "resume: pass --overwrite to replace it, or choose another output")
     Journal.discard(out)  # interrupted right after the commit
-    stats = meta.get("stats") if isinstance(meta.get("stats"), dict) else {}
+    stats: dict[str, Any] = meta["stats"] if isinstance(meta.get("stats"), dict) else {}
     _cleanup(out, src.get("rejected", 0), stats.get("repaired", 0))
     log.info("%s is already complete; nothing to resume", out)
     return dataclasses.replace(_result(split, out, meta, seconds, 0), already_complete=True)
@@ -283,7 +284,7 @@ class _WriteStage:
             "sizes": prep.nbytes,
         }
         record.update(zip(self.writer.location_fields, locations, strict=True))
-        self.files.add_sample(tuple(record.get(name, 0) for name in spec.RECORD_DTYPE.names), self.source.paths[pos])
+        self.files.add_sample(tuple(record.get(name, 0) for name in spec.ARRAY_DTYPES), self.source.paths[pos])
         if prep.repair:
             journal.repaired += 1
             self.files.add_repair(self.source.paths[pos], journal.done, prep.repair)

@@ -48,10 +48,11 @@ from typing import IO, Any, Callable
 from packer.errors import OutputError, OutputExistsError, PackError
 from packer.formats.wds import ShardLog
 from packer.journal import RECORDS_NAME, Journal
-from packer.options import PackOptions
-from packer.output import LOCK_NAME, SHARD_LOG_NAME, UPLOADS_NAME, UPLOADS_NAME_V1, OutputLock, leftovers
+from packer.options import PackOptions, RemoteOptions
+from packer.output import SHARD_LOG_NAME, UPLOADS_NAME, UPLOADS_NAME_V1, OutputLock, leftovers
 from packer.pipeline import SplitResult
 from readers.contract import spec
+from readers.contract.locks import LOCK_NAME
 
 log = logging.getLogger(__name__)
 
@@ -221,13 +222,12 @@ class StagedOutput:
     :meth:`pack_split` for each split, then :meth:`close` once the lock is released (also after an error).
     """
 
-    def __init__(self, url: str, options: PackOptions, *, storage_options: dict[str, Any] | None = None,
-                 stage_dir: str | os.PathLike | None = None, retry: Any = None,
-                 upload_progress: Callable[[str], UploadProgress | None] | None = None) -> None:
+    def __init__(self, url: str, options: PackOptions, remote: RemoteOptions) -> None:
         from readers.remote import open_store
 
-        self.options, self.upload_progress = options, upload_progress
-        self.store = open_store(url, storage_options, retry)
+        self.options, self.upload_progress = options, remote.upload_progress
+        self.store = open_store(url, remote.storage_options, remote.retry)
+        stage_dir = remote.stage_dir
         self.folder = Path(stage_dir) if stage_dir is not None else default_stage_dir(self.store.url)
         self.role = f" (the staging folder of {self.store.url})"
         self._old: list[str] = []  # objects --overwrite deletes once the staging folder is ours

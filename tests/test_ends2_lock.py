@@ -1,5 +1,5 @@
 """open_dataset on a folder a running pack holds says "being packed by pid N (started ...)", not
-"never finished, --resume": the lock file is part of the on-disk contract (readers.contract.spec.LOCK_NAME)."""
+"never finished, --resume": the lock file is part of the on-disk contract (readers.contract.locks.LOCK_NAME)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers import open_dataset
-from readers.contract import spec
+from readers.contract import locks, spec
 from reliability_helpers import HOLD_LOCK, interrupt_after
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,12 +40,12 @@ def test_open_dataset_names_the_pack_writing_the_folder(tmp_path):
         assert text.endswith("): wait for it to finish, then open it") and "--resume" not in text, text
         started = re.search(r"started (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", text).group(1)
         assert abs(time.mktime(time.strptime(started, "%Y-%m-%d %H:%M:%S")) - before) < 60
-        assert spec.lock_holder(out) == holder.pid
+        assert locks.lock_holder(out) == holder.pid
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
         holder.stdout.close()
-    assert spec.pack_in_progress(out) is None  # a killed holder's lock file is stale: free
+    assert locks.pack_in_progress(out) is None  # a killed holder's lock file is stale: free
     with pytest.raises(spec.IncompleteDatasetError, match="never finished.*--resume"):
         open_dataset(out)
 
@@ -53,4 +53,4 @@ def test_open_dataset_names_the_pack_writing_the_folder(tmp_path):
 def test_the_readers_know_the_lock_file_the_packer_takes():
     from packer import output
 
-    assert output.LOCK_NAME == spec.LOCK_NAME and output.lock_holder is spec.lock_holder
+    assert output.LOCK_NAME == locks.LOCK_NAME and output.lock_holder is locks.lock_holder

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from packer import PackError, PackOptions, pack
+from packer import PackError, PackOptions, RemoteOptions, pack
 from readers import open_dataset
 from readers.contract import spec
 
@@ -120,7 +120,7 @@ def test_an_s3_object_listed_over_the_budget_is_a_reject_not_read(s3_server, tmp
     out = tmp_path / "out"
     try:
         [result] = pack(url, out, PackOptions(format="wds", workers=1, max_pixels=BUDGET.max_pixels),
-                        progress=progress, storage_options=s3_server.storage_options())
+                        progress=progress, remote=RemoteOptions(storage_options=s3_server.storage_options()))
     except PackError as exc:
         pytest.fail(f"the object was read: {exc}")
     assert (result.images, result.rejected) == (3, 1)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from packer import PackOptions, pack
+from packer import PackOptions, RemoteOptions, pack
 from packer.errors import OutputExistsError
-from packer.output import LOCK_NAME
+from readers.contract.locks import LOCK_NAME
 from readers.contract import spec
 from readers.remote import open_store
 from reliability_helpers import wait_for
@@ -73,7 +73,7 @@ def _one_line_error(res: subprocess.CompletedProcess, code: int) -> str:
 KILL_AFTER_FIRST_UPLOAD = """
 import os, signal, sys, time
 from pathlib import Path
-from packer import PackOptions, pack
+from packer import PackOptions, RemoteOptions, pack
 src, url, stage, go = sys.argv[1:5]
 uploads = Path(stage) / "uploads.jsonl"
 def progress(split, source):
@@ -89,7 +89,7 @@ def progress(split, source):
             os.kill(os.getpid(), signal.SIGKILL)
     return update
 pack(src, url, PackOptions(format="wds", workers=1, shard_count=4, checkpoint_bytes=256 * 1024),
-     stage_dir=Path(stage), progress=progress)
+     remote=RemoteOptions(stage_dir=Path(stage)), progress=progress)
 """
 
 
@@ -159,22 +159,22 @@ def test_interrupted_mmap_pack_rerun_with_neither_flag_then_resume(s3_server, bi
     assert store.list() == []
     journal = state.read_bytes()
 
-    opts = dict(format="mmap", workers=1, checkpoint_bytes=256 * 1024)
+    opts, remote = dict(format="mmap", workers=1, checkpoint_bytes=256 * 1024), RemoteOptions(storage_options=so,
+                                                                                               stage_dir=stage)
     with pytest.raises(OutputExistsError) as err:
-        pack(big_source, killed, PackOptions(**opts), storage_options=so, stage_dir=stage)
+        pack(big_source, killed, PackOptions(**opts), remote=remote)
     msg = str(err.value)
     assert "\n" not in msg and str(stage) in msg and killed in msg and "--resume" in msg, msg
     assert state.read_bytes() == journal, "a refused run changes nothing"
 
-    [res] = pack(big_source, killed, PackOptions(**opts, resume=True), storage_options=so, stage_dir=stage)
+    [res] = pack(big_source, killed, PackOptions(**opts, resume=True), remote=remote)
     assert res.resumed_from >= 20 and res.out == killed
     ours, theirs = _objects(store), _objects(open_store(clean, so))
     assert sorted(ours) == sorted(theirs) and [n for n in ours if ours[n] != theirs[n]] == []
     assert not stage.exists()
 
-    [again] = pack(big_source, killed, PackOptions(**opts, resume=True), storage_options=so, stage_dir=stage)
+    [again] = pack(big_source, killed, PackOptions(**opts, resume=True), remote=remote)
     assert again.already_complete and again.images == res.images and again.out == killed
     with pytest.raises(OutputExistsError, match="--checkpoint-bytes"):
-        pack(big_source, killed, PackOptions(**{**opts, "checkpoint_bytes": 512 * 1024}, resume=True),
-             storage_options=so, stage_dir=stage)
+        pack(big_source, killed, PackOptions(**{**opts, "checkpoint_bytes": 512 * 1024}, resume=True), remote=remote)
     assert _objects(store) == ours and not stage.exists()

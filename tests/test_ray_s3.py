@@ -224,7 +224,7 @@ def test_s3_source_with_the_local_engine(s3_src, local, s3_server, tmp_path):
 
 MISSING = """
     import sys
-    from packer import PackError, PackOptions, pack
+    from packer import PackError, PackOptions, RemoteOptions, pack
     from readers.remote import open_store
     src, out, address, victim, endpoint = sys.argv[1:]
     so = {"endpoint_url": endpoint}
@@ -235,7 +235,7 @@ MISSING = """
 
     try:
         pack(src, out, PackOptions(format="wds", engine="ray", ray_address=address, ray_chunk=5),
-             progress=progress, storage_options=so)
+             progress=progress, remote=RemoteOptions(storage_options=so))
     except PackError as exc:
         print(exc)
 """

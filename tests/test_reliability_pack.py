@@ -104,7 +104,8 @@ def test_a_split_folder_being_packed_is_locked_too(tmp_path):
 
 
 def test_locks_conflict_and_are_removed_on_release(tmp_path):
-    from packer.output import LOCK_NAME, OutputBusyError, OutputLock
+    from packer.output import OutputBusyError, OutputLock
+    from readers.contract.locks import LOCK_NAME
 
     with OutputLock() as one:
         one.acquire(tmp_path / "out")

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 
-from packer import PackOptions, pack
+from packer import PackOptions, RemoteOptions, pack
 from readers import make_loader, open_dataset
 from readers.contract import spec
 from readers.formats import wds_io
@@ -56,8 +56,8 @@ def s3_packs(s3_server, generated, tmp_path_factory) -> dict[str, str]:
     base = s3_server.url(f"rt-{uuid.uuid4().hex[:8]}")
     stage = tmp_path_factory.mktemp("stage")
     for fmt in FORMATS:
-        pack(generated, f"{base}/{fmt}", _opts(fmt), storage_options=s3_server.storage_options(),
-             stage_dir=stage / fmt)
+        pack(generated, f"{base}/{fmt}", _opts(fmt),
+             remote=RemoteOptions(storage_options=s3_server.storage_options(), stage_dir=stage / fmt))
     return {fmt: f"{base}/{fmt}" for fmt in FORMATS}
 
 
@@ -251,7 +251,8 @@ def s3_bigger(s3_server, tmp_path_factory) -> dict[str, str]:
     base = s3_server.url(f"big-{uuid.uuid4().hex[:8]}")
     stage = tmp_path_factory.mktemp("stage-big")
     for fmt in ("wds", "mmap"):
-        pack(src, f"{base}/{fmt}", _opts(fmt), storage_options=s3_server.storage_options(), stage_dir=stage / fmt)
+        pack(src, f"{base}/{fmt}", _opts(fmt),
+             remote=RemoteOptions(storage_options=s3_server.storage_options(), stage_dir=stage / fmt))
     return {"wds": f"{base}/wds", "mmap": f"{base}/mmap"}
 
 
@@ -332,7 +333,7 @@ def test_store_stays_down_clear_error_within_budget(s3_server, s3_bigger, worker
 @pytest.mark.parametrize("cache", [False, True], ids=["stream", "cache"])
 def test_damaged_shard_object_names_shard_and_sample(s3_server, s3_prefix, generated, tmp_path, cache):
     so = s3_server.storage_options()
-    pack(generated, s3_prefix, _opts("wds"), storage_options=so, stage_dir=tmp_path / "stage")
+    pack(generated, s3_prefix, _opts("wds"), remote=RemoteOptions(storage_options=so, stage_dir=tmp_path / "stage"))
     store = open_store(s3_prefix, so)
     ds0 = open_dataset(s3_prefix, storage_options=so, decode=False)
     k = 2

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from packer import PackOptions, pack
+from packer import PackOptions, RemoteOptions, pack
 from packer.errors import OutputError, OutputExistsError
 from packer.tools.verify import verify
 from readers import open_dataset
@@ -77,23 +77,23 @@ def test_cli_pack_verify_read_over_s3_with_aws_environment(s3_server, s3_prefix,
 def test_existing_prefix_needs_overwrite_and_only_ours_is_deleted(s3_server, s3_prefix, generated, tmp_path):
     so = s3_server.storage_options()
     opts = PackOptions(format="mmap", workers=1)
-    pack(generated, s3_prefix, opts, storage_options=so, stage_dir=tmp_path / "s1")
+    pack(generated, s3_prefix, opts, remote=RemoteOptions(storage_options=so, stage_dir=tmp_path / "s1"))
     with pytest.raises(OutputExistsError, match="already holds .* objects; pass --overwrite"):
-        pack(generated, s3_prefix, opts, storage_options=so, stage_dir=tmp_path / "s2")
-    pack(generated, s3_prefix, PackOptions(format="mmap", workers=1, overwrite=True), storage_options=so,
-         stage_dir=tmp_path / "s3")
+        pack(generated, s3_prefix, opts, remote=RemoteOptions(storage_options=so, stage_dir=tmp_path / "s2"))
+    pack(generated, s3_prefix, PackOptions(format="mmap", workers=1, overwrite=True),
+         remote=RemoteOptions(storage_options=so, stage_dir=tmp_path / "s3"))
     store = open_store(s3_prefix, so)
     store.put_bytes("notes.txt", b"someone else's")
     with pytest.raises(OutputExistsError, match="does not write.*notes.txt"):
-        pack(generated, s3_prefix, PackOptions(format="mmap", workers=1, overwrite=True), storage_options=so,
-             stage_dir=tmp_path / "s4")
+        pack(generated, s3_prefix, PackOptions(format="mmap", workers=1, overwrite=True),
+             remote=RemoteOptions(storage_options=so, stage_dir=tmp_path / "s4"))
     assert store.exists("notes.txt") and store.exists(spec.INDEX_NAME)
 
 
 def test_http_output_is_refused(http_prefix, generated, tmp_path):
     _, url = http_prefix
     with pytest.raises(OutputError, match="read-only"):
-        pack(generated, url, PackOptions(format="wds", workers=1), stage_dir=tmp_path / "stage")
+        pack(generated, url, PackOptions(format="wds", workers=1), remote=RemoteOptions(stage_dir=tmp_path / "stage"))
 
 
 def test_cli_output_errors_are_one_line(s3_server, generated, tmp_path):
@@ -107,8 +107,8 @@ def test_cli_output_errors_are_one_line(s3_server, generated, tmp_path):
 
 def test_verify_names_a_damaged_sample_and_a_missing_shard(s3_server, s3_prefix, generated, tmp_path):
     so = s3_server.storage_options()
-    pack(generated, s3_prefix, PackOptions(format="wds", workers=1, shard_count=5), storage_options=so,
-         stage_dir=tmp_path / "stage")
+    pack(generated, s3_prefix, PackOptions(format="wds", workers=1, shard_count=5),
+         remote=RemoteOptions(storage_options=so, stage_dir=tmp_path / "stage"))
     store = open_store(s3_prefix, so)
     ds = open_dataset(s3_prefix, storage_options=so)
     i = ds.samples_of_shard(1)[2]
@@ -209,7 +209,7 @@ def test_network_failure_during_upload_then_resume(s3_server, generated, tmp_pat
     so, run = s3_server.storage_options(), uuid.uuid4().hex[:8]
     url, clean = s3_server.url(f"net-{run}"), s3_server.url(f"netclean-{run}")
     opts = PackOptions(format="wds", workers=1, shard_count=3)
-    pack(generated, clean, opts, storage_options=so, stage_dir=tmp_path / "clean")
+    pack(generated, clean, opts, remote=RemoteOptions(storage_options=so, stage_dir=tmp_path / "clean"))
     sent = {"n": 0}
 
     def kill_on_third_upload(split):
@@ -223,14 +223,14 @@ def test_network_failure_during_upload_then_resume(s3_server, generated, tmp_pat
     quick = RetryPolicy(tries=3, budget_s=2.0, base_delay_s=0.2, connect_timeout_s=1, read_timeout_s=5)
     try:
         with pytest.raises(PackError, match=r"re-run with --resume") as err:
-            pack(generated, url, opts, storage_options=so, stage_dir=tmp_path / "st", retry=quick,
-                 upload_progress=kill_on_third_upload)
+            pack(generated, url, opts, remote=RemoteOptions(storage_options=so, stage_dir=tmp_path / "st", retry=quick,
+                                                            upload_progress=kill_on_third_upload))
         assert "\n" not in str(err.value)
     finally:
         s3_server.start()
     store = open_store(url, so)
     assert not store.exists(spec.INDEX_NAME)
-    pack(generated, url, PackOptions(format="wds", workers=1, shard_count=3, resume=True), storage_options=so,
-         stage_dir=tmp_path / "st")
+    pack(generated, url, PackOptions(format="wds", workers=1, shard_count=3, resume=True),
+         remote=RemoteOptions(storage_options=so, stage_dir=tmp_path / "st"))
     ours, theirs = _objects(store), _objects(open_store(clean, so))
     assert sorted(ours) == sorted(theirs) and all(ours[n] == theirs[n] for n in ours)

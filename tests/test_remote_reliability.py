@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_image_folder
-from packer import PackOptions, pack
+from packer import PackOptions, RemoteOptions, pack
 from readers import make_loader, open_dataset
 from readers.contract import spec
 from readers.remote import RemoteIntegrityError, RemoteUnavailableError, RetryPolicy, open_store
@@ -163,9 +163,9 @@ def test_overwritten_dataset_is_never_read_from_a_stale_cache(request, tmp_path,
     if backend == "s3":
         srv = request.getfixturevalue("s3_server")
         url, so = request.getfixturevalue("s3_prefix"), srv.storage_options()
-        pack(src_a, url, opts(), storage_options=so, stage_dir=tmp_path / "stage-a")
-        repack = lambda: pack(src_b, url, opts(overwrite=True), storage_options=so,  # noqa: E731
-                              stage_dir=tmp_path / "stage-b")
+        pack(src_a, url, opts(), remote=RemoteOptions(storage_options=so, stage_dir=tmp_path / "stage-a"))
+        repack = lambda: pack(src_b, url, opts(overwrite=True),  # noqa: E731
+                              remote=RemoteOptions(storage_options=so, stage_dir=tmp_path / "stage-b"))
     else:
         srv = request.getfixturevalue("http_server")
         folder, url = request.getfixturevalue("http_prefix")

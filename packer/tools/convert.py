@@ -45,12 +45,13 @@ from packer.prepare.images import ImageOptions, Prepared, RejectedImage, prepare
 from packer.prepare.stage import ordered_outcomes
 from packer.prepare.readahead import read_ahead
 from packer.options import PackOptions, cli_fields
-from packer.output import OutputLock, lock_holder, prepare_output
+from packer.output import OutputLock, prepare_output
 from packer.pipeline import PackProgress, SplitResult, pack_split
 from packer.sources.source import Source
 from packer.prepare.workers import Outcome
 from readers.contract import spec
 from readers.contract.fields import Schema
+from readers.contract.locks import lock_holder
 
 __all__ = ["convert", "dataset_source", "close_source", "conversion_options"]
 

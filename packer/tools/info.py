@@ -19,8 +19,8 @@ from pathlib import Path
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
-from packer.output import lock_holder
 from readers.contract import spec
+from readers.contract.locks import lock_holder
 
 __all__ = ["describe", "render", "write_json", "ClassList", "resume_command", "add_arguments", "run", "main"]
 

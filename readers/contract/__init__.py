@@ -4,11 +4,13 @@
 any other ``readers`` package, so a tool that only writes or checks datasets pays for none of them
 (``tests/test_layering.py`` keeps it so).
 
-* :mod:`~readers.contract.spec` -- the index (``index.json``), file names, formats, checksums;
+* :mod:`~readers.contract.spec` -- the index (``index.json``) read and written, file names, formats,
+  checksums; :mod:`~readers.contract.locks` -- the lock a running pack holds in its folder;
+  :mod:`~readers.contract.samplenames` -- ``names.jsonl``, each sample's source path;
 * :mod:`~readers.contract.fields` -- typed sample fields and the :class:`Schema`, and where each
   field lives in each format;
 * :mod:`~readers.contract.checks` -- what an index's values may be, checked on open;
-  :mod:`~readers.contract.checkcache` -- the record of checks that passed;
+  :mod:`~readers.contract.checkcache` -- the record of checks that passed (and what it is keyed by);
 * :mod:`~readers.contract.safeio` -- the one place that opens, sizes, reads, maps and atomically
   writes a dataset's files;
 * :mod:`~readers.contract.location`, :mod:`~readers.contract.units`,

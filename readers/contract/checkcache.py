@@ -36,12 +36,12 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
-from readers.contract.safeio import atomic_write, checksum
+from readers.contract.safeio import DatasetFormatError, atomic_write, checksum, member_path
 
-__all__ = ["ENV_DIR", "ENV_SWITCH", "SAMPLED_PAGES", "VERSION", "folder", "full_checks", "meta_digest", "passed",
-           "record", "stat_key"]
+__all__ = ["ENV_DIR", "ENV_SWITCH", "SAMPLED_PAGES", "VERSION", "files_key", "folder", "full_checks", "meta_digest",
+           "passed", "record", "stat_key"]
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +155,24 @@ def stat_key(path: str | os.PathLike) -> tuple[int, int, int, int, int, int] | N
 def meta_digest(meta: Any) -> str:
     """A hash of a parsed ``index.json``: a record holds for exactly that metadata."""
     return hashlib.sha256(json.dumps(meta, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def files_key(root: str | os.PathLike[str], meta: Any, files: Mapping[str, str]) -> list[Any] | None:
+    """What a record for the local dataset ``root`` is made of (the ``parts`` of :func:`passed` and
+    :func:`record`): its folder, :func:`meta_digest` of ``meta`` (or ``meta`` itself when it is that
+    digest), and ``[name, stat_key]`` of each of its ``files`` (name -> file name in ``root``), by
+    name; None when one cannot be stat'ed or leaves the folder (the open check refuses it)."""
+    out = []
+    for name in sorted(files):
+        try:  # a name that leaves the folder (a link out) is never opened here
+            path = member_path(root, files[name], "dataset file")
+        except (DatasetFormatError, OSError):
+            return None
+        key = stat_key(path)
+        if key is None:
+            return None
+        out.append([name, list(key)])
+    return [os.path.abspath(root), meta if isinstance(meta, str) else meta_digest(meta), out]
 
 
 def _text(kind: str, parts: list) -> str:

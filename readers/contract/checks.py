@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 
 import numpy as np
 
@@ -53,11 +53,11 @@ def _where(index: spec.Index, name: str) -> Path | str:
     return Path(index.root) / name
 
 
-def _whole(value: Any) -> bool:
+def _whole(value: Any) -> TypeGuard[int]:
     return type(value) is int
 
 
-def _field(meta: dict, key: str, kind: type | tuple, path: Path, default: Any = ...) -> Any:
+def _field(meta: dict, key: str, kind: type | tuple, path: Path | str, default: Any = ...) -> Any:
     if key not in meta:
         if default is ...:
             raise _fail(path, f"field {key!r} is missing")
@@ -124,13 +124,13 @@ def _checked_key(index: spec.Index, digest: str) -> list | None:
     sources = index.sources
     if index.store is not None or not sources or set(sources) != set(index.arrays):
         return None
-    key = spec.checked_files_key(Path(index.root), digest, index.arrays)
+    key = checkcache.files_key(index.root, digest, {name: spec.array_file(name) for name in index.arrays})
     if key is None or any(tuple(ident[:4]) != tuple(sources[name]) for name, ident in key[2]):
         return None
     return key
 
 
-def _check_shard_list(index: spec.Index, path: Path) -> None:
+def _check_shard_list(index: spec.Index, path: Path | str) -> None:
     shards = _field(index.meta, "shards", list, path)
     first = 0
     for k, s in enumerate(shards):
@@ -153,7 +153,7 @@ def _check_shard_list(index: spec.Index, path: Path) -> None:
         raise _fail(path, "the shard list names a file twice")
 
 
-def _check_hdf5_storage(storage: dict, path: Path) -> None:
+def _check_hdf5_storage(storage: dict, path: Path | str) -> None:
     table = storage.get("chunk_table")
     if table is not None:
         spec.check_member_name(table, f"{path}: storage.chunk_table")
@@ -162,7 +162,7 @@ def _check_hdf5_storage(storage: dict, path: Path) -> None:
             raise _fail(path, f"storage.chunk_bytes must be in 1..{1 << 30} with a chunk table, got {cb!r}")
 
 
-def _check_mmap_storage(storage: dict, path: Path) -> None:
+def _check_mmap_storage(storage: dict, path: Path | str) -> None:
     offset = storage.get("data_offset", spec.MMAP_HEADER_BYTES)
     if offset != spec.MMAP_HEADER_BYTES:
         raise _fail(path, f"storage.data_offset must be {spec.MMAP_HEADER_BYTES}, got {offset!r}")
@@ -192,7 +192,8 @@ def _scan(index: spec.Index, rules: list[Rule], n: int,
     def run(k: int) -> tuple[tuple[int, int] | None, np.ndarray | None]:
         total = None
         for j in range(k * (len(bounds) - 1) // runs, (k + 1) * (len(bounds) - 1) // runs):
-            sl, memo = slice(bounds[j], bounds[j + 1]), {}
+            sl = slice(bounds[j], bounds[j + 1])
+            memo: dict[Any, Any] = {}  # shared by the rules of this slice
             for r, (_, bad, _) in enumerate(rules):
                 hits = np.flatnonzero(bad(sl, memo))
                 if len(hits):
@@ -218,7 +219,12 @@ def _scan(index: spec.Index, rules: list[Rule], n: int,
     return total
 
 
-def _check_arrays(index: spec.Index, num_classes: int, path: Path) -> None:
+def _at_least(name: str, arr: np.ndarray, low: int) -> Rule:
+    """The rule: every value of index array ``name`` is at least ``low``."""
+    return name, lambda s, m: arr[s] < low, lambda i: f"value {arr[i]} is below {low}"
+
+
+def _check_arrays(index: spec.Index, num_classes: int, path: Path | str) -> None:
     """Every array's values in range (one :func:`_scan`), and labels.npy counted per class against
     index.json's class_counts when it records them (a label edited along with its checksum shows here)."""
     a, n, fmt = index.arrays, index.num_samples, index.format
@@ -229,9 +235,7 @@ def _check_arrays(index: spec.Index, num_classes: int, path: Path) -> None:
     rules.append(("sizes", lambda s, m: sizes[s] < 0, lambda i: f"size {sizes[i]} is negative"))
     for name in ("offsets", "heights", "widths"):
         if name in a and not (fmt == "wds" and name == "offsets"):  # wds: at least a tar header, below
-            arr, low = a[name], 1 if name in ("heights", "widths") else 0
-            rules.append((name, lambda s, m, arr=arr, low=low: arr[s] < low,
-                          lambda i, arr=arr, low=low: f"value {arr[i]} is below {low}"))
+            rules.append(_at_least(name, a[name], 1 if name in ("heights", "widths") else 0))
     if fmt == "wds":
         rules += _wds_rules(index)
     elif fmt == "mmap":
@@ -250,15 +254,16 @@ def _check_arrays(index: spec.Index, num_classes: int, path: Path) -> None:
         raise _fail(path, f"class_counts must list one count per class ({num_classes})")
 
     def tally(s: slice) -> np.ndarray:  # a slice at a time: a bincount of all labels is an int64 copy of them
-        got = labels[s]
+        got = a["labels"]  # counts is None when there are no labels
+        got = got[s]
         if not ranged:  # not range-checked: a value outside the classes is counted apart, never indexed
             got = np.where((got < 0) | (got >= num_classes), num_classes, got)
         return np.bincount(got, minlength=num_classes + 1)
 
-    actual = _scan(index, rules, n, tally if counts is not None else None)
+    counted = _scan(index, rules, n, tally if counts is not None else None)
     if counts is None:
         return
-    actual = [0] * (num_classes + 1) if actual is None else actual.tolist()
+    actual: list[int] = [0] * (num_classes + 1) if counted is None else counted.tolist()
     where = _where(index, spec.array_file("labels"))
     if actual[num_classes]:
         raise spec.DatasetFormatError(f"{where}: holds {actual[num_classes]} labels outside the {num_classes} "

@@ -35,8 +35,9 @@ import resource
 import stat
 import weakref
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, NamedTuple
+from typing import IO, Any, Callable, Iterator
 
 import numpy as np
 
@@ -82,6 +83,8 @@ class IncompleteDatasetError(DatasetFormatError):
     """The folder holds a pack that never finished (no ``index.json``)."""
 
 
+_crc32: Callable[[Any, int], int]
+_crc32_combine: Callable[[int, int, int], int] | None  # (crc of a, crc of b, len(b)) -> crc of a + b
 try:  # ISA-L's CRC-32 (carry-less multiply): the same function as zlib's, ~30x faster here
     from isal.isal_zlib import crc32 as _crc32
     from isal.isal_zlib import crc32_combine as _crc32_combine
@@ -89,7 +92,7 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the s
     _crc32, _crc32_combine = zlib.crc32, None
 
 
-def checksum(data: bytes | memoryview | np.ndarray, value: int = 0) -> int:
+def checksum(data: bytes | bytearray | memoryview | np.ndarray, value: int = 0) -> int:
     """CRC-32 (zlib's polynomial) of ``data``; chain calls by passing the previous value."""
     return _crc32(data, value) & 0xFFFFFFFF
 
@@ -249,7 +252,8 @@ _NPY_MAGIC = b"\x93NUMPY"
 NPY_HEADER_LIMIT = 1 << 16
 
 
-class NpyHeader(NamedTuple):
+@dataclass(frozen=True)
+class NpyHeader:
     """What a ``.npy`` header declares (:func:`npy_header`), checked against the bytes present."""
 
     dtype: np.dtype
@@ -450,8 +454,9 @@ def mapped_checksum(buf: Any, chunk: int = CRC_CHUNK, threads: int = 1) -> int:
     view = memoryview(buf)
     try:
         size = len(view)
-        threads = min(threads, size // (2 * chunk)) if _crc32_combine is not None else 1
-        if threads <= 1:
+        combine = _crc32_combine
+        threads = min(threads, size // (2 * chunk)) if combine is not None else 1
+        if threads <= 1 or combine is None:
             return _checksum_range(view, 0, size, chunk)
         step = -(-size // threads // chunk) * chunk  # parts start on a chunk boundary
         starts = list(range(0, size, step))
@@ -459,7 +464,7 @@ def mapped_checksum(buf: Any, chunk: int = CRC_CHUNK, threads: int = 1) -> int:
             parts = list(pool.map(lambda lo: _checksum_range(view, lo, min(size, lo + step), chunk), starts))
         crc = parts[0]
         for lo, part in zip(starts[1:], parts[1:]):
-            crc = _crc32_combine(crc, part, min(size, lo + step) - lo) & 0xFFFFFFFF
+            crc = combine(crc, part, min(size, lo + step) - lo) & 0xFFFFFFFF
         return crc
     finally:
         view.release()

@@ -22,39 +22,37 @@ reads it through a :class:`readers.remote.Store` it is given (duck-typed:
 this module imports nothing else of ``readers``) and the :class:`Index`
 keeps that store in ``index.store``.
 
-A folder packed from a source that holds split folders (``train/``,
-``val/``) has one such dataset folder per split and no ``index.json`` of
-its own.
+A folder packed from a source that holds split folders (``train/``, ``val/``) has one such
+dataset folder per split and no ``index.json`` of its own.
 
 Index arrays are mapped read-only, not read into memory (:func:`readers.contract.safeio.map_npy`):
 every process and loader worker that opens the dataset shares the page cache's copy, and each
 array's CRC-32 is still compared with the one ``index.json`` records (streamed over the mapping).
 A re-pack renames new arrays over the old ones, so a mapped array never changes under a reader.
 
-This module is the on-disk contract. Safe I/O of a dataset's files (names inside the folder,
-regular files only, checked sizes and range reads, mappings) is :mod:`readers.contract.safeio`, and
-where a dataset lives (path, ``file://``, ``s3://``, ``http(s)://``; other schemes refused) is
-:mod:`readers.contract.location`; both are re-exported here. Nothing in this module imports torch: the
-packer and command-line tools use it.
+Beside it: safe I/O of a dataset's files (:mod:`readers.contract.safeio`) and where a dataset lives
+(:mod:`readers.contract.location`), both re-exported here; the lock a running pack holds
+(:mod:`readers.contract.locks`); ``names.jsonl``'s parse (:mod:`readers.contract.samplenames`).
+Nothing here imports torch: the packer and command-line tools use it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import fcntl
 import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-# Safe I/O and locations live in their own modules; their names stay importable from here.
+# Safe I/O and locations live in their own modules; their names stay importable from here (__all__).
 from readers.contract import checkcache
 from readers.contract.env import check_threads
-from readers.contract.messages import one_line
+from readers.contract.locks import pack_in_progress
+from readers.contract.samplenames import parse_names
 from readers.contract.location import REMOTE_SCHEMES, UnsupportedLocationError, is_remote, parse_location
 from readers.contract.safeio import (
     INDEX_NAME,
@@ -80,91 +78,28 @@ from readers.contract.safeio import (
 )
 
 
-JPEG_MAGIC = b"\xff\xd8\xff"
-
-
-def is_jpeg(data: bytes | bytearray | memoryview | np.ndarray) -> bool:
-    """True when ``data`` starts with the JPEG SOI marker and a marker byte (``FF D8 FF``)."""
-    return bytes(memoryview(data)[:3]) == JPEG_MAGIC
-
-
 __all__ = [
-    "INDEX_NAME",
-    "JPEG_MAGIC",
-    "is_jpeg",
-    "NAMES_FILE",
-    "LOCK_NAME",
-    "try_lock",
-    "lock_pid",
-    "lock_holder",
-    "pack_in_progress",
-    "SPEC_VERSION",
-    "READABLE_VERSIONS",
-    "spec_version_for",
-    "has_label",
-    "required_arrays",
+    # the index: read, written, checked
+    "Index", "read_index", "read_meta", "write_index", "save_array", "write_json_atomic", "find_splits",
+    "recorded_files", "array_bytes_limit", "CRC_CHECK", "VALUES_CHECK",
+    # index.json: versions, formats, keys
+    "SPEC_VERSION", "READABLE_VERSIONS", "spec_version_for", "FORMATS", "CHECKSUM_ALGO", "ARRAYS_KEY",
+    "FILES_CRC_KEY", "MAX_SAMPLES", "MAX_INDEX_JSON_BYTES",
+    # the index arrays, the schema's labels
+    "ARRAY_DTYPES", "REQUIRED_ARRAYS", "RECORD_DTYPE", "array_file", "required_arrays", "has_label",
     "field_array_name",
-    "FORMATS",
-    "ARRAY_DTYPES",
-    "REQUIRED_ARRAYS",
-    "CHECKSUM_ALGO",
-    "IncompleteDatasetError",
-    "DatasetFormatError",
-    "Index",
-    "checksum",
-    "read_index",
-    "read_meta",
-    "write_index",
-    "find_splits",
-    "wds_key",
-    "lmdb_key",
-    "LMDB_META_KEY",
-    "DATA_FILE",
-    "HDF5_CHUNK_TABLE",
-    "HDF5_CHUNK_BYTES",
-    "MMAP_HEADER_BYTES",
-    "TAR_BLOCK",
-    "REJECTS_NAME",
-    "REPAIRS_NAME",
-    "WIDS_INDEX_NAME",
-    "RECORD_DTYPE",
-    "STATE_NAME",
-    "shard_name",
-    "array_file",
-    "array_bytes_limit",
-    "write_json_atomic",
-    "atomic_write",
-    "publish",
-    "fsync_dir",
-    "ARRAYS_KEY",
-    "check_member_name",
-    "member_path",
-    "open_regular",
-    "open_member",
-    "read_regular",
-    "parse_npy",
-    "FILES_CRC_KEY",
-    "file_checksum",
-    "is_remote",
-    "REMOTE_SCHEMES",
-    "recorded_files",
-    "parse_location",
-    "UnsupportedLocationError",
-    "open_data_file",
-    "read_range",
-    "map_file",
-    "map_npy",
-    "checked_files_key",
-    "CRC_CHECK",
-    "VALUES_CHECK",
+    # file names, each format's layout, sample order
+    "INDEX_NAME", "NAMES_FILE", "STATE_NAME", "REJECTS_NAME", "REPAIRS_NAME", "WIDS_INDEX_NAME", "DATA_FILE",
+    "HDF5_CHUNK_TABLE", "HDF5_CHUNK_BYTES", "MMAP_HEADER_BYTES", "TAR_BLOCK", "LMDB_META_KEY", "shard_name",
+    "wds_key", "lmdb_key", "JPEG_MAGIC", "is_jpeg", "ORDER_KINDS", "DEFAULT_ORDER", "order_permutation",
+    # safe I/O (readers.contract.safeio) and locations (readers.contract.location)
+    "IncompleteDatasetError", "DatasetFormatError", "checksum", "file_checksum", "atomic_write", "publish",
+    "fsync_dir", "check_member_name", "member_path", "open_regular", "open_member", "open_data_file",
+    "read_regular", "read_range", "parse_npy", "map_file", "map_npy", "is_remote", "REMOTE_SCHEMES",
+    "parse_location", "UnsupportedLocationError",
 ]
 
-NAMES_FILE = "names.jsonl"
-#: A pack in progress (or interrupted) leaves this journal beside its data.
-STATE_NAME = "pack-state.json"
-#: A running pack holds an exclusive ``flock`` on this file in each folder it writes; the file holds
-#: its pid and was written when the pack started (a killed pack leaves it unlocked: stale, ignored).
-LOCK_NAME = ".pack-lock"
+# ---------------------------------------------------------------- index.json
 #: The version written for a dataset of image + label (the default schema): every release reads it.
 SPEC_VERSION = 1
 #: Versions this release reads: 1 (image + label; ``"fields"`` optional) and 2 (any schema, see
@@ -177,11 +112,18 @@ CHECKSUM_ALGO = "crc32"
 CRC_CHECK, VALUES_CHECK = "index-crc32", "index-values"
 #: index.json key: data file name -> CRC-32 of the whole file (beside ``files``: name -> bytes).
 FILES_CRC_KEY = "files_crc32"
+#: index.json key: array name -> {"crc32": CRC-32 of the whole .npy file, "bytes": its size}.
+#: Optional: datasets packed before it existed open without it (same spec_version).
+ARRAYS_KEY = "index_arrays"
+#: Most samples a dataset may hold (labels and shard numbers are int32).
+MAX_SAMPLES = 2**31 - 1
+#: index.json is metadata (classes, shard list): never near this size.
+MAX_INDEX_JSON_BYTES = 1 << 28
 
-# Explicit little-endian dtypes so an index written on one machine reads the
-# same on any other. int64 for byte positions (ImageNet is ~140 GB, far past
-# 2**31); int32 for labels and shapes (compact: 1.28M labels = 5 MB);
-# uint32 for CRC-32 values.
+# ---------------------------------------------------------------- index arrays
+# Explicit little-endian dtypes so an index written on one machine reads the same on any other. int64 for
+# byte positions (ImageNet is ~140 GB, far past 2**31); int32 for labels and shapes (compact: 1.28M labels
+# = 5 MB); uint32 for CRC-32 values.
 ARRAY_DTYPES: Mapping[str, np.dtype] = {
     "labels": np.dtype("<i4"),  # class index, sorted class-folder order
     "checksums": np.dtype("<u4"),  # crc32 of the stored bytes of the sample
@@ -191,7 +133,6 @@ ARRAY_DTYPES: Mapping[str, np.dtype] = {
     "heights": np.dtype("<i4"),  # mmap: pixel rows
     "widths": np.dtype("<i4"),  # mmap: pixel columns
 }
-
 REQUIRED_ARRAYS: Mapping[str, tuple[str, ...]] = {
     "wds": ("labels", "checksums", "sizes", "offsets", "shards"),
     "lmdb": ("labels", "checksums", "sizes"),
@@ -199,34 +140,32 @@ REQUIRED_ARRAYS: Mapping[str, tuple[str, ...]] = {
     "mmap": ("labels", "checksums", "sizes", "offsets", "heights", "widths"),
 }
 
-#: LMDB: reserved key holding a copy of index.json (keys of samples are digits,
-#: so ``__`` sorts after every one of them and appends stay ordered).
-LMDB_META_KEY = b"__meta__"
-
-# ---------------------------------------------------------------- file names
+# ---------------------------------------------------------------- file names, each format's layout
+#: Each sample's source path, one JSON string a line (:mod:`readers.contract.samplenames`).
+NAMES_FILE = "names.jsonl"
+#: A pack in progress (or interrupted) leaves this journal beside its data.
+STATE_NAME = "pack-state.json"
+#: Images that could not be packed, one JSON object per line (only when there are any).
+REJECTS_NAME = "rejects.jsonl"
+#: Images stored after a lossless repair (JPEG header junk removed), one JSON object per line.
+REPAIRS_NAME = "repairs.jsonl"
 #: The one data file of each single-file format (wds has shards, see shard_name).
 DATA_FILE: Mapping[str, str] = {"lmdb": "data.mdb", "hdf5": "data.h5", "mmap": "images.npy"}
+#: wds: the shard list in the ``wids`` library's JSON format (``wids.ShardListDataset(path)``).
+WIDS_INDEX_NAME = "wids-index.json"
+#: wds: tar block size (headers and padding).
+TAR_BLOCK = 512
 #: hdf5: byte offset of each chunk of /images inside data.h5 (<i8), beside it.
 HDF5_CHUNK_TABLE = "h5chunks.npy"
 #: hdf5: bytes per chunk of /images (1 MiB: whole-chunk writes, small table).
 HDF5_CHUNK_BYTES = 1 << 20
 #: mmap: images.npy's .npy header is padded to exactly this many bytes.
 MMAP_HEADER_BYTES = 128
-#: wds: tar block size (headers and padding).
-TAR_BLOCK = 512
-#: Images that could not be packed, one JSON object per line (only when there are any).
-REJECTS_NAME = "rejects.jsonl"
-#: index.json key: array name -> {"crc32": CRC-32 of the whole .npy file, "bytes": its size}.
-#: Optional: datasets packed before it existed open without it (same spec_version).
-ARRAYS_KEY = "index_arrays"
-#: Most samples a dataset may hold (labels and shard numbers are int32).
-MAX_SAMPLES = 2**31 - 1
-#: index.json is metadata (classes, shard list): never near this size.
-MAX_INDEX_JSON_BYTES = 1 << 28
-#: Images stored after a lossless repair (JPEG header junk removed), one JSON object per line.
-REPAIRS_NAME = "repairs.jsonl"
-#: wds: the shard list in the ``wids`` library's JSON format (``wids.ShardListDataset(path)``).
-WIDS_INDEX_NAME = "wids-index.json"
+#: LMDB: reserved key holding a copy of index.json (keys of samples are digits, so ``__`` sorts after
+#: every one of them and appends stay ordered).
+LMDB_META_KEY = b"__meta__"
+#: The JPEG SOI marker and a marker byte: how a stored image is known to be a JPEG.
+JPEG_MAGIC = b"\xff\xd8\xff"
 
 #: Sample order of a pack (index.json ``"order": {"kind": ..., "seed": ...}``): ``"source"`` =
 #: sorted by class then path, exactly torchvision's ImageFolder order; ``"shuffled"`` = the
@@ -272,13 +211,18 @@ def field_array_name(field: str) -> str:
     return f"field-{field}"
 
 
+def is_jpeg(data: bytes | bytearray | memoryview | np.ndarray) -> bool:
+    """True when ``data`` starts with the JPEG SOI marker and a marker byte (``FF D8 FF``)."""
+    view = data.data if isinstance(data, np.ndarray) else memoryview(data)
+    return bytes(view[:3]) == JPEG_MAGIC
+
+
 def order_permutation(n: int, seed: int) -> np.ndarray:
     """``"shuffled"`` order of ``n`` scanned files: the source position of the k-th written one."""
     return np.random.default_rng([int(seed), 0x5EED_0D4E]).permutation(n)
 
 
-#: One record per sample with every index array as a field (the packer's
-#: journal appends these; each format keeps the fields REQUIRED_ARRAYS names).
+#: One record per sample, a field per index array (the packer's journal appends these).
 RECORD_DTYPE = np.dtype([(name, dtype) for name, dtype in ARRAY_DTYPES.items()])
 
 
@@ -375,32 +319,11 @@ class Index:
         one-line :class:`DatasetFormatError` naming ``names.jsonl:LINE`` (``verify`` reports it)."""
         n = self.num_samples
         if self.store is not None:
-            yield from _parse_names(self.store.url_of(NAMES_FILE), iter(self.store.read(NAMES_FILE).splitlines()), n)
+            yield from parse_names(self.store.url_of(NAMES_FILE), self.store.read(NAMES_FILE).splitlines(), n)
             return
         path = member_path(self.root, NAMES_FILE, "names file")
         with os.fdopen(open_regular(path, "names file"), "rb") as f:
-            yield from _parse_names(str(path), f, n)
-
-
-def _parse_names(where: str, lines: Iterator[bytes], n: int) -> Iterator[str]:
-    """``names.jsonl``'s lines as names: one JSON string a line, ``n`` lines."""
-    count = 0
-    for count, line in enumerate(lines, 1):
-        if count > n:
-            raise DatasetFormatError(f"{where}:{count}: more lines than the {n:,} samples of the index; "
-                                     "the names file is damaged")
-        try:
-            name = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, deep nesting
-            raise DatasetFormatError(f"{where}:{count}: not a JSON string ({one_line(exc, first=True)}); "
-                                     "the names file is damaged") from None
-        if not isinstance(name, str):
-            raise DatasetFormatError(f"{where}:{count}: not a JSON string (a JSON {type(name).__name__}); "
-                                     "the names file is damaged")
-        yield name
-    if count != n:
-        raise DatasetFormatError(f"{where}: {count:,} lines for the {n:,} samples of the index; "
-                                 "the names file is damaged")
+            yield from parse_names(str(path), f, n)
 
 
 def _reopen_index(root: str, meta: dict[str, Any], sources: dict[str, tuple[int, int, int, int]]) -> Index:
@@ -434,23 +357,6 @@ def _load_array(root: Path, name: str, expected_len: int, recorded: Any,
                    threads=check_threads())
 
 
-def checked_files_key(root: Path, meta: dict[str, Any] | str, names: Iterable[str]) -> list | None:
-    """What a record of :mod:`readers.contract.checkcache` for the local dataset ``root`` is made of: its
-    folder, a hash of ``meta`` (or that hash, :func:`readers.contract.checkcache.meta_digest`), and
-    (name, os.stat identity) of each index array ``names``; None when a file cannot be stat'ed."""
-    files = []
-    for name in sorted(names):
-        try:  # a name that leaves the folder (a link out) is never opened: the open check refuses it
-            path = member_path(root, array_file(name), "index array")
-        except (DatasetFormatError, OSError):
-            return None
-        key = checkcache.stat_key(path)
-        if key is None:
-            return None
-        files.append([name, list(key)])
-    return [os.path.abspath(root), meta if isinstance(meta, str) else checkcache.meta_digest(meta), files]
-
-
 def array_bytes_limit(name: str, n: int) -> int:
     """The most bytes index array ``name`` of ``n`` samples can hold: the largest ``.npy`` header
     (magic, version, length, then at most NPY_HEADER_LIMIT) plus ``n`` values. Local arrays are
@@ -463,56 +369,21 @@ def _recorded_crc(where: Path | str, recorded: Any) -> int | None:
     if recorded is None:
         return None
     if not isinstance(recorded, dict) or type(recorded.get("crc32")) is not int:
-        raise DatasetFormatError(
-            f"{where}: checksum differs from the one {INDEX_NAME} records: the array is damaged or was edited")
+        raise _damaged(where)
     return recorded["crc32"]
+
+
+def _damaged(where: Path | str) -> DatasetFormatError:
+    return DatasetFormatError(f"{where}: checksum differs from the one {INDEX_NAME} records: "
+                              "the array is damaged or was edited")
 
 
 def _array_from_bytes(where: Path | str, name: str, buf: bytearray, expected_len: int, recorded: Any) -> np.ndarray:
     """An index array from its file's bytes (a remote dataset's): checksum (when recorded), then the strict parse."""
     want = _recorded_crc(where, recorded)
     if want is not None and want != checksum(buf):
-        raise DatasetFormatError(
-            f"{where}: checksum differs from the one {INDEX_NAME} records: the array is damaged or was edited")
+        raise _damaged(where)
     return parse_npy(where, buf, ARRAY_DTYPES[name], expected_len, what="index array")
-
-
-# ---------------------------------------------------------------- a pack writing the folder now
-def try_lock(fd: int) -> bool:
-    """Take the exclusive lock of the open lock file ``fd`` without waiting; False when a pack holds it."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
-def lock_pid(fd: int) -> int | str:
-    """The pid written in the open lock file ``fd`` (``"unknown"`` before the holder wrote it)."""
-    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    return int(text) if text.isdigit() else "unknown"
-
-
-def pack_in_progress(folder: str | os.PathLike) -> tuple[int | str, float] | None:
-    """(pid, start time as a POSIX timestamp) of the pack holding ``folder``'s :data:`LOCK_NAME` right
-    now; None when none does (no lock file, or a stale one a killed pack left). Writes nothing."""
-    try:
-        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return None  # no lock file (or an unreadable one: a pack would say why)
-    try:
-        if try_lock(fd):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
-        return lock_pid(fd), os.fstat(fd).st_mtime
-    finally:
-        os.close(fd)
-
-
-def lock_holder(folder: str | os.PathLike) -> int | str | None:
-    """The pid of the pack holding ``folder``'s lock right now (``"unknown"`` if it wrote none yet), or None."""
-    holder = pack_in_progress(folder)
-    return None if holder is None else holder[0]
 
 
 def find_splits(root: str | os.PathLike) -> list[str]:
@@ -557,19 +428,20 @@ def read_index(root: str | os.PathLike | Any) -> Index:
     names = required_arrays(meta) + optional
     # Checksums that passed on this machine for these very files are not computed again (readers.contract.checkcache).
     digest = checkcache.meta_digest(meta) if recorded else ""
-    key = checked_files_key(root, digest, names) if recorded else None
+    files = {name: array_file(name) for name in names}
+    key = checkcache.files_key(root, digest, files) if recorded else None
     loaded = None
-    if key is not None and checkcache.passed(CRC_CHECK, key):
+    if recorded and key is not None and checkcache.passed(CRC_CHECK, key):
         idents = {name: tuple(ident) for name, ident in key[2]}
         try:
             loaded = {name: _load_array(root, name, n, recorded.get(name), idents[name]) for name in names}
         except FileChanged:
             loaded = None
-        if loaded is not None and checked_files_key(root, digest, names) != key:
+        if loaded is not None and checkcache.files_key(root, digest, files) != key:
             loaded = None  # written to while being mapped: check in full
     if loaded is None:
         loaded = {name: _load_array(root, name, n, recorded and recorded.get(name)) for name in names}
-        if key is not None and checked_files_key(root, digest, names) == key:
+        if key is not None and checkcache.files_key(root, digest, files) == key:
             checkcache.record(CRC_CHECK, key)
     return Index(root=root, meta=meta, arrays={k: v[0] for k, v in loaded.items()},
                  sources={k: v[1] for k, v in loaded.items()}, digest=digest)
@@ -587,10 +459,8 @@ def _local_meta(root: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     if not os.path.lexists(path):
         splits = find_splits(root)
         if splits:
-            raise DatasetFormatError(
-                f"{root} holds several splits ({', '.join(splits)}); open one of them, "
-                f"e.g. {root / splits[0]}"
-            )
+            raise DatasetFormatError(f"{root} holds several splits ({', '.join(splits)}); open one of them, "
+                                     f"e.g. {root / splits[0]}")
         holder = pack_in_progress(root)
         if holder is not None:
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder[1]))
@@ -600,8 +470,7 @@ def _local_meta(root: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
         if (root / STATE_NAME).exists():
             raise IncompleteDatasetError(
                 f"{root}: this pack never finished (no {INDEX_NAME}, a {STATE_NAME} journal is "
-                "present). Re-run the same pack-dataset command with --resume to complete it."
-            )
+                "present). Re-run the same pack-dataset command with --resume to complete it.")
         if (root / REJECTS_NAME).exists():
             raise DatasetFormatError(
                 f"{root}: not a packed dataset: no image could be packed (every one was rejected; "
@@ -631,10 +500,8 @@ def _parse_meta(raw: bytes | bytearray, path: Path | str) -> dict[str, Any]:
         raise DatasetFormatError(f"{path}: unreadable index (a JSON {type(meta).__name__}, not an object)")
     version = meta.get("spec_version")
     if type(version) is not int or version not in READABLE_VERSIONS:
-        raise DatasetFormatError(
-            f"{path}: spec_version {version!r}, this dataset-packer reads version "
-            f"{' or '.join(map(str, READABLE_VERSIONS))}"
-        )
+        raise DatasetFormatError(f"{path}: spec_version {version!r}, this dataset-packer reads version "
+                                 f"{' or '.join(map(str, READABLE_VERSIONS))}")
     fmt = meta.get("format")
     if not isinstance(fmt, str) or fmt not in REQUIRED_ARRAYS:
         raise DatasetFormatError(f"{path}: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
@@ -696,21 +563,16 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
         f.write("\n")
 
 
-def _contiguous(name: str, values: Any) -> np.ndarray:
-    arr = np.ascontiguousarray(values, dtype=ARRAY_DTYPES[name])
-    if arr.ndim != 1:
-        raise ValueError(f"index array {name!r} must be one-dimensional, got shape {arr.shape}")
-    return arr
-
-
-def save_array(root: str | os.PathLike, name: str, values: Any) -> np.ndarray:
+def save_array(root: str | os.PathLike[str], name: str, values: Any) -> np.ndarray:
     """Save one per-sample array with the contract's dtype, durably."""
-    arr, _crc = _save_array(Path(root), name, values)
-    return arr
+    return _save_array(Path(root), name, values)[0]
 
 
 def _save_array(root: Path, name: str, values: Any) -> tuple[np.ndarray, dict[str, int]]:
-    arr = _contiguous(name, values)
+    """(the array as saved, its record under :data:`ARRAYS_KEY`: CRC-32 and bytes of the file)."""
+    arr = np.ascontiguousarray(values, dtype=ARRAY_DTYPES[name])
+    if arr.ndim != 1:
+        raise ValueError(f"index array {name!r} must be one-dimensional, got shape {arr.shape}")
     # Renamed over, never rewritten in place: a reader that has the old array mapped keeps its inode
     # (writing into a mapped file would change, or cut short, what that reader sees).
     with atomic_write(root / array_file(name)) as f:
