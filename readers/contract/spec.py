@@ -213,8 +213,7 @@ def field_array_name(field: str) -> str:
 
 def is_jpeg(data: bytes | bytearray | memoryview | np.ndarray) -> bool:
     """True when ``data`` starts with the JPEG SOI marker and a marker byte (``FF D8 FF``)."""
-    view = data.data if isinstance(data, np.ndarray) else memoryview(data)
-    return bytes(view[:3]) == JPEG_MAGIC
+    return bytes((data.data if isinstance(data, np.ndarray) else memoryview(data))[:3]) == JPEG_MAGIC
 
 
 def order_permutation(n: int, seed: int) -> np.ndarray:
