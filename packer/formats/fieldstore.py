@@ -24,6 +24,7 @@ HDF5 copies the columns into ``/fields`` and keeps none of these files but ``fie
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, BinaryIO, Sequence
@@ -31,7 +32,7 @@ from typing import Any, BinaryIO, Sequence
 import numpy as np
 
 from readers.contract import spec
-from readers.contract.fields import Field, NumericType, Schema, blob_file, column_file, offsets_file
+from readers.contract.fields import Field, Schema, blob_file, column_file, offsets_file
 
 __all__ = ["FieldStore", "FIELD_CHECKSUMS", "field_file", "offsets_file", "blob_file", "is_field_file"]
 
@@ -96,7 +97,8 @@ class FieldStore:
         self._open(_CRC_PART, samples * width)
         self._open(_SIZES_PART, samples * len(self.fields) * _OFFSET.itemsize)
         for _, f in self.fixed:
-            self._open(field_file(f.name) + ".part", samples * f.type.dtype.itemsize * int(np.prod(f.type.shape)))
+            dtype, shape = f.type.column_layout(samples)
+            self._open(field_file(f.name) + ".part", dtype.itemsize * math.prod(shape))
         for _, f in self.variable:
             ends = self._part(blob_file(f.name).replace(".bin", ".ends") + ".part")
             end = 0
@@ -157,7 +159,7 @@ class FieldStore:
             return files
         for _, f in self.fixed:
             path = self.root / field_file(f.name)
-            _raw_to_npy(self._part(path.name + ".part"), path, f.type.dtype, (n, *f.type.shape))
+            _raw_to_npy(self._part(path.name + ".part"), path, *f.type.column_layout(n))
             files[path.name] = path.stat().st_size
         for _, f in self.variable:
             offsets = self.offsets(f, n)
@@ -175,29 +177,29 @@ class FieldStore:
     def _stats(self, f: Field, sizes: np.ndarray, n: int) -> dict[str, Any]:
         """Per-field stats for index.json's ``field_stats`` (``pack-dataset info`` prints them)."""
         out: dict[str, Any] = {"bytes": int(sizes.sum())}
-        if n:
-            out.update(min_bytes=int(sizes.min()), max_bytes=int(sizes.max()))
-        t = f.type
-        if isinstance(t, NumericType) and not t.fixed and n:
-            row = t.nbytes
-            out.update(min_rows=int(sizes.min()) // row, max_rows=int(sizes.max()) // row)
-        if isinstance(t, NumericType) and t.fixed and n:
+        if not n:
+            return out
+        smallest, largest = int(sizes.min()), int(sizes.max())
+        out.update(min_bytes=smallest, max_bytes=largest)
+        fewest, most = f.type.blob_rows(smallest), f.type.blob_rows(largest)
+        if fewest is not None and most is not None:  # a variable array: its rows per sample
+            out.update(min_rows=fewest, max_rows=most)
+        if f.type.fixed:
             col = self.column(f, n)
-            values = np.asarray(col)
-            if values.size and (t.integer or np.isfinite(values).any()):
-                lo, hi = (values.min(), values.max()) if t.integer else (np.nanmin(values[np.isfinite(values)]),
-                                                                       np.nanmax(values[np.isfinite(values)]))
-                out.update(min=lo.item(), max=hi.item())
-            del col, values
+            span = f.type.value_range(col)
+            if span is not None:
+                out.update(min=span[0], max=span[1])
+            del col
         return out
 
     # ---- for a writer that copies the columns elsewhere (HDF5), after finalize(keep_columns=False)
     def column(self, f: Field, n: int) -> np.ndarray:
         """A fixed field's ``(n, *shape)`` rows, mapped from its side file."""
         path = self._part(field_file(f.name) + ".part")
+        dtype, shape = f.type.column_layout(n)
         if n == 0 or path.stat().st_size == 0:
-            return np.zeros((n, *f.type.shape), dtype=f.type.dtype)
-        return np.memmap(path, dtype=f.type.dtype, mode="r", shape=(n, *f.type.shape))
+            return np.zeros(shape, dtype=dtype)
+        return np.memmap(path, dtype=dtype, mode="r", shape=shape)
 
     def offsets(self, f: Field, n: int) -> np.ndarray:
         ends = self._part(blob_file(f.name).replace(".bin", ".ends") + ".part")

@@ -45,8 +45,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from packer.errors import SourceError
-from packer.importers.manifest import JSON_ERRORS, Row, RowReject, json_loads, json_locate, json_problem, json_too_deep
+from packer.importers.manifest import Row, RowReject
 from readers.contract.fields import Field, FieldValueError, ImageType, JsonType, NumericType, Schema, TextType
+from readers.contract.jsontext import JSON_ERRORS, json_loads, json_locate, json_problem, json_too_deep
 from readers.contract.messages import one_line
 from readers.contract.safeio import check_member_name
 from readers.contract.spec import DatasetFormatError
@@ -137,7 +138,7 @@ class CocoInstances:
                 for f in self.schema.fields[1:]:
                     values[f.name] = f.type.check(raw[f.name], f.name)
             except FieldValueError as exc:
-                yield RowReject(str(self.path), row, f.name, f"image id {im['id']}: {str(exc).split(': ', 1)[-1]}",
+                yield RowReject(str(self.path), row, f.name, f"image id {im['id']}: {exc.reason}",
                                 str(p))
                 continue
             yield Row(row, str(p), values)
@@ -235,8 +236,9 @@ def read_coco(path: str | os.PathLike, images: str | os.PathLike | None = None) 
             raise SourceError(f"{images_dir}: --images must be the folder of the COCO images")
     try:
         with open(p, "rb") as f:
-            text = f.read()
-        text = text.decode(json.detect_encoding(text), "surrogatepass")  # as json.load does
+            raw = f.read()
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")  # as json.load does
+        del raw
         data = json_loads(text)  # a key given twice in one object raises, as in a JSONL manifest
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SourceError(f"{p}: not a COCO json ({exc})") from None
@@ -284,9 +286,9 @@ def read_coco(path: str | os.PathLike, images: str | os.PathLike | None = None) 
     if bad.size:
         i = int(bad[0])
         b = boxes[i]
-        why = ("holds NaN or infinity" if not np.isfinite(b).all() else
-               "has a negative width or height" if b[2] < 0 or b[3] < 0 else "is out of range for float32")
-        raise SourceError(f"{p}: {_ann(anns[i], i)}: bbox {_short(anns[i]['bbox'])} {why} (expected [x, y, width, "
+        wrong = ("holds NaN or infinity" if not np.isfinite(b).all() else
+                 "has a negative width or height" if b[2] < 0 or b[3] < 0 else "is out of range for float32")
+        raise SourceError(f"{p}: {_ann(anns[i], i)}: bbox {_short(anns[i]['bbox'])} {wrong} (expected [x, y, width, "
                           f"height], finite, width and height >= 0)"
                           + (f" ({bad.size} annotations like it)" if bad.size > 1 else ""))
     area = _column(anns, "area", np.float64, math.nan, p)

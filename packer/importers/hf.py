@@ -377,9 +377,9 @@ def _entry(schema: Schema, extra: tuple, values: dict[str, Any], row: int, where
     out = []
     for f in schema.fields[1:]:
         value = values[f.name]
-        if value is None and not isinstance(f.type, JsonType):
+        if value is None and not f.type.nullable:
             return f"{where} column {f.name!r}: no value (null)"
-        if isinstance(f.type, ImageType):
+        if f.type.is_image:
             if not value or (value.get("bytes") is None and not value.get("path")):
                 return f"{where} column {f.name!r}: no image (null)"
             got = _image_bytes(value, base, None)
@@ -389,7 +389,7 @@ def _entry(schema: Schema, extra: tuple, values: dict[str, Any], row: int, where
         try:
             value = f.type.check(value, f.name)
         except FieldValueError as exc:
-            return f"{where} column {f.name!r}: {str(exc).split(': ', 1)[-1]}"
+            return f"{where} column {f.name!r}: {exc.reason}"
         if f in extra:
             out.append(value)
     return (row, tuple(out), where)

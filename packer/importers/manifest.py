@@ -49,20 +49,22 @@ import csv
 import json
 import logging
 import os
-import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple
 
 from packer.errors import SourceError
 from readers.contract.fields import (Field, FieldType, FieldTypeError, FieldValueError, ImageType, JsonType, NumericType,
-                            Schema, TextType, check_field_name, parse_fields_option, parse_type)
+                                     Schema, TextType, as_field_type, check_field_name, parse_fields_option, parse_type)
+from readers.contract.jsontext import (JSON_ERRORS, MAX_JSON_DEPTH, json_loads, json_locate, json_problem,
+                                       json_too_deep, short_repr)
 from readers.contract.messages import one_line
+from readers.contract.numeric import INT_TEXT, NUMBER_TEXT
 from readers.contract.spec import is_remote
 
-__all__ = ["MANIFEST_KINDS", "MAX_COLUMNS", "MAX_JSON_DEPTH", "Manifest", "Row", "RowReject", "read_manifest",
-           "manifest_kind", "JSON_ERRORS", "json_loads", "json_locate", "json_problem", "json_too_deep"]
+__all__ = ["MANIFEST_KINDS", "MAX_COLUMNS", "Manifest", "Row", "RowReject", "read_manifest", "manifest_kind",
+           # strict JSON text, defined in readers.contract.jsontext (the field types' text form uses it too)
+           "MAX_JSON_DEPTH", "JSON_ERRORS", "json_loads", "json_locate", "json_problem", "json_too_deep"]
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +79,6 @@ _IMAGE = "image"  # the schema's name of the image field, whatever the column is
 #: columns stay below 1,024 descriptors, the usual ``ulimit -n``. More values belong in one array
 #: column (``float32[N]``), not in N fields.
 MAX_COLUMNS = 256
-#: A JSON value (a JSONL row, a CSV ``json`` cell, a COCO json's parts) may nest this deep: far
-#: below Python's recursion limit, so that what is packed encodes and reads back in any process.
-MAX_JSON_DEPTH = 200
 
 
 class Row(NamedTuple):
@@ -113,118 +112,6 @@ class RowReject:
 def manifest_kind(path: str | os.PathLike) -> str | None:
     """``"csv"``, ``"jsonl"`` or ``"parquet"`` by the file's suffix (any case), else None."""
     return MANIFEST_KINDS.get(Path(path).suffix.lower())
-
-
-# -------------------------------------------------------------------------------------------- JSON
-class _DuplicateKey(ValueError):
-    """A JSON object that gives one key twice (``json.loads`` would keep the last value, silently)."""
-
-
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))  # type: ignore[func-returns-value]
-    return obj
-
-
-#: ``json.loads`` of a str, but an object that gives a key twice raises _DuplicateKey
-_DECODER = json.JSONDecoder(object_pairs_hook=_object)
-#: what it raises for a text it does not turn into a value: JSONDecodeError and _DuplicateKey are
-#: ValueErrors, so is an integer past Python's int-str limit; RecursionError for deep nesting
-JSON_ERRORS = (RecursionError, ValueError)
-_WS = re.compile(r"[ \t\n\r]*")
-
-
-def json_loads(text: str) -> Any:
-    """``json.loads(text)``, but an object that gives a key twice is a ValueError (:data:`JSON_ERRORS`)."""
-    return _DECODER.decode(text)
-
-
-def json_problem(exc: BaseException) -> str:
-    """Why a JSON text is not read (an exception of :data:`JSON_ERRORS`), in a few words."""
-    if isinstance(exc, RecursionError):
-        return f"JSON nested more than {MAX_JSON_DEPTH} levels deep"
-    if isinstance(exc, _DuplicateKey):
-        return f"the key {_short(exc.args[0])} is given twice in one JSON object"
-    if isinstance(exc, json.JSONDecodeError):
-        return f"malformed JSON ({exc.msg} at column {exc.colno})"
-    if "integer string conversion" in str(exc):
-        return f"an integer of more than {sys.get_int_max_str_digits():,} digits"
-    return f"JSON not read ({one_line(exc)})"
-
-
-def json_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether the lists and dicts of ``value`` nest more than ``limit`` levels deep (no recursion)."""
-    level, depth = ([value] if isinstance(value, (list, dict)) else []), 0
-    while level:
-        depth += 1
-        if depth > limit:
-            return True
-        level = [x for c in level for x in (c.values() if isinstance(c, dict) else c) if isinstance(x, (list, dict))]
-    return False
-
-
-class _Found(Exception):
-    """json_locate's answer: the path to the value that fails, and its error."""
-
-
-def json_locate(text: str, levels: int = 1, parsed: dict[str, Any] | None = None
-                ) -> tuple[list[str | int], BaseException] | None:
-    """Where the JSON ``text`` fails to parse: the keys (of objects) and indices (of arrays) down to
-    the value whose parse fails, at most ``levels`` deep, and the error; None when it parses.
-    ``parsed`` (``levels=1``): gets the members of the outer object that did parse.
-
-    For the failure path only: the outer ``levels`` are walked here and each value under them is
-    parsed on its own (``raw_decode``), so that a value nested past the recursion limit, an integer
-    past the int-str limit or a repeated key is named by where it is, not only by the file or line."""
-    try:
-        end = _skip(text, _WS.match(text).end(), levels, [], parsed)  # type: ignore[union-attr]
-    except _Found as found:
-        return found.args[0], found.args[1]
-    if _WS.match(text, end).end() != len(text):  # type: ignore[union-attr]
-        return [], json.JSONDecodeError("Extra data", text, end)
-    return None
-
-
-def _skip(text: str, i: int, levels: int, path: list[str | int], parsed: dict[str, Any] | None = None) -> int:
-    """The end of the JSON value at ``text[i]``; raises _Found where it fails."""
-    opener = text[i:i + 1]
-    if not levels or opener not in ("{", "["):
-        try:
-            value, end = _DECODER.raw_decode(text, i)
-        except JSON_ERRORS as exc:
-            raise _Found(path, exc) from None
-        if parsed is not None and len(path) == 1:
-            parsed[str(path[0])] = value
-        return end
-    close, seen, n = ("}" if opener == "{" else "]"), set(), 0
-    i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
-    if text.startswith(close, i):
-        return i + 1
-    while True:
-        where: str | int = n
-        if opener == "{":
-            try:
-                if not text.startswith('"', i):
-                    raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, i)
-                where, i = json.decoder.scanstring(text, i + 1)  # type: ignore[attr-defined]
-                i = _WS.match(text, i).end()  # type: ignore[union-attr]
-                if not text.startswith(":", i):
-                    raise json.JSONDecodeError("Expecting ':' delimiter", text, i)
-            except ValueError as exc:
-                raise _Found(path, exc) from None
-            if where in seen:
-                raise _Found(path + [where], _DuplicateKey(where))
-            seen.add(where)
-            i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
-        i = _WS.match(text, _skip(text, i, levels - 1, path + [where], parsed)).end()  # type: ignore[union-attr]
-        n += 1
-        if text.startswith(close, i):
-            return i + 1
-        if not text.startswith(",", i):
-            raise _Found(path, json.JSONDecodeError("Expecting ',' delimiter", text, i))
-        i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------------------------------- raw records
@@ -283,7 +170,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, dict[str, Any] | str | _Pr
                 continue
             try:
                 text = line.decode(json.detect_encoding(line), "surrogatepass")  # as json.loads decodes bytes
-                obj = _DECODER.decode(text)
+                obj = json_loads(text)
             except UnicodeDecodeError:
                 yield lineno, "not UTF-8"
                 continue
@@ -331,19 +218,12 @@ _READERS = {"csv": _csv_records, "jsonl": _jsonl_records, "parquet": _parquet_re
 
 
 # ---------------------------------------------------------------------------------------- inference
-#: a CSV integer: ASCII digits only (``int()`` also takes ``1_000`` and other scripts' digits, "\u0663")
-_CSV_INT = re.compile(r"[ \t]*[+-]?[0-9]+[ \t]*\Z")
-#: a CSV number: what ``float()`` takes, in ASCII and without ``_``
-_CSV_FLOAT = re.compile(r"[ \t]*[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf|infinity|nan)[ \t]*\Z",
-                        re.IGNORECASE)
-
-
 def _csv_kind(cell: str) -> str | None:
     if cell == "":
         return None
-    if _CSV_INT.match(cell):
+    if INT_TEXT.match(cell):
         return "int"
-    return "float" if _CSV_FLOAT.match(cell) else "text"
+    return "float" if NUMBER_TEXT.match(cell) else "text"
 
 
 def _json_kind(value: Any) -> str | None:
@@ -397,7 +277,7 @@ class _Column:
         merged = _MERGE.get(frozenset({self.kind, k}))
         if merged is None:
             raise SourceError(f"{path}: column {column!r} has mixed types: {self.kind} from row {self.first_row}, "
-                              f"then {k} at row {row} ({_short(value)}); fix the row or state the column's type "
+                              f"then {k} at row {row} ({short_repr(value)}); fix the row or state the column's type "
                               f"with --fields {column}:TYPE")
         if merged != self.kind:
             self.kind = merged
@@ -406,11 +286,6 @@ class _Column:
         if self.kind is None:
             return "text" if csv_source else "json"
         return _KIND_TYPE[self.kind]
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _arrow_type(path: Path, column: str, t) -> FieldType:
@@ -507,7 +382,7 @@ class Manifest:
         if cell is None or cell == "":
             raise _Bad(column, "no image (empty cell)")
         if not isinstance(cell, str):
-            raise _Bad(column, f"expected an image path or URL, got {type(cell).__name__} {_short(cell)}")
+            raise _Bad(column, f"expected an image path or URL, got {type(cell).__name__} {short_repr(cell)}")
         if is_remote(cell):
             return cell
         p = Path(cell)
@@ -522,39 +397,17 @@ class Manifest:
 
     def _value(self, f: Field, column: str, cell: Any) -> Any:
         t = f.type
-        if isinstance(t, ImageType):
+        if t.is_image:
             return self._image(column, cell)
-        if self.kind == "csv":
-            cell = self._from_csv(t, column, cell)
-        elif cell is None and not isinstance(t, JsonType):
-            raise _Bad(column, "no value (null or missing)")
-        if isinstance(t, JsonType) and json_too_deep(cell):
-            raise _Bad(column, json_problem(RecursionError()))
         try:
+            if self.kind == "csv":
+                cell = t.from_text(cell, column)
+            elif cell is None and not t.nullable:
+                raise _Bad(column, "no value (null or missing)")
+            t.check_nesting(cell, column)
             return t.check(cell, column)
         except FieldValueError as exc:
-            raise _Bad(column, str(exc).split(": ", 1)[-1]) from None
-
-    @staticmethod
-    def _from_csv(t: FieldType, column: str, cell: str) -> Any:
-        if isinstance(t, TextType):
-            return cell
-        if cell == "":
-            raise _Bad(column, "empty cell")
-        if isinstance(t, NumericType) and t.scalar:
-            if not (_CSV_INT if t.integer else _CSV_FLOAT).match(cell):
-                hint = " (ASCII digits only, no '_')" if "_" in cell or not cell.isascii() else ""
-                raise _Bad(column, f"{_short(cell)} is not {'an integer' if t.integer else 'a number'}{hint}")
-            if t.integer and len(cell.strip().lstrip("+-").lstrip("0")) > 20:  # past any int dtype, and int()'s limit
-                raise _Bad(column, f"{_short(cell)}: an integer of {len(cell.strip().lstrip('+-')):,} digits is out "
-                                   f"of range for {t.dtype.name}")
-            return int(cell) if t.integer else float(cell)
-        if isinstance(t, (NumericType, JsonType)):
-            try:
-                return _DECODER.decode(cell)
-            except JSON_ERRORS as exc:
-                raise _Bad(column, json_problem(exc)) from None
-        return cell.encode("utf-8")  # bytes: the cell's UTF-8
+            raise _Bad(column, exc.reason) from None
 
 
 def _explicit(fields: str | Mapping[str, FieldType | str] | None) -> dict[str, FieldType]:
@@ -562,10 +415,7 @@ def _explicit(fields: str | Mapping[str, FieldType | str] | None) -> dict[str, F
         return {}
     if isinstance(fields, str):
         return parse_fields_option(fields)
-    out = {}
-    for name, t in fields.items():
-        out[name] = t if isinstance(t, FieldType) else parse_type(t, name)
-    return out
+    return {name: as_field_type(t, name) for name, t in fields.items()}
 
 
 def read_manifest(path: str | os.PathLike, *, image_column: str = "image",
@@ -598,7 +448,7 @@ def read_manifest(path: str | os.PathLike, *, image_column: str = "image",
         columns = list(arrow.names)
         if len(columns) > MAX_COLUMNS:
             raise _too_many_columns(p, f"{len(columns):,} columns")
-        inferred = {c: None for c in columns}
+        inferred: dict[str, str] = {}  # Parquet columns are typed: _arrow_type
     else:
         columns, inferred, num_rows = _first_pass(p, kind, image_column, stated)
     if image_column not in columns:
@@ -610,7 +460,7 @@ def read_manifest(path: str | os.PathLike, *, image_column: str = "image",
     if unknown:
         raise SourceError(f"{p}: --fields names {', '.join(map(repr, unknown))}, not a column of the manifest "
                           f"(columns: {', '.join(map(str, columns))})")
-    if image_column in stated and not isinstance(stated[image_column], ImageType):
+    if image_column in stated and not stated[image_column].is_image:
         raise SourceError(f"{p}: --fields gives the image column {image_column!r} type "
                           f"{stated[image_column].name}; it holds the image")
     if image_column != _IMAGE and _IMAGE in columns:
@@ -656,7 +506,7 @@ def _first_pass(p: Path, kind: str, image_column: str,
     num_rows = 0
     for row, rec in _READERS[kind](p):
         if row == 0:
-            cols = {c: _Column() for c in rec}
+            cols = {c: _Column() for c in rec} if isinstance(rec, dict) else {}  # the header: columns in order
             continue
         num_rows += 1
         if not isinstance(rec, dict):
@@ -683,5 +533,5 @@ def _first_pass(p: Path, kind: str, image_column: str,
         if kind == "csv" and col.kind == "text" and col.first_text and col.numeric > 0:
             r, cell = col.first_text
             log.warning("%s: column %r is stored as text: %d cells are numbers but row %d is %s; state its type "
-                        "(--fields %s:float) to reject such rows instead", p, c, col.numeric, r, _short(cell), c)
+                        "(--fields %s:float) to reject such rows instead", p, c, col.numeric, r, short_repr(cell), c)
     return list(cols), inferred, num_rows

@@ -29,7 +29,7 @@ from packer.importers.manifest import Row, RowReject, manifest_kind, read_manife
 from packer.options import PackOptions
 from packer.sources.source import Source
 from packer.prepare.workers import read_source
-from readers.contract.fields import Field, ImageType, Schema
+from readers.contract.fields import Field, Schema
 from readers.contract.spec import is_remote
 
 __all__ = ["scan_rows", "rows_source"]
@@ -195,7 +195,7 @@ class _FileReader:
     a path, URL or bytes, the values checked already, image-typed ones (a mask) read here too."""
 
     def __init__(self, extra: tuple[Field, ...]) -> None:
-        self.images = [i for i, f in enumerate(extra) if isinstance(f.type, ImageType)]
+        self.images = [i for i, f in enumerate(extra) if f.type.is_image]
         self.names = [f.name for f in extra]
         self.remote = _Remote()
 

@@ -111,7 +111,8 @@ def _samples(shard: Path) -> Iterator[tuple[str, str, int, int, dict[str, bytes]
     except (tarfile.TarError, OSError) as exc:
         raise SourceError(f"{shard}: not a readable tar file ({exc})") from None
     with tar:
-        key, group = None, []
+        key = ""
+        group: list[tuple[str, tarfile.TarInfo]] = []
         try:
             for m in tar:
                 match = _KEY.match(m.name) if m.isfile() else None
@@ -128,10 +129,17 @@ def _samples(shard: Path) -> Iterator[tuple[str, str, int, int, dict[str, bytes]
             yield _sample(tar, key, group)
 
 
-def _sample(tar: tarfile.TarFile, key: str, group: list) -> tuple[str, str, int, int, dict[str, bytes],
-                                                                  dict[str, tuple[int, int]]]:
+def _member_bytes(tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
+    fh = tar.extractfile(m)
+    if fh is None:  # only regular files are grouped: not seen
+        raise SourceError(f"{os.fsdecode(tar.name or '')}: member {m.name} is not a regular file")
+    return fh.read()
+
+
+def _sample(tar: tarfile.TarFile, key: str, group: list[tuple[str, tarfile.TarInfo]]
+            ) -> tuple[str, str, int, int, dict[str, bytes], dict[str, tuple[int, int]]]:
     image = next(((ext, m) for ext, m in group if ext in _IMAGE_EXTS), None)
-    small = {ext: tar.extractfile(m).read() for ext, m in group if ext in ("cls", "json") and m.size < 1 << 20}
+    small = {ext: _member_bytes(tar, m) for ext, m in group if ext in ("cls", "json") and m.size < 1 << 20}
     others = {ext: (m.offset_data, m.size) for ext, m in group if image is None or m is not image[1]}
     if image is None:
         return key, "", 0, 0, small, others
@@ -222,7 +230,8 @@ def _read(shards: list[Path], where: tuple[Sequence[int], Sequence[int]], sizes:
     """The image bytes of the samples at ``positions`` (scan positions), in that order; a member whose
     header declares more than the byte budget is a reject, not read. ``where``: each sample's shard
     number and data offset."""
-    fd, open_k = None, -1
+    fd: int | None = None
+    open_k = -1
     shard_of, offsets = where
     try:
         for pos in positions:
@@ -232,7 +241,7 @@ def _read(shards: list[Path], where: tuple[Sequence[int], Sequence[int]], sizes:
             except RejectedImage as exc:
                 yield str(exc)
                 continue
-            if k != open_k:
+            if k != open_k or fd is None:
                 if fd is not None:
                     os.close(fd)
                 fd, open_k = os.open(shards[k], os.O_RDONLY), k
@@ -367,7 +376,11 @@ def _scan_fields(src: Path, shards: list[Path]) -> Source:
         raise SourceError(f"{src}: {exc}") from None
     extra = schema.extra_fields
     suffix_of = {name: suffix for suffix, name in order.items()}
-    paths, labels, sizes, entries, ignored = [], [], [], [], []
+    paths: list[str] = []
+    labels: list[int] = []
+    sizes: list[int] = []
+    entries: list[Any] = []  # per sample: (image ref, field refs, where), or why it is rejected
+    ignored: list[str] = []
     needed = [f.name for f in schema.fields[1:]]
     for k, key, ext, offset, size, others, label in samples:
         rel = f"{shards[k].name}/{key}"
@@ -402,13 +415,14 @@ class _MemberReader:
 
     def __init__(self, shards: list[Path]) -> None:
         self.shards = shards
-        self._fd, self._k = None, -1
+        self._fd: int | None = None
+        self._k = -1
 
     def read(self, ref: tuple[int, int, int], opts: ImageOptions | None = None) -> bytes:
         k, offset, size = ref
         if opts is not None:
             check_file_size(size, opts)
-        if k != self._k:
+        if k != self._k or self._fd is None:
             self.close()
             self._fd, self._k = os.open(self.shards[k], os.O_RDONLY | os.O_CLOEXEC), k
         data = os.pread(self._fd, size, offset)

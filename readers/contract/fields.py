@@ -1,11 +1,12 @@
-"""Typed sample fields: one class per field type and the :class:`Schema` of a dataset.
+"""Typed sample fields: the field types by name (:func:`parse_type`) and the :class:`Schema` of a dataset.
 
 The packer (``packer/importers/manifest.py``, ``packer/importers/coco.py``, the format writers) and
-every reader import this module; it imports only :mod:`readers.contract.spec` and
-:func:`readers.contract.spec.is_jpeg`. Models: FFCV ``ffcv/fields/`` (one class per
-field type: its dtype, how it encodes, how it decodes) and mosaicml-streaming
-``streaming/base/format/mds/encodings.py`` (a registry name -> encoding, each
-fixed-size or variable-size). The design, and what is not wired yet, is in
+every reader import this module. The type classes are :mod:`readers.contract.fieldtypes` (image,
+text, json, bytes; the errors) and :mod:`readers.contract.numeric` (scalars and arrays); this
+module re-exports them, names them, and says where each format keeps a field (the field layout).
+Models: FFCV ``ffcv/fields/`` (one class per field type: its dtype, how it encodes, how it
+decodes) and mosaicml-streaming ``streaming/base/format/mds/encodings.py`` (a registry name ->
+encoding, each fixed-size or variable-size). The design, and what is not wired yet, is in
 ``docs/fields.md``.
 
 Type names (what ``--fields name:type`` and index.json's ``"fields"`` say)::
@@ -38,18 +39,16 @@ official ``webdataset`` reader decodes our shards with its default handlers.
 
 from __future__ import annotations
 
-import io
-import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
-import numpy as np
-
-from readers.contract.messages import one_line
-from readers.contract.safeio import npy_header
-from readers.contract.spec import DatasetFormatError, field_array_name, is_jpeg
+from readers.contract.fieldtypes import (BytesType, FieldType, FieldTypeError, FieldValueError, ImageType, JsonType,
+                                         TextType, image_extension)
+from readers.contract.jsontext import short_repr
+from readers.contract.numeric import DTYPE_ALIASES, NUMERIC_DTYPES, NumericType
+from readers.contract.spec import DatasetFormatError, field_array_name
 from readers.contract.spec import array_file as spec_array_file
 
 __all__ = [
@@ -64,6 +63,7 @@ __all__ = [
     "Field",
     "Schema",
     "parse_type",
+    "as_field_type",
     "parse_fields_option",
     "check_field_name",
     "member_suffix",
@@ -79,440 +79,13 @@ __all__ = [
 ]
 
 
-#: Scalar dtype names a numeric type may use, with ``int`` = int64 and ``float`` = float64.
-NUMERIC_DTYPES: Mapping[str, np.dtype] = {
-    name: np.dtype(name).newbyteorder("<")
-    for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                 "float16", "float32", "float64")
-}
-_ALIASES = {"int": "int64", "float": "float64"}
-_CANONICAL = {v: k for k, v in _ALIASES.items()}  # int64 scalar -> "int", float64 scalar -> "float"
 #: The names of the non-numeric types, then the numeric forms (for error messages).
 KNOWN_TYPES = ("image", "text", "json", "bytes", "int", "float") + tuple(NUMERIC_DTYPES) + (
     "DTYPE[N,...]", "DTYPE[*,...]")
 _MAX_DIMS = 8
 _MAX_ELEMENTS = 2**31 - 1
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: A field name: also a WebDataset key suffix (no dot), an HDF5 dataset name and a JSON key.
 _NAME_RE = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_-]{0,63}\Z")
-
-
-class FieldValueError(ValueError):
-    """A value does not fit its field's type; ``str(exc)`` is one line naming the field."""
-
-
-class FieldTypeError(ValueError):
-    """A type string or a ``--fields`` option cannot be parsed; one line naming it."""
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def image_extension(data: bytes | bytearray | memoryview) -> str:
-    """``"jpg"`` or ``"png"`` by the content's magic bytes; ValueError for anything else."""
-    if is_jpeg(data):
-        return "jpg"
-    if bytes(memoryview(data)[:8]) == _PNG_SIGNATURE:
-        return "png"
-    raise ValueError("image bytes are neither JPEG nor PNG")
-
-
-# ---------------------------------------------------------------------------------------- field types
-class FieldType:
-    """What one field of a sample holds. Subclasses are immutable values (compared by ``name``).
-
-    ``fixed``: every sample's value has the numpy ``dtype`` and ``shape`` (a format stores the
-    column as one array); otherwise the value is a blob of varying length.
-    """
-
-    fixed: ClassVar[bool] = False
-    #: fixed types: the numpy dtype and shape of one sample's value (None for the others)
-    dtype: np.dtype | None = None
-    shape: tuple[int | None, ...] | None = None
-    #: the WebDataset extension(s) the member of this type can have
-    extensions: tuple[str, ...] = ()
-
-    @property
-    def name(self) -> str:
-        raise NotImplementedError
-
-    def check(self, value: Any, field: str = "?") -> Any:
-        """The value in its canonical Python form (what ``decode`` returns); FieldValueError if it does not fit."""
-        raise NotImplementedError
-
-    def encode(self, value: Any, field: str = "?") -> bytes:
-        """Blob bytes of ``value`` (checked first). Fixed types: exactly ``itemsize * prod(shape)`` bytes."""
-        raise NotImplementedError
-
-    def decode(self, data: bytes | bytearray | memoryview) -> Any:
-        """The value from blob bytes written by ``encode``."""
-        raise NotImplementedError
-
-    def extension(self, encoded: bytes | bytearray | memoryview) -> str:
-        """WebDataset extension of a member holding this field's blob ``encoded``."""
-        return self.extensions[0]
-
-    def to_member(self, value: Any, field: str = "?") -> tuple[str, bytes]:
-        """``(extension, bytes)`` of the WebDataset member, decodable by webdataset's default handlers."""
-        data = self.encode(value, field)
-        return self.extension(data), data
-
-    def from_member(self, data: bytes | bytearray | memoryview, field: str = "?") -> Any:
-        """The value from a member written by ``to_member``."""
-        try:
-            return self.decode(data)
-        except ValueError as exc:
-            raise FieldValueError(f"field {field!r} ({self.name}): {exc}") from None
-
-    def member_blob(self, data: bytes | bytearray | memoryview, value: Any) -> bytes:
-        """The stored blob (what ``encode`` gives, what ``field_checksums.npy`` covers) of the member
-        ``data`` whose value :meth:`from_member` gave as ``value``: the member itself, but for numbers."""
-        return bytes(data)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, FieldType) and other.name == self.name
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r})"
-
-    def _bad(self, field: str, what: str) -> FieldValueError:
-        return FieldValueError(f"field {field!r} ({self.name}): {what}")
-
-
-class ImageType(FieldType):
-    """Encoded image bytes (JPEG or PNG; ``packer.prepare.images`` decides what is stored). Decoded form: bytes."""
-
-    extensions = ("jpg", "png")
-
-    @property
-    def name(self) -> str:
-        return "image"
-
-    def check(self, value: Any, field: str = "?") -> bytes:
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise self._bad(field, f"expected encoded image bytes, got {type(value).__name__}")
-        data = bytes(value)
-        try:
-            image_extension(data)
-        except ValueError as exc:
-            raise self._bad(field, str(exc)) from None
-        return data
-
-    def encode(self, value: Any, field: str = "?") -> bytes:
-        return self.check(value, field)
-
-    def decode(self, data: bytes | bytearray | memoryview) -> bytes:
-        return bytes(data)
-
-    def extension(self, encoded: bytes | bytearray | memoryview) -> str:
-        return image_extension(encoded)
-
-
-class TextType(FieldType):
-    """A UTF-8 string (``str``, or ``bytes`` that are valid UTF-8). Decoded form: str."""
-
-    extensions = ("txt",)
-
-    @property
-    def name(self) -> str:
-        return "text"
-
-    def check(self, value: Any, field: str = "?") -> str:
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            try:
-                return bytes(value).decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise self._bad(field, f"not UTF-8 (byte {exc.start})") from None
-        if not isinstance(value, str):
-            raise self._bad(field, f"expected a string, got {type(value).__name__} {_short(value)}")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise self._bad(field, f"not encodable as UTF-8 (character {exc.start}: a lone surrogate)") from None
-        return value
-
-    def encode(self, value: Any, field: str = "?") -> bytes:
-        return self.check(value, field).encode("utf-8")
-
-    def decode(self, data: bytes | bytearray | memoryview) -> str:
-        try:
-            return bytes(data).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"stored text is not UTF-8 (byte {exc.start})") from None
-
-
-def _json_walk(value: Any, field: str, bad) -> None:
-    """Reject what ``json.dumps`` would change or refuse: non-str keys, NaN/inf, non-JSON types."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if v is None or isinstance(v, (str, bool, int)):
-            continue
-        if isinstance(v, float):
-            if not math.isfinite(v):
-                raise bad(field, f"{v} is not valid JSON")
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            for k, item in v.items():
-                if not isinstance(k, str):
-                    raise bad(field, f"JSON object key {_short(k)} is not a string")
-                stack.append(item)
-        else:
-            raise bad(field, f"{type(v).__name__} is not a JSON value")
-
-
-class JsonType(FieldType):
-    """Any JSON value; stored as compact UTF-8 JSON. Decoded form: what ``json.loads`` gives."""
-
-    extensions = ("json",)
-
-    @property
-    def name(self) -> str:
-        return "json"
-
-    def check(self, value: Any, field: str = "?") -> Any:
-        _json_walk(value, field, self._bad)
-        return value
-
-    def encode(self, value: Any, field: str = "?") -> bytes:
-        self.check(value, field)
-        try:
-            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        except RecursionError:
-            raise self._bad(field, "JSON nested too deeply") from None
-        return text.encode("utf-8")
-
-    def decode(self, data: bytes | bytearray | memoryview) -> Any:
-        try:
-            return json.loads(bytes(data))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"stored JSON does not parse ({exc})") from None
-        except RecursionError:  # json's parser recurses once per nesting level
-            raise ValueError("stored JSON is nested too deeply to parse") from None
-
-
-class BytesType(FieldType):
-    """Opaque bytes. Decoded form: bytes."""
-
-    extensions = ("bin",)
-
-    @property
-    def name(self) -> str:
-        return "bytes"
-
-    def check(self, value: Any, field: str = "?") -> bytes:
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise self._bad(field, f"expected bytes, got {type(value).__name__}")
-        return bytes(value)
-
-    def encode(self, value: Any, field: str = "?") -> bytes:
-        return self.check(value, field)
-
-    def decode(self, data: bytes | bytearray | memoryview) -> bytes:
-        return bytes(data)
-
-
-class NumericType(FieldType):
-    """A numeric scalar (``shape == ()``) or array; ``shape[0] is None`` for a varying leading dim.
-
-    Decoded form: a Python ``int``/``float`` for scalars, a C-contiguous ``np.ndarray`` of exactly
-    ``dtype`` (little-endian) and the shape for arrays. ``check`` returns the array it is given
-    when that already is one (no copy); ``decode`` and ``from_row`` return new writable arrays.
-    """
-
-    def __init__(self, dtype: str | np.dtype, shape: Iterable[int | None] = ()) -> None:
-        dt = np.dtype(dtype)
-        if dt.name not in NUMERIC_DTYPES:
-            raise FieldTypeError(f"{dt.name}: not a numeric field dtype (known: {', '.join(NUMERIC_DTYPES)})")
-        self.dtype: np.dtype = NUMERIC_DTYPES[dt.name]
-        self.shape: tuple[int | None, ...] = tuple(shape)
-        if any(d is None for d in self.shape[1:]) or any(d is not None and d < 1 for d in self.shape):
-            raise FieldTypeError(f"{self.shape}: only the leading dim may vary, the others must be >= 1")
-
-    # fixed is a property here (class attribute elsewhere)
-    @property
-    def fixed(self) -> bool:  # type: ignore[override]
-        return not self.shape or self.shape[0] is not None
-
-    @property
-    def scalar(self) -> bool:
-        return not self.shape
-
-    @property
-    def integer(self) -> bool:
-        return self.dtype.kind in "iu"
-
-    @property
-    def row_shape(self) -> tuple[int, ...]:
-        """Shape after the varying leading dim (the whole shape of a fixed type)."""
-        return tuple(self.shape[1:] if not self.fixed else self.shape)  # type: ignore[arg-type]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes per sample (fixed) or per leading-dim row (variable)."""
-        return int(self.dtype.itemsize * math.prod(self.row_shape))
-
-    @property
-    def extensions(self) -> tuple[str, ...]:  # type: ignore[override]
-        if self.scalar:
-            return ("cls",) if self.integer else ("json",)
-        return ("npy",)
-
-    @property
-    def name(self) -> str:
-        if self.scalar:
-            return _CANONICAL.get(self.dtype.name, self.dtype.name)
-        return f"{self.dtype.name}[{','.join('*' if d is None else str(d) for d in self.shape)}]"
-
-    # ---- checking
-    def check(self, value: Any, field: str = "?") -> Any:
-        if self.scalar:
-            return self._check_scalar(value, field)
-        return self._check_array(value, field)
-
-    def _check_scalar(self, value: Any, field: str) -> int | float:
-        if isinstance(value, np.ndarray) and value.ndim == 0:
-            value = value[()]
-        if isinstance(value, (bool, np.bool_)):
-            value = int(value)
-        if isinstance(value, (np.integer, np.floating)):
-            value = value.item()
-        if not isinstance(value, (int, float)):
-            raise self._bad(field, f"expected a number, got {type(value).__name__} {_short(value)}")
-        if self.integer:
-            if isinstance(value, float):
-                if math.isnan(value):
-                    raise self._bad(field, "NaN where an integer is expected")
-                if not value.is_integer():
-                    raise self._bad(field, f"{value} is not an integer")
-                value = int(value)
-            info = np.iinfo(self.dtype)
-            if not info.min <= value <= info.max:
-                raise self._bad(field, f"{value} is out of range [{info.min}, {info.max}]")
-            return value
-        try:
-            f64 = float(value)
-        except OverflowError:
-            raise self._bad(field, f"{_short(value)} is out of range for {self.dtype.name}") from None
-        if self.dtype.itemsize == 8:
-            return f64
-        with np.errstate(over="ignore"):
-            out = float(np.float64(f64).astype(self.dtype))
-        if math.isinf(out) and not math.isinf(f64):
-            raise self._bad(field, f"{value} is out of range for {self.dtype.name}")
-        return out
-
-    def _check_array(self, value: Any, field: str) -> np.ndarray:
-        if isinstance(value, (str, bytes, bytearray, dict)) or value is None:
-            raise self._bad(field, f"expected an array of numbers, got {type(value).__name__} {_short(value)}")
-        try:
-            with np.errstate(all="ignore"):
-                arr = np.asarray(value)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise self._bad(field, f"not a rectangular array of numbers ({type(exc).__name__}: ragged or mixed "
-                                   f"values)") from None
-        if arr.dtype.kind not in "biuf":
-            raise self._bad(field, f"expected numbers, got {arr.dtype.name if arr.dtype.kind != 'O' else 'objects'} "
-                                   f"{_short(value)}")
-        want_rest = self.row_shape if not self.fixed else None
-        if arr.size == 0 and want_rest is not None:
-            arr = arr.reshape((0,) + want_rest)
-        if self.fixed:
-            if arr.shape != self.shape:
-                raise self._bad(field, f"shape {arr.shape} does not fit {self.name}")
-        elif arr.ndim != len(self.shape) or arr.shape[1:] != want_rest:
-            raise self._bad(field, f"shape {arr.shape} does not fit {self.name}")
-        return self._cast(arr, field)
-
-    def _cast(self, arr: np.ndarray, field: str) -> np.ndarray:
-        if self.integer:
-            if arr.dtype.kind == "f":
-                if np.isnan(arr).any():
-                    raise self._bad(field, "NaN where integers are expected")
-                if not np.isfinite(arr).all() or (arr != np.floor(arr)).any():
-                    bad = arr[~np.isfinite(arr) | (arr != np.floor(arr))].flat[0]
-                    raise self._bad(field, f"{bad} is not an integer")
-            if arr.size and arr.dtype.kind != "b" and arr.dtype != self.dtype:
-                info = np.iinfo(self.dtype)
-                lo, hi = int(arr.min().item()), int(arr.max().item())
-                if lo < info.min or hi > info.max:
-                    raise self._bad(field, f"{lo if lo < info.min else hi} is out of range [{info.min}, {info.max}]")
-            out = arr.astype(self.dtype, copy=False)
-        else:
-            with np.errstate(over="ignore", invalid="ignore"):
-                out = arr.astype(self.dtype, copy=False)
-            if arr.size and arr.dtype != self.dtype:
-                over = np.isinf(out) & np.isfinite(arr)
-                if over.any():
-                    raise self._bad(field, f"{arr[over].flat[0]} is out of range for {self.dtype.name}")
-        return np.ascontiguousarray(out)  # no copy when the value already is that array
-
-    # ---- rows (fixed types) and blobs
-    def to_row(self, value: Any, field: str = "?") -> np.ndarray:
-        """The value as an array of ``dtype`` and ``shape`` (one row of the column); fixed types only."""
-        if not self.fixed:
-            raise TypeError(f"{self.name} is variable-size: it has no fixed row")
-        return np.asarray(self.check(value, field), dtype=self.dtype).reshape(self.shape)
-
-    def from_row(self, row: np.ndarray) -> Any:
-        """The decoded value of one row of a fixed column."""
-        if self.scalar:
-            return np.asarray(row).reshape(()).item()
-        return np.array(row, dtype=self.dtype, copy=True).reshape(self.shape)
-
-    def encode(self, value: Any, field: str = "?") -> bytes:
-        return np.asarray(self.check(value, field), dtype=self.dtype).tobytes()
-
-    def decode(self, data: bytes | bytearray | memoryview) -> Any:
-        buf = memoryview(data).cast("B")
-        if self.fixed:
-            if len(buf) != self.nbytes:
-                raise ValueError(f"stored value has {len(buf)} bytes, {self.name} has {self.nbytes}")
-            return self.from_row(np.frombuffer(buf, dtype=self.dtype))
-        if len(buf) % self.nbytes:
-            raise ValueError(f"stored value has {len(buf)} bytes, not a multiple of {self.nbytes} ({self.name} row)")
-        return np.frombuffer(buf, dtype=self.dtype).reshape((-1,) + self.row_shape).copy()
-
-    def to_member(self, value: Any, field: str = "?") -> tuple[str, bytes]:
-        checked = self.check(value, field)
-        if self.scalar:
-            if self.integer:
-                return "cls", str(checked).encode("ascii")
-            return "json", json.dumps(checked).encode("ascii")  # repr: exact round trip; NaN/Infinity as Python writes
-        out = io.BytesIO()
-        np.lib.format.write_array(out, checked, allow_pickle=False)
-        return "npy", out.getvalue()
-
-    def from_member(self, data: bytes | bytearray | memoryview, field: str = "?") -> Any:
-        """The value of a member: decimal text (``cls``), a JSON number, or a ``.npy`` array whose
-        header (:func:`readers.contract.safeio.npy_header`) is checked against the member's bytes before
-        anything is allocated; a big-endian array of the field's dtype is read as little-endian."""
-        buf = memoryview(data).cast("B")
-        try:
-            if self.scalar:
-                text = bytes(buf).decode("ascii").strip()
-                if len(text) > 400:  # no int64/float64 needs more; int() of 5,000 digits is refused anyway
-                    raise ValueError(f"{len(text)} characters for one number")
-                return self.check(int(text) if self.integer else float(json.loads(text)), field)
-            head = npy_header(buf)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise self._bad(field, f"member does not parse ({one_line(exc, first=True)})") from None
-        if head.dtype.newbyteorder("<") != self.dtype:
-            raise self._bad(field, f"member holds {head.dtype.name} ({head.dtype.str}), not {self.dtype.name} "
-                                   f"({self.dtype.str})")
-        arr = np.frombuffer(buf, dtype=head.dtype, count=head.count, offset=head.offset)
-        arr = arr.reshape(head.shape, order="F" if head.fortran else "C")
-        return self.check(np.array(arr, dtype=self.dtype, order="C"), field)  # a new, writable array
-
-    def member_blob(self, data: bytes | bytearray | memoryview, value: Any) -> bytes:
-        return self.encode(value)
-
 
 _SIMPLE: Mapping[str, FieldType] = {"image": ImageType(), "text": TextType(), "json": JsonType(),
                                     "bytes": BytesType()}
@@ -541,15 +114,15 @@ def parse_type(text: str, field: str | None = None) -> FieldType:
     if not isinstance(text, str):
         raise FieldTypeError(f"field type{where} must be a string, got {type(text).__name__}")
     m = _TYPE_RE.match(text.replace(" ", ""))
-    base = m.group(1) if m else None
-    if m is None or (base not in _SIMPLE and _ALIASES.get(base, base) not in NUMERIC_DTYPES):
-        raise FieldTypeError(f"unknown field type {_short(text, 60)}{where}; known: {_known()}")
+    base = m.group(1) if m else ""
+    dtype = DTYPE_ALIASES.get(base, base)
+    if m is None or (base not in _SIMPLE and dtype not in NUMERIC_DTYPES):
+        raise FieldTypeError(f"unknown field type {short_repr(text, 60)}{where}; known: {_known()}")
     dims = m.group(2)
     if base in _SIMPLE:
         if dims is not None:
-            raise FieldTypeError(f"field type {_short(text, 60)}{where}: {base} takes no shape; known: {_known()}")
+            raise FieldTypeError(f"field type {short_repr(text, 60)}{where}: {base} takes no shape; known: {_known()}")
         return _SIMPLE[base]
-    dtype = _ALIASES.get(base, base)
     if dims is None:
         return NumericType(dtype)
     shape: list[int | None] = []
@@ -559,18 +132,23 @@ def parse_type(text: str, field: str | None = None) -> FieldType:
         elif _DIM_RE.match(d) and int(d) >= 1:  # ASCII digits only: '²'.isdigit(), int('²') fails
             shape.append(int(d))
         else:
-            raise FieldTypeError(f"field type {_short(text, 60)}{where}: bad dim {_short(d, 20)} (each dim is a "
-                                 f"number >= 1; the first may be *)")
+            raise FieldTypeError(f"field type {short_repr(text, 60)}{where}: bad dim {short_repr(d, 20)} (each dim "
+                                 f"is a number >= 1; the first may be *)")
     if len(shape) > _MAX_DIMS or math.prod(d or 1 for d in shape) > _MAX_ELEMENTS:
-        raise FieldTypeError(f"field type {_short(text, 60)}{where}: at most {_MAX_DIMS} dims and "
+        raise FieldTypeError(f"field type {short_repr(text, 60)}{where}: at most {_MAX_DIMS} dims and "
                              f"{_MAX_ELEMENTS} elements")
     return NumericType(dtype, shape)
+
+
+def as_field_type(t: FieldType | str, field: str | None = None) -> FieldType:
+    """``t`` itself when it is a FieldType, else :func:`parse_type` of it (a type given either way)."""
+    return t if isinstance(t, FieldType) else parse_type(t, field)
 
 
 def check_field_name(name: Any) -> str:
     """``name`` if it can name a field (1-64 letters, digits, ``_``, ``-``; no dot, no leading ``__``)."""
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise FieldTypeError(f"field name {_short(name)} is not allowed: use 1-64 letters, digits, '_' or '-', "
+        raise FieldTypeError(f"field name {short_repr(name)} is not allowed: use 1-64 letters, digits, '_' or '-', "
                              f"starting with a letter or '_' (not '__'), no dot")
     return name
 
@@ -718,7 +296,7 @@ class Schema:
     def of(cls, pairs: Mapping[str, FieldType | str] | Iterable[tuple[str, FieldType | str]]) -> Schema:
         """A schema from ``name -> type`` (a FieldType or a type string), in order."""
         items = pairs.items() if isinstance(pairs, Mapping) else pairs
-        return cls(tuple(Field(n, t if isinstance(t, FieldType) else parse_type(t, n)) for n, t in items))
+        return cls(tuple(Field(n, as_field_type(t, n)) for n, t in items))
 
     @classmethod
     def default(cls, classes: Iterable[str] = ()) -> Schema:
@@ -832,11 +410,11 @@ class Schema:
             what = (f"missing {', '.join(map(repr, missing))}" if missing else "") + \
                    ("; " if missing and extra else "") + (f"not in the schema: {', '.join(map(repr, extra))}"
                                                          if extra else "")
-            raise FieldValueError(f"{where}: {what}")
+            raise FieldValueError(f"{where}: {what}", reason=what)
         out = {}
         for f in self.fields:
             try:
                 out[f.name] = f.type.check(values[f.name], f.name)
             except FieldValueError as exc:
-                raise FieldValueError(f"{where}: {exc}") from None
+                raise FieldValueError(f"{where}: {exc}", field=exc.field, reason=exc.reason) from None
         return out
