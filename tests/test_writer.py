@@ -189,6 +189,10 @@ def test_a_write_killed_with_sigkill_resumes_byte_identical(tmp_path, fmt):
     proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not (cut / spec.INDEX_NAME).exists() and (cut / spec.STATE_NAME).exists()
+    from packer.tools.info import describe, render
+    shown = render(describe(cut))  # pack-dataset info: how far the write got, how to finish it
+    assert "samples given to the Writer done at the last checkpoint" in shown and " of 0 " not in shown, shown
+    assert f"packer.Writer({str(cut.resolve())!r}, format={fmt!r}, ..., resume=True)" in shown, shown
     with Writer(cut, format=fmt, options=opts(fmt), classes=["a", "b", "c", "d"], resume=True) as w:
         assert 0 < w.count <= kill  # what the last checkpoint vouches for
         resumed_at = w.count

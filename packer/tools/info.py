@@ -53,6 +53,9 @@ def resume_command(state: dict[str, Any], out: Path) -> str:
     from packer.options import cli_fields
 
     source = state.get("source") or {}
+    if source.get("kind") == "writer":  # written from Python: the same Writer call, resumed
+        return (f"packer.Writer({str(out)!r}, format={state.get('format')!r}, ..., resume=True) in Python, then "
+                "skip the first w.count samples")
     command = "convert" if source.get("kind") == "dataset" else "pack"
     options = state.get("options", {})
     words = ["pack-dataset"] + (["convert"] if command == "convert" else [])
@@ -182,7 +185,7 @@ def _incomplete(root: Path) -> dict[str, Any]:
         "format": state.get("format"), "split": state.get("split"),
         "spec_version": spec.SPEC_VERSION, "checksum": spec.CHECKSUM_ALGO,
         "samples": state.get("done", 0),  # durable as of the last checkpoint
-        "source_done": state.get("next_source", 0), "source_images": source.get("images"),
+        "source_done": state.get("next_source", 0), "source_images": None if source.get("kind") == "writer" else source.get("images"),
         "bytes_on_disk": size, "files": files,
         "options": state.get("options", {}),
         "order": _journal_order(state.get("options", {})),
@@ -330,7 +333,8 @@ def render(d: dict[str, Any]) -> str:
     if d["state"] in ("incomplete", "packing"):
         total = d.get("source_images")
         of = f" of {total}" if total is not None else ""
-        lines.append(f"  progress     {d['source_done']}{of} source images done at the last checkpoint, "
+        what = "samples given to the Writer" if src.get("kind") == "writer" else "source images"
+        lines.append(f"  progress     {d['source_done']}{of} {what} done at the last checkpoint, "
                      f"{d['samples']} samples written")
         if d["state"] == "incomplete":
             lines.append(f"  resume with  {d['resume']}")

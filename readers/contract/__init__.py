@@ -7,8 +7,10 @@ any other ``readers`` package, so a tool that only writes or checks datasets pay
 * :mod:`~readers.contract.spec` -- the index (``index.json``) read and written, file names, formats,
   checksums; :mod:`~readers.contract.locks` -- the lock a running pack holds in its folder;
   :mod:`~readers.contract.samplenames` -- ``names.jsonl``, each sample's source path;
-* :mod:`~readers.contract.fields` -- typed sample fields and the :class:`Schema`, and where each
-  field lives in each format;
+* :mod:`~readers.contract.fields` -- the :class:`Schema`, parsing a field type, and where each
+  field lives in each format; the types themselves, with what each does to a value (a CSV cell, a
+  null, a column), in :mod:`~readers.contract.fieldtypes` and :mod:`~readers.contract.numeric`;
+  :mod:`~readers.contract.jsontext` -- strict JSON text (depth, big integers, duplicate keys);
 * :mod:`~readers.contract.checks` -- what an index's values may be, checked on open;
   :mod:`~readers.contract.checkcache` -- the record of checks that passed (and what it is keyed by);
 * :mod:`~readers.contract.safeio` -- the one place that opens, sizes, reads, maps and atomically
