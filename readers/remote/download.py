@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from readers.contract import spec
+from readers.contract.safeio import publish
 from readers.remote.errors import RemoteIntegrityError
 from readers.remote.store import Store
 
@@ -111,7 +112,7 @@ def download_ranged(store: Store, name: str, dest: str | os.PathLike, size: int,
     finally:
         os.close(fd)
     _verify(store, name, partial, journal, size, crc32)
-    os.replace(partial, dest)
+    publish(partial, dest, durable=False)  # its CRC checked above; a cache file: atomic for readers
     journal.unlink(missing_ok=True)
     return dest
 
