@@ -97,6 +97,18 @@ class FormatWriter(ABC):
     def abort(self) -> None:
         """Release handles after an error; the journal keeps the output resumable."""
 
+    def store_fields(self, fields: tuple[bytes, ...] | None) -> tuple[bytes, ...]:
+        """``append``'s ``fields`` (one blob per :attr:`extra` field, in order) handed to
+        :attr:`field_store`; returns them (``()`` for a writer without extra fields). A ValueError,
+        before anything is written, when there are not as many as :attr:`extra`."""
+        blobs = fields or ()
+        if len(blobs) != len(self.extra):
+            raise ValueError(f"append() got {len(blobs)} field blobs for {len(self.extra)} extra fields "
+                             f"({', '.join(f.name for f in self.extra) or 'none'})")
+        if self.field_store is not None:
+            self.field_store.append(blobs)
+        return blobs
+
 
 def merged(meta: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """``meta`` plus what ``finalize`` returned (``storage`` merged key by key); a new dict."""

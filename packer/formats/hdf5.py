@@ -112,8 +112,7 @@ class HDF5Writer(FormatWriter):
 
     def append(self, sample_no: int, prepared: Prepared, label: int,
                fields: tuple[bytes, ...] | None = None) -> tuple[int]:
-        if self.field_store is not None:
-            self.field_store.append(fields)
+        self.store_fields(fields)
         offset, data = self.pos, prepared.data
         if self._fill + len(data) > len(self._block):
             self._drain()

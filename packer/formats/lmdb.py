@@ -160,11 +160,10 @@ class LmdbWriter(FormatWriter):
         key = spec.lmdb_key(sample_no)
         self._put(key, prepared.data)
         self._since_checkpoint += len(prepared.data)
-        if self.field_store is not None:
-            self.field_store.append(fields)
-            for suffix, i in self._var:
-                self._put(key + suffix, fields[i])
-                self._since_checkpoint += len(fields[i])
+        blobs = self.store_fields(fields)
+        for suffix, i in self._var:
+            self._put(key + suffix, blobs[i])
+            self._since_checkpoint += len(blobs[i])
         if self._txn_bytes >= TXN_BYTES:
             self._commit()
         return ()

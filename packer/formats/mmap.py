@@ -61,11 +61,13 @@ class MemmapWriter(FormatWriter):
 
     def append(self, sample_no: int, prepared: Prepared, label: int,
                fields: tuple[bytes, ...] | None = None) -> tuple[int]:
-        if self.field_store is not None:
-            self.field_store.append(fields)
-        offset = self.pos
         px = prepared.pixels
-        self._file.write(memoryview(px).cast("B"))
+        if px is None:
+            raise ValueError(f"the {self.format} writer stores pixels: prepare the samples with "
+                             "ImageOptions(want_pixels=True)")
+        self.store_fields(fields)
+        offset = self.pos
+        self._file.write(px.data.cast("B"))  # the array's buffer, not a copy
         self.pos += px.nbytes
         self._since += px.nbytes
         return (offset,)

@@ -37,7 +37,7 @@ from packer.formats.base import FormatWriter
 from packer.prepare.images import Prepared
 from packer.output import SHARD_LOG_NAME, start_writeback
 from readers.contract import spec
-from readers.contract.fields import blob_member, member_suffix
+from readers.contract.fields import Schema, blob_member, member_suffix
 
 __all__ = ["WdsWriter", "ShardLog", "sample_tar", "sample_span", "END_OF_ARCHIVE"]
 
@@ -173,7 +173,8 @@ class WdsWriter(FormatWriter):
         for p in self.root.glob(f"{self.split}-*.tar*"):
             if p.name not in keep:
                 p.unlink()  # a shard that was open when the pack was interrupted
-        self._file = None
+        self._file: BinaryIO | None = None  # the open shard's temporary file (None between shards)
+        self._first: int | None = None  # the open shard's first sample
         self._just_closed = False
 
     def _start_shard(self) -> None:
@@ -186,6 +187,7 @@ class WdsWriter(FormatWriter):
         self._first = None
 
     def _emit(self, chunk: bytes) -> None:
+        assert self._file is not None, "append() starts a shard"
         self._file.write(chunk)
         self._crc = spec.checksum(chunk, self._crc)
         self._pos += len(chunk)
@@ -203,7 +205,7 @@ class WdsWriter(FormatWriter):
         if self.schema is None or self.schema.is_default:
             head, tail = sample_tar(sample_no, prepared.ext, len(prepared.data), label)
         else:
-            head, tail = self._field_tar(sample_no, prepared, label, fields or ())
+            head, tail = self._field_tar(self.schema, sample_no, prepared, label, fields)
         self._emit(b"".join((head, prepared.data, tail)))  # one write and one checksum call per sample
         self._count += 1
         shard = len(self.shards)
@@ -212,21 +214,19 @@ class WdsWriter(FormatWriter):
             self._close_shard()
         return offset, shard
 
-    def _field_tar(self, sample_no: int, prepared: Prepared, label: int,
-                   fields: tuple[bytes, ...]) -> tuple[bytes, bytes]:
+    def _field_tar(self, schema: Schema, sample_no: int, prepared: Prepared, label: int,
+                   fields: tuple[bytes, ...] | None) -> tuple[bytes, bytes]:
         """The members around the image of a sample with typed fields: ``key.<image ext>`` first (its data
         at ``offsets[i]`` as always), ``key.cls`` when the schema keeps a label, then one member per extra
         field, ``key.<member_suffix(name, ext)>`` (``key.caption.txt``, ``key.boxes.npy``, ``key.txt``)."""
-        assert self.field_store is not None or not self.extra
-        if self.field_store is not None:
-            self.field_store.append(fields)
+        blobs = self.store_fields(fields)
         key = spec.wds_key(sample_no)
         size = len(prepared.data)
         parts = [_pad(size)]
         members = []
-        if self.schema.labels_field is not None:
+        if schema.labels_field is not None:
             members.append(("cls", str(label).encode()))
-        for f, blob in zip(self.extra, fields, strict=True):
+        for f, blob in zip(self.extra, blobs, strict=True):
             ext, data = blob_member(f.type, blob)
             members.append((member_suffix(f.name, ext), data))
         for suffix, data in members:
@@ -235,6 +235,7 @@ class WdsWriter(FormatWriter):
 
     def _close_shard(self) -> None:
         self._emit(b"\0" * (2 * spec.TAR_BLOCK))  # end-of-archive marker
+        assert self._file is not None, "append() starts a shard"
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import array
 import mmap
 import tempfile
-from typing import Any, BinaryIO, Iterable, Iterator, Sequence
+from typing import Any, BinaryIO, Iterable, Iterator, Sequence, overload
 
 import numpy as np
 
@@ -166,7 +166,13 @@ class StringColumn(Sequence[str]):
     def _bytes(self, j: int) -> bytes:
         return self._blob[self._offsets[j]:self._offsets[j + 1]].tobytes()
 
-    def __getitem__(self, key):  # type: ignore[override]
+    @overload
+    def __getitem__(self, key: int) -> str: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> StringColumn: ...
+
+    def __getitem__(self, key: int | slice) -> str | StringColumn:
         if isinstance(key, slice):
             start, stop, step = key.indices(len(self))
             if step != 1:
@@ -256,7 +262,13 @@ class IntColumn(Sequence[int]):
     def __len__(self) -> int:
         return len(self._values) if self._order is None else len(self._order)
 
-    def __getitem__(self, key):  # type: ignore[override]
+    @overload
+    def __getitem__(self, key: int) -> int: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> IntColumn: ...
+
+    def __getitem__(self, key: int | slice) -> int | IntColumn:
         if isinstance(key, slice):
             if self._order is None:
                 return IntColumn(self._values[key])

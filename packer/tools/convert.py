@@ -33,9 +33,10 @@ import io
 import logging
 import mmap
 import os
-from dataclasses import replace
+from collections.abc import Generator
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, overload
 
 import numpy as np
 
@@ -86,8 +87,8 @@ def dataset_source(index: spec.Index) -> Source:
     for _ in _read_names(index):  # every line a JSON string, one per sample: refused before any output
         pass
     schema = Schema.from_index(meta, str(index.location))
-    return Source(root=index.root, classes=index.classes, paths=_Names(index),  # type: ignore[arg-type]
-                  labels=IntColumn(index.labels), sizes=IntColumn(arrays["sizes"]),  # type: ignore[arg-type]
+    return Source(root=Path(index.root), classes=index.classes, paths=_Names(index),  # a local folder
+                  labels=IntColumn(index.labels), sizes=IntColumn(arrays["sizes"]),
                   kind="dataset", details=details, _fingerprint=h.hexdigest(),
                   order=meta.get("order") or {"kind": "source"},  # the samples keep the dataset's order
                   schema=None if schema.is_default else schema)
@@ -99,7 +100,7 @@ def close_source(source: Source) -> None:
         source.paths.close()
 
 
-def _read_names(index: spec.Index) -> Iterator[str]:
+def _read_names(index: spec.Index) -> Generator[str, None, None]:
     """Each sample's name from ``names.jsonl``, in order: SourceError (one line, ``file:line``) for a
     line that is not a JSON string and for a line count that is not the index's sample count
     (checked by ``spec.Index.names``)."""
@@ -114,62 +115,82 @@ def _read_names(index: spec.Index) -> Iterator[str]:
                 raise SourceError(str(exc)) from None
             yield name
     finally:
-        lines.close()
+        if isinstance(lines, Generator):  # Index.names is one (typed Iterator): closing it closes the file now
+            lines.close()
+
+
+@dataclass
+class _Reader:
+    """A forward-only reader of ``names.jsonl``: the position of its next name, and the last name read."""
+
+    lines: Generator[str, None, None]
+    next: int = 0
+    last: str | None = None
 
 
 class _Names(Sequence[str]):
     """``names.jsonl`` as a read-only sequence, read as it is asked for: memory independent of N.
 
     The write stage asks for ``names[pos]`` in increasing ``pos`` (twice for the same one) and
-    the journal for growing slices ``names[a:b]`` (each an iterator); each kind has its own
-    forward-only reader, restarted from the top only when asked to go back.
+    the journal for growing slices ``names[a:b]`` (each a view of names ``a`` to ``b``, read as it
+    is iterated); each kind has its own forward-only reader, shared by the slices, restarted from
+    the top only when asked to go back. Iterating the whole sequence reads with a reader of its own.
     """
 
-    def __init__(self, index: spec.Index) -> None:
-        self._index, self._n = index, index.num_samples
-        self._readers: dict[str, list] = {}  # kind -> [next position, iterator, last name]
+    def __init__(self, index: spec.Index, start: int = 0, stop: int | None = None,
+                 readers: dict[str, _Reader] | None = None) -> None:
+        self._index, self._start = index, start
+        self._stop = index.num_samples if stop is None else stop
+        self._whole = readers is None  # not a slice
+        self._readers: dict[str, _Reader] = {} if readers is None else readers  # kind -> its reader
 
     def __len__(self) -> int:
-        return self._n
-
-    def _reader(self, kind: str, pos: int) -> list:
-        state = self._readers.get(kind)
-        if state is None or state[0] > pos + (state[2] is not None):
-            if state is not None:
-                state[1].close()
-            state = self._readers[kind] = [0, _read_names(self._index), None]
-        return state
+        return self._stop - self._start
 
     def _at(self, kind: str, pos: int) -> str:
-        state = self._reader(kind, pos)
-        if state[0] == pos + 1 and state[2] is not None:
-            return state[2]
-        while state[0] <= pos:
-            state[2] = next(state[1])
-            state[0] += 1
-        return state[2]
+        """Name number ``pos`` of the file, read by the reader of ``kind``."""
+        reader = self._readers.get(kind)
+        if reader is None or reader.next > pos + (reader.last is not None):
+            if reader is not None:
+                reader.lines.close()
+            reader = self._readers[kind] = _Reader(_read_names(self._index))
+        if reader.next == pos + 1 and reader.last is not None:
+            return reader.last
+        while True:  # reader.next <= pos here
+            name = reader.last = next(reader.lines)
+            reader.next += 1
+            if reader.next > pos:
+                return name
 
-    def __getitem__(self, key):  # type: ignore[override]
+    @overload
+    def __getitem__(self, key: int) -> str: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> _Names: ...
+
+    def __getitem__(self, key: int | slice) -> str | _Names:
         if isinstance(key, slice):
-            start, stop, step = key.indices(self._n)
+            start, stop, step = key.indices(len(self))
             if step != 1:
                 raise ValueError("names.jsonl is read in order: no slice step")
-            return (self._at("slice", pos) for pos in range(start, stop))
-        pos = key + self._n if key < 0 else key
-        if not 0 <= pos < self._n:
+            return _Names(self._index, self._start + start, self._start + max(start, stop), self._readers)
+        pos = key + len(self) if key < 0 else key
+        if not 0 <= pos < len(self):
             raise IndexError(key)
-        return self._at("item", pos)
+        return self._at("item", self._start + pos)
 
     def __iter__(self) -> Iterator[str]:
-        return _read_names(self._index)
+        if self._whole:
+            return _read_names(self._index)
+        return (self._at("slice", pos) for pos in range(self._start, self._stop))
 
     def close(self) -> None:
-        for state in self._readers.values():
-            state[1].close()
+        for reader in self._readers.values():
+            reader.lines.close()
         self._readers.clear()
 
-    def __getstate__(self) -> dict:
-        return {"_index": self._index, "_n": self._n, "_readers": {}}  # open readers stay in this process
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__, _readers={})  # open readers stay in this process
 
 
 # ---------------------------------------------------------------------------- reading the source
@@ -285,7 +306,7 @@ def prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
             return
         yield from _with_fields(index, start, outcomes)
 
-    def images(source: Source, start: int, opts: ImageOptions, workers: int) -> Iterator[Outcome]:
+    def images(source: Source, start: int, opts: ImageOptions, workers: int) -> Generator[Outcome, None, None]:
         opts = replace(opts, validate=False, max_side=None, max_pixels=1 << 62)
         samples = _checked(index, start)
         pixels_in = index.meta["storage"]["kind"] == "pixels"
@@ -301,7 +322,7 @@ def prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
     return stage
 
 
-def _with_fields(index: spec.Index, start: int, outcomes: Iterator[Outcome]) -> Iterator[Outcome]:
+def _with_fields(index: spec.Index, start: int, outcomes: Generator[Outcome, None, None]) -> Iterator[Outcome]:
     """The outcomes with each sample's extra field blobs, read as the readers read them
     (``packer.tools.verify_fields.StoredFields``) and each checked against ``field_checksums.npy``: a
     field that does not read, or a mismatch, stops the work, as for the images."""

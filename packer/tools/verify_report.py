@@ -46,8 +46,9 @@ def reason(exc: Exception, path: Any) -> str:
     return text[len(prefix):] if text.startswith(prefix) else text
 
 
-def check_sample(report: VerifyReport, where: str, read: Callable[[], object], expected: int) -> None:
-    """Read one sample and compare its CRC-32 with the index's."""
+def check_sample(report: VerifyReport, where: str, read: Callable[[], bytes | memoryview | np.ndarray],
+                 expected: int) -> None:
+    """Read one sample (its stored bytes, or an mmap sample's pixels) and compare its CRC-32 with the index's."""
     report.samples += 1
     try:
         data = read()

@@ -132,6 +132,12 @@ _HUFFMAN_SEQUENTIAL = frozenset({0xC0, 0xC1})  # SOF0 baseline, SOF1 extended se
 _PIL_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError, Image.DecompressionBombError)
 
 
+def _buffer(data: bytes | bytearray | memoryview | np.ndarray) -> bytes | bytearray | memoryview:
+    """``data`` as a buffer the standard library's types take, nothing copied (an array: its
+    ``.data``, the memoryview of its buffer; numpy declares ``__buffer__`` only from Python 3.12)."""
+    return data.data if isinstance(data, np.ndarray) else data
+
+
 class DecodeError(OSError):
     """The bytes cannot be decoded as an image (subclass of ``OSError`` like Pillow's errors)."""
 
@@ -168,7 +174,7 @@ def jpeg_scans(data: bytes | bytearray | memoryview | np.ndarray, limit: int = M
     search over the file. Data that ends early or is not a JPEG gives the count so far
     (the decoder reports what is wrong with it).
     """
-    buf = data if isinstance(data, (bytes, bytearray)) else bytes(memoryview(data))
+    buf = data if isinstance(data, (bytes, bytearray)) else bytes(_buffer(data))
     n, pos, scans = len(buf), 2, 0
     while pos + 2 <= n and scans <= limit:
         if buf[pos] != 0xFF or buf[pos + 1] in (0x00, 0xFF) or 0xD0 <= buf[pos + 1] <= 0xD7:
@@ -313,7 +319,7 @@ def read_header(data: bytes | bytearray | memoryview | np.ndarray) -> ImageHeade
         except (ValueError, KeyError):  # KeyError: a sampling simplejpeg has no name for (4:4:1 is 6)
             pass  # let PIL try (and produce the error message) below
     try:
-        with Image.open(io.BytesIO(data), formats=STORED_FORMATS) as im:
+        with Image.open(io.BytesIO(_buffer(data)), formats=STORED_FORMATS) as im:
             w, h = im.size
             return ImageHeader(h, w, jpeg, im.mode)
     except Image.UnidentifiedImageError:
@@ -373,7 +379,10 @@ def _pil_decode(data, scale: int) -> np.ndarray:
         with Image.open(io.BytesIO(data), formats=STORED_FORMATS) as im:
             if scale > 1 and im.format == "JPEG":
                 w, h = im.size
-                im.draft("RGB", (w / scale, h / scale))  # exactly 1/scale, even where a side is under scale
+                # Exactly 1/scale, even where a side is under scale: Pillow picks the scale as
+                # min(w // size[0], h // size[1]), which no whole size gives there. Pillow's
+                # annotation says tuple[int, int]; JpegImageFile.draft takes any numbers.
+                im.draft("RGB", (w / scale, h / scale))  # type: ignore[arg-type]
             return np.asarray(im.convert("RGB"))
     except Image.UnidentifiedImageError:
         raise DecodeError(_not_stored(data)) from None

@@ -194,9 +194,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def read_header(data, lib: ctypes.CDLL | None = None) -> Header | None:
     """The frame header as libjpeg reads it; None without the helper. Raises :class:`JpegCropError`."""
     lib = lib or library()
-    if lib is None:
-        return None
-    buf = _buffer(data)
+    return None if lib is None else _read_header(lib, _buffer(data))
+
+
+def _read_header(lib: ctypes.CDLL, buf: bytes) -> Header:
     info = (ctypes.c_int * _HEADER_INTS)()
     err = ctypes.create_string_buffer(_ERRLEN)
     if _bind(lib).jc_header(buf, len(buf), info, err) != 0:
@@ -248,7 +249,7 @@ def decode_region(data, scale: int, y0: int, y1: int, x0: int, x1: int, *, canva
 
 def _why_full(lib: ctypes.CDLL, buf: bytes, vouch: bool = True) -> str | None:
     """:func:`refusal` of the header, and (``vouch``) whether the self-check vouches for its sampling here."""
-    header = read_header(buf, lib)
+    header = _read_header(lib, buf)
     reason = refusal(header)
     if reason is None and vouch and header.components == 3 and not _sampling_vouched(lib, header.sampling):
         reason = "the self-check found sampling " + ",".join(f"{h}x{v}" for h, v in header.sampling) + " inexact"
@@ -384,9 +385,8 @@ def _check(lib: ctypes.CDLL, cases) -> bool:
                     r = None if refused else _decode(lib, data, scale, y0, y1, x0, x1, False, None)
                     if r is None and not taken:
                         continue
-                    got = None if r is None else r.pixels[y0 - r.top:y1 - r.top, x0 - r.left:x1 - r.left]
-                    if got is None or not taken or (r.height, r.width) != (h, w) or \
-                            not np.array_equal(got, full[y0:y1, x0:x1]):
+                    if r is None or not taken or (r.height, r.width) != (h, w) or not np.array_equal(
+                            r.pixels[y0 - r.top:y1 - r.top, x0 - r.left:x1 - r.left], full[y0:y1, x0:x1]):
                         log.warning("the jpegcrop helper does not decode regions like a full decode here "
                                     "(%s, scale 1/%d, rows %d-%d, columns %d-%d); region decoding is off%s",
                                     name, scale, y0, y1, x0, x1, " for it" if name.startswith("sampling") else "")

@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import h5py
 import numpy as np
 
 from readers.contract import spec
 from readers.formats.base import MapReader
-from readers.contract.fields import hdf5_field_path
+from readers.contract.fields import Field, hdf5_field_path
 from readers.formats.batch import Allocator, byte_offsets, concat_into, finish_batch, index_array, new_byte_batch
 from readers.formats.h5layout import check_images
 from readers.contract.perprocess import PerProcess
@@ -175,15 +175,16 @@ class HDF5Dataset(MapReader):
 
     def _runs(self, i: int, start: int, end: int) -> Iterator[tuple[int, int, int]]:
         """``(file address, pos, run_end)`` for each run of adjacent chunks holding /images[start:end]."""
-        cb, pos = self._chunk_bytes, start
+        cb, pos, chunks = self._chunk_bytes, start, self._chunks
+        assert chunks is not None, "read with the chunk table"
         while pos < end:
             k = pos // cb
-            if k >= len(self._chunks):
+            if k >= len(chunks):
                 raise spec.DatasetFormatError(
                     f"{self.data_location}: sample {i} (bytes {start}..{end} of /images) lies past the "
                     f"last chunk: the file is truncated or damaged")
-            addr, run_end = int(self._chunks[k]) + pos % cb, min(end, (k + 1) * cb)
-            while run_end < end and k + 1 < len(self._chunks) and self._chunks[k + 1] == self._chunks[k] + cb:
+            addr, run_end = int(chunks[k]) + pos % cb, min(end, (k + 1) * cb)
+            while run_end < end and k + 1 < len(chunks) and chunks[k + 1] == chunks[k] + cb:
                 k += 1
                 run_end = min(end, (k + 1) * cb)
             yield addr, pos, run_end
@@ -202,6 +203,7 @@ class HDF5Dataset(MapReader):
 
     def _read_at(self, addr: int, n: int) -> bytes:
         if self.ranged:
+            assert self.remote is not None, "ranged: remote without a cache"
             return self.remote.read_range(self.data_name, addr, n)
         return os.pread(self._fd.get(), n, addr)
 
@@ -239,7 +241,7 @@ class HDF5Dataset(MapReader):
             return np.memmap(self._h5.get().filename, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
         return ds[()]
 
-    def _read_blobs(self, i: int, fields: list) -> dict[str, bytes]:
+    def _read_blobs(self, i: int, fields: Sequence[Field]) -> dict[str, bytes]:
         """Variable fields: ``/fields/<name>/data[off[i]:off[i+1]]`` with ``off`` = ``/fields/<name>/offsets``."""
         out = {}
         for f in fields:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import lmdb
 import numpy as np
@@ -37,7 +37,7 @@ import numpy as np
 from readers.contract import spec
 from readers.formats.base import MapReader
 from readers.formats.batch import Allocator, byte_batch, finish_batch, index_array
-from readers.contract.fields import lmdb_field_key
+from readers.contract.fields import Field, lmdb_field_key
 from readers.formats.lmdbcheck import check_file
 from readers.contract.perprocess import PerProcess
 
@@ -96,11 +96,12 @@ def _release_by_env(env: lmdb.Environment) -> None:
 def _release(root: str) -> None:
     envs = _ENVS.peek()  # None in a process that never opened one (or forked since)
     entry = envs.get(root) if envs is not None else None
-    if entry is not None:
-        entry[1] -= 1
-        if entry[1] <= 0:
-            entry[0].close()
-            del envs[root]
+    if envs is None or entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        entry[0].close()
+        del envs[root]
 
 
 class LMDBDataset(MapReader):
@@ -145,7 +146,7 @@ class LMDBDataset(MapReader):
     def read(self, i: int) -> bytes:
         return self._read([i])[0]
 
-    def _read_blobs(self, i: int, fields: list) -> dict[str, bytes]:
+    def _read_blobs(self, i: int, fields: Sequence[Field]) -> dict[str, bytes]:
         """Variable fields: the values at ``lmdb_key(i) + b"/" + name`` (docs/fields.md), one
         transaction; fixed ones are ``field-<name>.npy`` columns (``PackedDataset._column``)."""
         out = {}

@@ -24,7 +24,7 @@ import math
 import mmap
 import os
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import numpy.lib.format as npformat
@@ -33,7 +33,7 @@ import torch
 from readers.contract import spec
 from readers.formats.base import MapReader
 from readers.formats.batch import Allocator, finish_batch, index_array, new_byte_batch
-from readers.contract.fields import blob_file, offsets_file
+from readers.contract.fields import Field, blob_file, offsets_file
 from readers.contract.perprocess import PerProcess
 
 __all__ = ["MemmapDataset"]
@@ -112,7 +112,7 @@ class MemmapDataset(MapReader):
             return super().field_location(field, i)
         return self.location_of(blob_file(field.name))
 
-    def _read_blobs(self, i: int, fields: list) -> dict[str, bytes]:
+    def _read_blobs(self, i: int, fields: Sequence[Field]) -> dict[str, bytes]:
         out = {}
         for f in fields:
             data, offsets = self._blob_file(f.name)
@@ -134,6 +134,7 @@ class MemmapDataset(MapReader):
         return flat[start:end].reshape(h, w, 3)
 
     def _read_ranged(self, i: int, start: int, end: int) -> np.ndarray:
+        assert self.remote is not None, "ranged: remote without a cache"
         data = self.remote.read_range(self.data_name, spec.MMAP_HEADER_BYTES + start, end - start)
         want = int(self.index.arrays["checksums"][i])
         if spec.checksum(data) != want:

@@ -31,7 +31,7 @@ import math
 import multiprocessing
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ import torch
 from readers.contract import spec
 from readers.formats.base import PackedDataset
 from readers.contract.env import WorkerEnv, current_worker_env, release_freed_memory
+from readers.contract.fields import Field
 from readers.formats import wds_io
 from readers.order.epoch import ShardLayout, ShardSettings, as_ints, resume_order, worker_order
 
@@ -295,13 +296,14 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             table = self.__dict__["_suffixes"] = {s.lower(): f for f in self.schema for s in f.suffixes()}
         return table
 
-    def _members(self, pread: Any, shard: int, i: int, names: set[str]) -> dict[str, bytes]:
+    def _members(self, pread: Callable[[int, int], bytes], shard: int, i: int, names: set[str]) -> dict[str, bytes]:
         """The members of sample ``i`` holding the fields ``names``, walking its tar headers from
         its first member (at ``offsets[i]``; the writer puts the ``image`` first) to the first
         header of another key. Unwanted members are skipped, never read; each header's checksum
         is checked. ``pread(pos, n)`` reads the shard."""
         key = (spec.wds_key(i) + ".").encode()
-        table, out = self._member_fields(), {}
+        table = self._member_fields()
+        out: dict[str, bytes] = {}
         pos = int(self._offsets[i]) - wds_io.BLOCK
         end = int(self.meta["shards"][shard]["bytes"])
         where = lambda: f"{self.shard_location(shard)} sample {i} at byte {pos}"  # noqa: E731
@@ -338,17 +340,21 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
     def _stored_blob(self, field: Any, data: Any, value: Any) -> bytes:
         return field.type.member_blob(data, value)
 
-    def _pread_of(self, shard: int, fd: int | None) -> Any:
+    def _pread_of(self, shard: int, fd: int | None) -> Callable[[int, int], bytes]:
+        """``pread(pos, n)`` of shard ``shard``: through ``fd``, its open file (local), else by range
+        requests (remote: ``fd`` is None)."""
         if fd is not None:
             return lambda pos, n: os.pread(fd, n, pos)
-        name = self.shard_names[shard]
-        return lambda pos, n: self.remote.read_range(name, pos, n)  # remote: one range request each
+        remote, name = self.remote, self.shard_names[shard]
+        if remote is None:
+            raise ValueError(f"{self.shard_location(shard)}: a local shard is read through its open file")
+        return lambda pos, n: remote.read_range(name, pos, n)  # remote: one range request each
 
     def _stored_fields(self) -> set[str]:
         """The selected fields read from the shard's members (the others are index-array columns)."""
-        return {n for n in self.fields if not self.schema[n].type.fixed}
+        return {n for n in self.fields or () if not self.schema[n].type.fixed}
 
-    def _read_blobs(self, i: int, fields: list) -> dict[str, bytes]:
+    def _read_blobs(self, i: int, fields: Sequence[Field]) -> dict[str, bytes]:
         shard = self.shard_of(i)
         fd = self.open_shard(shard) if self.remote is None else None
         try:

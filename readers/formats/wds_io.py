@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Generator, Iterable
 
 import numpy as np
 
@@ -123,7 +123,7 @@ class LocalShards(_Arrays):
         super().__init__(ds)
         self.keep = max(1, keep)
 
-    def samples(self, indices: Iterable[int]) -> Iterator[tuple[int, bytes]]:
+    def samples(self, indices: Iterable[int]) -> Generator[tuple[int, bytes], None, None]:
         fds: dict[int, int] = {}  # shard -> open descriptor, least recently used first
         try:
             for i in as_ints(indices) if isinstance(indices, np.ndarray) else indices:
@@ -147,7 +147,7 @@ class CachedShards(_Arrays):
         super().__init__(ds)
         self.files, self.depth = ds.remote, max(0, depth)
 
-    def samples(self, indices: Iterable[int]) -> Iterator[tuple[int, bytes]]:
+    def samples(self, indices: Iterable[int]) -> Generator[tuple[int, bytes], None, None]:
         seq = _index_array(indices)
         if len(seq) == 0:
             return
@@ -260,7 +260,7 @@ class StreamedShards(_Arrays):
         np.maximum.at(req_end, req_ids, en)
         return req_of_pos, req_shard, req_start, req_end
 
-    def samples(self, indices: Iterable[int]) -> Iterator[tuple[int, bytes]]:
+    def samples(self, indices: Iterable[int]) -> Generator[tuple[int, bytes], None, None]:
         seq = _index_array(indices)
         if len(seq) == 0:
             return
