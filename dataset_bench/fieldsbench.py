@@ -311,8 +311,9 @@ def _child_read(path: str, fields: Sequence[str] | None, mode: str, workers: int
     from readers import make_loader, open_dataset
     try:
         from readers.decode.transforms import imagenet_eval_transform
-    except ImportError:  # the previous release: its modules sat at the root of readers/
-        from readers.transforms import imagenet_eval_transform  # type: ignore[no-redef]
+    except ImportError:  # the previous release: its modules sat at the root of readers/ (by name: not ours)
+        import importlib
+        imagenet_eval_transform = importlib.import_module("readers.transforms").imagenet_eval_transform
 
     kw: dict[str, Any] = {} if fields is None else {"fields": tuple(fields)}
     if mode == "raw":
