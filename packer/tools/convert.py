@@ -115,8 +115,7 @@ def _read_names(index: spec.Index) -> Generator[str, None, None]:
                 raise SourceError(str(exc)) from None
             yield name
     finally:
-        if isinstance(lines, Generator):  # Index.names is one (typed Iterator): closing it closes the file now
-            lines.close()
+        lines.close()  # closes names.jsonl now, not when the generator is collected
 
 
 @dataclass

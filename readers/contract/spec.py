@@ -44,7 +44,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Generator, Iterator, Mapping
 
 import numpy as np
 
@@ -311,7 +311,7 @@ class Index:
             labels = np.broadcast_to(np.zeros(1, dtype=ARRAY_DTYPES["labels"]), (self.num_samples,))
         return labels
 
-    def names(self) -> Iterator[str]:
+    def names(self) -> Generator[str, None, None]:
         """Source path of each sample, in sample order (read lazily).
 
         A line that is not a JSON string, and a line count other than ``num_samples``, is a
