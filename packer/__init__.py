@@ -20,7 +20,9 @@ from packer.errors import OutputError, OutputExistsError, PackError, PackerError
 from packer.options import PackOptions, RemoteOptions
 from packer.pipeline import SplitResult
 from packer.writer import SampleError, Writer
+from packer.mapping import MapError, MapResult, pack_map
 
 __all__ = ["pack", "PackOptions", "RemoteOptions", "PackerError", "UsageError", "PackError", "OutputError",
            "OutputExistsError", "SourceError", "SplitResult", "WRITERS"]
 __all__ += ["Writer", "SampleError"]  # packer.writer: write a dataset from Python, sample by sample
+__all__ += ["pack_map", "MapResult", "MapError"]  # packer.mapping: map a function over inputs into a dataset

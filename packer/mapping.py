@@ -1,0 +1,145 @@
+"""``pack_map``: map a function over inputs in parallel and write what it returns as a dataset.
+
+    from packer import pack_map
+
+    def render(record):                      # one input -> a sample, a list/generator of them, or None
+        return {"image": draw(record), "label": record["cls"], "caption": record["text"]}
+
+    result = pack_map(render, records, "out", format="wds", workers=2)
+
+``fn(input)`` runs in the pack's own pool (:class:`packer.prepare.pool.WorkerPool`: forked workers,
+results in input order, a bounded window), so ``fn`` may be a closure or a lambda (the workers are
+forked with it, it is never pickled); the inputs and the samples it returns cross processes and must
+be picklable. ``workers=0`` runs ``fn`` in the caller. The samples go, in input order, into one
+:class:`packer.writer.Writer` (its validation, rejects, CRCs, index), so the output's bytes do not
+depend on the worker count. A failure of ``fn`` on an input (or of the generator it returned) is,
+with ``on_error="reject"``, one line of :attr:`MapResult.rejects` naming the input's position and
+repr, also logged; with ``on_error="raise"`` it stops the job with :class:`MapError` (the Writer is
+aborted: nothing opens as complete). A bad *sample* is the Writer's to reject or raise
+(``rejects.jsonl``), by the same ``on_error``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from packer.errors import PackError, UsageError
+from packer.options import PackOptions
+from packer.pipeline import SplitResult
+from packer.prepare.pool import WorkerPool
+from packer.writer import ON_ERROR, Writer
+from readers.contract.fields import FieldType
+from readers.contract.messages import one_line
+
+__all__ = ["pack_map", "MapResult", "MapError"]
+
+log = logging.getLogger(__name__)
+
+_REPR = 60  # characters of an input's repr in a reject line
+
+
+class MapError(PackError):
+    """``fn`` failed on one input (``on_error="raise"``): one line naming the input and the error."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MapResult:
+    """What :func:`pack_map` did: the Writer's :class:`SplitResult`, the inputs taken, the samples
+    given to the Writer, and one line per input on which ``fn`` failed."""
+
+    result: SplitResult | None
+    inputs: int
+    samples: int
+    rejects: tuple[str, ...]
+
+
+def _describe(pos: int, item: Any) -> str:
+    text = repr(item)
+    return f"input {pos} ({text[:_REPR] + '...' if len(text) > _REPR else text})"
+
+
+class _Apply:
+    """``fn`` over one ``(position, input)``: ``(True, samples)`` or ``(False, the failure's line)``.
+    A generator is drained here (in the worker), so its failures are the input's too."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, job: tuple[int, Any]) -> tuple[bool, Any]:
+        pos, item = job
+        try:
+            got = self.fn(item)
+            if got is None:
+                return True, []
+            if isinstance(got, Mapping):
+                return True, [got]
+            if isinstance(got, (str, bytes)) or not isinstance(got, Iterable):
+                raise TypeError(f"fn returned a {type(got).__name__}; expected a sample dict, "
+                                f"a list or generator of them, or None")
+            return True, list(got)
+        except Exception as exc:  # one input's failure: a reject line or MapError, by policy
+            return False, f"{_describe(pos, item)}: {one_line(exc, kind=True)}"
+
+
+def _bar(progress: bool | Callable[[int], None], total: int | None) -> tuple[Callable[[int], None] | None, Any]:
+    """``progress``: True -> a tqdm bar over the inputs (as a pack's), a callable -> itself, else None."""
+    if callable(progress):
+        return progress, None
+    if not progress:
+        return None, None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="input", desc="pack_map", dynamic_ncols=True, smoothing=0.05, mininterval=0.5)
+    return bar.update, bar
+
+
+def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.PathLike, format: str | None = None, *,
+             workers: int = 0, on_error: str = "reject", fields: Mapping[str, FieldType | str] | str | None = None,
+             classes: Sequence[str] | None = None, options: PackOptions | None = None, overwrite: bool = False,
+             split: str = "data", progress: bool | Callable[[int], None] = False) -> MapResult:
+    """Write the samples ``fn`` makes of each input into ``out`` (see the module docstring).
+
+    ``workers``: 0 runs ``fn`` here, N >= 1 in N forked processes; the output is the same bytes.
+    ``format``, ``fields``, ``classes``, ``options``, ``overwrite`` and ``split`` are the
+    :class:`~packer.writer.Writer`'s. ``progress``: True for a bar over the inputs, or a callback
+    called with the number of inputs just done."""
+    if on_error not in ON_ERROR:
+        raise UsageError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise UsageError(f"workers must be an integer >= 0, got {workers!r}")
+    total = len(inputs) if isinstance(inputs, Sequence) else None
+    apply = _Apply(fn)
+    jobs = enumerate(inputs)
+    tick, bar = _bar(progress, total)
+    rejects: list[str] = []
+    taken = samples = 0
+    try:
+        with Writer(out, format, fields=fields, classes=classes, options=options, on_error=on_error,
+                    overwrite=overwrite, split=split) as writer:
+            pool = WorkerPool(apply, workers, describe=lambda n: f"input {n}") if workers else None
+            try:
+                done: Iterator[tuple[bool, Any]] = pool.map(jobs) if pool is not None else map(apply, jobs)
+                for ok, value in done:
+                    taken += 1
+                    if not ok:
+                        if on_error == "raise":
+                            raise MapError(value)
+                        log.warning("pack_map: %s", value)
+                        rejects.append(value)
+                    else:
+                        for sample in value:
+                            writer.write(sample)
+                        samples += len(value)
+                    if tick is not None:
+                        tick(1)
+            finally:
+                if pool is not None:
+                    pool.close()
+        return MapResult(writer.result, taken, samples, tuple(rejects))
+    finally:
+        if bar is not None:
+            bar.close()

@@ -1,0 +1,98 @@
+"""``packer.pack_map``: a function mapped over inputs, in input order, into one Writer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packer import MapError, PackOptions, pack_map
+from packer.cli import main as cli_main
+from readers import open_dataset
+from readers.contract import spec
+
+N = 100
+
+
+def render(i: int):
+    """Input ``i``: two samples (a generator) when i % 10 == 3, none when i % 10 == 7, else one."""
+    def one(k: int) -> dict:
+        arr = np.random.default_rng(k).integers(0, 256, (8 + k % 5, 12, 3), dtype=np.uint8)
+        return {"image": arr, "label": k % 3, "caption": f"input {k}"}
+    if i % 10 == 7:
+        return None
+    if i % 10 == 3:
+        return (one(i * 1000 + j) for j in range(2))
+    return [one(i)] if i % 2 else one(i)
+
+
+def files(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def opts() -> PackOptions:
+    return PackOptions(format="wds", shard_count=4)
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pack_map")
+    done = {}
+    for workers in (0, 1, 2):
+        out = root / f"w{workers}"
+        done[workers] = (out, pack_map(render, range(N), out, workers=workers, options=opts(),
+                                       classes=["a", "b", "c"]))
+    return done
+
+
+def test_output_bytes_do_not_depend_on_the_worker_count(outputs):
+    (out0, r0), (out1, r1), (out2, r2) = outputs[0], outputs[1], outputs[2]
+    want = files(out0)
+    assert spec.INDEX_NAME in want and any(name.endswith(".tar") for name in want)
+    assert files(out1) == want and files(out2) == want
+    assert r0.inputs == r1.inputs == r2.inputs == N and r0.samples == r1.samples == r2.samples
+
+
+def test_generator_list_and_none_returns_in_input_order(outputs):
+    out, result = outputs[2]
+    expected = [c for i in range(N) if i % 10 != 7
+                for c in ([f"input {i * 1000 + j}" for j in range(2)] if i % 10 == 3 else [f"input {i}"])]
+    assert result.samples == len(expected) == 100 and result.rejects == ()
+    ds = open_dataset(out, fields=("caption", "label"), decode=False, shuffle=False, pad=False)
+    try:
+        got = list(ds)
+    finally:
+        ds.close()
+    assert [c for c, _ in got] == expected
+    assert cli_main(["verify", str(out)]) == 0
+
+
+def flaky(item) -> dict:
+    i = item["id"] if isinstance(item, dict) else item
+    if i == 5:
+        raise ValueError("bad record\nsecond line")
+    return render(0 if i % 10 in (3, 7) else i)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_failing_input_is_one_reject_naming_it(tmp_path, workers):
+    result = pack_map(flaky, [{"id": i} for i in range(20)], tmp_path / "o", workers=workers, options=opts())
+    assert result.rejects == ("input 5 ({'id': 5}): ValueError: bad record second line",)
+    assert result.inputs == 20 and result.samples == 19
+    assert json.loads((tmp_path / "o" / spec.INDEX_NAME).read_text())["num_samples"] == 19
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_on_error_raise_stops_with_one_line_naming_the_input(tmp_path, workers):
+    with pytest.raises(MapError) as info:
+        pack_map(flaky, list(range(20)), tmp_path / "o", workers=workers, options=opts(), on_error="raise")
+    assert str(info.value) == "input 5 (5): ValueError: bad record second line"
+    assert not (tmp_path / "o" / spec.INDEX_NAME).exists()
+
+
+def test_progress_callback_counts_inputs(tmp_path):
+    ticks: list[int] = []
+    pack_map(render, range(12), tmp_path / "o", options=opts(), progress=ticks.append)
+    assert sum(ticks) == 12
