@@ -80,7 +80,11 @@ class _Apply:
             if isinstance(got, (str, bytes)) or not isinstance(got, Iterable):
                 raise TypeError(f"fn returned a {type(got).__name__}; expected a sample dict, "
                                 f"a list or generator of them, or None")
-            return True, list(got)
+            samples = list(got)
+            bad = next((s for s in samples if not isinstance(s, Mapping)), None)
+            if bad is not None:
+                raise TypeError(f"fn gave a {type(bad).__name__} among its samples; expected sample dicts")
+            return True, samples
         except Exception as exc:  # one input's failure: a reject line or MapError, by policy
             return False, f"{_describe(pos, item)}: {one_line(exc, kind=True)}"
 

@@ -96,3 +96,16 @@ def test_progress_callback_counts_inputs(tmp_path):
     ticks: list[int] = []
     pack_map(render, range(12), tmp_path / "o", options=opts(), progress=ticks.append)
     assert sum(ticks) == 12
+
+
+def test_a_lambda_runs_in_workers_and_a_generator_failing_midway_is_one_reject(tmp_path):
+    def gen(i: int):
+        yield render(2)
+        if i == 2:
+            raise KeyError("caption")
+        yield render(4) if i != 3 else [render(4)]
+
+    result = pack_map(lambda i: gen(i), range(4), tmp_path / "o", workers=2, options=opts())  # fn is never pickled
+    assert result.rejects == ("input 2 (2): KeyError: 'caption'",
+                              "input 3 (3): TypeError: fn gave a list among its samples; expected sample dicts")
+    assert result.samples == 4  # the failing input's first sample is not written either
