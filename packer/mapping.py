@@ -104,12 +104,15 @@ def _bar(progress: bool | Callable[[int], None], total: int | None) -> tuple[Cal
 def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.PathLike, format: str | None = None, *,
              workers: int = 0, on_error: str = "reject", fields: Mapping[str, FieldType | str] | str | None = None,
              classes: Sequence[str] | None = None, options: PackOptions | None = None, overwrite: bool = False,
-             split: str = "data", progress: bool | Callable[[int], None] = False) -> MapResult:
+             resume: bool = False, split: str = "data", progress: bool | Callable[[int], None] = False) -> MapResult:
     """Write the samples ``fn`` makes of each input into ``out`` (see the module docstring).
 
     ``workers``: 0 runs ``fn`` here, N >= 1 in N forked processes; the output is the same bytes.
-    ``format``, ``fields``, ``classes``, ``options``, ``overwrite`` and ``split`` are the
-    :class:`~packer.writer.Writer`'s. ``progress``: True for a bar over the inputs, or a callback
+    ``format``, ``fields``, ``classes``, ``options``, ``overwrite``, ``resume`` and ``split`` are the
+    :class:`~packer.writer.Writer`'s; ``resume=True`` continues an interrupted ``pack_map`` of the
+    same ``fn`` and inputs: ``fn`` runs again over every input and the samples the Writer already
+    holds (:attr:`Writer.count`) are skipped, so the result is what an uninterrupted job writes.
+    ``progress``: True for a bar over the inputs, or a callback
     called with the number of inputs just done."""
     if on_error not in ON_ERROR:
         raise UsageError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
@@ -123,7 +126,8 @@ def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.Path
     taken = samples = 0
     try:
         with Writer(out, format, fields=fields, classes=classes, options=options, on_error=on_error,
-                    overwrite=overwrite, split=split) as writer:
+                    overwrite=overwrite, resume=resume, split=split) as writer:
+            skip = writer.count  # resume: samples of the sequence the Writer holds already
             pool = WorkerPool(apply, workers, describe=lambda n: f"input {n}") if workers else None
             try:
                 done: Iterator[tuple[bool, Any]] = pool.map(jobs) if pool is not None else map(apply, jobs)
@@ -135,11 +139,15 @@ def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.Path
                         log.warning("pack_map: %s", value)
                         rejects.append(value)
                     else:
-                        for sample in value:
+                        for sample in value[skip:]:
                             writer.write(sample)
+                        skip = max(0, skip - len(value))
                         samples += len(value)
                     if tick is not None:
                         tick(1)
+                if skip:  # raised in the with block: the Writer is aborted, its output left as it was
+                    raise PackError(f"{out}: resume=True, but it holds {writer.count} samples and fn made only "
+                                    f"{samples} of these inputs; resume with the same fn and inputs")
             finally:
                 if pool is not None:
                     pool.close()

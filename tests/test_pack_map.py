@@ -109,3 +109,21 @@ def test_a_lambda_runs_in_workers_and_a_generator_failing_midway_is_one_reject(t
     assert result.rejects == ("input 2 (2): KeyError: 'caption'",
                               "input 3 (3): TypeError: fn gave a list among its samples; expected sample dicts")
     assert result.samples == 4  # the failing input's first sample is not written either
+
+
+def test_an_interrupted_job_resumes_to_the_uninterrupted_bytes(tmp_path, outputs):
+    out = tmp_path / "o"
+
+    def dies_at_70(i: int):
+        if i == 70:
+            raise RuntimeError("killed")
+        return render(i)
+
+    with pytest.raises(MapError):
+        pack_map(dies_at_70, range(N), out, workers=2, options=opts(), classes=["a", "b", "c"], on_error="raise")
+    assert (out / spec.STATE_NAME).exists() and not (out / spec.INDEX_NAME).exists()
+    result = pack_map(render, range(N), out, workers=2, options=opts(), classes=["a", "b", "c"], resume=True)
+    assert result.result is not None and result.result.resumed_from > 0
+    assert files(out) == files(outputs[0][0])
+    again = pack_map(render, range(N), out, options=opts(), classes=["a", "b", "c"], resume=True)  # complete: no-op
+    assert again.samples == 100 and files(out) == files(outputs[0][0])
