@@ -87,7 +87,7 @@ def test_sync_check_sees_a_changed_cell(tmp_path):
     py.write_text((NOTEBOOKS / SCRIPTS[0]).read_text())
     ipynb = build.build(py)  # sources only, no outputs: no kernel needed
     assert build.differences(py, ipynb) == []
-    py.write_text(py.read_text().replace("N_IMAGES = 192", "N_IMAGES = 193"))
+    py.write_text(py.read_text().replace("else 192", "else 193"))
     assert build.differences(py, ipynb) == ["cell 1: 01_format_throughput.ipynb differs from 01_format_throughput.py"]
 
 
