@@ -82,12 +82,53 @@ _CACHE_DIR: str | None = None
 _OWN_CACHE = "DATASET_PACKER_TEST_CACHE"  # the DATASET_PACKER_CACHE that a pytest process of this suite made
 
 
+_TMP_ROOT: str | None = None
+_OWN_TMP = "DATASET_PACKER_TEST_TMP"  # the temp root that the controlling pytest process of this run made
+_PASSED = False
+
+
+def _make_temp_root() -> None:
+    """One temp folder for the whole run, made by the controlling process (xdist workers, servers and every
+    subprocess inherit it through TMPDIR): pytest's tmp_path folders, multiprocessing's pymp-*, torchrun's
+    torchelastic_*, Jupyter kernels, Ray's session folders, SeaweedFS logs, wids' download cache, the packer's
+    task files all go there, and a passing run removes it whole. The prefix is short: Ray's socket paths
+    under it must stay below the 107-byte limit of a Unix socket name."""
+    global _TMP_ROOT
+    import tempfile
+
+    if os.environ.get(_OWN_TMP):
+        return  # an xdist worker (or a nested run): the controller's root is already TMPDIR
+    _TMP_ROOT = tempfile.mkdtemp(prefix="dp-tests-")
+    os.environ[_OWN_TMP] = os.environ["TMPDIR"] = _TMP_ROOT
+    os.environ["WIDS_CACHE"] = os.path.join(_TMP_ROOT, "_wids_cache")  # wids' default is /tmp/_wids_cache
+    tempfile.tempdir = _TMP_ROOT  # this process may have asked for the temp folder already
+
+
+def pytest_sessionfinish(session, exitstatus):
+    global _PASSED
+    _PASSED = exitstatus == 0
+
+
+def _remove_temp_root(config) -> None:
+    if _TMP_ROOT is None:
+        return
+    import shutil
+
+    if _PASSED:
+        shutil.rmtree(_TMP_ROOT, ignore_errors=True)
+    else:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"the run's temp files are kept in {_TMP_ROOT}")
+
+
 def pytest_configure(config):
     """The readers' record of checked indexes (readers.contract.checkcache) goes to a folder of this process, not
     to ~/.cache: set before any fixture packs or opens a dataset, inherited by subprocesses. Each
     pytest-xdist worker makes its own (it would otherwise inherit the controller's): no test sees
     records that a test on another worker wrote."""
     global _CACHE_DIR
+    _make_temp_root()
     inherited = os.environ.get("DATASET_PACKER_CACHE")
     if inherited is None or inherited == os.environ.get(_OWN_CACHE):
         import tempfile
@@ -103,6 +144,7 @@ def pytest_unconfigure(config):
         shutil.rmtree(_CACHE_DIR, ignore_errors=True)
         os.environ.pop("DATASET_PACKER_CACHE", None)
         os.environ.pop(_OWN_CACHE, None)
+    _remove_temp_root(config)
 
 
 # ----------------------------------------------------------------------------- parallel runs (pytest-xdist)
