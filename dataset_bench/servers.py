@@ -28,6 +28,7 @@ import sys
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -173,6 +174,13 @@ class SeaweedServer:
         path.write_text(json.dumps(ident))
         return path
 
+    def _socket_dir(self) -> Path:
+        """The work folder, or a short folder of ours when a socket path there would pass the 107-byte
+        limit of a Unix socket name (a deep pytest tmp_path): weed then fails with ``bind: invalid argument``."""
+        if len(str(self.workdir / "filer.sock")) < 100:
+            return self.workdir
+        return Path(tempfile.gettempdir()) / f"weed-sock-{self.ports['s3']}"  # the port is ours, so is the name
+
     def _command(self) -> list[str]:
         p = self.ports
         data = self.workdir / "data"
@@ -181,7 +189,8 @@ class SeaweedServer:
             f"-master.port={p['master']}", f"-volume.port={p['volume']}", f"-filer.port={p['filer']}",
             "-s3", f"-s3.port={p['s3']}", f"-s3.config={self._write_identities()}",
             # Unix sockets default to /tmp/seaweedfs-*-<port>.sock: keep ours in the work folder.
-            f"-s3.localSocket={self.workdir / 's3.sock'}", f"-filer.localSocket={self.workdir / 'filer.sock'}",
+            f"-s3.localSocket={self._socket_dir() / 's3.sock'}",
+            f"-filer.localSocket={self._socket_dir() / 'filer.sock'}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
             # A restarted master otherwise waits ~15 s for a raft election.
             "-master.electionTimeout=1s", "-volume.preStopSeconds=0",
@@ -196,6 +205,7 @@ class SeaweedServer:
         if not self.ports:
             taken: set[int] = set()
             self.ports = {k: free_port(grpc_too=True, taken=taken) for k in ("master", "volume", "filer", "s3")}
+        self._socket_dir().mkdir(exist_ok=True)
         with open(self.workdir / "weed.log", "ab") as log_file:  # the server keeps its own copy
             self.proc = subprocess.Popen(self._command(), cwd=self.workdir, stdout=log_file,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -265,6 +275,8 @@ class SeaweedServer:
         # the ports are ours, so are these sockets.
         for role, port in self.ports.items():
             Path(f"/tmp/seaweedfs-{role}-grpc-{port + GRPC_OFFSET}.sock").unlink(missing_ok=True)
+        if self.ports and self._socket_dir() != self.workdir:
+            shutil.rmtree(self._socket_dir(), ignore_errors=True)
 
     def __enter__(self) -> "SeaweedServer":
         return self.start()

@@ -23,4 +23,7 @@ run pip install -c <(python -c "import torch; print('torch==' + torch.__version_
 if ! python -c "from readers.decode import jpegcrop; assert jpegcrop.native_path()" 2>/dev/null; then
   echo "note: the native region decoder (readers/decode/_jpegcrop.c) was not built: it needs cc and libjpeg-turbo's jpeglib.h (Debian: apt-get install gcc libjpeg62-turbo-dev, then rerun this); the readers decode whole JPEGs" >&2
 fi
-python -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1 || true
+# (ipykernel writes the spec through a tmp*_kernels folder that it leaves behind: once per venv, not per run)
+if [ ! -f "$VIRTUAL_ENV/share/jupyter/kernels/python3/kernel.json" ]; then
+  python -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1 || true
+fi

@@ -85,6 +85,8 @@ _OWN_CACHE = "DATASET_PACKER_TEST_CACHE"  # the DATASET_PACKER_CACHE that a pyte
 _TMP_ROOT: str | None = None
 _OWN_TMP = "DATASET_PACKER_TEST_TMP"  # the temp root that the controlling pytest process of this run made
 _PASSED = False
+_WIDS_DEFAULT = "/tmp/_wids_cache"
+_WIDS_DEFAULT_EXISTED = os.path.exists(_WIDS_DEFAULT)
 
 
 def _make_temp_root() -> None:
@@ -116,6 +118,11 @@ def _remove_temp_root(config) -> None:
 
     if _PASSED:
         shutil.rmtree(_TMP_ROOT, ignore_errors=True)
+        if not _WIDS_DEFAULT_EXISTED:  # importing wids makes it, whatever WIDS_CACHE says (a default argument of
+            try:                       # wids.LRUShards.__init__ is evaluated at import); ours if new and empty
+                os.rmdir(_WIDS_DEFAULT)
+            except OSError:
+                pass
     else:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
