@@ -24,6 +24,12 @@ string, or a line count that is not the sample count, is one
 :class:`~packer.errors.SourceError` naming ``names.jsonl:LINE``), then read
 again as the samples are written. Labels and sizes are read from the index
 arrays as they are needed, not copied into lists.
+
+The source side takes a *sequence* of packed datasets, chained in the order given
+(:func:`dataset_source`, :func:`prepare_stage`): one for ``convert``, several for
+``packer.tools.merge``, which joins datasets of one format and schema through the same
+stage. Their classes are the first dataset's, then each new name of the next ones; the
+labels of a later dataset are remapped to those (the stored bytes are never touched).
 """
 
 from __future__ import annotations
@@ -34,13 +40,13 @@ import logging
 import mmap
 import os
 from collections.abc import Generator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, overload
 
 import numpy as np
 
-from packer.sources.columns import IntColumn
+from packer.sources.columns import IntColumn, spilled
 from packer.errors import OutputError, PackError, SourceError
 from packer.prepare.images import ImageOptions, Prepared, RejectedImage, prepare_image
 from packer.prepare.stage import ordered_outcomes
@@ -54,7 +60,8 @@ from readers.contract import spec
 from readers.contract.fields import Schema
 from readers.contract.locks import lock_holder
 
-__all__ = ["convert", "dataset_source", "close_source", "conversion_options"]
+__all__ = ["convert", "dataset_source", "close_source", "conversion_options", "prepare_stage", "merged_classes",
+           "dataset_roots", "read_dataset", "check_no_overlap", "pack_jobs", "Job"]
 
 log = logging.getLogger(__name__)
 
@@ -71,26 +78,82 @@ def conversion_options(source_options: dict[str, Any], given: PackOptions) -> Pa
     return replace(given, **kept)
 
 
-def dataset_source(index: spec.Index) -> Source:
-    """A :class:`Source` whose samples are the packed dataset's, in its order.
+def _chain(indexes: spec.Index | Sequence[spec.Index]) -> tuple[spec.Index, ...]:
+    """One index or a sequence of them, as a non-empty tuple."""
+    chain = (indexes,) if isinstance(indexes, spec.Index) else tuple(indexes)
+    if not chain:
+        raise ValueError("no dataset given")
+    return chain
 
-    Its ``paths`` are a :class:`_Names` (read from ``names.jsonl`` on demand), its labels and sizes
-    views of the index arrays: memory independent of the sample count. ``names.jsonl`` is checked
-    first, in one streaming pass. Close it with :func:`close_source`.
+
+def merged_classes(indexes: Sequence[spec.Index]) -> tuple[list[str], list[np.ndarray | None]]:
+    """The classes of the chained datasets: the first one's, then each name that a later one adds, at the
+    end; and per dataset the table that maps its labels to those (None: its labels stay as they are)."""
+    classes = list(indexes[0].classes)
+    position = {name: k for k, name in enumerate(classes)}
+    tables: list[np.ndarray | None] = [None]
+    for index in indexes[1:]:
+        own = index.classes
+        for name in own:
+            if name not in position:
+                position[name] = len(classes)
+                classes.append(name)
+        table = np.array([position[name] for name in own], dtype=np.int64)
+        tables.append(None if np.array_equal(table, np.arange(len(own))) else table)
+    return classes, tables
+
+
+def _labels(index: spec.Index, table: np.ndarray | None) -> np.ndarray:
+    """The dataset's labels in the chain's classes (its index was range-checked: each label names a class)."""
+    return index.labels if table is None else table[index.labels].astype(spec.ARRAY_DTYPES["labels"])
+
+
+def _joined(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """The arrays end to end (one array: itself, a view); past ``SPILL_BYTES`` in a mapped temporary file."""
+    if len(parts) == 1:
+        return parts[0]
+    return spilled(np.concatenate([np.asarray(a, dtype=dtype) for a in parts]))
+
+
+def dataset_source(indexes: spec.Index | Sequence[spec.Index], kind: str = "dataset") -> Source:
+    """A :class:`Source` whose samples are the packed datasets', chained in the order given.
+
+    Its ``paths`` are a :class:`_Names` (read from each ``names.jsonl`` on demand), its labels and sizes
+    views of the index arrays for one dataset (for several: the arrays end to end, labels remapped to the
+    :func:`merged_classes`, spilled to a mapped file when large). Each ``names.jsonl`` is checked first, in
+    one streaming pass. ``kind`` is the source record's kind (``"dataset"``: a conversion). Close it with
+    :func:`close_source`.
     """
-    meta, arrays = index.meta, index.arrays
+    chain = _chain(indexes)
+    first = chain[0]
+    meta = first.meta
+    classes, tables = merged_classes(chain)
     h = hashlib.sha256(meta["format"].encode())
-    for name in ("labels", "sizes", "checksums"):
-        h.update(np.ascontiguousarray(index.labels if name == "labels" else arrays[name]).data)  # the buffer
-    details = {"dataset_format": meta["format"], "num_samples": index.num_samples,
-               "original_source": meta.get("source", {}), "original_stats": meta.get("stats", {})}
-    for _ in _read_names(index):  # every line a JSON string, one per sample: refused before any output
+    for index in chain:
+        for name in ("labels", "sizes", "checksums"):
+            h.update(np.ascontiguousarray(index.labels if name == "labels" else index.arrays[name]).data)
+    if len(chain) > 1:  # the class names decide the remapped labels
+        h.update("\0".join(classes).encode("utf-8", "surrogateescape"))
+    for _ in _read_names(chain):  # every line a JSON string, one per sample: refused before any output
         pass
-    schema = Schema.from_index(meta, str(index.location))
-    return Source(root=Path(index.root), classes=index.classes, paths=_Names(index),  # a local folder
-                  labels=IntColumn(index.labels), sizes=IntColumn(arrays["sizes"]),
-                  kind="dataset", details=details, _fingerprint=h.hexdigest(),
-                  order=meta.get("order") or {"kind": "source"},  # the samples keep the dataset's order
+    schema = Schema.from_index(meta, str(first.location))
+    num_samples = sum(index.num_samples for index in chain)
+    if len(chain) == 1:
+        details = {"dataset_format": meta["format"], "num_samples": num_samples,
+                   "original_source": meta.get("source", {}), "original_stats": meta.get("stats", {})}
+        order = meta.get("order") or {"kind": "source"}  # the samples keep the dataset's order
+    else:
+        details = {"dataset_format": meta["format"], "num_samples": num_samples, "datasets": [
+            {"root": str(Path(index.root).resolve()), "num_samples": index.num_samples,
+             "original_source": index.meta.get("source", {}), "original_stats": index.meta.get("stats", {})}
+            for index in chain]}
+        orders = [index.meta.get("order") or {"kind": "source"} for index in chain]
+        order = orders[0] if all(o == {"kind": "source"} for o in orders) else {"kind": "chained", "orders": orders}
+    labels = _joined([_labels(index, table) for index, table in zip(chain, tables)], spec.ARRAY_DTYPES["labels"])
+    sizes = _joined([index.arrays["sizes"] for index in chain], np.int64)
+    return Source(root=Path(first.root), classes=classes, paths=_Names(chain),  # a local folder
+                  labels=IntColumn(labels), sizes=IntColumn(sizes),
+                  kind=kind, details=details, _fingerprint=h.hexdigest(), order=order,
                   schema=None if schema.is_default else schema)
 
 
@@ -100,22 +163,23 @@ def close_source(source: Source) -> None:
         source.paths.close()
 
 
-def _read_names(index: spec.Index) -> Generator[str, None, None]:
-    """Each sample's name from ``names.jsonl``, in order: SourceError (one line, ``file:line``) for a
-    line that is not a JSON string and for a line count that is not the index's sample count
+def _read_names(indexes: Sequence[spec.Index]) -> Generator[str, None, None]:
+    """Each sample's name from each ``names.jsonl`` in turn, in order: SourceError (one line, ``file:line``)
+    for a line that is not a JSON string and for a line count that is not the index's sample count
     (checked by ``spec.Index.names``)."""
-    lines = index.names()
-    try:
-        while True:
-            try:
-                name = next(lines)
-            except StopIteration:
-                return
-            except spec.DatasetFormatError as exc:
-                raise SourceError(str(exc)) from None
-            yield name
-    finally:
-        lines.close()  # closes names.jsonl now, not when the generator is collected
+    for index in indexes:
+        lines = index.names()
+        try:
+            while True:
+                try:
+                    name = next(lines)
+                except StopIteration:
+                    break
+                except spec.DatasetFormatError as exc:
+                    raise SourceError(str(exc)) from None
+                yield name
+        finally:
+            lines.close()  # closes names.jsonl now, not when the generator is collected
 
 
 @dataclass
@@ -128,7 +192,8 @@ class _Reader:
 
 
 class _Names(Sequence[str]):
-    """``names.jsonl`` as a read-only sequence, read as it is asked for: memory independent of N.
+    """The ``names.jsonl`` of the chained datasets as one read-only sequence, read as it is asked for:
+    memory independent of N.
 
     The write stage asks for ``names[pos]`` in increasing ``pos`` (twice for the same one) and
     the journal for growing slices ``names[a:b]`` (each a view of names ``a`` to ``b``, read as it
@@ -136,10 +201,10 @@ class _Names(Sequence[str]):
     the top only when asked to go back. Iterating the whole sequence reads with a reader of its own.
     """
 
-    def __init__(self, index: spec.Index, start: int = 0, stop: int | None = None,
+    def __init__(self, indexes: tuple[spec.Index, ...], start: int = 0, stop: int | None = None,
                  readers: dict[str, _Reader] | None = None) -> None:
-        self._index, self._start = index, start
-        self._stop = index.num_samples if stop is None else stop
+        self._indexes, self._start = indexes, start
+        self._stop = sum(index.num_samples for index in indexes) if stop is None else stop
         self._whole = readers is None  # not a slice
         self._readers: dict[str, _Reader] = {} if readers is None else readers  # kind -> its reader
 
@@ -152,7 +217,7 @@ class _Names(Sequence[str]):
         if reader is None or reader.next > pos + (reader.last is not None):
             if reader is not None:
                 reader.lines.close()
-            reader = self._readers[kind] = _Reader(_read_names(self._index))
+            reader = self._readers[kind] = _Reader(_read_names(self._indexes))
         if reader.next == pos + 1 and reader.last is not None:
             return reader.last
         while True:  # reader.next <= pos here
@@ -172,7 +237,7 @@ class _Names(Sequence[str]):
             start, stop, step = key.indices(len(self))
             if step != 1:
                 raise ValueError("names.jsonl is read in order: no slice step")
-            return _Names(self._index, self._start + start, self._start + max(start, stop), self._readers)
+            return _Names(self._indexes, self._start + start, self._start + max(start, stop), self._readers)
         pos = key + len(self) if key < 0 else key
         if not 0 <= pos < len(self):
             raise IndexError(key)
@@ -180,7 +245,7 @@ class _Names(Sequence[str]):
 
     def __iter__(self) -> Iterator[str]:
         if self._whole:
-            return _read_names(self._index)
+            return _read_names(self._indexes)
         return (self._at("slice", pos) for pos in range(self._start, self._stop))
 
     def close(self) -> None:
@@ -232,16 +297,36 @@ def _stored_wds(index: spec.Index, start: int) -> Iterator[tuple[int, bytes]]:
         i = stop
 
 
-def _checked(index: spec.Index, start: int) -> Iterator[tuple[int, Any, int]]:
-    """(sample, stored data, CRC-32) from ``start`` on; a CRC that differs from the index stops the work."""
-    checksums = index.arrays["checksums"]
-    for i, data in _stored(index, start):
-        buf = np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data
-        crc = spec.checksum(buf)
-        if crc != int(checksums[i]):
-            raise PackError(f"{index.root} sample {i}: checksum mismatch, the stored bytes changed since "
-                            f"packing; run 'pack-dataset verify {index.root}' to list the damage")
-        yield i, data, crc
+def _spans(indexes: Sequence[spec.Index], start: int) -> Iterator[tuple[spec.Index, int, int]]:
+    """(index, its first sample to read, chain position of its sample 0) for each of the chained
+    datasets that holds samples from chain position ``start`` on."""
+    base = 0
+    for index in indexes:
+        n = index.num_samples
+        if start < base + n:
+            yield index, max(start - base, 0), base
+        base += n
+
+
+def _locate(indexes: Sequence[spec.Index], pos: int) -> tuple[spec.Index, int]:
+    """The dataset holding chain position ``pos``, and the sample number in it."""
+    for index, local, _base in _spans(indexes, pos):
+        return index, local
+    raise IndexError(pos)
+
+
+def _checked(indexes: Sequence[spec.Index], start: int) -> Iterator[tuple[int, Any, int]]:
+    """(chain position, stored data, CRC-32) from ``start`` on; a CRC that differs from its index stops the
+    work, naming the dataset and its sample."""
+    for index, local, base in _spans(indexes, start):
+        checksums = index.arrays["checksums"]
+        for i, data in _stored(index, local):
+            buf = np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data
+            crc = spec.checksum(buf)
+            if crc != int(checksums[i]):
+                raise PackError(f"{index.root} sample {i}: checksum mismatch, the stored bytes changed since "
+                                f"packing; run 'pack-dataset verify {index.root}' to list the damage")
+            yield base + i, data, crc
 
 
 # ---------------------------------------------------------------------------- turning samples into Prepared
@@ -295,63 +380,76 @@ def _kept(data: np.ndarray, crc: int) -> Outcome:
     return Outcome(Prepared(b"", "rgb", h, w, False, pixels=np.ascontiguousarray(data)), crc)
 
 
-def prepare_stage(index: spec.Index) -> Callable[..., Iterator[Outcome]]:
-    """A prepare stage (``packer.prepare.workers.PrepareStage``) that reads the packed dataset ``index``."""
+def prepare_stage(indexes: spec.Index | Sequence[spec.Index]) -> Callable[..., Iterator[Outcome]]:
+    """A prepare stage (``packer.prepare.workers.PrepareStage``) that reads the packed datasets ``indexes``
+    (one, or several of one format and schema), chained in the order given."""
+    chain = _chain(indexes)
 
     def stage(source: Source, start: int, opts: ImageOptions, workers: int) -> Iterator[Outcome]:
         outcomes = images(source, start, opts, workers)
         if source.schema is None or not source.schema.extra_fields:
             yield from outcomes
             return
-        yield from _with_fields(index, start, outcomes)
+        yield from _with_fields(chain, start, outcomes)
 
     def images(source: Source, start: int, opts: ImageOptions, workers: int) -> Generator[Outcome, None, None]:
         opts = replace(opts, validate=False, max_side=None, max_pixels=1 << 62)
-        samples = _checked(index, start)
-        pixels_in = index.meta["storage"]["kind"] == "pixels"
+        samples = _checked(chain, start)
+        pixels_in = chain[0].meta["storage"]["kind"] == "pixels"
         if not opts.want_pixels and not pixels_in:  # a copy: no worker would have anything to do
             for _i, data, crc in read_ahead(samples, lambda item: len(item[1]), name="convert-read-ahead"):
                 yield Outcome(Prepared(data, _ext(data), 0, 0, False), crc)
             return
         items = ((data, crc) for _i, data, crc in samples)
+
+        def describe(n: int) -> str:
+            index, i = _locate(chain, start + n)
+            return f"sample {i} of {index.location}"
+
         yield from ordered_outcomes(items, _job, opts, workers,
                                     inline=lambda item: _kept(*item) if _passes_through(item[0], opts) else None,
-                                    describe=lambda n: f"sample {start + n} of {index.location}")
+                                    describe=describe)
 
     return stage
 
 
-def _with_fields(index: spec.Index, start: int, outcomes: Generator[Outcome, None, None]) -> Iterator[Outcome]:
+def _with_fields(indexes: Sequence[spec.Index], start: int,
+                 outcomes: Generator[Outcome, None, None]) -> Iterator[Outcome]:
     """The outcomes with each sample's extra field blobs, read as the readers read them
-    (``packer.tools.verify_fields.StoredFields``) and each checked against ``field_checksums.npy``: a
-    field that does not read, or a mismatch, stops the work, as for the images."""
+    (``packer.tools.verify_fields.StoredFields``) and each checked against its dataset's
+    ``field_checksums.npy``: a field that does not read, or a mismatch, stops the work, as for the images."""
     from packer.tools.verify_fields import StoredFields, load_field_checksums
     from readers.contract.messages import one_line
 
-    hint = f"run 'pack-dataset verify {index.root}' to list the damage"
-    stored = StoredFields(index)
     try:
-        try:
-            crcs = load_field_checksums(index.root, index.num_samples, len(stored.fields))
-        except spec.DatasetFormatError as exc:
-            raise PackError(f"{exc}; {hint}") from None
-        for i, outcome in enumerate(outcomes, start=start):
-            blobs = stored.blobs(i)
-            for j, (f, blob) in enumerate(zip(stored.fields, blobs)):
-                if isinstance(blob, Exception):
-                    raise PackError(f"{stored.where(f, i)} sample {i} field {f.name!r}: cannot be read "
-                                    f"({one_line(blob, first=True)}); {hint}")
-                if spec.checksum(blob) != int(crcs[i, j]):
-                    raise PackError(f"{stored.where(f, i)} sample {i} field {f.name!r}: checksum mismatch, the "
-                                    f"stored field changed since packing; {hint}")
-            yield outcome._replace(fields=blobs)
+        for index, local, _base in _spans(indexes, start):
+            hint = f"run 'pack-dataset verify {index.root}' to list the damage"
+            stored = StoredFields(index)
+            try:
+                try:
+                    crcs = load_field_checksums(index.root, index.num_samples, len(stored.fields))
+                except spec.DatasetFormatError as exc:
+                    raise PackError(f"{exc}; {hint}") from None
+                for i, outcome in zip(range(local, index.num_samples), outcomes):  # range first: no sample lost
+                    blobs = stored.blobs(i)
+                    for j, (f, blob) in enumerate(zip(stored.fields, blobs)):
+                        if isinstance(blob, Exception):
+                            raise PackError(f"{stored.where(f, i)} sample {i} field {f.name!r}: cannot be read "
+                                            f"({one_line(blob, first=True)}); {hint}")
+                        if spec.checksum(blob) != int(crcs[i, j]):
+                            raise PackError(f"{stored.where(f, i)} sample {i} field {f.name!r}: checksum mismatch, "
+                                            f"the stored field changed since packing; {hint}")
+                    yield outcome._replace(fields=blobs)
+            finally:
+                stored.close()
     finally:
         outcomes.close()
-        stored.close()
 
 
 # ---------------------------------------------------------------------------- the command
-def _roots(src: Path) -> list[Path]:
+def dataset_roots(src: Path, verb: tuple[str, str] = ("convert", "converting")) -> list[Path]:
+    """The dataset folders of ``src``: itself, or each of its split folders; SourceError (one line naming
+    ``src``) for anything else. ``verb``: the command, and its -ing form, the messages name."""
     if not src.exists():
         raise SourceError(f"{src}: no such dataset folder")
     if (src / spec.INDEX_NAME).is_file():
@@ -362,13 +460,14 @@ def _roots(src: Path) -> list[Path]:
     if (src / spec.STATE_NAME).exists():
         holder = lock_holder(src)
         if holder is not None:
-            raise SourceError(f"{src} is being packed by pid {holder} right now; convert it once that pack ends")
-        raise SourceError(f"{src}: this pack never finished; finish it with --resume before converting it")
+            raise SourceError(f"{src} is being packed by pid {holder} right now; {verb[0]} it once that pack ends")
+        raise SourceError(f"{src}: this pack never finished; finish it with --resume before {verb[1]} it")
     raise SourceError(f"{src}: not a packed dataset (no {spec.INDEX_NAME}); "
                       "to pack an image folder use 'pack-dataset pack'")
 
 
-def _read(root: Path) -> spec.Index:
+def read_dataset(root: Path) -> spec.Index:
+    """The index of the dataset folder ``root``; SourceError (one line) when it cannot be read."""
     from readers.formats.resolve import resolve_index
 
     try:
@@ -377,36 +476,66 @@ def _read(root: Path) -> spec.Index:
         raise SourceError(str(exc)) from None
 
 
-def convert(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
-            progress: Callable[[str, Source], PackProgress | None] | None = None) -> list[SplitResult]:
-    """Convert the packed dataset ``src`` (or each split in it) into ``options.format`` at ``out``."""
-    from packer.api import WRITERS
-    from readers.contract.env import available_cpus
-
-    src, out = Path(src), Path(out)
-    roots = _roots(src)
-    indexes = [_read(r) for r in roots]
+def check_no_overlap(out: Path, src: Path, roots: Sequence[Path]) -> None:
+    """OutputError when ``out`` is the source ``src``, holds it, or lies inside one of its dataset folders."""
     if out.resolve() == src.resolve() or src.resolve().is_relative_to(out.resolve()) or any(
             out.resolve().is_relative_to(r.resolve()) for r in roots):
         raise OutputError(f"{out} overlaps the source dataset {src}; choose another output folder")
+
+
+@dataclass
+class Job:
+    """One split to write: its name, the chained datasets it reads, where it goes, with which options."""
+
+    split: str
+    indexes: tuple[spec.Index, ...]
+    dest: Path
+    options: PackOptions
+    kind: str = "dataset"  # the source record's kind (:func:`dataset_source`)
+    details: dict[str, Any] = field(default_factory=dict)  # more for the source record (JSON-able)
+
+
+def pack_jobs(out: Path, options: PackOptions, jobs: Sequence[Job], verb: str,
+              progress: Callable[[str, Source], PackProgress | None] | None = None) -> list[SplitResult]:
+    """Write each job's split through packing's write stage (:func:`packer.pipeline.pack_split`) with
+    :func:`prepare_stage` as its prepare stage, under one lock of ``out`` (``packer.output``): ``convert``'s
+    and ``merge``'s work. Each source is built (its names checked) before the output is touched."""
+    from packer.api import WRITERS
+    from readers.contract.env import available_cpus
+
+    sources: list[Source] = []
+    try:
+        for job in jobs:
+            sources.append(dataset_source(job.indexes, job.kind))
+            sources[-1].details.update(job.details)
+        workers = options.workers or available_cpus()
+        results = []
+        with OutputLock() as lock:  # one writer per output folder, as for pack (packer.output)
+            prepare_output(out, options, [job.dest for job in jobs], lock)
+            for job, source in zip(jobs, sources):
+                callback = progress(job.split, source) if progress else None
+                log.info("%s %s (%s, %d samples) -> %s (%s)", verb, ", ".join(str(i.root) for i in job.indexes),
+                         job.indexes[0].format, len(source.paths), job.dest, job.options.format)
+                results.append(pack_split(source, job.dest, job.split, job.options, WRITERS[job.options.format],
+                                          workers, callback, prepare=prepare_stage(job.indexes)))
+        return results
+    finally:
+        for source in sources:
+            close_source(source)
+
+
+def convert(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
+            progress: Callable[[str, Source], PackProgress | None] | None = None) -> list[SplitResult]:
+    """Convert the packed dataset ``src`` (or each split in it) into ``options.format`` at ``out``."""
+    src, out = Path(src), Path(out)
+    roots = dataset_roots(src)
+    indexes = [read_dataset(r) for r in roots]
+    check_no_overlap(out, src, roots)
     jobs = []
     for root, index in zip(roots, indexes):
         opts = conversion_options(index.meta.get("options", {}), options)
         if index.meta["storage"]["kind"] == "pixels" and opts.format == "mmap" and opts.resize is None:
             opts = replace(opts, resize=index.meta.get("options", {}).get("resize"))
         dest = out if root == src else out / root.name
-        jobs.append((index.meta.get("split") or root.name, dataset_source(index), dest, opts, index))
-    workers = options.workers or available_cpus()
-    results = []
-    with OutputLock() as lock:  # one writer per output folder, as for pack (packer.output)
-        prepare_output(out, options, [dest for _, _, dest, _, _ in jobs], lock)
-        for split, source, dest, opts, index in jobs:
-            callback = progress(split, source) if progress else None
-            log.info("converting %s (%s, %d samples) -> %s (%s)", index.root, index.format,
-                     index.num_samples, dest, opts.format)
-            try:
-                results.append(pack_split(source, dest, split, opts, WRITERS[opts.format], workers, callback,
-                                          prepare=prepare_stage(index)))
-            finally:
-                close_source(source)
-    return results
+        jobs.append(Job(index.meta.get("split") or root.name, (index,), dest, opts))
+    return pack_jobs(out, options, jobs, "converting", progress)
