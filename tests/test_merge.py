@@ -200,3 +200,45 @@ def test_splits_are_merged_split_by_split(tmp_path):
     with pytest.raises(UsageError) as exc:
         merge([tmp_path / "pa", tmp_path / "pb"], tmp_path / "m2", opts("hdf5"))
     _one_line(exc, str(tmp_path / "pb"), "splits")
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_an_interrupted_merge_resumes_to_the_same_output(packs, tmp_path, monkeypatch, fmt):
+    """Stopped inside the second source (sample 6 of 10), ``resume=True`` carries on from the journal: the
+    same samples, labels, checksums, names and fields as a merge that ran through."""
+    import errno
+
+    import packer.tools.convert as conv
+
+    srcs = [packs[fmt]["a"], packs[fmt]["b"]]
+    reference = tmp_path / "reference"
+    merge(srcs, reference, opts(fmt, checkpoint_bytes=1))
+    real_stage = conv.prepare_stage
+
+    def failing_stage(indexes):
+        stage = real_stage(indexes)
+
+        def run_stage(source, start, image_opts, workers):
+            for k, outcome in enumerate(stage(source, start, image_opts, workers)):
+                if k == 6:
+                    raise OSError(errno.EIO, "simulated")
+                yield outcome
+
+        return run_stage
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(conv, "prepare_stage", failing_stage)
+    with pytest.raises(PackError, match="--resume"):
+        merge(srcs, out, opts(fmt, checkpoint_bytes=1))
+    monkeypatch.undo()
+    assert not (out / spec.INDEX_NAME).exists()
+    state = json.loads((out / spec.STATE_NAME).read_text())
+    assert state["next_source"] == 6 and state["source"]["kind"] == "merged"
+    results = merge(srcs, out, opts(fmt, checkpoint_bytes=1, resume=True))
+    assert results[0].resumed_from == 6
+    want, got = spec.read_index(reference), spec.read_index(out)
+    for name in ("labels", "checksums", "sizes"):
+        assert got.arrays[name].tolist() == want.arrays[name].tolist(), name
+    assert _names(out) == _names(reference) and stored_images(out) == stored_images(reference)
+    assert stored_fields(out)[1] == stored_fields(reference)[1]
+    assert verify(out).ok
