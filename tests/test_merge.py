@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import make_image_folder
-from packer import OutputExistsError, PackError, PackOptions, UsageError, pack
+from packer import OutputError, OutputExistsError, PackError, PackOptions, UsageError, pack
 from packer.tools.merge import merge, merge_format
 from packer.tools.verify import verify
 from readers.contract import spec
@@ -131,6 +131,10 @@ def test_a_schema_mismatch_is_one_line_naming_source_and_field(rows, packs, tmp_
     with pytest.raises(UsageError) as exc:
         merge([packs["lmdb"]["a"], packs["lmdb"]["a"]], tmp_path / "m4", opts("lmdb"))
     _one_line(exc, "given twice")
+    with pytest.raises(OutputError) as exc:
+        merge([packs["lmdb"]["a"], packs["lmdb"]["b"]], packs["lmdb"]["b"] / "inside", opts("lmdb"))
+    _one_line(exc, "overlaps the source dataset", str(packs["lmdb"]["b"]))
+    assert not (packs["lmdb"]["b"] / "inside").exists()
     assert not any((tmp_path / f"m{k}").exists() for k in range(1, 5))
 
 
