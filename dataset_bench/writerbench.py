@@ -101,7 +101,9 @@ def skipped(job: Job) -> str | None:
     why = available(package)
     if why is None:
         return None
-    return f"skipped: {package} not installed" if "No module named" in why else f"skipped: {package}: {why}"
+    if why.endswith(f"No module named '{package}'"):
+        return f"skipped: {package} not installed"
+    return f"skipped: {package}: {why}"  # installed, but it does not import here (a missing dependency, ...)
 
 
 # --------------------------------------------------------------------------- the samples
