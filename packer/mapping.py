@@ -14,9 +14,11 @@ be picklable. ``workers=0`` runs ``fn`` in the caller. The samples go, in input 
 :class:`packer.writer.Writer` (its validation, rejects, CRCs, index), so the output's bytes do not
 depend on the worker count. A failure of ``fn`` on an input (or of the generator it returned) is,
 with ``on_error="reject"``, one line of :attr:`MapResult.rejects` naming the input's position and
-repr, also logged; with ``on_error="raise"`` it stops the job with :class:`MapError` (the Writer is
-aborted: nothing opens as complete). A bad *sample* is the Writer's to reject or raise
-(``rejects.jsonl``), by the same ``on_error``.
+repr, also logged, and one line of the dataset's ``rejects.jsonl`` (:meth:`Writer.reject`: the
+input's position and repr as its ``path``, the error as its ``reason``), a position of the Writer's
+sequence as a written sample is, so ``resume=True`` skips it too; with ``on_error="raise"`` it
+stops the job with :class:`MapError` (the Writer is aborted: nothing opens as complete). A bad
+*sample* is the Writer's to reject or raise (``rejects.jsonl``), by the same ``on_error``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from packer.errors import PackError, UsageError
 from packer.options import PackOptions
 from packer.pipeline import SplitResult
 from packer.prepare.pool import WorkerPool
+from packer.progress import bar as progress_bar
 from packer.writer import ON_ERROR, Writer
 from readers.contract.fields import FieldType
 from readers.contract.messages import one_line
@@ -69,7 +72,7 @@ class _Apply:
     def __init__(self, fn: Callable[[Any], Any]) -> None:
         self.fn = fn
 
-    def __call__(self, job: tuple[int, Any]) -> tuple[bool, Any]:
+    def __call__(self, job: tuple[int, Any]) -> tuple[bool, Any]:  # (False, (input's name, one-line reason))
         pos, item = job
         try:
             got = self.fn(item)
@@ -86,19 +89,16 @@ class _Apply:
                 raise TypeError(f"fn gave a {type(bad).__name__} among its samples; expected sample dicts")
             return True, samples
         except Exception as exc:  # one input's failure: a reject line or MapError, by policy
-            return False, f"{_describe(pos, item)}: {one_line(exc, kind=True)}"
+            return False, (_describe(pos, item), one_line(exc, kind=True))
 
 
 def _bar(progress: bool | Callable[[int], None], total: int | None) -> tuple[Callable[[int], None] | None, Any]:
-    """``progress``: True -> a tqdm bar over the inputs (as a pack's), a callable -> itself, else None."""
+    """``progress``: True -> a bar over the inputs (:func:`packer.progress.bar`, as a pack's), a callable
+    -> itself, else None."""
     if callable(progress):
         return progress, None
-    if not progress:
-        return None, None
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, unit="input", desc="pack_map", dynamic_ncols=True, smoothing=0.05, mininterval=0.5)
-    return bar.update, bar
+    shown = progress_bar(total, "input", "pack_map", quiet=not progress)
+    return (shown.update if shown is not None else None), shown
 
 
 def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.PathLike, format: str | None = None, *,
@@ -110,8 +110,8 @@ def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.Path
     ``workers``: 0 runs ``fn`` here, N >= 1 in N forked processes; the output is the same bytes.
     ``format``, ``fields``, ``classes``, ``options``, ``overwrite``, ``resume`` and ``split`` are the
     :class:`~packer.writer.Writer`'s; ``resume=True`` continues an interrupted ``pack_map`` of the
-    same ``fn`` and inputs: ``fn`` runs again over every input and the samples the Writer already
-    holds (:attr:`Writer.count`) are skipped, so the result is what an uninterrupted job writes.
+    same ``fn`` and inputs: ``fn`` runs again over every input and the samples and rejects the Writer
+    already holds (:attr:`Writer.count`) are skipped, so the result is what an uninterrupted job writes.
     ``progress``: True for a bar over the inputs, or a callback
     called with the number of inputs just done."""
     if on_error not in ON_ERROR:
@@ -121,7 +121,7 @@ def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.Path
     total = len(inputs) if isinstance(inputs, Sequence) else None
     apply = _Apply(fn)
     jobs = enumerate(inputs)
-    tick, bar = _bar(progress, total)
+    tick, shown = _bar(progress, total)
     rejects: list[str] = []
     taken = samples = 0
     try:
@@ -134,10 +134,16 @@ def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.Path
                 for ok, value in done:
                     taken += 1
                     if not ok:
+                        name, reason = value
+                        line = f"{name}: {reason}"
                         if on_error == "raise":
-                            raise MapError(value)
-                        log.warning("pack_map: %s", value)
-                        rejects.append(value)
+                            raise MapError(line)
+                        log.warning("pack_map: %s", line)
+                        rejects.append(line)
+                        if skip:  # resume: this input's reject is in the sequence the Writer holds
+                            skip -= 1
+                        else:
+                            writer.reject(name, reason)
                     else:
                         for sample in value[skip:]:
                             writer.write(sample)
@@ -146,12 +152,13 @@ def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.Path
                     if tick is not None:
                         tick(1)
                 if skip:  # raised in the with block: the Writer is aborted, its output left as it was
-                    raise PackError(f"{out}: resume=True, but it holds {writer.count} samples and fn made only "
-                                    f"{samples} of these inputs; resume with the same fn and inputs")
+                    raise PackError(f"{out}: resume=True, but it holds {writer.count} samples and rejects and fn "
+                                    f"made only {samples} samples and {len(rejects)} rejects of these inputs; "
+                                    "resume with the same fn and inputs")
             finally:
                 if pool is not None:
                     pool.close()
         return MapResult(writer.result, taken, samples, tuple(rejects))
     finally:
-        if bar is not None:
-            bar.close()
+        if shown is not None:
+            shown.close()

@@ -56,6 +56,7 @@ from packer.prepare.workers import Outcome, outcome_of
 from packer.sources.source import Source
 from readers.contract import spec
 from readers.contract.fields import Field, FieldType, FieldValueError, ImageType, NumericType, Schema, parse_type
+from readers.contract.messages import one_line
 
 __all__ = ["Writer", "SampleError", "infer_schema"]
 
@@ -205,7 +206,8 @@ class Writer:
     ``format`` overrides ``options.format``; ``options`` are a pack's (``max_side``, ``quality``,
     ``validate``, ``shard_size``, ``checkpoint_bytes``, ...; the order written is the order given).
     ``on_error``: ``"raise"`` (a bad sample raises :class:`SampleError` from :meth:`write`; it is
-    not counted) or ``"reject"`` (it becomes a line of ``rejects.jsonl``, counted). ``resume=True``
+    not counted) or ``"reject"`` (it becomes a line of ``rejects.jsonl``, counted); :meth:`reject`
+    makes such a line for something that never became a sample. ``resume=True``
     continues an interrupted write into ``out``: :attr:`count` says how many samples of the
     sequence it holds (written or rejected); write the rest. ``overwrite=True`` replaces a dataset
     of ours. ``split``: the dataset's split name (wds shards are ``<split>-NNNNNN.tar``).
@@ -251,6 +253,7 @@ class Writer:
         self._closed = False
         self._complete = False
         self._max_label = -1
+        self._waiting: list[tuple[str, str]] = []  # (name, reason) of rejects before the write thread starts
         self._lock = OutputLock()
         try:
             prepare_output(self.out, options, [self.out], self._lock, split_hint=split)
@@ -275,15 +278,15 @@ class Writer:
     # ---- the caller's side
     def write(self, sample: Mapping[str, Any]) -> None:
         """Check ``sample`` and queue it for the write thread (see the class docstring for errors)."""
-        if self._closed:
-            raise UsageError(f"{self.out}: this Writer is closed")
-        if self._complete:
-            raise UsageError(f"{self.out} is complete already ({self.count} samples); nothing to resume")
+        self._check_open()
         if not isinstance(sample, Mapping):
             raise SampleError(f"sample {self.count}: expected a dict of field values, got {type(sample).__name__}")
         self._raise_failure()
         if self._thread is None:
             self._start(infer_schema(sample, self._fields, self._classes))
+            waiting, self._waiting = self._waiting, []
+            for name, reason in waiting:  # rejects before the first sample, in their places
+                self._put_reject(name, reason)
         pos = self.count
         outcome, label, name, size = self._check(pos, sample)
         if outcome.prepared is None and self.on_error == "raise":
@@ -296,6 +299,35 @@ class Writer:
         self._put(outcome)
         self.count += 1
 
+    def reject(self, name: str, reason: str) -> None:
+        """Take the next position of the caller's sequence as rejected: one line of ``rejects.jsonl``
+        (``{"path": name, "reason": reason}``, the reason made one line), counted in :attr:`count` and
+        in the result's ``rejected`` as a sample :meth:`write` rejects is, so a resume skips it as it
+        skips a written sample. For an input that never became a sample (``pack_map``: ``fn`` failed
+        on it); it is the caller's decision, so ``on_error`` does not apply (``options.strict`` does:
+        the pack stops at the first reject). Before the first sample (whose fields the schema is made
+        of) a reject waits, and takes its place in the sequence when the write thread starts."""
+        self._check_open()
+        reason = one_line(reason)
+        if self._thread is None:
+            self._waiting.append((str(name), reason))
+            self.count += 1
+            return
+        self._raise_failure()
+        self._put_reject(str(name), reason)
+
+    def _put_reject(self, name: str, reason: str) -> None:
+        for column, value in zip(self._columns, (name, 0, 0)):
+            column.append(value)
+        self._put(Outcome(None, problem=reason))
+        self.count += 1
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError(f"{self.out}: this Writer is closed")
+        if self._complete:
+            raise UsageError(f"{self.out} is complete already ({self.count} samples); nothing to resume")
+
     def close(self) -> SplitResult | None:
         """Finish: the write thread writes what is queued, then the index (the dataset is complete)."""
         if self._closed:
@@ -305,7 +337,8 @@ class Writer:
             if self._complete:
                 return self.result
             if self._thread is None:
-                raise PackError(f"{self.out}: no sample was written; nothing was packed")
+                rejected = f" ({len(self._waiting)} rejected)" if self._waiting else ""
+                raise PackError(f"{self.out}: no sample was written{rejected}; nothing was packed")
             self._put(_END)
             self._thread.join()
             if self._error is not None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from packer import MapError, PackOptions, pack_map
+from packer.errors import PackError
 from packer.cli import main as cli_main
 from readers import open_dataset
 from readers.contract import spec
@@ -76,12 +77,49 @@ def flaky(item) -> dict:
     return render(0 if i % 10 in (3, 7) else i)
 
 
+def reject_lines(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / spec.REJECTS_NAME).read_text(encoding="utf-8").splitlines()]
+
+
+def test_a_failing_input_is_one_reject_naming_it_in_the_result_and_rejects_jsonl(tmp_path):
+    got = {}
+    for workers in (0, 2):
+        out = tmp_path / f"w{workers}"
+        result = pack_map(flaky, [{"id": i} for i in range(20)], out, workers=workers, options=opts())
+        assert result.rejects == ("input 5 ({'id': 5}): ValueError: bad record second line",)
+        assert result.inputs == 20 and result.samples == 19
+        assert result.result is not None and result.result.rejected == 1 and result.result.images == 19
+        assert json.loads((out / spec.INDEX_NAME).read_text())["num_samples"] == 19
+        assert reject_lines(out) == [{"path": "input 5 ({'id': 5})", "reason": "ValueError: bad record second line"}]
+        got[workers] = files(out)
+    assert got[0] == got[2]  # rejects.jsonl included
+
+
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_failing_input_is_one_reject_naming_it(tmp_path, workers):
-    result = pack_map(flaky, [{"id": i} for i in range(20)], tmp_path / "o", workers=workers, options=opts())
-    assert result.rejects == ("input 5 ({'id': 5}): ValueError: bad record second line",)
-    assert result.inputs == 20 and result.samples == 19
-    assert json.loads((tmp_path / "o" / spec.INDEX_NAME).read_text())["num_samples"] == 19
+def test_failures_before_the_first_sample_are_rejects_in_their_places(tmp_path, workers):
+    def first_two_fail(i: int):
+        if i < 2:
+            raise OSError(f"cannot read record {i}")
+        return render(2 * i)
+
+    out = tmp_path / "o"
+    result = pack_map(first_two_fail, range(6), out, workers=workers, options=opts())
+    assert [r["path"] for r in reject_lines(out)] == ["input 0 (0)", "input 1 (1)"]
+    assert reject_lines(out)[1]["reason"] == "OSError: cannot read record 1"
+    assert result.samples == 4 and result.result is not None and result.result.rejected == 2
+    ds = open_dataset(out, fields=("caption",), decode=False, shuffle=False, pad=False)
+    try:
+        assert [c for (c,) in ds] == [f"input {2 * i}" for i in range(2, 6)]
+    finally:
+        ds.close()
+
+
+def test_a_job_whose_every_input_fails_packs_nothing_and_says_how_many(tmp_path):
+    def fails(i: int):
+        raise ValueError(i)
+
+    with pytest.raises(PackError, match=r"no sample was written \(3 rejected\); nothing was packed"):
+        pack_map(fails, range(3), tmp_path / "o", options=opts())
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -127,3 +165,47 @@ def test_an_interrupted_job_resumes_to_the_uninterrupted_bytes(tmp_path, outputs
     assert files(out) == files(outputs[0][0])
     again = pack_map(render, range(N), out, options=opts(), classes=["a", "b", "c"], resume=True)  # complete: no-op
     assert again.samples == 100 and files(out) == files(outputs[0][0])
+
+
+class Stop(Exception):
+    """Raised by the progress callback: the job stops there (the Writer aborted, resumable)."""
+
+
+def test_a_resumed_job_with_rejects_is_byte_for_byte_the_uninterrupted_one(tmp_path):
+    def fails_at_5_and_41(i: int):
+        if i in (5, 41):
+            raise ValueError(f"bad {i}")
+        return render(i)
+
+    ref, out = tmp_path / "ref", tmp_path / "o"
+    done = pack_map(fails_at_5_and_41, range(N), ref, options=opts(), classes=["a", "b", "c"])
+    assert len(done.rejects) == 2
+
+    def stop_at_70(n: int, seen=[0]) -> None:  # noqa: B006 - the count of inputs so far
+        seen[0] += n
+        if seen[0] == 70:
+            raise Stop
+
+    with pytest.raises(Stop):
+        pack_map(fails_at_5_and_41, range(N), out, workers=2, options=opts(), classes=["a", "b", "c"],
+                 progress=stop_at_70)
+    assert (out / spec.STATE_NAME).exists() and not (out / spec.INDEX_NAME).exists()
+    result = pack_map(fails_at_5_and_41, range(N), out, workers=2, options=opts(), classes=["a", "b", "c"],
+                      resume=True)
+    assert result.result is not None and result.result.resumed_from > 0 and result.result.rejected == 2
+    assert result.rejects == done.rejects
+    assert files(out) == files(ref)
+    assert [r["path"] for r in reject_lines(out)] == ["input 5 (5)", "input 41 (41)"]
+    again = pack_map(fails_at_5_and_41, range(N), out, options=opts(), classes=["a", "b", "c"], resume=True)
+    assert again.rejects == done.rejects and files(out) == files(ref)  # complete: the rejects count, nothing written
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "mmap"])
+def test_every_file_of_each_format_does_not_depend_on_the_worker_count(tmp_path, fmt):
+    got = {}
+    for workers in (0, 1, 2):
+        out = tmp_path / f"w{workers}"
+        pack_map(flaky, range(40), out, workers=workers, options=PackOptions(format=fmt), classes=["a", "b", "c"])
+        got[workers] = files(out)
+    assert spec.INDEX_NAME in got[0] and spec.REJECTS_NAME in got[0] and len(got[0]) > 3
+    assert got[1] == got[0] and got[2] == got[0]

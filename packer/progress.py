@@ -1,0 +1,38 @@
+"""The progress bar of the packer's commands and of ``pack_map``: one tqdm setup, so every bar looks
+and behaves the same (``pack``, ``convert``, ``upload``, ``verify``, ``download``, ``pack_map``).
+
+    from packer.progress import bar
+
+    b = bar(len(paths), "img", "pack train", quiet=args.quiet)   # None when quiet
+    if b is not None:
+        b.update(1)
+        b.close()
+
+The bar is tqdm's (to stderr, so a command's stdout stays its result), redrawn at most every
+:data:`MININTERVAL` seconds (a bar costs nothing next to the work it counts, even at thousands of
+updates a second), as wide as the terminal is now (``dynamic_ncols``: a resized window is not
+garbled), its rate smoothed over many updates (:data:`SMOOTHING`: images and uploads vary a lot
+in cost, and a raw rate jumps).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["bar", "MININTERVAL", "SMOOTHING"]
+
+MININTERVAL = 0.5  # seconds between redraws
+SMOOTHING = 0.05  # tqdm's exponential moving average factor for the rate (0: overall average, 1: instant)
+
+
+def bar(total: int | None, unit: str, desc: str, quiet: bool = False) -> Any:
+    """A tqdm bar labelled ``desc`` counting ``unit`` toward ``total`` (None: not known), or None when
+    ``quiet``. ``unit="B"`` counts bytes, shown scaled by 1024 (``12.3MB`` is 12.3 MiB). The caller
+    updates it (``update(n)``; ``n``, ``total`` and ``set_postfix_str`` are tqdm's) and closes it."""
+    if quiet:
+        return None
+    from tqdm import tqdm  # here, not at import: ``import packer`` does not load it
+
+    scale: dict[str, Any] = {"unit_scale": True, "unit_divisor": 1024} if unit == "B" else {}
+    return tqdm(total=total, unit=unit, desc=desc, dynamic_ncols=True, mininterval=MININTERVAL,
+                smoothing=SMOOTHING, **scale)
