@@ -26,6 +26,7 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from packer.errors import PackerError, PackError, UsageError
 from packer.options import GROUPS, Flag, OptionError, PackOptions, RemoteOptions, cli_fields
+from packer.progress import bar as progress_bar
 from readers.contract.location import UnsupportedLocationError, parse_location
 from readers.contract.spec import DatasetFormatError
 
@@ -226,12 +227,9 @@ def build_main_parser() -> argparse.ArgumentParser:
 
 def _progress_factory(quiet: bool, verb: str = "pack"):
     def factory(split, source):
-        if quiet:
+        bar = progress_bar(len(source.paths), "img", f"{verb} {split}", quiet)
+        if bar is None:
             return None
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(source.paths), unit="img", desc=f"{verb} {split}", dynamic_ncols=True,
-                   smoothing=0.05, mininterval=0.5)
         state = {"bytes": 0, "t0": time.perf_counter()}
 
         def update(images: int, nbytes: int) -> None:
@@ -328,13 +326,8 @@ def local_location(text: str) -> Path:
 
 def _upload_bar_factory(quiet: bool):
     def factory(split):
-        if quiet:
-            return None
-        from tqdm import tqdm
-
-        bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=f"upload {split}", dynamic_ncols=True,
-                   mininterval=0.5)
-        return bar.update
+        bar = progress_bar(None, "B", f"upload {split}", quiet)
+        return None if bar is None else bar.update
 
     return factory
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from packer.progress import bar as progress_bar
 from packer.tools.verify_report import Problem, VerifyReport, check_sample, reason
 from readers.contract import checkcache
 from readers.contract import spec
@@ -233,11 +234,9 @@ def _download_bar(quiet: bool) -> Callable[[int, int], None] | None:
     state: dict[str, Any] = {}
 
     def update(done: int, total: int) -> None:
-        from tqdm import tqdm
-
         bar = state.get("bar")
         if bar is None:
-            bar = state["bar"] = tqdm(total=total, unit="B", unit_scale=True, desc="download", mininterval=0.5)
+            bar = state["bar"] = progress_bar(total, "B", "download")
         bar.update(done - bar.n)
         if done >= total:
             bar.close()
@@ -251,12 +250,8 @@ def _verify_one(root: Path | str, quiet: bool) -> int:
     except (spec.DatasetFormatError, OSError) as exc:
         print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
         return 1
-    bar = None
-    if not quiet:
-        from tqdm import tqdm
-
-        label = str(root).rstrip("/").rsplit("/", 1)[-1]
-        bar = tqdm(total=index.num_samples, unit="img", desc=f"verify {label}", mininterval=0.5)
+    label = str(root).rstrip("/").rsplit("/", 1)[-1]
+    bar = progress_bar(index.num_samples, "img", f"verify {label}", quiet)
     try:
         report = verify(index, bar.update if bar else None, download_progress=_download_bar(quiet))
     except (spec.DatasetFormatError, OSError) as exc:  # an unusable index; remote: the store went away
