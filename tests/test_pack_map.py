@@ -215,3 +215,21 @@ def test_every_file_of_each_format_does_not_depend_on_the_worker_count(tmp_path,
         got[workers].pop("lock.mdb", None)
     assert spec.INDEX_NAME in got[0] and spec.REJECTS_NAME in got[0] and len(got[0]) > 3
     assert got[1] == got[0] and got[2] == got[0]
+
+
+def test_writer_reject_takes_a_place_in_the_sequence_and_one_rejects_line(tmp_path):
+    from packer import UsageError, Writer
+
+    out = tmp_path / "o"
+    with Writer(out, format="mmap", on_error="raise") as w:  # reject() is the caller's: on_error does not apply
+        w.reject("record a", "unreadable\nat byte 3")
+        w.write(render(2))
+        w.reject("record c", "ValueError: no caption")
+        w.write(render(4))
+        assert w.count == 4
+    assert w.result is not None and w.result.images == 2 and w.result.rejected == 2
+    assert reject_lines(out) == [{"path": "record a", "reason": "unreadable at byte 3"},
+                                 {"path": "record c", "reason": "ValueError: no caption"}]
+    assert json.loads((out / spec.INDEX_NAME).read_text())["num_samples"] == 2
+    with pytest.raises(UsageError, match="this Writer is closed"):
+        w.reject("late", "too late")
