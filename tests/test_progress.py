@@ -66,3 +66,15 @@ def test_the_pack_and_upload_bars_of_the_cli(tmp_path, capsys):
     assert tick is not None
     tick(2048)
     assert "upload data" in capsys.readouterr().err
+
+
+def test_the_download_bar_of_verify(capsys):
+    from packer.tools.verify import _download_bar
+
+    assert _download_bar(True) is None
+    update = _download_bar(False)
+    assert update is not None
+    update(1024, 4096)
+    update(4096, 4096)  # done: the bar closes, drawn at its end
+    err = capsys.readouterr().err
+    assert "download" in err and "4.00k/4.00k" in err
