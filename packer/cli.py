@@ -27,6 +27,7 @@ from typing import Any, Callable, NoReturn, Sequence
 from packer.errors import PackerError, PackError, UsageError
 from packer.options import GROUPS, Flag, OptionError, PackOptions, RemoteOptions, cli_fields
 from packer.progress import bar as progress_bar
+from packer.progress import upload_bars
 from readers.contract.location import UnsupportedLocationError, parse_location
 from readers.contract.spec import DatasetFormatError
 
@@ -299,7 +300,7 @@ def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"{args.src}: a source on object storage needs -o (a folder or an s3:// prefix)")
     remote = None  # credentials and endpoint: the AWS_* environment (docs/remote.md)
     if isinstance(out, str):  # s3:// (packer.remote_output)
-        remote = RemoteOptions(stage_dir=args.stage_dir, upload_progress=_upload_bar_factory(args.quiet))
+        remote = RemoteOptions(stage_dir=args.stage_dir, upload_progress=upload_bars(args.quiet))
     elif args.stage_dir is not None:
         parser.error("--stage-dir applies to an s3:// output only")
     return _run(args, lambda out: pack(args.src, out, options, progress=_progress_factory(args.quiet), remote=remote))
@@ -322,14 +323,6 @@ def local_location(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text}: convert reads and writes local folders only "
                                          "(pack-dataset pack uploads to s3://)")
     return location
-
-
-def _upload_bar_factory(quiet: bool):
-    def factory(split):
-        bar = progress_bar(None, "B", f"upload {split}", quiet)
-        return None if bar is None else bar.update
-
-    return factory
 
 
 def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -17,9 +17,9 @@ in cost, and a raw rate jumps).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["bar", "MININTERVAL", "SMOOTHING"]
+__all__ = ["bar", "upload_bars", "download_bar", "MININTERVAL", "SMOOTHING"]
 
 MININTERVAL = 0.5  # seconds between redraws
 SMOOTHING = 0.05  # tqdm's exponential moving average factor for the rate (0: overall average, 1: instant)
@@ -36,3 +36,31 @@ def bar(total: int | None, unit: str, desc: str, quiet: bool = False) -> Any:
     scale: dict[str, Any] = {"unit_scale": True, "unit_divisor": 1024} if unit == "B" else {}
     return tqdm(total=total, unit=unit, desc=desc, dynamic_ncols=True, mininterval=MININTERVAL,
                 smoothing=SMOOTHING, **scale)
+
+
+def upload_bars(quiet: bool) -> Callable[[str], Callable[[int], None] | None]:
+    """``split -> callback(nbytes)`` drawing an ``upload SPLIT`` byte bar (an s3://, gs:// or az:// output's
+    ``RemoteOptions.upload_progress``), or giving None for every split when ``quiet``."""
+    def factory(split: str) -> Callable[[int], None] | None:
+        b = bar(None, "B", f"upload {split}", quiet)
+        return None if b is None else b.update
+
+    return factory
+
+
+def download_bar(quiet: bool) -> Callable[[int, int], None] | None:
+    """``callback(done, total)`` drawing a ``download`` byte bar (the data file of a remote lmdb, hdf5 or mmap
+    dataset), closed when ``done`` reaches ``total``; None when ``quiet``."""
+    if quiet:
+        return None
+    state: dict[str, Any] = {}
+
+    def update(done: int, total: int) -> None:
+        b = state.get("bar")
+        if b is None:
+            b = state["bar"] = bar(total, "B", "download")
+        b.update(done - b.n)
+        if done >= total:
+            b.close()
+
+    return update

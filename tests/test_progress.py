@@ -52,7 +52,7 @@ def test_pack_map_and_verify_draw_their_bars(tmp_path, capsys):
 def test_the_pack_and_upload_bars_of_the_cli(tmp_path, capsys):
     from PIL import Image
 
-    from packer.cli import _upload_bar_factory
+    from packer.progress import upload_bars
 
     src = tmp_path / "pics" / "cat"
     src.mkdir(parents=True)
@@ -61,18 +61,18 @@ def test_the_pack_and_upload_bars_of_the_cli(tmp_path, capsys):
     assert cli_main([str(tmp_path / "pics"), "-f", "wds", "-o", str(tmp_path / "o")]) == 0
     err = capsys.readouterr().err
     assert "pack pics" in err and "3/3" in err and "img" in err
-    assert _upload_bar_factory(True)("data") is None
-    tick = _upload_bar_factory(False)("data")
+    assert upload_bars(True)("data") is None
+    tick = upload_bars(False)("data")
     assert tick is not None
     tick(2048)
     assert "upload data" in capsys.readouterr().err
 
 
 def test_the_download_bar_of_verify(capsys):
-    from packer.tools.verify import _download_bar
+    from packer.progress import download_bar
 
-    assert _download_bar(True) is None
-    update = _download_bar(False)
+    assert download_bar(True) is None
+    update = download_bar(False)
     assert update is not None
     update(1024, 4096)
     update(4096, 4096)  # done: the bar closes, drawn at its end

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from packer.progress import bar as progress_bar
+from packer.progress import download_bar
 from packer.tools.verify_report import Problem, VerifyReport, check_sample, reason
 from readers.contract import checkcache
 from readers.contract import spec
@@ -227,23 +228,6 @@ def _roots(path: Path | str) -> list[Path | str]:
     return [path]
 
 
-def _download_bar(quiet: bool) -> Callable[[int, int], None] | None:
-    """A byte progress bar for the data file download of a remote lmdb/hdf5/mmap dataset."""
-    if quiet:
-        return None
-    state: dict[str, Any] = {}
-
-    def update(done: int, total: int) -> None:
-        bar = state.get("bar")
-        if bar is None:
-            bar = state["bar"] = progress_bar(total, "B", "download")
-        bar.update(done - bar.n)
-        if done >= total:
-            bar.close()
-
-    return update
-
-
 def _verify_one(root: Path | str, quiet: bool) -> int:
     try:
         index = resolve_index(root)
@@ -253,7 +237,7 @@ def _verify_one(root: Path | str, quiet: bool) -> int:
     label = str(root).rstrip("/").rsplit("/", 1)[-1]
     bar = progress_bar(index.num_samples, "img", f"verify {label}", quiet)
     try:
-        report = verify(index, bar.update if bar else None, download_progress=_download_bar(quiet))
+        report = verify(index, bar.update if bar else None, download_progress=download_bar(quiet))
     except (spec.DatasetFormatError, OSError) as exc:  # an unusable index; remote: the store went away
         print(f"pack-dataset verify: error: {exc}", file=sys.stderr)
         return 1
