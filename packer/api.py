@@ -113,9 +113,9 @@ def _remote_source(url: str, out: Path, remote: RemoteOptions) -> tuple[str, Sou
 
     try:
         store = open_store(url, remote.storage_options, remote.retry)
-        if store.url.split("://")[0] != "s3":
+        if getattr(store, "read_only", False):
             raise SourceError(f"{url}: an http(s):// location cannot be listed; sources on object storage "
-                              "are read from s3:// prefixes")
+                              "are read from s3://, gs:// or az:// prefixes")
         objects = list_objects(store)
     except OSError as exc:  # unreachable store, refused credentials, no such bucket
         raise SourceError(f"{url}: cannot list the source ({exc})") from None

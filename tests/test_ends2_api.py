@@ -32,13 +32,13 @@ def test_pack_writes_a_file_url_to_its_local_folder(generated, tmp_path, monkeyp
 @pytest.mark.parametrize("which", ["src", "out"])
 def test_pack_and_plan_refuse_an_unsupported_scheme_as_the_cli_does(generated, tmp_path, monkeypatch, which):
     monkeypatch.chdir(tmp_path)
-    src, out = (("gs://bucket/train", tmp_path / "o") if which == "src" else (generated, "gs://bucket/out"))
+    src, out = (("oci://bucket/train", tmp_path / "o") if which == "src" else (generated, "oci://bucket/out"))
     error = SourceError if which == "src" else OutputError
     for call in (lambda: pack(src, out, PackOptions(format="lmdb", workers=1)),
                  lambda: plan(src, out, PackOptions(format="lmdb"))):
-        with pytest.raises(error, match=r"gs://bucket/\w+: the gs:// scheme is not supported \(served: file://"):
+        with pytest.raises(error, match=r"oci://bucket/\w+: the oci:// scheme is not supported \(served: file://"):
             call()
-    assert os.listdir(tmp_path) == []  # nothing written, no folder named gs:
+    assert os.listdir(tmp_path) == []  # nothing written, no folder named oci:
 
 
 def _reads_files_crc(tree: ast.AST) -> list[int]:

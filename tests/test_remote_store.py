@@ -93,7 +93,7 @@ def store_with_writer(request, tmp_path):
 
 # --------------------------------------------------------------------------- URLs and settings
 def test_url_parsing_and_settings():
-    assert is_url("s3://b/p") and is_url("https://h/x") and not is_url("/data/x") and not is_url("gs://b")
+    assert is_url("s3://b/p") and is_url("https://h/x") and is_url("gs://b") and not is_url("/data/x") and not is_url("oci://b")
     u = parse_url("s3://bucket/imagenet/train-wds/")
     assert (u.netloc, u.prefix, u.root) == ("bucket", "imagenet/train-wds", "s3://bucket/imagenet/train-wds")
     assert u.child("index.json") == "s3://bucket/imagenet/train-wds/index.json"

@@ -4,12 +4,12 @@ A location is a local folder or a URL. Served here:
 
 * a plain path (``out/train-wds``, ``/data/x``) -> a local folder;
 * ``file:///abs/path`` -> the local folder ``/abs/path`` (``file://localhost/abs/path`` too);
-* ``s3://bucket/prefix``, ``http://host/path``, ``https://host/path`` -> a remote
-  dataset, read through :mod:`readers.remote`.
+* ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix`` (``abfs://`` too),
+  ``http://host/path``, ``https://host/path`` -> a remote dataset, read through :mod:`readers.remote`.
 
-Any other ``scheme://`` (``gs://``, ``az://``, ``hf://``, ...) is refused with
+Any other ``scheme://`` (``hf://``, ``oci://``, ...) is refused with
 :class:`UnsupportedLocationError` naming the scheme and the ones served: it
-never becomes a local folder named ``gs:``.
+never becomes a local folder named ``hf:``.
 
 Plain string parsing: deciding that a path is local imports nothing (this
 module imports nothing of ``readers``).
@@ -26,7 +26,7 @@ __all__ = ["REMOTE_SCHEMES", "SERVED_SCHEMES", "UnsupportedLocationError", "sche
            "is_remote", "is_url"]
 
 #: URL schemes read through ``readers.remote``.
-REMOTE_SCHEMES = ("s3", "http", "https")
+REMOTE_SCHEMES = ("s3", "gs", "az", "abfs", "http", "https")
 #: Every scheme a location may have (``file://`` is a local path).
 SERVED_SCHEMES = ("file", *REMOTE_SCHEMES)
 
@@ -77,10 +77,10 @@ def parse_location(location: str | os.PathLike) -> Path | str:
 
 
 def is_remote(path: Any) -> bool:
-    """True for an ``s3://``, ``http://`` or ``https://`` location, or a remote ``Store``.
+    """True for a location in :data:`REMOTE_SCHEMES` (``s3://``, ``gs://``, ...), or a remote ``Store``.
 
     False for a local path or a ``file://`` URL; :class:`UnsupportedLocationError`
-    for another scheme (there is no right answer for ``gs://``: it is neither).
+    for another scheme (there is no right answer for ``hf://``: it is neither).
     """
     if hasattr(path, "read_range") and not isinstance(path, (str, os.PathLike)):
         return True
@@ -91,6 +91,6 @@ def is_remote(path: Any) -> bool:
 
 
 def is_url(path: Any) -> bool:
-    """True for ``s3://``, ``http://`` and ``https://`` paths (what the remote layer reads)."""
+    """True for the :data:`REMOTE_SCHEMES` paths (what the remote layer reads)."""
     text = os.fspath(path) if isinstance(path, os.PathLike) else path
     return isinstance(text, str) and scheme_of(text) in REMOTE_SCHEMES

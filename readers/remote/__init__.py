@@ -1,7 +1,8 @@
-"""Remote datasets: ``s3://`` and ``http(s)://`` behind one small ``Store`` interface, plus a node-local cache.
+"""Remote datasets: ``s3://``, ``gs://``, ``az://`` and ``http(s)://`` behind one small ``Store`` interface,
+plus a node-local cache.
 
 Nothing in ``readers`` imports this package for a local path, and importing
-it imports no client library: s3fs / fsspec / aiohttp load on the first
+it imports no client library: s3fs / gcsfs / adlfs / fsspec / aiohttp load on the first
 request to a remote URL. Install them with ``pip install "dataset-packer[remote]"``.
 
     from readers.remote import open_store, is_url
@@ -53,18 +54,22 @@ __all__ = [
 
 def open_store(location: str | os.PathLike, storage_options: Mapping[str, Any] | None = None,
                retry: RetryPolicy | None = None) -> Store:
-    """A :class:`Store` for a dataset folder: a local path, ``file://``, ``s3://`` or ``http(s)://`` URL.
+    """A :class:`Store` for a dataset folder: a local path, ``file://``, or a ``s3://``, ``gs://``, ``az://`` /
+    ``abfs://`` or ``http(s)://`` URL.
 
     ``storage_options`` are s3fs's (``endpoint_url``, ``key``, ``secret``, ...)
-    for s3, fsspec HTTP's (``headers``, ``client_kwargs``) for http; the AWS
-    environment variables fill in what they leave out. ``retry`` bounds
+    for s3, gcsfs's (``token``, ``project``, ``endpoint_url``) for gs, adlfs's
+    (``account_name``, ``account_key``, ``sas_token``, ``connection_string``) for az / abfs,
+    fsspec HTTP's (``headers``, ``client_kwargs``) for http; each cloud's usual
+    environment variables fill in what they leave out (:mod:`readers.remote.config`). ``retry`` bounds
     retries and timeouts (default :class:`RetryPolicy`: transient failures retried for 30 s,
     no count limit; 10 s connect and 30 s read timeouts; see ``readers.remote.retry``).
     """
-    parsed = parse_location(location)  # the one path-or-URL parser: gs:// and the like are refused here
+    parsed = parse_location(location)  # the one path-or-URL parser: hf:// and the like are refused here
     if not isinstance(parsed, str):
         if storage_options:
-            raise ValueError(f"{location}: storage_options only apply to s3:// and http(s):// URLs")
+            raise ValueError(f"{location}: storage_options only apply to remote URLs "
+                             "(s3://, gs://, az://, http(s)://)")
         return LocalStore(str(parsed))
     from readers.remote.fsspec_store import FsspecStore
 

@@ -1,4 +1,5 @@
-"""``Store`` over S3 (s3fs) and HTTP(S) (fsspec's aiohttp filesystem).
+"""``Store`` over S3 (s3fs), Google Cloud Storage (gcsfs), Azure Blob Storage (adlfs) and HTTP(S)
+(fsspec's aiohttp filesystem).
 
 Why fsspec + s3fs and not obstore: see docs/remote.md (measured with
 benchmarks/bench_remote_clients.py). In short: obstore is faster for many
@@ -15,7 +16,12 @@ GETs read the body in pieces up to the byte cap of the read (a range: its
 length; a whole object: :func:`readers.remote.store.read_limit`), so neither
 a trickling nor an endless response holds a call or memory without bound. Request signing,
 credential lookup (environment, profiles, ``storage_options``) and multipart
-uploads are s3fs's and botocore's.
+uploads are s3fs's and botocore's. GCS and Azure go through the same
+primitives of their fsspec filesystems (``_info``, ``_find``, ``_cat_file``
+with a byte range, ``put_file``): gcsfs's plain JSON-API client
+(``gcsfs.core.GCSFileSystem``; the package's default class first probes each
+bucket's type over gRPC, which waits 60 s on an emulator or a network
+without it) and adlfs's ``AzureBlobFileSystem``, their retries off as well.
 """
 
 from __future__ import annotations
@@ -23,21 +29,23 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
-from readers.remote.config import RemoteURL, s3_settings
+from readers.remote.config import OBJECT_STORES, RemoteURL, store_settings
 from readers.remote.errors import (
     BucketNotFoundError,
     ObjectNotFoundError,
     ReadOnlyStoreError,
+    RemoteAuthError,
     RemoteError,
     RemoteIntegrityError,
 )
 from readers.remote.retry import Retrier, RetryPolicy
 from readers.remote.store import ObjectInfo, Store
 
-__all__ = ["FsspecStore"]
+__all__ = ["FsspecStore", "close_filesystem"]
 
 T = TypeVar("T")
 
@@ -77,7 +85,8 @@ def _share_session(fs: Any) -> None:
 
 
 class FsspecStore(Store):
-    """Objects under ``s3://bucket/prefix`` or ``http(s)://host/prefix``."""
+    """Objects under ``s3://`` / ``gs://bucket/prefix``, ``az://`` / ``abfs://container/prefix`` or
+    ``http(s)://host/prefix``."""
 
     def __init__(self, url: RemoteURL, storage_options: Mapping[str, Any] | None = None,
                  retry: RetryPolicy | None = None) -> None:
@@ -86,15 +95,20 @@ class FsspecStore(Store):
         self.url = url.root
         self.storage_options = dict(storage_options or {})
         self.retry = retry or RetryPolicy()
-        self.read_only = url.scheme != "s3"
+        self.read_only = url.scheme not in OBJECT_STORES
+        self.object_store = url.scheme in OBJECT_STORES
         self._fs_pid: int | None = None
         self._fs: Any = None
         self._bucket_seen = False  # the bucket answered once: a 404 is then about the object
         self._lock = threading.Lock()
         self._retrier = Retrier(self.retry, self._credential_sources)
-        if url.scheme == "s3":  # validate options now (cheap), not in a worker
-            self._settings = s3_settings(self.storage_options, connect_timeout_s=self.retry.connect_timeout_s,
-                                         read_timeout_s=self.retry.read_timeout_s)
+        if self.object_store:  # validate options now (cheap), not in a worker
+            try:
+                self._settings = store_settings(url.scheme, self.storage_options,
+                                                connect_timeout_s=self.retry.connect_timeout_s,
+                                                read_timeout_s=self.retry.read_timeout_s)
+            except RemoteAuthError as exc:  # no account named (az://): say which URL asked
+                raise RemoteAuthError(f"{self.url}: {exc}") from None
 
     # ------------------------------------------------------------ client per process
     def __getstate__(self) -> dict[str, Any]:
@@ -131,13 +145,10 @@ class FsspecStore(Store):
         self._fs = None
         if fs is None:
             return
-        # s3fs and fsspec's HTTP filesystem register these same calls as finalizers; running one twice is harmless.
-        session = getattr(fs, "_s3creator", None) or getattr(fs, "_session", None)
-        if session is not None:
-            try:
-                type(fs).close_session(fs.loop, session)
-            except Exception as exc:  # noqa: BLE001 - closing must not fail a caller that is done
-                log.debug("%s: closing the client: %s", self.url, exc)
+        try:
+            close_filesystem(fs)
+        except Exception as exc:  # noqa: BLE001 - closing must not fail a caller that is done
+            log.debug("%s: closing the client: %s", self.url, exc)
 
     def _make_fs(self) -> Any:
         if self.remote.scheme == "s3":
@@ -150,6 +161,22 @@ class FsspecStore(Store):
             fs.retries = 1  # s3fs's own retry loop: off, Retrier decides
             _share_session(fs)
             return fs
+        if self.remote.scheme == "gs":
+            try:
+                from gcsfs.core import GCSFileSystem
+            except ImportError:
+                raise RemoteError(f"{self.url}: reading gs:// needs gcsfs: pip install 'dataset-packer[remote]'") \
+                    from None
+            with warnings.catch_warnings():  # "project not set": only listing or making buckets needs one
+                warnings.filterwarnings("ignore", "GCS project not set", UserWarning)
+                return GCSFileSystem(**self._settings.kwargs)
+        if self.object_store:  # az://, abfs://
+            try:
+                from adlfs import AzureBlobFileSystem
+            except ImportError:
+                raise RemoteError(f"{self.url}: reading {self.remote.scheme}:// needs adlfs: "
+                                  "pip install 'dataset-packer[remote]'") from None
+            return AzureBlobFileSystem(**self._settings.kwargs)
         try:
             import aiohttp
             from fsspec.implementations.http import HTTPFileSystem
@@ -165,10 +192,10 @@ class FsspecStore(Store):
     @property
     def identity(self) -> str:
         # The same bucket name on two S3 endpoints is two different datasets.
-        return f"{self.url} @ {self._settings.endpoint}" if self.remote.scheme == "s3" else self.url
+        return f"{self.url} @ {self._settings.endpoint}" if self.object_store else self.url
 
     def _credential_sources(self) -> str:
-        if self.remote.scheme == "s3":
+        if self.object_store:
             return f"{self._settings.credential_sources}; endpoint {self._settings.endpoint}"
         given = "headers given" if self.storage_options.get("headers") else "no headers given"
         return f"storage_options ({given}); an HTTP URL carries no other credentials"
@@ -219,8 +246,8 @@ class FsspecStore(Store):
                                    "check the URL and the endpoint (endpoint_url, AWS_ENDPOINT_URL)")
 
     def _path(self, name: str) -> str:
-        """The path fsspec takes: ``bucket/key`` for s3, the full URL for http."""
-        if self.remote.scheme == "s3":
+        """The path fsspec takes: ``bucket/key`` for an object store, the full URL for http."""
+        if self.object_store:
             return f"{self.remote.netloc}/{self.remote.key(name)}"
         return self.remote.child(name)
 
@@ -245,6 +272,16 @@ class FsspecStore(Store):
                 return await _bounded(body.read, limit)
             finally:
                 body.close()
+        if self.object_store:  # gs, az: a ranged GET of at most limit + 1 bytes
+            path = self._path(name)
+            if start is None:
+                declared = (await self._head(fs, name)).size
+                if declared > limit:
+                    raise self.too_large(name, limit, declared)
+                if declared == 0:
+                    return b""
+                return await fs._cat_file(path, start=0, end=min(declared, limit + 1))
+            return await fs._cat_file(path, start=start, end=start + limit)
         kw = dict(fs.kwargs)
         headers = dict(kw.pop("headers", None) or {})
         if start is not None:
@@ -266,13 +303,18 @@ class FsspecStore(Store):
         return self._run(name, "HEAD", self._head, name)
 
     async def _head(self, fs: Any, name: str) -> ObjectInfo:
-        info = await fs._info(self._path(name))
+        if self.remote.scheme == "gs":  # the object's metadata alone: gcsfs's _info also races a folder listing
+            info = await fs._get_object(self._path(name))  # against it and cancels the loser, leaking its socket
+        else:
+            info = await fs._info(self._path(name))
         if info.get("type") == "directory":
             raise FileNotFoundError(self._path(name))
         if info.get("size") is None:
             raise RemoteError(f"{self.url_of(name)}: the server does not report a size (no Content-Length)")
-        etag = info.get("ETag")
-        mtime = info.get("LastModified", info.get("Last-Modified"))
+        etag = next((info[k] for k in ("ETag", "etag") if info.get(k)), None)
+        # the object's generation (gs) or last write (s3: LastModified, az: last_modified, http: Last-Modified)
+        mtime = next((info[k] for k in ("generation", "LastModified", "Last-Modified", "last_modified", "updated")
+                      if info.get(k)), None)
         return ObjectInfo(int(info["size"]), etag=str(etag) if etag else None, mtime=str(mtime) if mtime else None)
 
     def _list(self, prefix: str) -> list[str]:
@@ -312,14 +354,14 @@ class FsspecStore(Store):
     def _writable(self, name: str) -> None:
         if self.read_only:
             raise ReadOnlyStoreError(f"{self.url_of(name)}: {self.remote.scheme}:// datasets are read-only "
-                                     "(upload to s3:// instead)")
+                                     "(upload to s3://, gs:// or az:// instead)")
 
     def _put(self, name: str, local_path: Path, part_size: int,
              progress: Callable[[int], None] | None = None) -> None:
         self._writable(name)
         if not local_path.is_file():
             raise RemoteError(f"{local_path}: no such file to upload to {self.url_of(name)}")
-        kwargs: dict[str, Any] = {"chunksize": part_size}
+        kwargs: dict[str, Any] = {"chunksize": part_size} if self.remote.scheme in ("s3", "gs") else {}
         if progress is not None:
             kwargs["callback"] = _progress_callback(progress)
         # s3fs uploads in parts of `chunksize` (from 2 parts up, several at once) and completes the
@@ -340,6 +382,29 @@ class FsspecStore(Store):
                 pass
 
         self._call(name, "DELETE", rm)
+
+
+def close_filesystem(fs: Any) -> None:
+    """Close an fsspec filesystem's connections now, not at garbage collection: s3fs, gcsfs and fsspec's
+    HTTP filesystem hold an aiohttp session, adlfs a blob service client (each also registers the same
+    call as a finalizer; running it twice is harmless)."""
+    creator = getattr(fs, "_s3creator", None)
+    if creator is not None:
+        type(fs).close_session(fs.loop, creator)
+        return
+    session = getattr(fs, "_session", None)  # aiohttp (gcsfs, http): closed on the loop, waited for here
+    if session is not None and not session.closed:  # (gcsfs's close_session only schedules it)
+        async def close_session(_fs: Any) -> None:
+            await session.close()
+
+        _sync(fs, close_session, 10.0)
+        return
+    client = getattr(fs, "service_client", None)
+    if client is not None:
+        async def close(_fs: Any) -> None:
+            await client.close()
+
+        _sync(fs, close, 10.0)
 
 
 def _sync(fs: Any, coro_fn: Callable[..., Any], timeout_s: float, *args: Any) -> Any:

@@ -50,15 +50,16 @@ T = TypeVar("T")
 AUTH_CODES = frozenset({
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
     "InvalidClientTokenId", "TokenRefreshRequired", "AuthorizationHeaderMalformed", "Unauthorized",
-    "Forbidden", "401", "403",
+    "Forbidden", "401", "403", "AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch",
 })
-NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
+NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404", "BlobNotFound", "ContainerNotFound"})
 TRANSIENT_CODES = frozenset({
     "SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling", "ThrottlingException",
-    "RequestLimitExceeded", "TooManyRequests", "500", "502", "503", "504",
+    "RequestLimitExceeded", "TooManyRequests", "500", "502", "503", "504", "ServerBusy", "OperationTimedOut",
 })
 #: Modules whose exceptions are the client's (wrapped as RemoteError); anything else is a bug: re-raised.
-CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec", "urllib3", "http.client", "ssl")
+CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec", "urllib3", "http.client", "ssl",
+                  "gcsfs", "google", "adlfs", "azure")
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,16 @@ def _status_and_code(e: BaseException) -> tuple[int | None, str | None]:
     if isinstance(resp, dict) and "Error" in resp:  # botocore ClientError
         status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
         return (int(status) if status else None), str(resp["Error"].get("Code") or "") or None
+    module = type(e).__module__
     status = getattr(e, "status", None)  # aiohttp ClientResponseError
-    if isinstance(status, int) and type(e).__module__.startswith("aiohttp"):
+    if isinstance(status, int) and module.startswith("aiohttp"):
         return status, None
+    code = getattr(e, "code", None)  # gcsfs HttpError: the JSON API's status
+    if isinstance(code, int) and module.startswith("gcsfs"):
+        return code, None
+    status = getattr(e, "status_code", None)  # azure.core HttpResponseError
+    if isinstance(status, int) and module.startswith("azure"):
+        return status, (str(getattr(e, "error_code", None) or "") or None)
     return None, None
 
 
@@ -153,11 +161,17 @@ def _transient_type(e: BaseException) -> bool:
                         "ConnectionTimeoutError", "SocketTimeoutError", "ClientConnectionResetError"}
     if module.startswith("fsspec"):
         return name == "FSTimeoutError"
+    if module.startswith("azure"):
+        return name in {"ServiceRequestError", "ServiceResponseError", "ServiceRequestTimeoutError",
+                        "ServiceResponseTimeoutError", "IncompleteReadError"}
+    if module.startswith("google.auth"):
+        return name == "TransportError"
     return name in {"IncompleteRead", "ProtocolError", "RemoteDisconnected"}
 
 
-#: botocore's "found no credentials to sign with" (nothing was sent): an auth failure, said as such.
-NO_CREDENTIALS = frozenset({"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"})
+#: "found no credentials to sign with" (botocore, google.auth, azure.identity; nothing was sent): an auth failure.
+NO_CREDENTIALS = frozenset({"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
+                            "DefaultCredentialsError", "CredentialUnavailableError", "ClientAuthenticationError"})
 
 
 def classify(exc: BaseException) -> Failure:
@@ -182,6 +196,18 @@ def classify(exc: BaseException) -> Failure:
     if isinstance(exc, OSError) or any(type(e).__module__.startswith(CLIENT_MODULES) for e in chain):
         return Failure("client")
     return Failure(None)
+
+
+#: What to do when no credentials were found, by URL scheme.
+HOW_TO_SIGN = {
+    "s3": "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, an AWS profile, or pass storage_options={'key': ..., "
+          "'secret': ...} (or {'anon': True} for a public bucket)",
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, run 'gcloud auth application-default "
+          "login', or pass storage_options={'token': ...} (or {'token': 'anon'} for a public bucket)",
+    "az": "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY / "
+          "AZURE_STORAGE_SAS_TOKEN, run 'az login', or pass storage_options={'account_name': ..., 'account_key': ...}",
+}
+HOW_TO_SIGN["abfs"] = HOW_TO_SIGN["az"]
 
 
 class Retrier:
@@ -253,10 +279,9 @@ class Retrier:
         if failure.kind == "auth":
             where = self.credential_sources() or "the request headers given in storage_options"
             if failure.code == "NoCredentials":
-                return RemoteAuthError(f"{url}: no credentials found ({one_line(exc, kind=True)}); looked in: {where}; "
-                                       "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, an AWS profile, or pass "
-                                       "storage_options={'key': ..., 'secret': ...} (or {'anon': True} for a "
-                                       "public bucket)")
+                hint = HOW_TO_SIGN.get(url.split("://", 1)[0].lower(), HOW_TO_SIGN["s3"])
+                return RemoteAuthError(f"{url}: no credentials found ({one_line(exc, 160, kind=True)}); looked in: "
+                                       f"{where}; {hint}")
             return RemoteAuthError(f"{url}: access denied ({detail or one_line(exc, kind=True)}); "
                                    f"credentials were looked for in: {where}")
         return RemoteError(f"{url}: {what} failed: {detail + '; ' if detail else ''}{one_line(exc, kind=True)}")
