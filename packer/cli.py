@@ -64,6 +64,7 @@ COMMANDS = {
     "pack": "pack an image folder, a CSV/JSONL/Parquet manifest, COCO annotations, WebDataset shards or a "
             "Hugging Face dataset, with its typed fields (the default command)",
     "convert": "turn a packed dataset into another format, checking every sample's checksum",
+    "merge": "join packed datasets of one format and schema into one, checking every sample's checksum",
     "verify": "recompute every checksum of a packed dataset; name each damaged sample",
     "info": "what a packed (or interrupted) dataset holds, and how to resume it",
 }
@@ -166,6 +167,21 @@ def _convert_arguments(p: argparse.ArgumentParser) -> None:
         "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
 
 
+def _merge_arguments(p: argparse.ArgumentParser) -> None:
+    from readers.contract.spec import FORMATS
+
+    p.add_argument("srcs", nargs="+", metavar="DATASET", type=local_location,
+                   help="packed dataset folders (or folders of split datasets), joined in this order")
+    p.add_argument("-o", "--output", type=local_location, metavar="OUT", required=True,
+                   help="output folder (missing parent folders are created)")
+    p.add_argument("-f", "--format", choices=FORMATS, metavar="FORMAT", default=None,
+                   help="the output format: the datasets' own (the default; another is refused)")
+    for f, flag in cli_fields("convert"):
+        if f.name != "format":
+            _add_option(p, f, flag)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
 PACK_DESCRIPTION = """\
 Pack a dataset into WebDataset shards, LMDB, HDF5 or memory-mapped uint8 arrays.
 SRC is one of:
@@ -179,7 +195,8 @@ Every field is stored with its type; readers return each sample's fields."""
 
 #: the usage line of ``pack`` and ``convert`` (argparse's own lists all 25 options: 13 lines)
 USAGE = {"pack": "%(prog)s SRC -f {wds,lmdb,hdf5,mmap} [-o OUT] [options]",
-         "convert": "%(prog)s SRC -f {wds,lmdb,hdf5,mmap} [-o OUT] [options]"}
+         "convert": "%(prog)s SRC -f {wds,lmdb,hdf5,mmap} [-o OUT] [options]",
+         "merge": "%(prog)s DATASET DATASET ... -o OUT [options]"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_command(sub: Any, name: str, add_arguments: Callable[[argparse.ArgumentParser], None],
                  description: str | None = None) -> None:
     p = sub.add_parser(name, help=COMMANDS[name], description=description or COMMANDS[name], usage=USAGE.get(name),
-                       epilog=EXIT_CODES if name in ("pack", "convert") else None,
+                       epilog=EXIT_CODES if name in ("pack", "convert", "merge") else None,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(command=name, command_parser=p)  # the command's parser, for its error messages
@@ -221,6 +238,11 @@ def build_main_parser() -> argparse.ArgumentParser:
                  "is checked as it is copied. Encoded formats (wds, lmdb, hdf5) copy the stored bytes; mmap\n"
                  "decodes them (and applies --resize); from mmap, pixels are stored as lossless PNG. Every\n"
                  "field of every sample is kept.")
+    _add_command(sub, "merge", _merge_arguments,
+                 "Join packed datasets made separately (for example by parallel jobs) into one dataset with one\n"
+                 "index, without re-encoding: every sample's checksum is checked as it is copied. The datasets\n"
+                 "must share a format and a schema; class names are the first dataset's, then new ones in order\n"
+                 "(labels renumbered). --resume finishes an interrupted merge.")
     _add_command(sub, "verify", verify.add_arguments)
     _add_command(sub, "info", info.add_arguments)
     return p
@@ -333,6 +355,18 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                           progress=_progress_factory(args.quiet, "convert")))
 
 
+def _merge(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from packer.tools.merge import merge, merge_format
+
+    def work(out: Path) -> list:
+        fmt = args.format or merge_format(args.srcs)  # a source that is not a dataset: one line, from _run
+        options = PackOptions(format=fmt, **{f.name: getattr(args, f.name) for f, _ in cli_fields("convert")
+                                             if f.name != "format"})
+        return merge(args.srcs, out, options, progress=_progress_factory(args.quiet, "merge"))
+
+    return _run(args, work)
+
+
 def _pack_main(argv: Sequence[str]) -> int:
     """``pack-dataset SRC ...`` (no subcommand): exactly as ``pack-dataset pack SRC ...``."""
     parser = build_parser()
@@ -378,6 +412,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return _pack(args.command_parser, args)
     if args.command == "convert":
         return _convert(args.command_parser, args)
+    if args.command == "merge":
+        return _merge(args.command_parser, args)
     if args.command == "verify":
         from packer.tools.verify import run
 

@@ -55,6 +55,7 @@ from packer.prepare.images import ImageOptions
 from packer.prepare.workers import Outcome, outcome_of
 from packer.sources.source import Source
 from readers.contract import spec
+from readers.contract.location import parse_location
 from readers.contract.fields import Field, FieldType, FieldValueError, ImageType, NumericType, Schema, parse_type
 from readers.contract.messages import one_line
 
@@ -239,7 +240,11 @@ class Writer:
             raise UsageError("Writer(resume=True) is not offered for lmdb: its data.mdb depends on the commit "
                              "history, so a resumed write would hold the same samples in other bytes; write wds, "
                              "hdf5 or mmap (pack-dataset convert makes the lmdb), or start again with overwrite=True")
-        self.out, self.options, self.on_error, self.split = Path(out), options, on_error, split
+        location = parse_location(os.fspath(out)) if isinstance(out, (str, os.PathLike)) else out
+        if isinstance(location, str):  # Path("s3://b/x") would be a local folder named s3:
+            raise UsageError(f"{location}: Writer writes a local folder, not an object store yet; write to a "
+                             "local folder, then upload its files (the dataset is the folder)")
+        self.out, self.options, self.on_error, self.split = Path(location), options, on_error, split
         self._fields, self._classes = fields, list(classes) if classes is not None else None
         self._writer_cls = WRITERS[options.format]
         self.count = 0  #: samples of the caller's sequence taken so far (written or rejected)

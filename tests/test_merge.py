@@ -10,6 +10,7 @@ small image folders.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -238,11 +239,40 @@ def test_an_interrupted_merge_resumes_to_the_same_output(packs, tmp_path, monkey
     assert not (out / spec.INDEX_NAME).exists()
     state = json.loads((out / spec.STATE_NAME).read_text())
     assert state["next_source"] == 6 and state["source"]["kind"] == "merged"
-    results = merge(srcs, out, opts(fmt, checkpoint_bytes=1, resume=True))
-    assert results[0].resumed_from == 6
+    from packer.cli import main as cli_main
+    from packer.tools.info import describe
+
+    command = describe(out)["resume"]  # what `pack-dataset info OUT` tells the user to run
+    words = shlex.split(command)
+    assert words[:2] == ["pack-dataset", "merge"] and words[2:4] == [str(s) for s in srcs], command
+    assert words[words.index("-o") + 1] == str(out) and words[-1] == "--resume", command
+    assert cli_main(words[1:] + ["-q"]) == 0
     want, got = spec.read_index(reference), spec.read_index(out)
     for name in ("labels", "checksums", "sizes"):
         assert got.arrays[name].tolist() == want.arrays[name].tolist(), name
     assert _names(out) == _names(reference) and stored_images(out) == stored_images(reference)
     assert stored_fields(out)[1] == stored_fields(reference)[1]
     assert verify(out).ok
+
+
+def test_the_cli_merges_and_says_what_it_wrote(packs, tmp_path, capsys):
+    """``pack-dataset merge A B -o OUT``: exit 0, the pack's summary line, a dataset equal to the API's merge;
+    a folder that is not a dataset is exit 2 in one line naming it, nothing written."""
+    from packer.cli import main as cli_main
+
+    a, b = packs["lmdb"]["a"], packs["lmdb"]["b"]
+    assert cli_main(["merge", str(a), str(b), "-o", str(tmp_path / "cli"), "-q", "-w", "1"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.endswith(f"-> {tmp_path / 'cli'}") and "10 samples" in out, out
+    merge([a, b], tmp_path / "api", opts("lmdb"))
+    cli, api = spec.read_index(tmp_path / "cli"), spec.read_index(tmp_path / "api")
+    assert cli.meta["classes"] == api.meta["classes"]
+    for name in ("labels", "checksums", "sizes"):
+        assert cli.arrays[name].tolist() == api.arrays[name].tolist(), name
+    assert _names(tmp_path / "cli") == _names(tmp_path / "api")
+    assert stored_images(tmp_path / "cli") == stored_images(tmp_path / "api")
+    assert verify(tmp_path / "cli").ok
+    (tmp_path / "junk").mkdir()
+    assert cli_main(["merge", str(a), str(tmp_path / "junk"), "-o", str(tmp_path / "bad"), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and str(tmp_path / "junk") in err and not (tmp_path / "bad").exists(), err

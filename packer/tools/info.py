@@ -56,10 +56,13 @@ def resume_command(state: dict[str, Any], out: Path) -> str:
     if source.get("kind") == "writer":  # written from Python: the same Writer call, resumed
         return (f"packer.Writer({str(out)!r}, format={state.get('format')!r}, ..., resume=True) in Python, then "
                 "skip the first w.count samples")
-    command = "convert" if source.get("kind") == "dataset" else "pack"
+    command = "convert" if source.get("kind") in ("dataset", "merged") else "pack"
     options = state.get("options", {})
     words = ["pack-dataset"] + (["convert"] if command == "convert" else [])
-    if source.get("splits", 1) > 1:  # an imported source with several splits: resume them all at once
+    if source.get("kind") == "merged":  # the same merge (all its splits at once), resumed
+        words = ["pack-dataset", "merge", *source.get("sources_given", ["DATASET", "..."]), "-f", state["format"],
+                 "-o", source.get("output") or str(out)]
+    elif source.get("splits", 1) > 1:  # an imported source with several splits: resume them all at once
         words += [source["given"], "-f", state["format"], "-o", str(out.parent)]
     else:
         words += [source.get("given") or source.get("root", "SRC"), "-f", state["format"], "-o", str(out)]

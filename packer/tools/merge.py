@@ -155,5 +155,5 @@ def merge(srcs: Sequence[str | os.PathLike], out: str | os.PathLike, options: Pa
             opts = replace(opts, resize=_pixel_size(head))
         dest = out / split if split else out
         jobs.append(Job(head.meta.get("split") or split or Path(head.root).name, chain, dest, opts, kind="merged",
-                        details={"sources_given": [str(p) for p in paths]}))
+                        details={"sources_given": [str(p) for p in paths], "output": str(out)}))
     return pack_jobs(out, options, jobs, "merging", progress)
