@@ -21,6 +21,8 @@ The top layer of the project: ``dataset_bench`` -> ``packer`` -> ``readers`` ->
   servers (SeaweedFS, nginx) that it and the tests start;
 * :mod:`dataset_bench.convert`, :mod:`dataset_bench.fieldsbench` -- ``pack-dataset convert`` beside a
   raw copy; ``dataset-bench --fields``, the previous release beside this checkout;
+* :mod:`dataset_bench.writerbench` -- ``benchmarks/bench_writer.py``: ``packer.Writer`` and
+  ``packer.pack_map`` beside the peers' writers;
 * :mod:`dataset_bench.peers`, :mod:`dataset_bench.peerreaders`, :mod:`dataset_bench.peerwriters`,
   :mod:`dataset_bench.newpeers` -- the peers: which ones are installed (here or in a venv of their own),
   the older peers' readers and writers, the 2026 peers' loaders and writers;
