@@ -45,9 +45,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from readers.contract.env import default_workers, die_with_parent
+from readers.contract.messages import one_line
 from readers.formats.registry import open_dataset
 from readers.loader import shmring
-from readers.loader.collation import Collate, collate
+from readers.loader.collation import BatchTransform, Collate, collate
 from readers.loader.shmring import ByteBatch
 from readers.loader.shmspace import ShmSpace, item_bytes, shm_check, use_file_system_sharing
 from readers.loader.threads import WORKER_KINDS, ThreadBatches, choose_workers
@@ -331,16 +332,35 @@ class ThreadLoader(PackedLoader):
     """
 
     def __init__(self, dataset: Any, *, num_workers: int, pin_memory: bool = False, whole_batches: bool = True,
-                 prefetch_factor: int = 2, **kwargs: Any) -> None:
+                 prefetch_factor: int = 2, batch_transform: BatchTransform | None = None, **kwargs: Any) -> None:
         super().__init__(dataset, num_workers=num_workers, pin_memory=False, persistent_workers=False,
                          prefetch_factor=prefetch_factor if num_workers else None, **kwargs)
         self.pin_batches = pin_memory  # pinned by the loader threads, not by DataLoader's pin thread
         self.pin_now = False  # this epoch's: pin_batches where an accelerator is there (readers.loader.threads)
         self.whole_batches = whole_batches
+        self.batch_transform = batch_transform  # run by each loader thread on the batches it makes
         self._shard_maps: dict[int, Any] = {}  # thread -> its ShardMaps (shard mappings, headers checked), kept between epochs
 
     def _get_iterator(self) -> Any:  # a ThreadBatches: DataLoader's iterator protocol, not its _BaseDataLoaderIter
         return ThreadBatches(self)
+
+
+def _check_picklable(bt: BatchTransform, context: Any) -> None:
+    """A ``batch_transform`` must reach worker processes that are not forked (spawn, forkserver) by pickle:
+    refused here in one line, not as a traceback from the first worker."""
+    import multiprocessing
+    import pickle
+
+    method = context if isinstance(context, str) else (
+        context.get_start_method() if context is not None else multiprocessing.get_start_method())
+    if method == "fork":
+        return
+    try:
+        pickle.dumps(bt)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure is the same refusal
+        raise ValueError(f"make_loader: batch_transform {bt.name} cannot be sent to {method} worker processes "
+                         f"({one_line(exc)}): define it at module level (a def or a class), not a lambda or "
+                         "a local function") from None
 
 
 # Over 60 lines only because the public entry point lists and documents every knob; the body is ~35.
@@ -362,6 +382,7 @@ def make_loader(
     workers: str = "auto",
     samples_per_epoch: int | None = None,
     replacement: bool = False,
+    batch_transform: Callable[[Any], Any] | None = None,
     **kwargs: Any,
 ) -> PackedLoader:
     """Build a :class:`PackedLoader` over a reader from ``readers``; every setting overridable.
@@ -407,11 +428,23 @@ def make_loader(
     ``samples_per_epoch`` is read as a one-source ``readers.mix`` (random access). A
     :class:`readers.order.mixture.Mixture` brings its own epochs (``mix(..., samples_per_epoch=)``)
     and its ``seed``, when given, decides its order. See docs/training.md.
+
+    ``batch_transform``: ``f(images) -> images`` run on each collated batch's images (one ``uint8``
+    tensor ``[B, C, H, W]`` of stored pixels or decoded images; a ``ByteBatch`` for ``decode=False``)
+    where the batch is made: in the worker process or thread, in the main process with
+    ``num_workers=0``; labels and indices pass through. One tensor op per batch instead of a
+    ``transform=`` call per sample (a crop, flip or normalisation of stored pixels); it composes with
+    the whole-batch read of ``ResizeCenterCrop`` at the stored size. It does not make ``"auto"`` pick
+    processes (a batch op holds the GIL once per batch). See :class:`readers.loader.collation.BatchTransform`.
     """
     if workers is None:
         workers = "auto"
     if workers not in WORKER_KINDS:
         raise ValueError(f"workers must be one of {', '.join(map(repr, WORKER_KINDS))}, got {workers!r}")
+    if batch_transform is not None and collate_fn is not None:
+        raise ValueError("make_loader: batch_transform runs after make_loader's own collate; with a collate_fn "
+                         "of your own, apply it at the end of your collate_fn instead")
+    bt = None if batch_transform is None else BatchTransform(batch_transform)
     if isinstance(dataset, (str, os.PathLike)):
         dataset = open_dataset(dataset)
     spec: EpochSpec | None = getattr(dataset, "spec", None)
@@ -452,7 +485,9 @@ def make_loader(
         return ThreadLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=count, pin_memory=pin,
                               drop_last=drop_last, collate_fn=collate_fn or collate, generator=generator,
                               prefetch_factor=prefetch_factor, whole_batches=collate_fn is None,
-                              worker_init_fn=worker_init_fn, seed=seed, distributed=distributed, **kwargs)
+                              batch_transform=bt, worker_init_fn=worker_init_fn, seed=seed, distributed=distributed, **kwargs)
+    if count > 0 and bt is not None:
+        _check_picklable(bt, multiprocessing_context)
     if count > 0:
         space = shm_check(count * prefetch_factor * batch_size * item_bytes(dataset) * 2)
         if not space:
@@ -461,6 +496,6 @@ def make_loader(
                       multiprocessing_context=multiprocessing_context)
     return PackedLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=count, pin_memory=pin,
-        drop_last=drop_last, collate_fn=collate_fn or Collate(slots=prefetch_factor + 3),
+        drop_last=drop_last, collate_fn=collate_fn or Collate(slots=prefetch_factor + 3, batch_transform=bt),
         worker_init_fn=_WorkerInit(worker_init_fn), generator=generator, seed=seed, distributed=distributed, **kwargs,
     )

@@ -33,7 +33,8 @@ PackedLoader's); only its workers are threads, run by :class:`ThreadBatches`:
   stops the threads;
 * whole batches where the reader can read them (``get_batch``, and
   :mod:`readers.formats.shardbatch` for ``ShardDataset`` bytes) unless a
-  ``collate_fn`` of the caller's own is given.
+  ``collate_fn`` of the caller's own is given; ``make_loader(batch_transform=f)``
+  runs ``f`` on each batch in the thread that made it (``_pinned``).
 
 Each thread runs torch ops single-threaded (``torch.set_num_threads(1)`` is
 per thread with the OpenMP backend): two loader threads on two cores each
@@ -172,6 +173,10 @@ class ThreadBatches:
 
 
 def _pinned(loader: Any, batch: Any) -> Any:
+    """A batch this thread made, through the loader's ``batch_transform`` (if any), then pinned."""
+    bt = getattr(loader, "batch_transform", None)
+    if bt is not None:
+        batch = bt(batch)
     if not loader.pin_now:
         return batch
     from torch.utils.data._utils.pin_memory import pin_memory
