@@ -57,6 +57,7 @@ from torch.utils.data import IterableDataset
 from readers.contract.env import ThreadWorker, as_thread_worker
 from readers.decode import compose
 from readers.formats.base import MapReader, PackedDataset, ReadsBatches, ReadsItems
+from readers.loader.collation import then
 from readers.order.mixture import Mixture
 from readers.order.subsets import Subset
 
@@ -174,9 +175,7 @@ class ThreadBatches:
 
 def _pinned(loader: Any, batch: Any) -> Any:
     """A batch this thread made, through the loader's ``batch_transform`` (if any), then pinned."""
-    bt = getattr(loader, "batch_transform", None)
-    if bt is not None:
-        batch = bt(batch)
+    batch = then(loader.batch_transform, batch)
     if not loader.pin_now:
         return batch
     from torch.utils.data._utils.pin_memory import pin_memory
