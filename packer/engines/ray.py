@@ -78,7 +78,9 @@ class ChunkSummary(NamedTuple):
     node: str  # Ray node that prepared it
 
 
-@ray.remote(num_cpus=1, max_retries=MAX_RETRIES)
+# SPREAD: chunks go round the nodes that have a free CPU rather than filling the driver's node first
+# (Ray's default packs a node before spilling, so a small pack could leave the other nodes idle).
+@ray.remote(num_cpus=1, max_retries=MAX_RETRIES, scheduling_strategy="SPREAD")
 def prepare_chunk(files: LocalFiles, rels: list[str], opts: ImageOptions, detach: bool,
                   sizes: list[int] | None = None):
     """Prepare one chunk (``sizes``: the files' as scanned, checked against the byte budget before a
