@@ -133,23 +133,30 @@ def probe_read(root: Path, *, decode: bool = False, timeout: float = 60) -> dict
 
 # A pack-dataset run whose write stage sleeps per sample: slow enough to act while it runs.
 _SLOW = textwrap.dedent('''
-    import sys, time
+    import os, sys, time
     import packer.pipeline as p
-    delay = float(sys.argv[1])
+    delay, hold = float(sys.argv[1]), sys.argv[2]
     take = p._WriteStage._take
+    taken = [0]
     def slow(self, pos, outcome):
+        taken[0] += 1
+        deadline = time.monotonic() + 300
+        while hold and taken[0] > 1 and not os.path.exists(hold) and time.monotonic() < deadline:
+            time.sleep(0.02)
         time.sleep(delay)
         return take(self, pos, outcome)
     p._WriteStage._take = slow
     from packer.cli import main
-    sys.exit(main(sys.argv[2:]))
+    sys.exit(main(sys.argv[3:]))
 ''')
 
 
-def slow_pack(*args: Any, delay: float = 0.02, **popen: Any) -> subprocess.Popen:
-    """Start ``pack-dataset ARGS`` with a write stage slowed by ``delay`` s per sample."""
-    return subprocess.Popen([sys.executable, "-c", _SLOW, str(delay), *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env(), **popen)
+def slow_pack(*args: Any, delay: float = 0.02, hold: Path | None = None, **popen: Any) -> subprocess.Popen:
+    """Start ``pack-dataset ARGS`` with a write stage slowed by ``delay`` s per sample; with ``hold``, it
+    also stops after its first sample until the file ``hold`` exists (however slow the machine, the pack
+    is still running while the test looks at it; the test creates ``hold`` to let it finish)."""
+    return subprocess.Popen([sys.executable, "-c", _SLOW, str(delay), str(hold or ""), *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), **popen)
 
 
 # A pack-dataset run that dies (os._exit, like kill -9) when a chosen function is first called.

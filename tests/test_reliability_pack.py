@@ -73,11 +73,12 @@ def _same_dataset(out: Path, ref: Path, fmt: str) -> None:
 @pytest.mark.parametrize("second", ["plain", "resume", "overwrite"])
 def test_a_second_pack_into_a_busy_folder_exits_2_naming_the_holder(src, tmp_path, second):
     out = tmp_path / "out"
-    first = slow_pack(*_args(src, out, "wds"), delay=0.1)
+    first = slow_pack(*_args(src, out, "wds"), delay=0.1, hold=tmp_path / "go")
     wait_for(lambda: (out / spec.STATE_NAME).exists(), what="the first pack's journal")
     more = {"plain": [], "resume": ["--resume"], "overwrite": ["--overwrite"]}[second]
     r = cli(*_args(src, out, "wds", *more))
     assert_one_line(r, 2, str(out), f"pid {first.pid}", "another pack-dataset")
+    (tmp_path / "go").touch()
     _, err = first.communicate(timeout=120)
     assert first.returncode == 0, err  # the first pack is untouched by the second
     _verified(out)
@@ -92,11 +93,13 @@ def test_a_split_folder_being_packed_is_locked_too(tmp_path):
     make_image_folder(tmp_path / "src" / "train", classes=2, per_class=8, png_every=0)
     make_image_folder(tmp_path / "src" / "val", classes=2, per_class=8, png_every=0, seed=1)
     out = tmp_path / "out"
-    first = slow_pack(tmp_path / "src", "-f", "lmdb", "-o", out, "-q", "--workers", "1", delay=0.1)
+    first = slow_pack(tmp_path / "src", "-f", "lmdb", "-o", out, "-q", "--workers", "1", delay=0.1,
+                      hold=tmp_path / "go")
     wait_for(lambda: (out / "train" / spec.STATE_NAME).exists(), what="the first split's journal")
     for target in (out / "train", out / "val"):  # val: locked up front, before its turn
         r = cli(tmp_path / "src" / target.name, "-f", "lmdb", "-o", target, "-q", "--overwrite")
         assert_one_line(r, 2, str(target), f"pid {first.pid}")
+    (tmp_path / "go").touch()
     _, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     for split in ("train", "val"):
