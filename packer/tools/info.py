@@ -219,9 +219,12 @@ def describe_remote(url: str, storage_options: dict[str, Any] | None = None) -> 
     from readers.remote import open_store
 
     store = open_store(url, storage_options)
-    if store.exists(spec.INDEX_NAME):
-        meta = spec.read_meta(store)  # index.json only: info never reads the index arrays
-        return _complete(url, meta, _recorded_usage(meta))
+    try:
+        if store.exists(spec.INDEX_NAME):
+            meta = spec.read_meta(store)  # index.json only: info never reads the index arrays
+            return _complete(url, meta, _recorded_usage(meta))
+    finally:
+        store.close()  # its connections now, not whenever the garbage collector runs
     roots = remote_roots(url, storage_options)
     if roots != [url]:
         return {"path": url, "state": "complete", "splits": [describe_remote(u, storage_options) for u in roots]}

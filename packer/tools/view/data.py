@@ -75,7 +75,7 @@ class Order(Sequence):
     """The samples a grid pages through: ``base`` (a range, or one class's indices) in index order, or
     permuted by ``(a * k + b) % n``."""
 
-    def __init__(self, base: Sequence[int], seed: int | None) -> None:
+    def __init__(self, base: Sequence[int] | np.ndarray, seed: int | None) -> None:
         self.base = base
         self.a, self.b = (1, 0) if seed is None else _affine(len(base), seed)
 
@@ -139,14 +139,15 @@ class Split:
 
     def close(self) -> None:
         self.reader.close()
+        if self.reader.index.store is not None:  # a remote dataset: its connections now
+            self.reader.index.store.close()
 
     def indices(self, label: int | None = None, seed: int | None = None) -> Order:
         """The samples a grid pages through: all, or those of class ``label`` (one pass over the labels
         array, only when a class is asked for); shuffled with ``seed``."""
-        base: Sequence[int] = range(self.samples)
-        if label is not None:
-            base = np.flatnonzero(np.asarray(self.reader.labels) == label)
-        return Order(base, seed)
+        if label is None:
+            return Order(range(self.samples), seed)
+        return Order(np.flatnonzero(np.asarray(self.reader.labels) == label), seed)
 
     def class_name(self, label: int) -> str:
         classes = self.reader.classes
@@ -221,9 +222,12 @@ class Split:
         if label is not None:
             out["label"], out["class"] = label, self.class_name(label)
         try:
-            header = read_header(self.reader.read(i)) if self.reader.format != "mmap" else None
-            pixels = None if header else self.reader.read(i)
-            out["height"], out["width"] = (header.height, header.width) if header else pixels.shape[:2]
+            stored = self.reader.read(i)
+            if isinstance(stored, np.ndarray):  # mmap: the pixels
+                out["height"], out["width"] = stored.shape[:2]
+            else:
+                header = read_header(stored)
+                out["height"], out["width"] = header.height, header.width
             values = self.values(i)
         except _READ_ERRORS as exc:
             out.update(error=self._error(i, exc), fields=[], boxes=[], caption="")
@@ -250,11 +254,10 @@ class Split:
                     continue
                 if not isinstance(r, dict):
                     continue
-                row = {"path": str(r.get("path", "?")), "reason": str(r.get("reason", "?")), "thumb": None}
-                rows = groups.setdefault(_reason_kind(row["reason"]), [])
-                if source and len(rows) < _REJECT_THUMBS:
-                    row["thumb"] = _source_thumbnail(Path(source), row["path"])
-                rows.append(row)
+                path, reason = str(r.get("path", "?")), str(r.get("reason", "?"))
+                rows = groups.setdefault(_reason_kind(reason), [])
+                thumb = _source_thumbnail(Path(source), path) if source and len(rows) < _REJECT_THUMBS else None
+                rows.append({"path": path, "reason": reason, "thumb": thumb})
         return groups
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from packer.tools.view import pages
+from packer.tools.view.pages import PER_PAGE, render_grid, render_overview, render_rejects, render_sample
 from packer.tools.view.data import DatasetView, Split
 
 __all__ = ["make_app", "Server", "LOCAL_HOSTS"]
@@ -82,22 +82,22 @@ def _html(text: str) -> web.Response:
 
 
 async def overview(request: web.Request) -> web.Response:
-    return _html(await _threaded(request, pages.render_overview, request.app[_VIEW], request.app[_TOKEN]))
+    return _html(await _threaded(request, render_overview, request.app[_VIEW], request.app[_TOKEN]))
 
 
 async def grid(request: web.Request) -> web.Response:
     split = _split(request, request.query.get("split"))
-    per = max(1, min(_int(request, "per", pages.PER_PAGE) or pages.PER_PAGE, _MAX_PER_PAGE))
+    per = max(1, min(_int(request, "per", PER_PAGE) or PER_PAGE, _MAX_PER_PAGE))
     page = max(0, _int(request, "page", 0) or 0)
     cls = _int(request, "cls", None)
     seed = _int(request, "seed", request.app[_SEED])  # type: ignore[arg-type]
-    return _html(await _threaded(request, pages.render_grid, request.app[_VIEW], split, page=page, per=per, cls=cls,
+    return _html(await _threaded(request, render_grid, request.app[_VIEW], split, page=page, per=per, cls=cls,
                                  seed=seed, token=request.app[_TOKEN]))
 
 
 async def sample_page(request: web.Request) -> web.Response:
     split, i = _sample(request)
-    return _html(await _threaded(request, pages.render_sample, split, i, request.app[_TOKEN]))
+    return _html(await _threaded(request, render_sample, split, i, request.app[_TOKEN]))
 
 
 async def sample_json(request: web.Request) -> web.Response:
@@ -119,7 +119,7 @@ async def image(request: web.Request) -> web.Response:
 
 
 async def rejects(request: web.Request) -> web.Response:
-    return _html(await _threaded(request, pages.render_rejects, request.app[_VIEW], request.app[_TOKEN]))
+    return _html(await _threaded(request, render_rejects, request.app[_VIEW], request.app[_TOKEN]))
 
 
 def make_app(view: DatasetView, token: str = "", seed: int | None = None) -> web.Application:
