@@ -33,6 +33,7 @@ THUMB = 128
 _SHOWN_ITEMS = 64  # an array field shows this many values on a sample page
 _REJECT_THUMBS = 24  # rejects with a thumbnail, per reason
 _REJECT_BYTES = 64 << 20  # a rejected source file larger than this gets no thumbnail
+_REJECT_PIXELS = 40_000_000  # nor one whose reduced-scale decode would be larger (a decompression bomb)
 _READ_ERRORS = (spec.DatasetFormatError, OSError, ValueError, KeyError, IndexError)
 
 
@@ -263,12 +264,18 @@ class Split:
 
 def _source_thumbnail(source: Path, rel: str) -> bytes | None:
     """A PNG thumbnail of the rejected source file ``source/rel``, or None: outside ``source``, gone,
-    too large, or not decodable (most rejects)."""
+    too large (in bytes, or in pixels at the reduced scale: the header is read first), or not
+    decodable (most rejects)."""
     try:
         path = (source / rel).resolve()
         if not path.is_relative_to(source.resolve()) or not path.is_file() or path.stat().st_size > _REJECT_BYTES:
             return None
-        return png_bytes(thumbnail_pixels(path.read_bytes()))
+        data = path.read_bytes()
+        header = read_header(data)
+        scale = reduction_for(header.height, header.width, THUMB, THUMB, jpeg=header.is_jpeg)
+        if (header.height // scale) * (header.width // scale) > _REJECT_PIXELS:
+            return None
+        return png_bytes(thumbnail_pixels(data))
     except (OSError, ValueError, RuntimeError):
         return None
 
