@@ -264,3 +264,28 @@ def test_cli_serves_until_ctrl_c(packed_generated):
             proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_source_names_are_names_jsonl_lines(packed_generated, monkeypatch):
+    """The sample page's source name is line ``i`` of names.jsonl, found through the table of every
+    k-th line's start (k = 4 here, so that 28 samples cross several marks)."""
+    import packer.tools.view.data as data
+
+    monkeypatch.setattr(data, "_NAME_STRIDE", 4)
+    lines = [json.loads(line) for line in (packed_generated["hdf5"] / "names.jsonl").read_text().splitlines()]
+    with DatasetView(packed_generated["hdf5"]) as view:
+        split = view.split(None)
+        assert [split.source_name(i) for i in (27, 0, 13, 4, 3)] == [lines[i] for i in (27, 0, 13, 4, 3)]
+
+
+def test_a_folder_of_splits(tmp_path):
+    from conftest import make_image_folder
+
+    make_image_folder(tmp_path / "src" / "train", classes=2, per_class=3)
+    make_image_folder(tmp_path / "src" / "val", classes=2, per_class=2, seed=1)
+    pack(tmp_path / "src", tmp_path / "out", PackOptions(format="mmap", workers=1))
+    with DatasetView(tmp_path / "out") as view:
+        assert list(view.splits) == ["train", "val"]
+        [(_, overview), (_, val), (status, _)] = get(view, "/", "/grid?split=val", "/grid?split=test")
+    assert re.findall(r'<td class="samples">(\d+)</td>', overview) == ["6", "4"]
+    assert len(thumbnails(val)) == 4 and status == 404

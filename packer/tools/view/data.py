@@ -24,6 +24,7 @@ import numpy as np
 from packer.tools.info import describe
 from readers.contract import spec
 from readers.contract.messages import one_line
+from readers.contract.safeio import member_path, open_regular
 from readers.decode.decoders import decode_rgb_scaled, read_header, reduction_for
 
 __all__ = ["DatasetView", "Split", "THUMB", "png_bytes", "thumbnail_pixels", "box_names"]
@@ -34,6 +35,8 @@ _SHOWN_ITEMS = 64  # an array field shows this many values on a sample page
 _REJECT_THUMBS = 24  # rejects with a thumbnail, per reason
 _REJECT_BYTES = 64 << 20  # a rejected source file larger than this gets no thumbnail
 _REJECT_PIXELS = 40_000_000  # nor one whose reduced-scale decode would be larger (a decompression bomb)
+_NAME_STRIDE = 4096  # names.jsonl: one line start kept per this many lines
+_REMOTE_NAMES_BYTES = 16 << 20  # a remote names.jsonl is read for a sample page only up to this size
 _READ_ERRORS = (spec.DatasetFormatError, OSError, ValueError, KeyError, IndexError)
 
 
@@ -137,6 +140,7 @@ class Split:
         self.text = next((f.name for f in self.schema if f.type.name == "text"), None)
         self.second_images = [f.name for f in self.schema if f.name != "image" and f.type.name == "image"]
         self.chart: str | None = None  # the class histogram (SVG), made by the first overview
+        self.name_marks: np.ndarray | None = None  # where every 4096th line of names.jsonl starts
 
     def close(self) -> None:
         self.reader.close()
@@ -199,17 +203,28 @@ class Split:
         return png_bytes(decode_rgb_scaled(blob, 1)), "image/png"
 
     def source_name(self, i: int) -> str | None:
-        """Sample ``i``'s source path from ``names.jsonl`` (read up to line ``i``: a sample page only);
-        None when the dataset has none."""
-        files = self.reader.meta.get("files") or {}
-        if self.reader.remote is not None and spec.NAMES_FILE not in files:
-            return None
-        if self.reader.remote is None and not (Path(self.reader.root) / spec.NAMES_FILE).is_file():
-            return None
+        """Sample ``i``'s source path from ``names.jsonl`` (None when the dataset has none). Local: found
+        through a table of where every 4096th line starts, made by the first sample page (one pass over
+        the file's bytes, ~0.1 s per million lines); remote: read up to line ``i`` (a small file only)."""
         try:
-            with contextlib.closing(self.reader.index.names()) as names:
-                return next(itertools.islice(names, i, None), None)
-        except _READ_ERRORS as exc:
+            if self.reader.remote is not None:
+                size = (self.reader.meta.get("files") or {}).get(spec.NAMES_FILE)
+                if size is None or size > _REMOTE_NAMES_BYTES:
+                    return None
+                with contextlib.closing(self.reader.index.names()) as names:
+                    return next(itertools.islice(names, i, None), None)
+            path = member_path(self.reader.root, spec.NAMES_FILE, "names file")
+            if not path.is_file():
+                return None
+            with os.fdopen(open_regular(path, "names file"), "rb") as f:
+                if self.name_marks is None:
+                    self.name_marks = _line_marks(f)
+                f.seek(int(self.name_marks[i // _NAME_STRIDE]))
+                for _ in range(i % _NAME_STRIDE):
+                    f.readline()
+                name = json.loads(f.readline())
+            return name if isinstance(name, str) else f"(not a name: {name!r:.60})"
+        except (*_READ_ERRORS, IndexError) as exc:
             return f"(unreadable: {one_line(exc)})"
 
     def sample(self, i: int) -> dict[str, Any]:
@@ -260,6 +275,17 @@ class Split:
                 thumb = _source_thumbnail(Path(source), path) if source and len(rows) < _REJECT_THUMBS else None
                 rows.append({"path": path, "reason": reason, "thumb": thumb})
         return groups
+
+
+def _line_marks(f: Any) -> np.ndarray:
+    """Byte offsets of lines 0, 4096, 8192, ... of the open file ``f``, in one pass over its bytes."""
+    marks, count, pos = [np.zeros(1, np.int64)], 0, 0
+    while chunk := f.read(16 << 20):
+        starts = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10).astype(np.int64) + pos + 1  # of the next lines
+        lines = np.arange(count + 1, count + 1 + len(starts))
+        marks.append(starts[lines % _NAME_STRIDE == 0])
+        count, pos = count + len(starts), pos + len(chunk)
+    return np.concatenate(marks)
 
 
 def _source_thumbnail(source: Path, rel: str) -> bytes | None:
