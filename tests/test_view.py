@@ -235,9 +235,11 @@ def test_cli_errors_are_one_line(tmp_path, packed_generated, capsys):
         err = capsys.readouterr().err
         assert err.startswith("pack-dataset view: error: ") and err.count("\n") == 1, err
     assert not list(tmp_path.glob("**/*.html*"))
-    with pytest.raises(SystemExit) as usage:
-        main(["view", "ftp://host/x"])
-    assert usage.value.code == 2
+    for argv in (["view", "ftp://host/x"], ["view", str(packed_generated["lmdb"]), "--port", "70000"]):
+        with pytest.raises(SystemExit) as usage:
+            main(argv)
+        assert usage.value.code == 2
+        assert capsys.readouterr().err.count("\n") == 2  # the error and where to look (cli.Parser)
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "view" in capsys.readouterr().out

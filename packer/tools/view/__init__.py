@@ -36,12 +36,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(credentials and endpoint from the AWS environment variables)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; any other needs the token printed in the URL)")
-    p.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
+    p.add_argument("--port", type=_port, default=0, help="port to listen on (default: a free one)")
     p.add_argument("--seed", type=int, default=None, help="show the grid shuffled with this seed (default: index order)")
     p.add_argument("--html", type=Path, metavar="OUT.html",
                    help="write the overview and a grid of --samples samples per split as one self-contained "
                         "file (images inlined), and exit")
     p.add_argument("--samples", type=int, default=48, metavar="N", help="samples in the --html grid (default 48)")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is a number from 0 to 65535 (0: a free one)")
+    return port
 
 
 def _fail(message: str) -> int:
