@@ -162,6 +162,13 @@ def test_grid_thumbnails_are_the_readers_decode(page, served, tmp_path):
     _check_grid(page, server.url, folder, json.loads((folder / "index.json").read_text())["num_samples"])
     page.set_viewport_size({"width": 1000, "height": 760})
     _screenshot(page, "view-grid.jpg", tmp_path)
+    meta = json.loads((folder / "index.json").read_text())
+    page.select_option('select[name="cls"]', label="people")  # the filter form: a class, shuffled
+    page.fill('input[name="seed"]', "5")
+    page.click('button[type="submit"]')
+    captions = [c.split(" ", 1)[1] for c in page.locator(".cell .caption").all_inner_texts()]
+    assert captions == ["people"] * meta["class_counts"][meta["classes"].index("people")]
+    assert "shuffled (seed 5)" in page.locator("h2.gridtitle").inner_text()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -21,6 +21,7 @@ __all__ = ["render_overview", "render_grid", "render_sample", "render_rejects", 
 
 PER_PAGE = 100  # grid samples per page
 _MAX_BARS = 60  # the histogram (and the class table) shows the largest classes beyond this many
+_SELECT_CLASSES = 1000  # the grid's class filter is a list of names up to this many classes, else a number
 _MANY = 100_000  # beyond this many classes, the first ones are shown (no sort of millions)
 
 
@@ -104,7 +105,9 @@ def render_grid(view: DatasetView, split: Split, *, page: int, per: int, cls: in
     def link(p: int) -> str:
         return f"{base}&page={p}"
 
+    classes = list(split.reader.classes) if split.has_label and len(split.reader.classes) <= _SELECT_CLASSES else []
     return _page("grid.html", token, title=f"{split.name}: grid", split=split, splits=list(view.splits), cls=cls,
+                 classes=classes,
                  seed=seed, per=per, start=start, stop=stop, total=total, cells=cells, pager=standalone, link=link,
                  prev=page - 1 if page > 0 else None, next=page + 1 if stop < total else None,
                  layout="base.html" if standalone else "bare.html")

@@ -49,7 +49,9 @@ href="/grid?split={{ s.name|urlencode }}&cls={{ c.label }}{{ amp }}">{{ c.name }
 if seed is not none %}, shuffled (seed {{ seed }}){% endif %}: {{ start }}–{{ stop }} of {{ total }}</h2>
 {% if pager %}<form method="get" action="/grid">{% if token %}<input type="hidden" name="token" value="{{ token }}">{% endif %}
 split <select name="split">{% for n in splits %}<option{% if n == split.name %} selected{% endif %}>{{ n }}</option>{% endfor %}</select>
-class <input name="cls" size="6" value="{{ '' if cls is none else cls }}" placeholder="label">
+class {% if classes %}<select name="cls"><option value="">all</option>{% for c in classes %}<option value="{{ loop.index0 }}"{%
+if loop.index0 == cls %} selected{% endif %}>{{ c }}</option>{% endfor %}</select>{% else %}<input name="cls" size="6"
+value="{{ '' if cls is none else cls }}" placeholder="label">{% endif %}
 seed <input name="seed" size="6" value="{{ '' if seed is none else seed }}" placeholder="index order">
 per page <input name="per" size="4" value="{{ per }}"> <button type="submit">show</button></form>
 <p>{% if prev is not none %}<a id="prev" href="{{ link(prev) }}">previous</a> {% endif %}{%
