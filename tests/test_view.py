@@ -60,7 +60,7 @@ def get(app_view, *paths: str, token: str = "", seed=None) -> list[tuple[int, st
             out = []
             for p in paths:
                 r = await client.get(p)
-                out.append((r.status, await r.text()))
+                out.append((r.status, (await r.read()).decode("utf-8", "replace")))
             return out
 
     return asyncio.run(run())
@@ -291,3 +291,29 @@ def test_a_folder_of_splits(tmp_path):
         [(_, overview), (_, val), (status, _)] = get(view, "/", "/grid?split=val", "/grid?split=test")
     assert re.findall(r'<td class="samples">(\d+)</td>', overview) == ["6", "4"]
     assert len(thumbnails(val)) == 4 and status == 404
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "mmap"])
+def test_a_second_image_field_shows_beside_the_first(real_images, tmp_path, fmt):
+    """``--fields mask:image``: the sample page shows the mask beside the image; /image?field=mask serves
+    its stored bytes (mmap too: the mask stays encoded beside the pixels)."""
+    photos = [next(real_images.rglob(n)) for n in ("chelsea.png", "china.jpg")]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"image": str(a), "mask": str(b)}) + "\n" for a, b in zip(photos, photos[::-1])))
+    pack(rows, tmp_path / fmt, PackOptions(format=fmt, workers=1, order="source", fields="mask:image"))
+    with DatasetView(tmp_path / fmt) as view:
+        name = view.split(None).name
+        [(s1, page), (s2, _)] = get(view, f"/sample/{name}/0", f"/image/{name}/0?field=image")
+        [(s3, _)] = get(view, f"/image/{name}/0?field=nope")
+
+        async def mask():
+            from aiohttp.test_utils import TestClient, TestServer
+
+            async with TestClient(TestServer(make_app(view))) as client:
+                r = await client.get(f"/image/{name}/0?field=mask")
+                return r.status, r.content_type, await r.read()
+
+        status, kind, body = asyncio.run(mask())
+    assert (s1, s2, s3, status) == (200, 200, 404, 200)
+    assert re.search(rf'<img class="second" alt="mask"\s+src="/image/{name}/0\?field=mask">', page)
+    assert kind == "image/jpeg" and body == photos[1].read_bytes()  # china.jpg, as stored
