@@ -317,3 +317,14 @@ def test_a_second_image_field_shows_beside_the_first(real_images, tmp_path, fmt)
     assert (s1, s2, s3, status) == (200, 200, 404, 200)
     assert re.search(rf'<img class="second" alt="mask"\s+src="/image/{name}/0\?field=mask">', page)
     assert kind == "image/jpeg" and body == photos[1].read_bytes()  # china.jpg, as stored
+
+
+def test_a_page_that_fails_is_one_line(views, monkeypatch, caplog):
+    """An unexpected error in a page: a 500 whose body is one line, the same line logged (no traceback)."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("the template\nbroke")
+
+    monkeypatch.setattr("packer.tools.view.server.render_rejects", broken)
+    [(status, body)] = get(views["lmdb"], "/rejects")
+    assert status == 500 and body == "/rejects: RuntimeError: the template broke"
+    assert [r.getMessage() for r in caplog.records if r.name == "packer.tools.view.server"] == [body]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -19,8 +20,11 @@ from aiohttp import web
 
 from packer.tools.view.pages import PER_PAGE, render_grid, render_overview, render_rejects, render_sample
 from packer.tools.view.data import DatasetView, Split
+from readers.contract.messages import one_line
 
 __all__ = ["make_app", "Server", "LOCAL_HOSTS"]
+
+log = logging.getLogger(__name__)
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 _MAX_PER_PAGE = 1000
@@ -65,7 +69,14 @@ async def _guard(request: web.Request, handler: Any) -> web.StreamResponse:
         given = request.query.get("token") or request.cookies.get("view_token") or ""
         if not secrets.compare_digest(given.encode(), token.encode()):
             raise web.HTTPForbidden(text="a token is needed: open the URL that pack-dataset view printed")
-    response = await handler(request)
+    try:
+        response = await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a page that fails: one line in the log and in the reply
+        message = f"{request.path}: {one_line(exc, kind=True)}"
+        log.error("%s", message)
+        raise web.HTTPInternalServerError(text=message) from None
     if token and request.query.get("token") == token:
         response.set_cookie("view_token", token, httponly=True, samesite="Strict")
     return response
