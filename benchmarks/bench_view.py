@@ -21,7 +21,7 @@ warm. Run from the repository root::
 
     python benchmarks/bench_view.py                       # photos, a 1.28M pack, a 100M index
     python benchmarks/bench_view.py --pack-size 100000    # a smaller pack where 1.28M takes too long
-    python benchmarks/bench_view.py --quick               # photos, a 1,000 pack, a 100k index, in this process
+    python benchmarks/bench_view.py --quick               # photos, a 500 pack, a 100k index, in this process
 """
 
 from __future__ import annotations
@@ -153,9 +153,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="a 1,000-image pack and a 100k index, measured in this process (the CI smoke test)")
+    p.add_argument("--quick", action="store_true",
+                   help="a 500-image pack and a 100k index, measured in this process (the CI smoke test)")
     p.add_argument("--workdir", default="/work/big/scale", help="where data is built and kept (default %(default)s)")
-    p.add_argument("--pack-size", type=int, default=None, help="images in the pack (default 1.28M; --quick 1,000)")
+    p.add_argument("--pack-size", type=int, default=None, help="images in the pack (default 1.28M; --quick 500)")
     p.add_argument("--index-size", type=int, default=None, help="samples of the index (default 100M; --quick 100k)")
     p.add_argument("--procs", type=int, default=2, help="processes generating images (default %(default)s)")
     p.add_argument("--workers", type=int, default=2, help="packer workers (default %(default)s)")
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(probe(args.probe)))
         return 0
     if args.pack_size is None:
-        args.pack_size = 1_000 if args.quick else 1_280_000
+        args.pack_size = 500 if args.quick else 1_280_000
     if args.index_size is None:
         args.index_size = 100_000 if args.quick else 100_000_000
     rows = run(args)

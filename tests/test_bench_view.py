@@ -22,10 +22,10 @@ def test_bench_view_quick(tmp_path):
                         "--workers", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {row["dataset"]: row for row in json.loads(out.read_text())}
-    assert list(rows) == ["photos (lmdb)", "pack 1,000 (wds)", "index-only 100,000 (lmdb), first open",
+    assert list(rows) == ["photos (lmdb)", "pack 500 (wds)", "index-only 100,000 (lmdb), first open",
                           "index-only 100,000 (lmdb), again"]
     assert [(row["samples"], row["thumbnails"], row["errors_in_place"]) for row in rows.values()] == [
-        (31, 31, 0), (1000, 100, 0), (100_000, 0, 100), (100_000, 0, 100)]
+        (31, 31, 0), (500, 100, 0), (100_000, 0, 100), (100_000, 0, 100)]
     for row in rows.values():
         assert all(row[k] > 0 for k in ("open_s", "overview_s", "grid_first_s", "grid_s", "rss_mb")), row
     assert "open_s / the photos' open_s: " in r.stdout
