@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     index = index_only(work, "lmdb", args.index_size)
     built = time.perf_counter() - t0
-    rows.append({"dataset": f"index-only {args.index_size:,} (lmdb), first open", "build_s": built, **_child(index, here)})
+    rows.append({"dataset": f"index-only {args.index_size:,} (lmdb), first open", "build_s": built,
+                 **_child(index, here)})
     rows.append({"dataset": f"index-only {args.index_size:,} (lmdb), again", **_child(index, here)})
     return rows
 

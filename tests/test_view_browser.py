@@ -138,8 +138,8 @@ def _check_grid(page, url: str, folder: Path, expected: int) -> None:
         for k in sorted({0, expected // 2, expected - 1}):
             cell = cells.nth(k)
             i = int(cell.get_attribute("data-index"))
-            np.testing.assert_array_equal(_thumbnail_pixels(cell.locator("img.thumb")), expected_thumbnail(reader.read(i)),
-                                          err_msg=f"{folder} sample {i}")
+            np.testing.assert_array_equal(_thumbnail_pixels(cell.locator("img.thumb")),
+                                          expected_thumbnail(reader.read(i)), err_msg=f"{folder} sample {i}")
     finally:
         reader.close()
 

@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; any other needs the token printed in the URL)")
     p.add_argument("--port", type=_port, default=0, help="port to listen on (default: a free one)")
-    p.add_argument("--seed", type=int, default=None, help="show the grid shuffled with this seed (default: index order)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="show the grid shuffled with this seed (default: index order)")
     p.add_argument("--html", type=Path, metavar="OUT.html",
                    help="write the overview and a grid of --samples samples per split as one self-contained "
                         "file (images inlined), and exit")
