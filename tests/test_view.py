@@ -328,3 +328,17 @@ def test_a_page_that_fails_is_one_line(views, monkeypatch, caplog):
     [(status, body)] = get(views["lmdb"], "/rejects")
     assert status == 500 and body == "/rejects: RuntimeError: the template broke"
     assert [r.getMessage() for r in caplog.records if r.name == "packer.tools.view.server"] == [body]
+
+
+def test_opening_and_the_overview_read_no_sample(packed_generated, tmp_path):
+    """Random access only: with every shard gone, the view still opens and shows its overview (index.json
+    and the index arrays); each grid cell then shows its sample's one-line error."""
+    root = tmp_path / "wds"
+    shutil.copytree(packed_generated["wds"], root)
+    for shard in root.glob("*.tar"):
+        shard.unlink()
+    with DatasetView(root) as view:
+        [(s1, overview), (s2, grid)] = get(view, "/", "/grid?per=4")
+    assert s1 == s2 == 200 and '<td class="samples">28</td>' in overview
+    errors = re.findall(r'<div class="err">([^<]*)</div>', grid)
+    assert len(errors) == 4 and all("shard file is missing" in e for e in errors), errors
