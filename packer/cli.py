@@ -1,7 +1,7 @@
 """``pack-dataset``: the command line, a thin layer over :func:`packer.pack` and friends.
 
 Subcommands: ``pack`` (the default: ``pack-dataset SRC -f wds`` is
-``pack-dataset pack SRC -f wds``), ``convert``, ``verify`` and ``info``.
+``pack-dataset pack SRC -f wds``), ``convert``, ``merge``, ``verify``, ``info`` and ``view``.
 The option flags of ``pack`` and ``convert`` come from the
 :class:`packer.options.PackOptions` field metadata.
 
@@ -56,6 +56,7 @@ examples:
   pack-dataset verify out/train-wds
   pack-dataset verify s3://bucket/imagenet/train-wds
   pack-dataset info out/train-wds
+  pack-dataset view out/train-wds            (a web page of it: http://127.0.0.1:PORT/)
 
 """ + EXIT_CODES
 
@@ -67,6 +68,7 @@ COMMANDS = {
     "merge": "join packed datasets of one format and schema into one, checking every sample's checksum",
     "verify": "recompute every checksum of a packed dataset; name each damaged sample",
     "info": "what a packed (or interrupted) dataset holds, and how to resume it",
+    "view": "look at a packed dataset in a web browser: overview, thumbnails, samples with their boxes, rejects",
 }
 
 SRC_HELP = ("what to pack (one of the kinds above; a COCO .json takes --images DIR), or an s3://bucket/prefix "
@@ -220,6 +222,7 @@ def build_main_parser() -> argparse.ArgumentParser:
     """``pack-dataset`` with its subcommands (what ``pack-dataset --help`` shows)."""
     from packer.tools import info
     from packer.tools import verify
+    from packer.tools import view
 
     p = Parser(
         prog="pack-dataset",
@@ -245,6 +248,7 @@ def build_main_parser() -> argparse.ArgumentParser:
                  "(labels renumbered). --resume finishes an interrupted merge.")
     _add_command(sub, "verify", verify.add_arguments)
     _add_command(sub, "info", info.add_arguments)
+    _add_command(sub, "view", view.add_arguments, view.DESCRIPTION)
     return p
 
 
@@ -418,6 +422,10 @@ def _main(argv: Sequence[str] | None) -> int:
         from packer.tools.verify import run
 
         return run(args)
+    if args.command == "view":
+        from packer.tools.view import run as view_run
+
+        return view_run(args)
     from packer.tools.info import run as info_run
 
     return info_run(args)

@@ -1,4 +1,4 @@
-"""The tools over packed datasets: ``verify``, ``info``, ``convert`` and ``merge``.
+"""The tools over packed datasets: ``verify``, ``info``, ``convert``, ``merge`` and ``view``.
 
 * :mod:`~packer.tools.verify` -- recompute every checksum and check what the readers would refuse,
   locally (:mod:`~packer.tools.verify_fields` for typed fields) or on an object store
@@ -6,7 +6,8 @@
 * :mod:`~packer.tools.info` -- what a dataset holds, or how far an interrupted pack got;
 * :mod:`~packer.tools.convert` -- a packed dataset into another format;
 * :mod:`~packer.tools.merge` -- packed datasets of one format and schema joined into one (convert's
-  source and prepare stage over a chain of datasets).
+  source and prepare stage over a chain of datasets);
+* :mod:`~packer.tools.view` -- a read-only web page of a dataset (served, or written with ``--html``).
 
 Only the CLI imports this package.
 """

@@ -22,7 +22,8 @@ from typing import Any, TextIO
 from readers.contract import spec
 from readers.contract.locks import lock_holder
 
-__all__ = ["describe", "render", "write_json", "ClassList", "resume_command", "add_arguments", "run", "main"]
+__all__ = ["describe", "render", "write_json", "ClassList", "resume_command", "add_arguments", "run", "main",
+           "field_stats_text", "source_line", "size_text", "path_or_url"]
 
 _SHOWN_CLASSES = 30  # text output lists this many classes; --json lists all
 
@@ -218,9 +219,12 @@ def describe_remote(url: str, storage_options: dict[str, Any] | None = None) -> 
     from readers.remote import open_store
 
     store = open_store(url, storage_options)
-    if store.exists(spec.INDEX_NAME):
-        meta = spec.read_meta(store)  # index.json only: info never reads the index arrays
-        return _complete(url, meta, _recorded_usage(meta))
+    try:
+        if store.exists(spec.INDEX_NAME):
+            meta = spec.read_meta(store)  # index.json only: info never reads the index arrays
+            return _complete(url, meta, _recorded_usage(meta))
+    finally:
+        store.close()  # its connections now, not whenever the garbage collector runs
     roots = remote_roots(url, storage_options)
     if roots != [url]:
         return {"path": url, "state": "complete", "splits": [describe_remote(u, storage_options) for u in roots]}
@@ -253,7 +257,8 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- text
-def _mb(n: int) -> str:
+def size_text(n: int) -> str:
+    """A byte count as ``12.3 MB`` / ``1.23 GB``."""
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
@@ -296,6 +301,21 @@ def _class_lines(classes: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def field_stats_text(f: dict[str, Any], stats: dict[str, Any]) -> str:
+    """What index.json's ``field_stats`` says of the field ``f`` (one schema entry), as one phrase."""
+    name = f.get("name")  # index.json's keys are strings: another name has no stats
+    st, text = (stats.get(name) if isinstance(name, str) else None) or {}, ""
+    if "min_bytes" in st:
+        text = f"{st['min_bytes']}..{st['max_bytes']} bytes per sample, {st['bytes']:,} in all"
+    if "min_rows" in st:
+        text += f"; {st['min_rows']}..{st['max_rows']} rows"
+    if "min" in st:
+        text += f"; values {st['min']}..{st['max']}"
+    if f.get("classes"):
+        text += f"; {len(f['classes'])} class names"
+    return text.removeprefix("; ")
+
+
 def _field_lines(fields: list[dict[str, Any]], stats: dict[str, Any]) -> list[str]:
     """The schema, one line per field with what index.json's ``field_stats`` says of it."""
     if not fields:
@@ -305,22 +325,15 @@ def _field_lines(fields: list[dict[str, Any]], stats: dict[str, Any]) -> list[st
     width = max(len(str(f.get("name"))) for f in fields)
     lines = [f"  fields       {len(fields)}"]
     for f in fields:
-        name = f.get("name")  # index.json's keys are strings: another name has no stats
-        st, text = (stats.get(name) if isinstance(name, str) else None) or {}, ""
-        if "min_bytes" in st:
-            text = f"{st['min_bytes']}..{st['max_bytes']} bytes per sample, {st['bytes']:,} in all"
-        if "min_rows" in st:
-            text += f"; {st['min_rows']}..{st['max_rows']} rows"
-        if "min" in st:
-            text += f"; values {st['min']}..{st['max']}"
-        if f.get("classes"):
-            text += f"; {len(f['classes'])} class names"
-        lines.append(f"    {str(f.get('name')):<{width}}  {str(f.get('type')):<14} {text}".rstrip())
+        lines.append(f"    {str(f.get('name')):<{width}}  {str(f.get('type')):<14} {field_stats_text(f, stats)}".rstrip())
     return lines
 
 
-def _counts(d: dict[str, Any]) -> str:
-    return f"{d['rejected']} rejected, {d['repaired']} repaired, {d['reencoded']} re-encoded"
+def source_line(d: dict[str, Any]) -> str:
+    """A complete dataset's source and what its pack did: ``folder /data/train: 3 rejected, ...``."""
+    src = d.get("source") or {}
+    return (f"{src.get('kind', 'folder')} {src.get('root', '?')}: "
+            f"{d['rejected']} rejected, {d['repaired']} repaired, {d['reencoded']} re-encoded")
 
 
 def render(d: dict[str, Any]) -> str:
@@ -354,9 +367,9 @@ def render(d: dict[str, Any]) -> str:
             lines += _class_lines(d["classes"])
     shards = f", {d['shards']} shard{'s' if d.get('shards') != 1 else ''}" if d.get("shards") else ""
     size = d["bytes_on_disk"]
-    lines.append(f"  on disk      {_mb(size)} ({size:,} bytes in {d['files']} files{shards})")
+    lines.append(f"  on disk      {size_text(size)} ({size:,} bytes in {d['files']} files{shards})")
     lines.append(f"  order        {_order(d.get('order'), (d.get('source') or {}).get('kind', 'folder'))}")
-    lines.append(f"  source       {src.get('kind', 'folder')} {src.get('root', '?')}: {_counts(d)}")
+    lines.append(f"  source       {source_line(d)}")
     for k, c in enumerate(d.get("converted_from") or []):
         lines.append(f"  {'converted' if k == 0 else '':<12} from {c['format']} dataset {c['path']}")
     lines.append(f"  checksums    {d['checksum']} of every sample" + (" and shard" if d["format"] == "wds" else ""))
@@ -369,13 +382,13 @@ def render(d: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------- command line
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``pack-dataset info``."""
-    p.add_argument("path", type=_path_or_url,
+    p.add_argument("path", type=path_or_url,
                    help="dataset folder (complete or interrupted), a folder of split datasets, or an s3:// / "
                         "http(s):// dataset URL (credentials and endpoint from the AWS environment variables)")
     p.add_argument("--json", action="store_true", help="print the description as JSON (for scripts)")
 
 
-def _path_or_url(text: str) -> Path | str:
+def path_or_url(text: str) -> Path | str:
     """``PATH``: a local folder (``file://`` too) or a remote URL; other schemes: a usage error (exit 2)."""
     try:
         return spec.parse_location(text)
