@@ -6,12 +6,16 @@ byte caps, stat with a store identity, listing, atomic upload, delete, one-line 
 straight to the bucket through the CLI, ``verify`` (which finds a flipped byte) and ``info``; every format
 read back sample-for-sample equal to the local pack, with and without the node cache; manifests whose
 images are such URLs; no credentials is one line saying where it looked; a read during an outage is
-retried within the budget and then is one line."""
+retried within the budget and then is one line; a store that stops answering (the S3 server too) is a deadline,
+not a hang."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -174,5 +178,38 @@ def test_an_outage_is_retried_then_one_line(emulator):
         emulator.start()  # a restart after SIGKILL keeps no objects (fake-gcs-server holds them in memory,
         store.put_bytes("a.bin", b"xyz")  # Azurite saves its metadata now and then)
         assert store.read("a.bin") == b"xyz"
+    finally:
+        store.close()
+
+
+@pytest.fixture(params=["s3", "gs", "az"])
+def any_store(request):
+    """(the S3, GCS or Azure server, a fresh URL prefix on it), the server up when the test starts."""
+    server = request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}[request.param])
+    server.start()
+    return server, (_prefix(server) if request.param != "s3" else server.url(f"t-{uuid.uuid4().hex[:10]}"))
+
+
+@pytest.mark.slow  # the deadline itself, a few seconds per store
+def test_a_store_that_stops_answering_is_a_deadline_not_a_hang(any_store):
+    """The server frozen with a real SIGSTOP (its port still accepts connections, nothing answers): a read
+    ends within the policy's deadline as one RemoteError naming the object; thawed, the store reads again."""
+    server, url = any_store
+    policy = RetryPolicy(budget_s=1.0, connect_timeout_s=1.0, read_timeout_s=2.0)
+    store = open_store(url, server.storage_options(), policy)
+    group = os.getpgid(server.pid)
+    try:
+        store.put_bytes("a.bin", b"abc")
+        os.killpg(group, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(RemoteError, match=rf"^{url}/a.bin: ") as caught:
+            store.read("a.bin")
+        elapsed = time.monotonic() - t0
+        assert "\n" not in str(caught.value)
+        assert elapsed < policy.deadline_s + 15, f"a frozen store took {elapsed:.1f}s to give up"  # not a hang
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    try:
+        assert store.read("a.bin") == b"abc"
     finally:
         store.close()
