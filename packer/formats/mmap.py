@@ -52,8 +52,9 @@ class MemmapWriter(FormatWriter):
         mode = "r+b" if state and self.path.exists() else "wb"
         self._file = open(self.path, mode)
         self._file.truncate(MMAP_HEADER_BYTES + self.pos)
-        self._file.seek(0)
-        self._file.write(b"\0" * MMAP_HEADER_BYTES)
+        if not self.options.append:  # an append keeps the previous generation's header until finalize
+            self._file.seek(0)
+            self._file.write(b"\0" * MMAP_HEADER_BYTES)
         self._file.seek(MMAP_HEADER_BYTES + self.pos)
         self._since = 0
         if self.field_store is not None:
