@@ -115,7 +115,8 @@ def remap_source(out: Path, index: spec.Index, source: Source) -> None:
             classes.append(name)
         mapping.append(where[name])
     table = np.asarray(mapping, dtype=np.int64)
-    source.labels = table[np.asarray(source.labels, dtype=np.int64)] if len(source.labels) else source.labels
+    if len(source.labels):
+        source.labels = table[np.asarray(source.labels, dtype=np.int64)].tolist()
     source.classes = classes
 
 
@@ -168,8 +169,8 @@ def _seed(out: Path, split: str, source: Source, options: PackOptions, index: sp
     del records
     lengths = {name: _size(out / file) for name, file in
                (("names_len", spec.NAMES_FILE), ("rejects_len", spec.REJECTS_NAME), ("repairs_len", spec.REPAIRS_NAME))}
-    src = meta.get("source") if isinstance(meta.get("source"), dict) else {}
-    stats = meta.get("stats") if isinstance(meta.get("stats"), dict) else {}
+    src: dict[str, Any] = meta["source"] if isinstance(meta.get("source"), dict) else {}
+    stats: dict[str, Any] = meta["stats"] if isinstance(meta.get("stats"), dict) else {}
     state = {"generation": g, "num_samples": n, "images_found": int(src.get("images_found", n)),
              "rejected": int(src.get("rejected", 0)), "data_bytes": _data_bytes(out, meta, index), **lengths}
     spec.write_json_atomic(out / APPEND_STATE_NAME, state)

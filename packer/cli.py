@@ -159,6 +159,18 @@ def _add_options(p: argparse.ArgumentParser, command: str, src: Callable[[Any], 
 def _pack_arguments(p: argparse.ArgumentParser) -> None:
     _add_options(p, "pack", lambda g: g.add_argument("src", metavar="SRC", type=output_location, help=SRC_HELP),
                  "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
+    _append_argument(p)
+
+
+def _append_argument(p: argparse.ArgumentParser) -> None:
+    """``--append OUT``: SRC's images added to the dataset OUT as its next generation (``packer.appending``);
+    -f defaults to OUT's format."""
+    p.add_argument("--append", type=local_location, metavar="OUT",
+                   help="add SRC's images to the dataset OUT as its next generation (readers of the previous one "
+                        "keep reading it; --resume finishes an interrupted append)")
+    for action in p._actions:  # -f: OUT's format by default when appending (checked in _pack otherwise)
+        if "--format" in action.option_strings:
+            action.required = False
 
 
 def _convert_arguments(p: argparse.ArgumentParser) -> None:
@@ -280,6 +292,18 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
         raise  # parser.error exits; this keeps type checkers informed
 
 
+def _format_of(out: Path) -> str:
+    """The format of the dataset ``out`` that ``--append`` grows (wds when there is none yet)."""
+    from readers.contract.spec import find_splits, read_meta
+
+    for folder in [out] + [out / s for s in find_splits(out)]:
+        try:
+            return str(read_meta(folder)["format"])
+        except (OSError, ValueError):
+            continue
+    return "wds"
+
+
 def _default_name(src: Path) -> str:
     """The output's default name: the source's (a manifest or COCO json without its suffix: rows.csv -> rows)."""
     from packer.importers.manifest import MANIFEST_KINDS
@@ -316,7 +340,17 @@ def _run(args: argparse.Namespace, work: Callable[[Path], list]) -> int:
 def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from packer.api import pack
 
+    if args.append is not None:  # pack-dataset SRC --append OUT
+        if args.output is not None:
+            parser.error("--append OUT names the output: give it without -o")
+        args.output = args.append
+        if args.format is None:
+            args.format = _format_of(args.append)
+    elif args.format is None:
+        parser.error("the following arguments are required: -f/--format")
     options = _options(parser, args, "pack")
+    if args.append is not None:
+        options = dataclasses.replace(options, append=True)
     out = args.output
     if isinstance(args.src, str) and out is None:
         parser.error(f"{args.src}: a source on object storage needs -o (a folder or an s3:// prefix)")

@@ -214,9 +214,9 @@ class LmdbWriter(FormatWriter):
         return {"files": files}
 
     def _unpin(self) -> None:
-        if getattr(self, "_pin", None) is not None:
-            self._pin.abort()
-            self._pin = None
+        pin, self._pin = getattr(self, "_pin", None), None
+        if pin is not None:
+            pin.abort()
 
     def abort(self) -> None:
         if self.field_store is not None:

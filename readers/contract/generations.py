@@ -27,13 +27,16 @@ besides its arrays.
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 from typing import Any, Mapping
 
 from readers.contract import spec
+from readers.contract.spec import index_copy_name
 
-__all__ = ["GENERATIONS_KEY", "generation_of", "history", "index_copy_name", "is_generation_file",
-           "open_generation"]
+__all__ = ["GENERATIONS_KEY", "appended_since", "generation_of", "history", "index_copy_name",
+           "is_generation_file", "open_generation"]
 
 #: index.json key: one record per generation, oldest first (absent before the first append).
 GENERATIONS_KEY = "generations"
@@ -56,9 +59,13 @@ def history(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"generation": 0, "num_samples": n, "added": n}]
 
 
-def index_copy_name(generation: int) -> str:
-    """The copy of generation ``generation``'s ``index.json`` kept once a later one is written."""
-    return f"index.g{generation:06d}.json"
+def appended_since(index: spec.Index) -> bool:
+    """Whether an append has started since generation ``index`` (local: the copy of its index.json
+    exists): its single data file (lmdb, hdf5, mmap) may then be longer than ``index`` records, and
+    ``names.jsonl`` hold more lines; what ``index`` reaches is unchanged."""
+    if index.store is not None:
+        return False
+    return os.path.lexists(Path(index.root) / spec.index_copy_name(generation_of(index.meta)))
 
 
 def is_generation_file(name: str) -> bool:
@@ -75,14 +82,14 @@ def open_generation(index: spec.Index, generation: int) -> spec.Index:
         return index
     if type(generation) is not int or not 0 <= generation < current:
         raise ValueError(f"{index.location}: no generation {generation!r}: it has generations 0 to {current}")
-    name = index_copy_name(generation)
+    name = spec.index_copy_name(generation)
     try:
         if index.store is not None:
             raw = bytes(index.store.read(name))
         else:
-            raw = spec.read_regular(spec.member_path(index.root, name, "index"), "index",
-                                    limit=spec.MAX_INDEX_JSON_BYTES)
-        meta = json.loads(bytes(raw).decode("utf-8"))
+            raw = bytes(spec.read_regular(spec.member_path(index.root, name, "index"), "index",
+                                          limit=spec.MAX_INDEX_JSON_BYTES))
+        meta = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise spec.DatasetFormatError(f"{index.location}: the index of generation {generation} ({name}) is "
                                       "missing") from None

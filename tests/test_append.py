@@ -1,0 +1,319 @@
+"""Append (issue 34 item 3): ``Writer(out, append=True)``, ``pack_map(..., append=True)`` and
+``pack-dataset SRC --append OUT`` add samples to a finished dataset of each format as its next
+generation. Three appends read back exactly, generation by generation; a reader opened before an
+append (and a loader's saved state) reads the generation it opened; verify covers the appended data;
+an append killed with SIGKILL leaves the previous generation intact and resumes (or rolls back)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import make_image_folder
+from packer import PackError, PackOptions, UsageError, Writer, pack, pack_map, roll_back
+from packer.cli import main as cli_main
+from packer.tools.verify import verify
+from readers import make_loader, open_dataset
+from readers.contract import spec
+from readers.contract.generations import generation_of, history
+
+ROOT = Path(__file__).resolve().parents[1]
+FORMATS = ("wds", "lmdb", "hdf5", "mmap")
+SIZES = (20, 9, 14, 7)  # generation 0, then three appends
+
+
+def image(i: int) -> bytes:
+    """A small PNG, distinct per ``i`` (8 to 12 pixels wide: mmap keeps each one's shape)."""
+    arr = np.random.default_rng(i).integers(0, 256, (8, 8 + i % 5, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def sample(i: int) -> dict:
+    return {"image": image(i), "label": i % 3 if i < 20 else i % 4}  # class 3 appears with the first append
+
+
+def opts(fmt: str, **kw) -> PackOptions:
+    return PackOptions(format=fmt, shard_count=6, checkpoint_bytes=2048, **kw)
+
+
+def write(out: Path, fmt: str, start: int, stop: int, **kw) -> Writer:
+    with Writer(out, format=fmt, options=opts(fmt), **kw) as w:
+        for i in range(start, stop):
+            w.write(sample(i))
+    return w
+
+
+APPEND = """
+import sys
+sys.path[:0] = [{tests!r}, {root!r}]
+from test_append import write
+write({out!r}, {fmt!r}, {start}, {stop}, append=True)
+"""
+
+
+def append_elsewhere(out: Path, fmt: str, start: int, stop: int) -> None:
+    """An append by another process (as a weekly job is; LMDB opens an environment once per process)."""
+    code = APPEND.format(tests=str(ROOT / "tests"), root=str(ROOT), out=str(out), fmt=fmt, start=start, stop=stop)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def opened(out: Path, **kw):
+    fmt = spec.read_meta(out)["format"]
+    return open_dataset(out, decode=False, **({"shuffle": False, "pad": False} if fmt == "wds" else {}), **kw)
+
+
+def rows(ds) -> list[tuple[bytes, int]]:
+    """(stored bytes or pixels, label) of every sample, in order."""
+    if ds.format == "wds":
+        return [(bytes(x), int(y)) for x, y in ds]
+    return [(np.asarray(ds[i][0]).tobytes(), int(ds[i][1])) for i in range(len(ds))]
+
+
+def bounds() -> list[int]:
+    return [sum(SIZES[:k + 1]) for k in range(len(SIZES))]
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory) -> dict[str, tuple[Path, list]]:
+    """Each format: a dataset written in one go (the reference) and the same samples as generation 0
+    plus three appends, with the rows a reader opened at generation 0 read after all of them."""
+    root = tmp_path_factory.mktemp("grown")
+    out = {}
+    for fmt in FORMATS:
+        whole, grown = root / fmt / "whole", root / fmt / "grown"
+        write(whole, fmt, 0, bounds()[-1])
+        write(grown, fmt, 0, SIZES[0])
+        early = opened(grown)  # opened before any append, read only after them
+        for k in range(1, len(SIZES)):
+            append_elsewhere(grown, fmt, bounds()[k - 1], bounds()[k]) if fmt == "lmdb" else \
+                write(grown, fmt, bounds()[k - 1], bounds()[k], append=True)
+        out[fmt] = (whole, grown, rows(early))
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
+def test_three_appends_read_back_generation_by_generation(grown, fmt):
+    whole, out, _ = grown[fmt]
+    reference = rows(opened(whole))
+    meta = spec.read_meta(out)
+    assert generation_of(meta) == 3 and meta["num_samples"] == bounds()[-1]
+    assert [(g["generation"], g["num_samples"], g["added"]) for g in history(meta)] == \
+        [(k, bounds()[k], SIZES[k]) for k in range(4)]
+    assert meta["classes"] == ["0", "1", "2", "3"]  # the new class at the end
+    for g in range(4):
+        ds = opened(out, generation=g)
+        assert rows(ds) == reference[:bounds()[g]], f"generation {g}"
+        assert ds.classes == (["0", "1", "2"] if g == 0 else ["0", "1", "2", "3"])
+    assert rows(opened(out)) == reference
+    report = verify(out)
+    assert report.ok and report.samples == bounds()[-1], report
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
+def test_a_reader_opened_before_the_appends_reads_its_generation(grown, fmt):
+    whole, _, early = grown[fmt]
+    assert early == rows(opened(whole))[:SIZES[0]]
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
+def test_a_reader_opened_before_an_append_by_another_process(tmp_path, fmt):
+    out = tmp_path / "out"
+    write(out, fmt, 0, 20)
+    ds = opened(out)
+    first = rows(ds)[:5] if fmt == "wds" else [rows(ds)[i] for i in range(5)]
+    append_elsewhere(out, fmt, 20, 33)
+    assert rows(ds)[:5] == first and len(rows(ds)) == 20
+    assert len(rows(opened(out))) == 33
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
+def test_a_loader_state_saved_before_an_append_resumes_exactly(tmp_path, fmt):
+    out = tmp_path / "out"
+    write(out, fmt, 0, 23)
+
+    def loader(generation=None):
+        ds = open_dataset(out, decode=False, return_index=True, generation=generation)
+        return make_loader(ds, batch_size=4, num_workers=0, seed=5)
+
+    whole = [b[2].tolist() for b in loader()]
+    job = loader()
+    got = []
+    for b in job:
+        got.append(b[2].tolist())
+        if len(got) == 3:
+            break
+    saved = {"loader": job.state_dict(), "generation": generation_of(job.dataset.index.meta)}
+    del job
+    append_elsewhere(out, fmt, 23, 40)
+    resumed = loader(saved["generation"])
+    resumed.load_state_dict(json.loads(json.dumps(saved["loader"])))
+    assert got + [b[2].tolist() for b in resumed] == whole
+    assert sum(len(b[2]) for b in loader()) == 40  # reopened: the new generation
+
+
+def test_verify_finds_a_flipped_byte_in_an_appended_shard(grown, tmp_path):
+    import shutil
+
+    out = tmp_path / "wds"
+    shutil.copytree(grown["wds"][1], out)
+    meta = spec.read_meta(out)
+    shard = meta["shards"][-1]["name"]  # written by the last append
+    raw = bytearray((out / shard).read_bytes())
+    raw[spec.TAR_BLOCK + 3] ^= 0xFF  # inside the first sample's image
+    (out / shard).write_bytes(bytes(raw))
+    report = verify(out)
+    assert not report.ok
+    assert any(shard in str(p) for p in report.problems), report.problems
+
+
+KILLED = """
+import os, signal, sys
+sys.path[:0] = [{tests!r}, {root!r}]
+from test_append import opts, sample
+from packer import Writer
+w = Writer({out!r}, format={fmt!r}, options=opts({fmt!r}), append=True)
+for i in range(20, 170):
+    if i == {kill}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    w.write(sample(i))
+"""
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
+def test_an_append_killed_with_sigkill_leaves_the_generation_and_resumes(tmp_path, fmt):
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    # write() blocks once the write thread is 64 samples behind (writer._QUEUE): by sample 160 it has
+    # written at least 76 of the append, past several checkpoints (a shard of 6, or 2 KB)
+    write(whole, fmt, 0, 170)
+    write(out, fmt, 0, 20)
+    before = rows(opened(out))
+    code = KILLED.format(tests=str(ROOT / "tests"), root=str(ROOT), out=str(out), fmt=fmt, kill=160)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert (out / spec.STATE_NAME).exists()
+    assert rows(opened(out)) == before and verify(out).ok  # generation 0, intact
+    from packer.tools.info import describe, render
+    assert "append" in render(describe(out))
+    with pytest.raises(PackError, match=r"an append to generation 0 was interrupted; finish it with resume=True"):
+        Writer(out, format=fmt, options=opts(fmt), append=True)
+    with Writer(out, format=fmt, options=opts(fmt), append=True, resume=True) as w:
+        assert 0 < w.count <= 140  # what the last checkpoint vouches for
+        for i in range(20 + w.count, 170):
+            w.write(sample(i))
+    assert rows(opened(out)) == rows(opened(whole))
+    assert generation_of(spec.read_meta(out)) == 1 and not (out / spec.STATE_NAME).exists()
+    assert verify(out).ok
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
+def test_an_interrupted_append_rolls_back(tmp_path, fmt):
+    out = tmp_path / "out"
+    write(out, fmt, 0, 20)
+    files = {p.name: p.read_bytes() for p in out.iterdir() if p.name not in ("lock.mdb",)}
+    with pytest.raises(KeyError):
+        with Writer(out, format=fmt, options=opts(fmt), append=True) as w:
+            for i in range(20, 70):
+                w.write(sample(i))
+            raise KeyError("the producer failed")
+    assert roll_back(out) == 0
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.name not in ("lock.mdb",)}
+    assert set(after) - set(files) == {spec.INDEX_NAME.replace(".json", ".g000000.json")}
+    if fmt != "lmdb":  # LMDB's data.mdb keeps its own page history; its samples are checked below
+        assert {k: v for k, v in after.items() if k in files} == files
+    assert len(rows(opened(out))) == 20 and verify(out).ok
+    write(out, fmt, 20, 30, append=True)  # and the next append goes on from there
+    assert len(rows(opened(out))) == 30
+
+
+def test_schema_and_classes_must_agree(tmp_path):
+    out = tmp_path / "out"
+    with Writer(out, format="hdf5", classes=["cat", "dog"]) as w:
+        w.write({"image": image(0), "label": 1})
+    with pytest.raises(UsageError, match=r"field 'caption' is not a field there, text in the samples"):
+        with Writer(out, format="hdf5", append=True) as w:
+            w.write({"image": image(1), "label": 0, "caption": "a new field"})
+    with pytest.raises(UsageError, match=r"its classes are \['cat', 'dog'\]; the classes given must start with them"):
+        Writer(out, format="hdf5", append=True, classes=["dog", "cat"])
+    with pytest.raises(UsageError, match=r"is a hdf5 dataset; append to it with format 'hdf5' \(not 'wds'\)"):
+        Writer(out, format="wds", append=True)
+    with Writer(out, format="hdf5", append=True, classes=["cat", "dog", "bird"]) as w:
+        w.write({"image": image(2), "label": 2})
+    ds = opened(out)
+    assert ds.classes == ["cat", "dog", "bird"] and [int(ds[i][1]) for i in range(2)] == [1, 2]
+    with pytest.raises(PackError, match=r"no interrupted append to resume \(generation 1 is complete\)"):
+        Writer(out, format="hdf5", append=True, resume=True)
+
+
+def test_pack_map_appends(tmp_path):
+    out = tmp_path / "out"
+    pack_map(sample, range(10), out, format="wds", workers=0, options=opts("wds"))
+    result = pack_map(sample, range(10, 25), out, format="wds", workers=2, options=opts("wds"), append=True)
+    assert result.samples == 15
+    assert [y for _, y in rows(opened(out))] == [sample(i)["label"] for i in range(25)]
+    assert generation_of(spec.read_meta(out)) == 1
+
+
+def test_cli_append_and_resume(tmp_path, capsys):
+    first = make_image_folder(tmp_path / "week1", classes=2, per_class=4, size=(24, 20), seed=1)
+    second = make_image_folder(tmp_path / "week2", classes=3, per_class=3, size=(24, 20), seed=2)
+    out = tmp_path / "ds"
+    assert cli_main(["pack", str(first), "-f", "lmdb", "-o", str(out), "-q"]) == 0
+    assert cli_main(["pack", str(second), "--append", str(out), "-q"]) == 0  # -f: the dataset's
+    meta = spec.read_meta(out)
+    assert meta["num_samples"] == 17 and generation_of(meta) == 1
+    assert meta["classes"] == ["class_00", "class_01", "class_02"]
+    names = list(spec.read_index(out).names())
+    assert names[8:] == sorted(p.relative_to(second).as_posix() for p in second.rglob("*.*") if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
+    labels = spec.read_index(out).labels
+    assert labels[8:].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert cli_main(["pack", str(second), "--append", str(out), "--resume", "-q"]) == 1
+    assert "no interrupted append to resume (generation 1 is complete)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["pack", str(second), "--append", str(out), "-o", str(out)])
+    assert exit_.value.code == 2 and "--append OUT names the output" in capsys.readouterr().err
+
+
+PACK_KILLED = """
+import os, signal, sys
+sys.path[:0] = [{root!r}]
+from packer import PackOptions, pack
+done = [0]
+def progress(split, source):
+    def tick(images, nbytes):
+        done[0] += images
+        if done[0] == {kill}:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return tick
+pack({src!r}, {out!r}, PackOptions(format="hdf5", workers=1, checkpoint_bytes=2048, append=True), progress=progress)
+"""
+
+
+def test_cli_append_killed_then_resumed(tmp_path, capsys):
+    first = make_image_folder(tmp_path / "week1", classes=2, per_class=4, size=(24, 20), seed=1)
+    second = make_image_folder(tmp_path / "week2", classes=2, per_class=10, size=(24, 20), seed=2)
+    out, whole = tmp_path / "ds", tmp_path / "whole"
+    for dest in (out, whole):
+        assert cli_main(["pack", str(first), "-f", "hdf5", "-o", str(dest), "-q"]) == 0
+    assert cli_main(["pack", str(second), "--append", str(whole), "-q", "--checkpoint-bytes", "2KB"]) == 0
+    before = rows(opened(out))
+    code = PACK_KILLED.format(root=str(ROOT), src=str(second), out=str(out), kill=15)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert rows(opened(out)) == before  # generation 0 still reads, unchanged
+    assert cli_main(["pack", str(second), "--append", str(out), "-q", "--checkpoint-bytes", "2KB"]) == 1
+    assert "an append to generation 0 was interrupted; finish it with resume=True (--resume)" in \
+        capsys.readouterr().err
+    assert cli_main(["pack", str(second), "--append", str(out), "--resume", "-q", "--checkpoint-bytes", "2KB"]) == 0
+    assert rows(opened(out)) == rows(opened(whole)) and verify(out).ok
