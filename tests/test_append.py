@@ -6,7 +6,6 @@ an append killed with SIGKILL leaves the previous generation intact and resumes 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -16,10 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from conftest import make_image_folder
-from packer import PackError, PackOptions, UsageError, Writer, pack, pack_map, roll_back
+from packer import PackError, UsageError, Writer, pack_map, roll_back
 from packer.cli import main as cli_main
 from packer.tools.verify import verify
 from readers import make_loader, open_dataset
@@ -31,41 +29,48 @@ FORMATS = ("wds", "lmdb", "hdf5", "mmap")
 SIZES = (20, 9, 14, 7)  # generation 0, then three appends
 
 
-def image(i: int) -> bytes:
-    """A small PNG, distinct per ``i`` (8 to 12 pixels wide: mmap keeps each one's shape)."""
+# The samples, as code a child process runs too (it imports packer only: no torch, no test modules).
+SAMPLES = """
+import io
+import numpy as np
+from PIL import Image
+from packer import PackOptions, Writer
+
+
+def image(i):
+    # a small PNG, distinct per i (8 to 12 pixels wide: mmap keeps each one's shape)
     arr = np.random.default_rng(i).integers(0, 256, (8, 8 + i % 5, 3), dtype=np.uint8)
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, "PNG")
     return buf.getvalue()
 
 
-def sample(i: int) -> dict:
-    return {"image": image(i), "label": i % 3 if i < 20 else i % 4}  # class 3 appears with the first append
+def sample(i):
+    return {"image": image(i), "label": i % 3 if i < 20 else i % 4}  # class 3 comes with the first append
 
 
-def opts(fmt: str, **kw) -> PackOptions:
+def opts(fmt, **kw):
     return PackOptions(format=fmt, shard_count=6, checkpoint_bytes=2048, **kw)
 
 
-def write(out: Path, fmt: str, start: int, stop: int, **kw) -> Writer:
+def write(out, fmt, start, stop, **kw):
     with Writer(out, format=fmt, options=opts(fmt), **kw) as w:
         for i in range(start, stop):
             w.write(sample(i))
     return w
+"""
+exec(SAMPLES)  # image, sample, opts, write
 
-
-APPEND = """
+APPEND = SAMPLES + """
 import sys
-sys.path[:0] = [{tests!r}, {root!r}]
-from test_append import write
-write({out!r}, {fmt!r}, {start}, {stop}, append=True)
+write(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), append=True)
 """
 
 
 def append_elsewhere(out: Path, fmt: str, start: int, stop: int) -> None:
     """An append by another process (as a weekly job is; LMDB opens an environment once per process)."""
-    code = APPEND.format(tests=str(ROOT / "tests"), root=str(ROOT), out=str(out), fmt=fmt, start=start, stop=stop)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", APPEND, str(out), fmt, str(start), str(stop)], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.returncode == 0, proc.stderr
 
 
@@ -128,20 +133,11 @@ def test_a_reader_opened_before_the_appends_reads_its_generation(grown, fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
-def test_a_reader_opened_before_an_append_by_another_process(tmp_path, fmt):
-    out = tmp_path / "out"
-    write(out, fmt, 0, 20)
-    ds = opened(out)
-    first = rows(ds)[:5] if fmt == "wds" else [rows(ds)[i] for i in range(5)]
-    append_elsewhere(out, fmt, 20, 33)
-    assert rows(ds)[:5] == first and len(rows(ds)) == 20
-    assert len(rows(opened(out))) == 33
-
-
-@pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
-def test_a_loader_state_saved_before_an_append_resumes_exactly(tmp_path, fmt):
+def test_a_reader_and_a_loader_state_from_before_an_append_by_another_process(tmp_path, fmt):
     out = tmp_path / "out"
     write(out, fmt, 0, 23)
+    reader = opened(out)
+    first = rows(reader)[:5] if fmt == "wds" else [rows(reader)[i] for i in range(5)]
 
     def loader(generation=None):
         ds = open_dataset(out, decode=False, return_index=True, generation=generation)
@@ -161,6 +157,7 @@ def test_a_loader_state_saved_before_an_append_resumes_exactly(tmp_path, fmt):
     resumed.load_state_dict(json.loads(json.dumps(saved["loader"])))
     assert got + [b[2].tolist() for b in resumed] == whole
     assert sum(len(b[2]) for b in loader()) == 40  # reopened: the new generation
+    assert rows(reader)[:5] == first and len(rows(reader)) == 23  # the reader opened before: its generation
 
 
 def test_verify_finds_a_flipped_byte_in_an_appended_shard(grown, tmp_path):
@@ -178,14 +175,11 @@ def test_verify_finds_a_flipped_byte_in_an_appended_shard(grown, tmp_path):
     assert any(shard in str(p) for p in report.problems), report.problems
 
 
-KILLED = """
+KILLED = SAMPLES + """
 import os, signal, sys
-sys.path[:0] = [{tests!r}, {root!r}]
-from test_append import opts, sample
-from packer import Writer
-w = Writer({out!r}, format={fmt!r}, options=opts({fmt!r}), append=True)
+w = Writer(sys.argv[1], format=sys.argv[2], options=opts(sys.argv[2]), append=True)
 for i in range(20, 170):
-    if i == {kill}:
+    if i == int(sys.argv[3]):
         os.kill(os.getpid(), signal.SIGKILL)
     w.write(sample(i))
 """
@@ -199,8 +193,8 @@ def test_an_append_killed_with_sigkill_leaves_the_generation_and_resumes(tmp_pat
     write(whole, fmt, 0, 170)
     write(out, fmt, 0, 20)
     before = rows(opened(out))
-    code = KILLED.format(tests=str(ROOT / "tests"), root=str(ROOT), out=str(out), fmt=fmt, kill=160)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", KILLED, str(out), fmt, "160"], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert (out / spec.STATE_NAME).exists()
     assert rows(opened(out)) == before and verify(out).ok  # generation 0, intact
