@@ -199,7 +199,9 @@ def test_an_append_killed_with_sigkill_leaves_the_generation_and_resumes(tmp_pat
     assert (out / spec.STATE_NAME).exists()
     assert rows(opened(out)) == before and verify(out).ok  # generation 0, intact
     from packer.tools.info import describe, render
-    assert "append" in render(describe(out))
+    shown = render(describe(out))  # pack-dataset info: the generation as it is, the append and how to finish it
+    assert "  samples      20\n" in shown and "append       interrupted: " in shown, shown
+    assert f"packer.Writer({str(out.resolve())!r}, format={fmt!r}, ..., append=True, resume=True)" in shown, shown
     with pytest.raises(PackError, match=r"an append to generation 0 was interrupted; finish it with resume=True"):
         Writer(out, format=fmt, options=opts(fmt), append=True)
     with Writer(out, format=fmt, options=opts(fmt), append=True, resume=True) as w:
@@ -306,8 +308,13 @@ def test_cli_append_killed_then_resumed(tmp_path, capsys):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert rows(opened(out)) == before  # generation 0 still reads, unchanged
+    from packer.tools.info import describe, render
+    shown = render(describe(out))
+    assert f"--append {out.resolve()}" in shown and "--resume" in shown, shown
     assert cli_main(["pack", str(second), "--append", str(out), "-q", "--checkpoint-bytes", "2KB"]) == 1
     assert "an append to generation 0 was interrupted; finish it with resume=True (--resume)" in \
         capsys.readouterr().err
     assert cli_main(["pack", str(second), "--append", str(out), "--resume", "-q", "--checkpoint-bytes", "2KB"]) == 0
     assert rows(opened(out)) == rows(opened(whole)) and verify(out).ok
+    shown = render(describe(out))
+    assert "  generations  2: 0: 8, 1: 28 (+20 on " in shown, shown
