@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from readers.contract import spec
+from readers.contract.generations import generation_of
 from readers.contract.checks import check_index
 from readers.formats.collate import Sample, SampleDict
 from readers.decode.compose import accepts_bytes, warn_if_fused_lost
@@ -174,6 +175,9 @@ class PackedDataset:
             self.remote = RemoteFiles(index.store, index.meta, cache_dir, cache_limit)
         self._progress = progress
         self.meta = index.meta
+        #: Which generation of a dataset grown by appends this reader reads (0 if never appended to):
+        #: save it beside a loader's state_dict, reopen it with open_dataset(..., generation=g).
+        self.generation = generation_of(index.meta)
         self.classes = index.classes
         self.labels = index.labels
         self.transform = transform
