@@ -36,7 +36,7 @@ from readers.contract import spec
 from readers.contract.fields import Schema
 from readers.contract.generations import GENERATIONS_KEY, generation_of, history, index_copy_name
 
-__all__ = ["start", "resumable", "finish_meta", "roll_back", "interrupted", "base_index", "check_schema", "merge_classes"]
+__all__ = ["start", "resumable", "refuse_plain_resume", "finish_meta", "roll_back", "interrupted", "base_index", "check_schema", "merge_classes"]
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,16 @@ def resumable(out: Path, options: PackOptions) -> bool:
         raise PackError(f"{out}: no interrupted append to resume (generation "
                         f"{generation_of(spec.read_meta(out))} is complete)")
     return False
+
+
+def refuse_plain_resume(out: Path) -> None:
+    """A resume that is not an append, on a dataset whose append was interrupted: a PackError saying
+    what finishes it (the journal is the append's; taking the dataset as complete would drop it)."""
+    state = interrupted(out)
+    if state is not None:
+        raise PackError(f"{out}: the interrupted work is an append to generation {state['generation']}: "
+                        "finish it with append=True, resume=True (--append OUT --resume), or roll it back "
+                        "with packer.roll_back")
 
 
 def start(out: Path, split: str, source: Source, options: PackOptions, index: spec.Index | None = None

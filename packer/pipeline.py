@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from packer.appending import finish_meta
+from packer.appending import finish_meta, refuse_plain_resume
 from packer.errors import OutputExistsError, PackError
 from packer.formats.base import FormatWriter, merged
 from packer.formats.fieldstore import is_field_file
@@ -138,6 +138,7 @@ def pack_split(
     """
     t0 = time.perf_counter()
     if os.path.lexists(out / spec.INDEX_NAME) and options.resume and not options.append:
+        refuse_plain_resume(out)  # an interrupted append is finished by an append, not by this
         return _already_complete(source, out, split, options, time.perf_counter() - t0)
     out.mkdir(parents=True, exist_ok=True)
     identity = Journal.identity_of(split, source, options)

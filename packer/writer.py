@@ -273,6 +273,7 @@ class Writer:
             if options.append:
                 self._begin_append()
             elif os.path.lexists(self.out / spec.INDEX_NAME) and options.resume:
+                appending.refuse_plain_resume(self.out)
                 self._finished()
             elif options.resume and os.path.lexists(self.out / spec.STATE_NAME):
                 self._start(self._journal_schema())  # count is known before the first write

@@ -204,6 +204,9 @@ def test_an_append_killed_with_sigkill_leaves_the_generation_and_resumes(tmp_pat
     assert f"packer.Writer({str(out.resolve())!r}, format={fmt!r}, ..., append=True, resume=True)" in shown, shown
     with pytest.raises(PackError, match=r"an append to generation 0 was interrupted; finish it with resume=True"):
         Writer(out, format=fmt, options=opts(fmt), append=True)
+    if fmt != "lmdb":  # (a plain resume of lmdb is refused before this)
+        with pytest.raises(PackError, match=r"the interrupted work is an append to generation 0: finish it with"):
+            Writer(out, format=fmt, options=opts(fmt), resume=True)
     with Writer(out, format=fmt, options=opts(fmt), append=True, resume=True) as w:
         assert 0 < w.count <= 140  # what the last checkpoint vouches for
         for i in range(20 + w.count, 170):
