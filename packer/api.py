@@ -77,6 +77,8 @@ def _append_split(dest: Path, split: str, source: Source, asked: PackOptions) ->
             raise UsageError(f"{dest}: no dataset to append split {split!r} to; pack it first, without --append")
         index = appending.base_index(dest, asked)
     split = str(index.meta.get("split") or split)
+    if source.schema is not None:  # a manifest's fields (an image folder's are image + label)
+        appending.check_schema(dest, index, source.schema)
     appending.remap_source(dest, index, source)
     if appending.interrupted(dest) is None:
         appending.start(dest, split, source, dataclasses.replace(asked, resume=False), index)

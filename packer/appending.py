@@ -275,5 +275,7 @@ def roll_back(out: str | os.PathLike) -> int:
                 if not state[key]:
                     path.unlink()
     Journal.discard(out)
+    if generation_of(meta) == int(state["generation"]):  # no append started since it, after all
+        (out / index_copy_name(generation_of(meta))).unlink(missing_ok=True)
     spec.fsync_dir(out)
     return generation_of(meta)

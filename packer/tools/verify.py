@@ -202,7 +202,7 @@ def _check_names(index: spec.Index, report: VerifyReport) -> None:
     both); its first damage is reported as ``names.jsonl:LINE``, like any other damaged file."""
     where = f"{index.location}/{spec.NAMES_FILE}"
     try:
-        for _ in index.names():
+        for _ in index.names(grown=appended_since(index)):
             pass
     except spec.DatasetFormatError as exc:
         text = str(exc)

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from readers.contract import spec
-from readers.contract.spec import index_copy_name
 
 __all__ = ["GENERATIONS_KEY", "appended_since", "generation_of", "history", "index_copy_name",
            "is_generation_file", "open_generation"]
@@ -59,13 +58,18 @@ def history(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"generation": 0, "num_samples": n, "added": n}]
 
 
+def index_copy_name(generation: int) -> str:
+    """The copy of generation ``generation``'s ``index.json`` an append keeps."""
+    return f"index.g{generation:06d}.json"
+
+
 def appended_since(index: spec.Index) -> bool:
     """Whether an append has started since generation ``index`` (local: the copy of its index.json
     exists): its single data file (lmdb, hdf5, mmap) may then be longer than ``index`` records, and
     ``names.jsonl`` hold more lines; what ``index`` reaches is unchanged."""
     if index.store is not None:
         return False
-    return os.path.lexists(Path(index.root) / spec.index_copy_name(generation_of(index.meta)))
+    return os.path.lexists(Path(index.root) / index_copy_name(generation_of(index.meta)))
 
 
 def is_generation_file(name: str) -> bool:
@@ -82,7 +86,7 @@ def open_generation(index: spec.Index, generation: int) -> spec.Index:
         return index
     if type(generation) is not int or not 0 <= generation < current:
         raise ValueError(f"{index.location}: no generation {generation!r}: it has generations 0 to {current}")
-    name = spec.index_copy_name(generation)
+    name = index_copy_name(generation)
     try:
         if index.store is not None:
             raw = bytes(index.store.read(name))

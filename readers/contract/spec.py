@@ -2,19 +2,26 @@
 
 Every packed dataset is one folder. Whatever the format, it holds:
 
-* ``index.json`` -- the metadata record, written *last* (temp file, fsync, rename). Its presence is
-  the commit marker: a folder without it is an unfinished or interrupted pack and readers refuse it.
-* ``<name>.npy`` -- per-sample index arrays (labels, checksums, offsets, ...), plain little-endian
-  numpy files (``<name>.gNNNNNN.npy`` from an append's generation N: ``readers.contract.generations``).
-* ``names.jsonl`` -- one JSON string per line: each sample's source path relative to the class
-  folder's parent (``<class>/<file>``). Readers never load it unless asked (the only per-sample text).
-* the format's data files (see each format's module for its byte layout). ``index.json`` lists them
-  under ``files`` (name -> bytes) and, since packs that can be uploaded, under ``files_crc32`` (name ->
-  CRC-32 of the whole file) so that a download can be verified; older indexes lack it and still read.
+* ``index.json`` -- the metadata record, written *last* (temp file, fsync,
+  rename). Its presence is the commit marker: a folder without it is an
+  unfinished or interrupted pack and readers refuse it.
+* ``<name>.npy`` -- per-sample index arrays (labels, checksums, offsets,
+  ...), plain little-endian numpy files that ``numpy.load`` opens
+  (``<name>.gNNNNNN.npy`` from an append's generation N: ``readers.contract.generations``).
+* ``names.jsonl`` -- one JSON string per line: each sample's source path
+  relative to the class folder's parent (``<class>/<file>``). Readers never
+  load it unless asked (it is the only per-sample text).
+* the format's data files (see each format's module for its byte layout).
+  ``index.json`` lists them under ``files`` (name -> bytes) and, since
+  packs that can be uploaded, under ``files_crc32`` (name -> CRC-32 of the
+  whole file) so that a download can be verified; older indexes lack
+  ``files_crc32`` and stay readable.
 
-The same folder may live in an object store or behind a web server (``s3://bucket/prefix``,
-``https://host/path``): :func:`read_index` then reads it through a :class:`readers.remote.Store` it
-is given (duck-typed: this module imports nothing else of ``readers``), kept in ``index.store``.
+The same folder may live in an object store or behind a web server
+(``s3://bucket/prefix``, ``https://host/path``): :func:`read_index` then
+reads it through a :class:`readers.remote.Store` it is given (duck-typed:
+this module imports nothing else of ``readers``) and the :class:`Index`
+keeps that store in ``index.store``.
 
 A folder packed from a source that holds split folders (``train/``, ``val/``) has one such
 dataset folder per split and no ``index.json`` of its own.
@@ -85,7 +92,6 @@ __all__ = [
     # file names, each format's layout, sample order
     "INDEX_NAME", "NAMES_FILE", "STATE_NAME", "REJECTS_NAME", "REPAIRS_NAME", "WIDS_INDEX_NAME", "DATA_FILE",
     "HDF5_CHUNK_TABLE", "HDF5_CHUNK_BYTES", "MMAP_HEADER_BYTES", "TAR_BLOCK", "LMDB_META_KEY", "shard_name",
-    "index_copy_name",
     "wds_key", "lmdb_key", "JPEG_MAGIC", "is_jpeg", "ORDER_KINDS", "DEFAULT_ORDER", "order_permutation",
     # safe I/O (readers.contract.safeio) and locations (readers.contract.location)
     "IncompleteDatasetError", "DatasetFormatError", "checksum", "file_checksum", "atomic_write", "publish",
@@ -228,11 +234,6 @@ def array_file(name: str, meta: Mapping[str, Any] | None = None) -> str:
     return f"{name}.g{g:06d}.npy" if g else f"{name}.npy"
 
 
-def index_copy_name(generation: int) -> str:
-    """The copy of generation ``generation``'s index.json an append keeps (``readers.contract.generations``)."""
-    return f"index.g{generation:06d}.json"
-
-
 def shard_name(split: str, index: int) -> str:
     """wds: file name of shard ``index`` of ``split``."""
     return f"{split}-{index:06d}.tar"
@@ -314,17 +315,17 @@ class Index:
             labels = np.broadcast_to(np.zeros(1, dtype=ARRAY_DTYPES["labels"]), (self.num_samples,))
         return labels
 
-    def names(self) -> Generator[str, None, None]:
+    def names(self, grown: bool = False) -> Generator[str, None, None]:
         """Source path of each sample, in sample order (read lazily).
 
         A line that is not a JSON string, and a line count other than ``num_samples``, is a
-        one-line :class:`DatasetFormatError` naming ``names.jsonl:LINE`` (``verify`` reports it)."""
+        one-line :class:`DatasetFormatError` naming ``names.jsonl:LINE`` (``verify`` reports it);
+        ``grown``: more lines are an append's (``readers.contract.generations.appended_since``)."""
         n = self.num_samples
         if self.store is not None:
             yield from parse_names(self.store.url_of(NAMES_FILE), self.store.read(NAMES_FILE).splitlines(), n)
             return
         path = member_path(self.root, NAMES_FILE, "names file")
-        grown = os.path.lexists(Path(self.root) / index_copy_name(int(self.meta.get(GENERATION_KEY) or 0)))
         with os.fdopen(open_regular(path, "names file"), "rb") as f:
             yield from parse_names(str(path), f, n, grown)
 
