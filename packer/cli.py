@@ -165,7 +165,7 @@ def _pack_arguments(p: argparse.ArgumentParser) -> None:
 def _append_argument(p: argparse.ArgumentParser) -> None:
     """``--append OUT``: SRC's images added to the dataset OUT as its next generation (``packer.appending``);
     -f defaults to OUT's format."""
-    p.add_argument("--append", type=local_location, metavar="OUT",
+    p.add_argument("--append", type=_append_location, metavar="OUT",
                    help="add SRC's images to the dataset OUT as its next generation (readers of the previous one "
                         "keep reading it; --resume finishes an interrupted append)")
     for action in p._actions:  # -f: OUT's format by default when appending (checked in _pack otherwise)
@@ -292,8 +292,17 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
         raise  # parser.error exits; this keeps type checkers informed
 
 
-def _format_of(out: Path) -> str:
-    """The format of the dataset ``out`` that ``--append`` grows (wds when there is none yet)."""
+def _append_location(text: str) -> Path:
+    """``--append OUT``: a local dataset folder; an object-store URL is refused in one line (exit 2)."""
+    location = output_location(text)
+    if isinstance(location, str):
+        raise argparse.ArgumentTypeError(f"{text}: appending to a dataset on object storage is not supported yet "
+                                         "(append to a local copy of it, then upload the folder)")
+    return location
+
+
+def _format_of(out: Path) -> str | None:
+    """The format of the dataset ``out`` that ``--append`` grows (None when there is none yet)."""
     from readers.contract.spec import find_splits, read_meta
 
     for folder in [out] + [out / s for s in find_splits(out)]:
@@ -301,7 +310,7 @@ def _format_of(out: Path) -> str:
             return str(read_meta(folder)["format"])
         except (OSError, ValueError):
             continue
-    return "wds"
+    return None
 
 
 def _default_name(src: Path) -> str:
@@ -346,6 +355,8 @@ def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         args.output = args.append
         if args.format is None:
             args.format = _format_of(args.append)
+        if args.format is None:
+            parser.error(f"{args.append} holds no dataset yet: give -f/--format for its first generation")
     elif args.format is None:
         parser.error("the following arguments are required: -f/--format")
     options = _options(parser, args, "pack")

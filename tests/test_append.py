@@ -282,6 +282,15 @@ def test_cli_append_and_resume(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli_main(["pack", str(second), "--append", str(out), "-o", str(out)])
     assert exit_.value.code == 2 and "--append OUT names the output" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["pack", str(second), "--append", str(tmp_path / "none")])
+    assert exit_.value.code == 2 and "holds no dataset yet: give -f/--format" in capsys.readouterr().err
+    assert cli_main(["pack", str(second), "--append", str(tmp_path / "none"), "-f", "mmap", "-q"]) == 0
+    assert spec.read_meta(tmp_path / "none")["num_samples"] == 9  # the first generation
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["pack", str(second), "--append", "s3://bucket/ds"])
+    assert exit_.value.code == 2 and "appending to a dataset on object storage is not supported yet" in \
+        capsys.readouterr().err
 
 
 PACK_KILLED = """
