@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -158,6 +159,8 @@ def test_a_reader_and_a_loader_state_from_before_an_append_by_another_process(tm
     assert got + [b[2].tolist() for b in resumed] == whole
     assert sum(len(b[2]) for b in loader()) == 40  # reopened: the new generation
     assert rows(reader)[:5] == first and len(rows(reader)) == 23  # the reader opened before: its generation
+    spawned = pickle.loads(pickle.dumps(reader))  # what a spawned worker gets: its generation's files again
+    assert rows(spawned) == rows(reader)
 
 
 def test_verify_finds_a_flipped_byte_in_an_appended_shard(grown, tmp_path):
