@@ -276,6 +276,10 @@ def pack(
                          dest)
                 result = target.pack_split(pack_split, source, dest, split, WRITERS[options.format], callback)
                 result.note = _layout_note(jobs, split, target.folder)
+                if options.append:  # what this run added, and as which generation
+                    gens = result.meta.get("generations") or [{}]
+                    added = f"+{gens[-1].get('added', 0)} as generation {result.meta.get('generation', 0)}"
+                    result.note = f"{result.note}; {added}" if result.note else added
                 results.append(result)
     finally:
         target.close()  # the lock is released: what is left to tidy (a staging folder emptied by the upload)

@@ -273,6 +273,7 @@ def test_cli_append_and_resume(tmp_path, capsys):
     out = tmp_path / "ds"
     assert cli_main(["pack", str(first), "-f", "lmdb", "-o", str(out), "-q"]) == 0
     assert cli_main(["pack", str(second), "--append", str(out), "-q"]) == 0  # -f: the dataset's
+    assert "17 samples, 3 classes" in capsys.readouterr().out.splitlines()[-1]
     meta = spec.read_meta(out)
     assert meta["num_samples"] == 17 and generation_of(meta) == 1
     assert meta["classes"] == ["class_00", "class_01", "class_02"]
