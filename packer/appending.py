@@ -33,10 +33,11 @@ from packer.options import PackOptions
 from packer.output import APPEND_STATE_NAME, SHARD_LOG_NAME
 from packer.sources.source import Source
 from readers.contract import spec
-from readers.contract.fields import Schema
+from packer.formats.fieldstore import FIELD_CHECKSUMS, CRC_PART, SIZES_PART
+from readers.contract.fields import Schema, column_file
 from readers.contract.generations import GENERATIONS_KEY, generation_of, history, index_copy_name
 
-__all__ = ["start", "resumable", "refuse_plain_resume", "finish_meta", "roll_back", "interrupted", "base_index", "check_schema", "merge_classes"]
+__all__ = ["start", "resumable", "refuse_plain_resume", "finish_meta", "merge_field_stats", "roll_back", "interrupted", "base_index", "check_schema", "merge_classes"]
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,14 @@ def base_index(out: Path, options: PackOptions) -> spec.Index:
             raise UsageError(f"{out}: its samples are {'resize ' + str(fixed[0]) if fixed else 'not resized'}; "
                              f"append with the same resize (not {options.resize})")
     schema = Schema.from_index(meta, str(out / spec.INDEX_NAME))
-    if schema.extra_fields:
-        raise UsageError(f"{out}: appending to a dataset with typed fields "
-                         f"({', '.join(f.name for f in schema.extra_fields)}) is not supported yet: only image and "
-                         "label; write a new dataset and merge them (pack-dataset merge)")
+    # hdf5 copies every field into data.h5 at the end, mmap keeps a variable one as blob + offsets: not
+    # grown yet; wds and lmdb keep them per sample, and fixed ones (all formats) as columns, as the index
+    unsupported = [f.name for f in schema.extra_fields if meta["format"] == "hdf5"
+                   or meta["format"] == "mmap" and not f.type.fixed]
+    if unsupported:
+        raise UsageError(f"{out}: appending to a {meta['format']} dataset with field(s) {', '.join(unsupported)} "
+                         "is not supported yet (wds and lmdb datasets with fields, and mmap ones with fixed-size "
+                         "fields, are); write a new dataset and merge them (pack-dataset merge)")
     return index
 
 
@@ -184,6 +189,7 @@ def _seed(out: Path, split: str, source: Source, options: PackOptions, index: sp
     state = {"generation": g, "num_samples": n, "images_found": int(src.get("images_found", n)),
              "rejected": int(src.get("rejected", 0)), "data_bytes": _data_bytes(out, meta, index), **lengths}
     spec.write_json_atomic(out / APPEND_STATE_NAME, state)
+    _seed_fields(out, index)
     journal = Journal(Journal.identity_of(split, source, options), done=n, next_source=0,
                       bytes_in=int(stats.get("bytes_in", 0)), changed=int(stats.get("reencoded", 0)),
                       rejected=state["rejected"], repaired=int(stats.get("repaired", 0)),
@@ -191,6 +197,50 @@ def _seed(out: Path, split: str, source: Source, options: PackOptions, index: sp
                       records_len=n * spec.RECORD_DTYPE.itemsize, writer=_writer_state(out, meta, state),
                       source_prefix=source.prefix_fingerprint(0), **lengths)
     journal.save(out)
+
+
+def _seed_fields(out: Path, index: spec.Index) -> None:
+    """The typed fields' side files (``packer.formats.fieldstore``) as a checkpoint after the dataset's
+    samples would leave them: their CRCs, their sizes (-1 where only the blob would tell: those
+    fields' stats are the index's, added to in :func:`merge_field_stats`) and the fixed columns."""
+    schema = Schema.from_index(index.meta, str(out / spec.INDEX_NAME))
+    extra, n = schema.extra_fields, index.num_samples
+    if not extra:
+        return
+    crcs = np.load(out / FIELD_CHECKSUMS, mmap_mode="r", allow_pickle=False)
+    with spec.atomic_write(out / CRC_PART) as fh:
+        fh.write(np.ascontiguousarray(crcs, dtype="<u4").tobytes())
+    del crcs
+    sizes = np.full((n, len(extra)), -1, dtype="<i8")
+    for j, f in enumerate(extra):
+        if f.type.fixed:
+            dtype, shape = f.type.column_layout(1)
+            sizes[:, j] = dtype.itemsize * int(np.prod(shape))
+            column = np.load(out / column_file(f.name, index.meta), mmap_mode="r", allow_pickle=False)
+            with spec.atomic_write(out / (column_file(f.name) + ".part")) as part:
+                part.write(np.ascontiguousarray(column).tobytes())
+            del column
+    with spec.atomic_write(out / SIZES_PART) as fh:
+        fh.write(sizes.tobytes())
+
+
+def merge_field_stats(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """An append's ``field_stats``: a field whose earlier sizes were unknown (-1, :func:`_seed_fields`)
+    has its new samples' stats added to the previous generation's."""
+    state = json.loads((out / APPEND_STATE_NAME).read_text(encoding="utf-8"))
+    base = json.loads((out / index_copy_name(int(state["generation"]))).read_text(encoding="utf-8"))
+    then, now = base.get("field_stats") or {}, dict(meta.get("field_stats") or {})
+    for name, old in then.items():
+        new = now.get(name)
+        if not isinstance(new, dict) or not isinstance(old, dict) or "min" in new:  # fixed: computed whole
+            continue
+        merged = {"bytes": int(old.get("bytes", 0)) + int(new.get("bytes", 0))}
+        for key, pick in (("min_bytes", min), ("max_bytes", max), ("min_rows", min), ("max_rows", max)):
+            values = [v[key] for v in (old, new) if key in v]
+            if values:
+                merged[key] = pick(values)
+        now[name] = merged
+    return {**meta, "field_stats": now}
 
 
 def _data_bytes(out: Path, meta: dict[str, Any], index: spec.Index) -> int:

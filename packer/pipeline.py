@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from packer.appending import finish_meta, refuse_plain_resume
+from packer.appending import finish_meta, merge_field_stats, refuse_plain_resume
 from packer.errors import OutputExistsError, PackError
 from packer.formats.base import FormatWriter, merged
 from packer.formats.fieldstore import is_field_file
@@ -310,6 +310,8 @@ class _WriteStage:
         meta = merged(meta, self.writer.finalize(meta, arrays))
         if self.writer.field_store is not None:  # bytes (and rows or values) per extra field, for info
             meta["field_stats"] = self.writer.field_store.stats
+            if self.options.append:
+                meta = merge_field_stats(self.out, meta)
         meta[spec.FILES_CRC_KEY] = file_crcs(self.out, meta)
         spec.write_index(self.out, meta, arrays)
         Journal.discard(self.out)

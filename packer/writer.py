@@ -432,7 +432,11 @@ class Writer:
         self._schema = schema
         has_label = schema.labels_field is not None
         classes = list(self._classes) if self._classes is not None and has_label else []
-        if self._base is not None:  # append: the dataset's classes first (new ones after them)
+        if self._base is not None:  # append: the dataset's fields and classes (new classes after them)
+            then = Schema.from_index(self._base.meta, str(self.out / spec.INDEX_NAME))
+            if self._fields is None and set(schema.names) == set(then.names):  # the types are the dataset's
+                schema = self._schema = Schema(tuple(dataclasses.replace(f, classes=schema[f.name].classes)
+                                                     for f in then))
             appending.check_schema(self.out, self._base, schema)
             classes = appending.merge_classes(self.out, self._base.meta["classes"], self._classes)
         details = {"fields": schema.to_json()["fields"], "classes": self._classes if has_label else None}

@@ -334,3 +334,55 @@ def test_cli_append_killed_then_resumed(tmp_path, capsys):
     assert rows(opened(out)) == rows(opened(whole)) and verify(out).ok
     shown = render(describe(out))
     assert "  generations  2: 0: 8, 1: 28 (+20 on " in shown, shown
+
+
+def typed(i: int) -> dict:
+    """A sample with typed fields: a caption, boxes (variable rows), a float and a fixed embedding."""
+    return {"image": image(i), "label": i % 3, "caption": f"picture {i}" * (1 + i % 3),
+            "boxes": np.arange(4 * (i % 3), dtype=np.float32).reshape(-1, 4) + i, "score": i / 7,
+            "emb": np.full(3, i, dtype=np.float32)}
+
+
+TYPED = {"image": "image", "label": "int32", "caption": "text", "boxes": "float32[*,4]", "score": "float",
+         "emb": "float32[3]"}
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb", "mmap"])
+def test_appends_with_typed_fields_read_back_and_keep_their_stats(tmp_path, fmt):
+    fields = TYPED if fmt != "mmap" else {k: v for k, v in TYPED.items() if k not in ("caption", "boxes")}
+    names = tuple(fields)
+
+    def put(out, start, stop, **kw):
+        with Writer(out, format=fmt, options=opts(fmt), fields=fields if not kw else None, **kw) as w:
+            for i in range(start, stop):
+                w.write({k: v for k, v in typed(i).items() if k in fields})
+
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    put(whole, 0, 40)
+    put(out, 0, 16)
+    early = opened(out, fields=names)
+    early_rows = [repr(x) for x in (early if fmt == "wds" else [early[i] for i in range(16)])]
+    if fmt == "lmdb":
+        early.close()  # one LMDB environment per process: the Writer's (it opens again when read)
+    put(out, 16, 30, append=True)
+    put(out, 30, 40, append=True)
+
+    def items(ds, n):
+        return [repr(x) for x in (ds if fmt == "wds" else [ds[i] for i in range(n)])]
+    assert items(opened(out, fields=names), 40) == items(opened(whole, fields=names), 40)
+    assert items(early, 16) == early_rows  # a reader of generation 0, its columns opened after the appends
+    assert items(opened(out, fields=names, generation=1), 30) == items(opened(whole, fields=names), 40)[:30]
+    assert spec.read_meta(out)["field_stats"] == spec.read_meta(whole)["field_stats"]
+    assert verify(out).ok
+
+
+def test_fields_an_append_cannot_grow_are_refused_in_one_line(tmp_path):
+    with Writer(tmp_path / "h5", format="hdf5", fields=TYPED) as w:
+        w.write(typed(0))
+    with pytest.raises(UsageError, match=r"appending to a hdf5 dataset with field\(s\) caption, boxes, score, emb "
+                                         r"is not supported yet"):
+        Writer(tmp_path / "h5", format="hdf5", append=True)
+    with Writer(tmp_path / "mm", format="mmap", fields=TYPED) as w:
+        w.write(typed(0))
+    with pytest.raises(UsageError, match=r"appending to a mmap dataset with field\(s\) caption, boxes is not"):
+        Writer(tmp_path / "mm", format="mmap", append=True)

@@ -210,7 +210,7 @@ class LmdbWriter(FormatWriter):
         _pad_tail(data)
         files = {data.name: data.stat().st_size}
         if self.field_store is not None:
-            files.update(self.field_store.finalize(meta["num_samples"]))
+            files.update(self.field_store.finalize(meta["num_samples"], meta=meta))
         return {"files": files}
 
     def _unpin(self) -> None:

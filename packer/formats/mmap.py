@@ -95,7 +95,7 @@ class MemmapWriter(FormatWriter):
         self._file.close()
         files = {self.path.name: self.path.stat().st_size}
         if self.field_store is not None:
-            files.update(self.field_store.finalize(n))
+            files.update(self.field_store.finalize(n, meta=meta))
         return {
             "storage": {"fixed_shape": [size, size, 3] if size else None, "data_offset": MMAP_HEADER_BYTES},
             "files": files,

@@ -225,7 +225,7 @@ class PackedDataset:
     def _open_column(self, field: Field) -> np.ndarray:
         """wds, lmdb, mmap: ``field-<name>.npy`` beside the index (``label``: ``labels.npy`` when the
         dataset has no ``field-label.npy``, as every dataset packed before fields)."""
-        name = column_file(field.name)
+        name = column_file(field.name, self.meta)
         if field.name == "label" and not self._has_file(name):
             return self.labels
         return load_column(self.file_ref(name)(), field, len(self.labels))
@@ -283,7 +283,7 @@ class PackedDataset:
     def field_location(self, field: Field, i: int) -> str:
         """The file (HDF5: and dataset) holding ``field`` of sample ``i``, as messages name it."""
         if field.type.fixed:
-            return self.location_of(column_file(field.name))
+            return self.location_of(column_file(field.name, self.meta))
         return self.where(i)
 
     def _field_item(self, i: int, image: Any = None, blobs: dict[str, Any] | None = None) -> Any:
