@@ -7,7 +7,8 @@ What changes is committed by one atomic rename of ``index.json``::
 
     index.json                 generation g+1: "generation": g+1, "generations": one record per
                                generation ({"generation", "num_samples", "added", "written"})
-    labels.g00000N.npy, ...    generation N's index arrays: new files (spec.array_file), so a reader
+    labels.g00000N.npy, ...    generation N's index arrays and fixed-size field columns
+                               (field-<name>.g00000N.npy): new files (spec.array_file), so a reader
                                that read the previous index.json maps the previous arrays, whole
     index.g00000N.json         a copy of generation N's index.json, kept when N+1 is written
     data files                 wds: new shards; lmdb: new keys (data.mdb grows, MVCC); hdf5: /images
@@ -15,6 +16,7 @@ What changes is committed by one atomic rename of ``index.json``::
                                mmap: images.npy grows (its 128-byte .npy header is rewritten with
                                the new shape: readers take positions from the index, never from it)
     names.jsonl, rejects.jsonl grown: a reader reads only its first num_samples lines
+    field_checksums.npy        renamed over (verify reads the newest generation's)
 
 So a reader (or a loader, or a worker forked from one) that opened generation ``g`` keeps reading
 exactly it: its arrays are mapped or kept by name, and every data byte it can reach stays. A job
