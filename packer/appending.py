@@ -37,7 +37,8 @@ from packer.formats.fieldstore import FIELD_CHECKSUMS, CRC_PART, SIZES_PART
 from readers.contract.fields import Schema, column_file
 from readers.contract.generations import GENERATIONS_KEY, generation_of, history, index_copy_name
 
-__all__ = ["start", "resumable", "refuse_plain_resume", "finish_meta", "merge_field_stats", "roll_back", "interrupted", "base_index", "check_schema", "merge_classes"]
+__all__ = ["start", "resumable", "refuse_plain_resume", "finish_meta", "merge_field_stats", "roll_back", "interrupted",
+           "base_index", "check_schema", "merge_classes", "remap_source"]
 
 log = logging.getLogger(__name__)
 

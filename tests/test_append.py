@@ -278,7 +278,8 @@ def test_cli_append_and_resume(tmp_path, capsys):
     assert meta["num_samples"] == 17 and generation_of(meta) == 1
     assert meta["classes"] == ["class_00", "class_01", "class_02"]
     names = list(spec.read_index(out).names())
-    assert names[8:] == sorted(p.relative_to(second).as_posix() for p in second.rglob("*.*") if p.suffix.lower() in (".jpeg", ".jpg", ".png"))
+    images = [p for p in second.rglob("*.*") if p.suffix.lower() in (".jpeg", ".jpg", ".png")]
+    assert names[8:] == sorted(p.relative_to(second).as_posix() for p in images)
     labels = spec.read_index(out).labels
     assert labels[8:].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert cli_main(["pack", str(second), "--append", str(out), "--resume", "-q"]) == 1

@@ -394,8 +394,8 @@ def _generation_lines(d: dict[str, Any]) -> list[str]:
     gens = d.get("generations") or []
     if len(gens) > 1:
         lines.append(f"  generations  {len(gens)}: " + ", ".join(
-            f"{g['generation']}: {g['num_samples']}" + (f" (+{g['added']} on {g['written']})" if g.get("written") else "")
-            for g in gens))
+            f"{g['generation']}: {g['num_samples']}"
+            + (f" (+{g['added']} on {g['written']})" if g.get("written") else "") for g in gens))
     if d.get("append"):
         a = d["append"]
         lines.append(f"  append       interrupted: {a['given']} samples of generation {a['generation']} given, "
