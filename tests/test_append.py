@@ -387,3 +387,27 @@ def test_fields_an_append_cannot_grow_are_refused_in_one_line(tmp_path):
         w.write(typed(0))
     with pytest.raises(UsageError, match=r"appending to a mmap dataset with field\(s\) caption, boxes is not"):
         Writer(tmp_path / "mm", format="mmap", append=True)
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+def test_an_interrupted_append_with_typed_fields_resumes_to_a_whole_write(tmp_path, fmt):
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    for dest, stop in ((whole, 150), (out, 20)):
+        with Writer(dest, format=fmt, options=opts(fmt), fields=TYPED) as w:
+            for i in range(stop):
+                w.write(typed(i))
+    with pytest.raises(KeyError):
+        with Writer(out, format=fmt, options=opts(fmt), append=True) as w:
+            for i in range(20, 150):
+                w.write(typed(i))
+                if i == 140:
+                    raise KeyError("the producer failed")
+    with Writer(out, format=fmt, options=opts(fmt), append=True, resume=True) as w:
+        assert 0 < w.count <= 121
+        for i in range(20 + w.count, 150):
+            w.write(typed(i))
+    names = tuple(TYPED)
+    ours, theirs = opened(out, fields=names), opened(whole, fields=names)
+    assert [repr(x) for x in (ours if fmt == "wds" else [ours[i] for i in range(150)])] == \
+        [repr(x) for x in (theirs if fmt == "wds" else [theirs[i] for i in range(150)])]
+    assert spec.read_meta(out)["field_stats"] == spec.read_meta(whole)["field_stats"] and verify(out).ok
