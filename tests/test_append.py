@@ -260,7 +260,8 @@ def test_schema_and_classes_must_agree(tmp_path):
 
 def test_pack_map_appends(tmp_path):
     out = tmp_path / "out"
-    pack_map(sample, range(10), out, format="wds", workers=0, options=opts("wds"))
+    pack_map(sample, range(10), out, format="wds", workers=0, options=opts("wds"), append=True)  # nothing yet
+    assert spec.read_meta(out)["num_samples"] == 10 and generation_of(spec.read_meta(out)) == 0
     result = pack_map(sample, range(10, 25), out, format="wds", workers=2, options=opts("wds"), append=True)
     assert result.samples == 15
     assert [y for _, y in rows(opened(out))] == [sample(i)["label"] for i in range(25)]
