@@ -148,7 +148,11 @@ def _add_options(p: argparse.ArgumentParser, command: str, src: Callable[[Any], 
                                 metavar="OUT", help=output_help.replace("output folder",
                                                                         "output folder, or s3://bucket/prefix")
                                 if command == "pack" else output_help)
-    if command == "pack":
+    if command == "pack":  # --append OUT: SRC's images become the next generation of the dataset OUT
+        groups["resume"].add_argument(
+            "--append", type=_append_location, metavar="OUT",
+            help="add SRC's images to the dataset OUT as its next generation, readers of the previous one "
+                 "unaffected (-f: OUT's format; --resume finishes an interrupted append)")
         groups["remote"].add_argument(
             "--stage-dir", type=Path, metavar="DIR",
             help="s3:// output: stage files here before upload (default: $DATASET_PACKER_STAGE or "
@@ -159,16 +163,7 @@ def _add_options(p: argparse.ArgumentParser, command: str, src: Callable[[Any], 
 def _pack_arguments(p: argparse.ArgumentParser) -> None:
     _add_options(p, "pack", lambda g: g.add_argument("src", metavar="SRC", type=output_location, help=SRC_HELP),
                  "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
-    _append_argument(p)
-
-
-def _append_argument(p: argparse.ArgumentParser) -> None:
-    """``--append OUT``: SRC's images added to the dataset OUT as its next generation (``packer.appending``);
-    -f defaults to OUT's format."""
-    p.add_argument("--append", type=_append_location, metavar="OUT",
-                   help="add SRC's images to the dataset OUT as its next generation (readers of the previous one "
-                        "keep reading it; --resume finishes an interrupted append)")
-    for action in p._actions:  # -f: OUT's format by default when appending (checked in _pack otherwise)
+    for action in p._actions:  # -f: OUT's format by default with --append (_pack asks for it otherwise)
         if "--format" in action.option_strings:
             action.required = False
 
