@@ -21,8 +21,10 @@ from packer.options import PackOptions, RemoteOptions
 from packer.pipeline import SplitResult
 from packer.writer import SampleError, Writer
 from packer.mapping import MapError, MapResult, pack_map
+from packer.appending import roll_back
 
 __all__ = ["pack", "PackOptions", "RemoteOptions", "PackerError", "UsageError", "PackError", "OutputError",
            "OutputExistsError", "SourceError", "SplitResult", "WRITERS"]
 __all__ += ["Writer", "SampleError"]  # packer.writer: write a dataset from Python, sample by sample
 __all__ += ["pack_map", "MapResult", "MapError"]  # packer.mapping: map a function over inputs into a dataset
+__all__ += ["roll_back"]  # packer.appending: undo an interrupted append (Writer(append=True), --append)

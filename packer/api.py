@@ -11,12 +11,14 @@ same four calls.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
 from pathlib import Path
 from typing import Callable, Protocol
 
+from packer import appending
 from packer.engines import SplitPacker, open_engine
 from packer.errors import OutputError, SourceError, UsageError
 from packer.formats.base import FormatWriter
@@ -31,6 +33,7 @@ from packer.pipeline import PackProgress, SplitResult
 from packer.remote_output import StagedOutput
 from packer.importers.rowsource import scan_rows
 from packer.sources.source import Source, URLRoot, find_split_dirs, listings, scan, scan_listing
+from readers.contract import spec
 from readers.contract.location import UnsupportedLocationError, parse_location
 
 __all__ = ["pack", "WRITERS", "plan", "PackOutput", "FolderOutput"]
@@ -48,6 +51,38 @@ def _location(where: str | os.PathLike, error: type[UsageError]) -> Path | str:
         return parse_location(where)
     except UnsupportedLocationError as exc:
         raise error(str(exc)) from None
+
+
+def _append_options(out: Path | str, options: PackOptions) -> PackOptions:
+    """``options.append``: the options the engine packs with (each split resumes the journal
+    :func:`_append_split` seeds); a plain pack when ``out`` holds no dataset yet."""
+    if isinstance(out, str):
+        raise UsageError(f"{out}: --append writes into a local dataset folder; appending to one on object "
+                         "storage is not supported yet (append locally, then upload the folder)")
+    if options.engine != "local" or options.overwrite:
+        raise UsageError("--append adds to the dataset with the local engine: not with "
+                         f"{'--overwrite' if options.overwrite else '--engine ray'}")
+    if not (out / spec.INDEX_NAME).exists() and not spec.find_splits(out) and not (out / spec.STATE_NAME).exists():
+        return dataclasses.replace(options, append=False)  # nothing to append to: the first generation
+    return dataclasses.replace(options, resume=True)
+
+
+def _append_split(dest: Path, split: str, source: Source, asked: PackOptions) -> str:
+    """Ready ``dest`` (a finished dataset, or an interrupted append into it) for ``source``'s samples:
+    its classes take the dataset's numbers; returns the dataset's split name (its shards')."""
+    if appending.resumable(dest, asked):
+        index = spec.read_index(dest)
+    else:
+        if not (dest / spec.INDEX_NAME).exists():
+            raise UsageError(f"{dest}: no dataset to append split {split!r} to; pack it first, without --append")
+        index = appending.base_index(dest, asked)
+    split = str(index.meta.get("split") or split)
+    if source.schema is not None:  # a manifest's fields (an image folder's are image + label)
+        appending.check_schema(dest, index, source.schema)
+    appending.remap_source(dest, index, source)
+    if appending.interrupted(dest) is None:
+        appending.start(dest, split, source, dataclasses.replace(asked, resume=False), index)
+    return split
 
 
 def _split_name(path: Path) -> str:
@@ -84,6 +119,7 @@ def plan(src: str | os.PathLike[str], out: str | os.PathLike[str], options: Pack
         raise OutputError(f"the source {src} lies inside the output folder {out}; choose another output")
     single = jobs[0][0] if len(jobs) == 1 and jobs[0][2] == out else None
     prepare_output(out, options, [dest for _, _, dest in jobs], lock, split_hint=single, role=role)
+    # (options.append: resume=True here, so the dataset in out is kept, not refused nor cleared)
     return [(name, source.ordered(options.order_kind(), options.shuffle_seed), dest) for name, source, dest in jobs]
 
 
@@ -220,6 +256,9 @@ def pack(
     if unused:  # a local output (and source): one line naming what cannot apply
         where = "output" if set(unused) <= {"stage_dir", "upload_progress"} else "output or source"
         raise TypeError(f"RemoteOptions {', '.join(unused)}: only for an s3:// {where}; {out} is a local folder")
+    asked = options  # append: the caller's resume decides whether an interrupted append continues
+    if options.append:
+        options = _append_options(out, options)
     target: PackOutput = StagedOutput(out, options, remote) if isinstance(out, str) else FolderOutput(out)
     # The engine connects first (a cluster that cannot be reached changes nothing); then the output
     # folders are locked for the whole run, whichever engine writes them.
@@ -230,11 +269,17 @@ def pack(
             target.ready()
             results = []
             for split, source, dest in jobs:
+                if options.append:  # the journal seeded from the dataset in dest (packer.appending)
+                    split = _append_split(dest, split, source, asked)
                 callback = progress(split, source) if progress else None
                 log.info("packing %s: %d images in %d classes -> %s", split, len(source.paths), len(source.classes),
                          dest)
                 result = target.pack_split(pack_split, source, dest, split, WRITERS[options.format], callback)
                 result.note = _layout_note(jobs, split, target.folder)
+                if options.append:  # what this run added, and as which generation
+                    gens = result.meta.get("generations") or [{}]
+                    added = f"+{gens[-1].get('added', 0)} as generation {result.meta.get('generation', 0)}"
+                    result.note = f"{result.note}; {added}" if result.note else added
                 results.append(result)
     finally:
         target.close()  # the lock is released: what is left to tidy (a staging folder emptied by the upload)

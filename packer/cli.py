@@ -150,7 +150,11 @@ def _add_options(p: argparse.ArgumentParser, command: str, src: Callable[[Any], 
                                 metavar="OUT", help=output_help.replace("output folder",
                                                                         "output folder, or s3://bucket/prefix")
                                 if command == "pack" else output_help)
-    if command == "pack":
+    if command == "pack":  # --append OUT: SRC's images become the next generation of the dataset OUT
+        groups["resume"].add_argument(
+            "--append", type=_append_location, metavar="OUT",
+            help="add SRC's images to the dataset OUT as its next generation, readers of the previous one "
+                 "unaffected (-f: OUT's format; --resume finishes an interrupted append)")
         groups["remote"].add_argument(
             "--stage-dir", type=Path, metavar="DIR",
             help="s3:// output: stage files here before upload (default: $DATASET_PACKER_STAGE or "
@@ -161,6 +165,9 @@ def _add_options(p: argparse.ArgumentParser, command: str, src: Callable[[Any], 
 def _pack_arguments(p: argparse.ArgumentParser) -> None:
     _add_options(p, "pack", lambda g: g.add_argument("src", metavar="SRC", type=output_location, help=SRC_HELP),
                  "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
+    for action in p._actions:  # -f: OUT's format by default with --append (_pack asks for it otherwise)
+        if "--format" in action.option_strings:
+            action.required = False
 
 
 def _convert_arguments(p: argparse.ArgumentParser) -> None:
@@ -284,6 +291,27 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
         raise  # parser.error exits; this keeps type checkers informed
 
 
+def _append_location(text: str) -> Path:
+    """``--append OUT``: a local dataset folder; an object-store URL is refused in one line (exit 2)."""
+    location = output_location(text)
+    if isinstance(location, str):
+        raise argparse.ArgumentTypeError(f"{text}: appending to a dataset on object storage is not supported yet "
+                                         "(append to a local copy of it, then upload the folder)")
+    return location
+
+
+def _format_of(out: Path) -> str | None:
+    """The format of the dataset ``out`` that ``--append`` grows (None when there is none yet)."""
+    from readers.contract.spec import find_splits, read_meta
+
+    for folder in [out] + [out / s for s in find_splits(out)]:
+        try:
+            return str(read_meta(folder)["format"])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def _default_name(src: Path) -> str:
     """The output's default name: the source's (a manifest or COCO json without its suffix: rows.csv -> rows)."""
     from packer.importers.manifest import MANIFEST_KINDS
@@ -320,7 +348,19 @@ def _run(args: argparse.Namespace, work: Callable[[Path], list]) -> int:
 def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from packer.api import pack
 
+    if args.append is not None:  # pack-dataset SRC --append OUT
+        if args.output is not None:
+            parser.error("--append OUT names the output: give it without -o")
+        args.output = args.append
+        if args.format is None:
+            args.format = _format_of(args.append)
+        if args.format is None:
+            parser.error(f"{args.append} holds no dataset yet: give -f/--format for its first generation")
+    elif args.format is None:
+        parser.error("the following arguments are required: -f/--format")
     options = _options(parser, args, "pack")
+    if args.append is not None:
+        options = dataclasses.replace(options, append=True)
     out = args.output
     if isinstance(args.src, str) and out is None:
         parser.error(f"{args.src}: a source on object storage needs -o (a folder or an s3:// prefix)")

@@ -42,7 +42,7 @@ import numpy as np
 
 from packer.errors import PackError
 from packer.options import PackOptions, cli_fields
-from packer.output import SHARD_LOG_NAME, failed_report, leftovers
+from packer.output import APPEND_STATE_NAME, SHARD_LOG_NAME, failed_report, leftovers
 from packer.sources.source import Source
 from readers.contract import spec
 
@@ -185,7 +185,7 @@ class Journal:
     @staticmethod
     def discard(out: Path) -> None:
         """Remove the journal and the records once the index is committed."""
-        for name in (RECORDS_NAME, SHARD_LOG_NAME, spec.STATE_NAME, spec.STATE_NAME + ".tmp"):
+        for name in (RECORDS_NAME, SHARD_LOG_NAME, spec.STATE_NAME, spec.STATE_NAME + ".tmp", APPEND_STATE_NAME):
             (out / name).unlink(missing_ok=True)
 
 

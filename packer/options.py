@@ -183,6 +183,9 @@ class PackOptions:
     resume: bool = field(default=False, metadata=_flag(
         "--resume", group="resume", action="store_true", exclusive_group="existing",
         help="finish an interrupted pack with the same options", commands=_BOTH))
+    # add the samples to the dataset already in the output as its next generation (packer.appending);
+    # the CLI's --append OUT sets it
+    append: bool = False
     # lmdb/hdf5/mmap: durable commit every this many bytes. Each checkpoint costs about six fsyncs
     # (data, the three side files, the journal and its folder): at 64 MB that was a quarter of an
     # hdf5 pack's time here; 256 MB keeps at most ~1 s of packing to redo after a crash.
@@ -268,7 +271,8 @@ class PackOptions:
     def recorded(self) -> dict[str, Any]:
         """The options that shape the output (stored in the index, compared on resume)."""
         d = asdict(self)
-        for volatile in ("workers", "overwrite", "resume", "strict", "splits", "engine", "ray_address", "ray_chunk"):
+        for volatile in ("workers", "overwrite", "resume", "append", "strict", "splits", "engine", "ray_address",
+                         "ray_chunk"):
             d.pop(volatile)
         for name, default in (("image_column", "image"), ("fields", None), ("images", None)):
             if d[name] == default:  # recorded only when given: indexes of image folders stay as they were

@@ -38,11 +38,12 @@ from packer.errors import OutputError, OutputExistsError
 from packer.formats.fieldstore import is_field_file
 from packer.options import PackOptions
 from readers.contract import spec
+from readers.contract.generations import is_generation_file
 # The lock file a running pack holds in each folder it writes is the on-disk contract's (readers see it).
 from readers.contract.locks import LOCK_NAME, lock_holder, lock_pid, try_lock
 
 __all__ = ["prepare_output", "OutputLock", "OutputBusyError", "SHARD_LOG_NAME", "UPLOADS_NAME",
-           "UPLOADS_NAME_V1", "known_names", "leftovers", "start_writeback", "failed_report"]
+           "UPLOADS_NAME_V1", "APPEND_STATE_NAME", "known_names", "leftovers", "start_writeback", "failed_report"]
 
 #: A wds pack in progress: one JSON line per closed shard (``packer.formats.wds``).
 SHARD_LOG_NAME = "shard-log.jsonl"
@@ -50,9 +51,11 @@ SHARD_LOG_NAME = "shard-log.jsonl"
 UPLOADS_NAME = "uploads.jsonl"
 #: ... and the JSON object earlier versions rewrote whole after each upload (still read on resume).
 UPLOADS_NAME_V1 = "uploads.json"
+#: An append in progress: the generation it adds to and what that generation held (``packer.appending``).
+APPEND_STATE_NAME = "append-state.json"
 #: Written by the packer beside a dataset's spec files (journal.RECORDS_NAME, LMDB's lock table, the
 #: shard log, the upload logs of a staging folder).
-_PACKER_FILES = ("records.bin", "lock.mdb", SHARD_LOG_NAME, UPLOADS_NAME, UPLOADS_NAME_V1)
+_PACKER_FILES = ("records.bin", "lock.mdb", SHARD_LOG_NAME, UPLOADS_NAME, UPLOADS_NAME_V1, APPEND_STATE_NAME)
 
 
 class OutputBusyError(OutputError):
@@ -278,7 +281,8 @@ def _foreign(folder: Path, split_hint: str | None) -> str | None:
     shards, patterns = _shard_names(folder, {split_hint} if split_hint else set())
     for e in _entries(folder):
         ours = e.is_file(follow_symlinks=False) and (
-            e.name in known or is_field_file(e.name) or e.name in shards or any(p.fullmatch(e.name) for p in patterns))
+            e.name in known or is_field_file(e.name) or is_generation_file(e.name) or e.name in shards
+            or any(p.fullmatch(e.name) for p in patterns))
         if not ours:
             return e.name
     return None

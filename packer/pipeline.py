@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from packer.appending import finish_meta, merge_field_stats, refuse_plain_resume
 from packer.errors import OutputExistsError, PackError
 from packer.formats.base import FormatWriter, merged
 from packer.formats.fieldstore import is_field_file
@@ -136,11 +137,14 @@ def pack_split(
     remote output uploads the shards it lists as closed).
     """
     t0 = time.perf_counter()
-    if os.path.lexists(out / spec.INDEX_NAME) and options.resume:
+    if os.path.lexists(out / spec.INDEX_NAME) and options.resume and not options.append:
+        refuse_plain_resume(out)  # an interrupted append is finished by an append, not by this
         return _already_complete(source, out, split, options, time.perf_counter() - t0)
     out.mkdir(parents=True, exist_ok=True)
     identity = Journal.identity_of(split, source, options)
     resumed = Journal.load(out, identity, source) if options.resume else None
+    if resumed is None and options.append:  # packer.appending.start seeds it: never a fresh pack over a dataset
+        raise PackError(f"{out}: internal error, an append without its journal")
     journal = resumed or Journal(identity)
     resumed_from = journal.next_source
     writer, stage, outcomes = None, None, None
@@ -301,9 +305,13 @@ class _WriteStage:
             raise PackError(f"{self.out}: internal error, {len(recs)} records for {self.journal.done} samples")
         arrays = {name: recs[name] for name in spec.REQUIRED_ARRAYS[self.options.format]}
         meta = self._meta(recs)
+        if self.options.append:  # the next generation of the dataset (its arrays under new names)
+            meta = finish_meta(self.out, meta)
         meta = merged(meta, self.writer.finalize(meta, arrays))
         if self.writer.field_store is not None:  # bytes (and rows or values) per extra field, for info
             meta["field_stats"] = self.writer.field_store.stats
+            if self.options.append:
+                meta = merge_field_stats(self.out, meta)
         meta[spec.FILES_CRC_KEY] = file_crcs(self.out, meta)
         spec.write_index(self.out, meta, arrays)
         Journal.discard(self.out)

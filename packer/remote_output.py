@@ -390,7 +390,7 @@ def _fetch_index(store: Any, dest: Path) -> None:
         raise PackError(f"{store.url_of(spec.INDEX_NAME)}: unreadable index ({exc}); start again with "
                         "--overwrite") from None
     # an index array is read only up to the size it can have (a misbehaving server's endless body is cut)
-    caps = {spec.array_file(a): spec.array_bytes_limit(a, count) for a in arrays if a in spec.ARRAY_DTYPES}
+    caps = {spec.array_file(a, meta): spec.array_bytes_limit(a, count) for a in arrays if a in spec.ARRAY_DTYPES}
     names = list(caps) + [n for n in (spec.REJECTS_NAME, spec.REPAIRS_NAME) if store.exists(n)]
     for name in names:
         (dest / name).write_bytes(store.read(name, max_bytes=caps.get(name)))

@@ -45,6 +45,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from packer import appending
 from packer.api import WRITERS
 from packer.errors import PackError, UsageError
 from packer.journal import SideFiles
@@ -217,13 +218,14 @@ class Writer:
     def __init__(self, out: str | os.PathLike, format: str | None = None, *,
                  fields: Mapping[str, FieldType | str] | str | None = None, classes: Sequence[str] | None = None,
                  options: PackOptions | None = None, on_error: str = "raise", resume: bool = False,
-                 overwrite: bool = False, split: str = "data") -> None:
+                 overwrite: bool = False, append: bool = False, split: str = "data") -> None:
         if on_error not in ON_ERROR:
             raise UsageError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
         if not re.fullmatch(r"[A-Za-z0-9_-]+", split):
             raise UsageError(f"split {split!r}: letters, digits, '_' and '-' only (it names the shards)")
         options = options or PackOptions()
-        change: dict[str, Any] = {"resume": resume or options.resume, "overwrite": overwrite or options.overwrite}
+        change: dict[str, Any] = {"resume": resume or options.resume, "overwrite": overwrite or options.overwrite,
+                                  "append": append or options.append}
         if format is not None:
             change["format"] = format
         if options.order is None:
@@ -236,7 +238,9 @@ class Writer:
         for bad, what in refused:
             if bad:
                 raise UsageError(f"Writer: {what}")
-        if options.resume and options.format == "lmdb":
+        if options.append and options.overwrite:
+            raise UsageError("Writer: append=True adds to the dataset, overwrite=True replaces it: choose one")
+        if options.resume and options.format == "lmdb" and not options.append:
             raise UsageError("Writer(resume=True) is not offered for lmdb: its data.mdb depends on the commit "
                              "history, so a resumed write would hold the same samples in other bytes; write wds, "
                              "hdf5 or mmap (pack-dataset convert makes the lmdb), or start again with overwrite=True")
@@ -260,9 +264,16 @@ class Writer:
         self._max_label = -1
         self._waiting: list[tuple[str, str]] = []  # (name, reason) of rejects before the write thread starts
         self._lock = OutputLock()
+        self._base: spec.Index | None = None  # append: the dataset's generation this write grows
         try:
-            prepare_output(self.out, options, [self.out], self._lock, split_hint=split)
-            if os.path.lexists(self.out / spec.INDEX_NAME) and options.resume:
+            if options.append and not os.path.lexists(self.out / spec.INDEX_NAME):
+                self.options = options = dataclasses.replace(options, append=False)  # nothing yet: a new dataset
+            prepare_output(self.out, dataclasses.replace(options, resume=True) if options.append else options,
+                           [self.out], self._lock, split_hint=split)
+            if options.append:
+                self._begin_append()
+            elif os.path.lexists(self.out / spec.INDEX_NAME) and options.resume:
+                appending.refuse_plain_resume(self.out)
                 self._finished()
             elif options.resume and os.path.lexists(self.out / spec.STATE_NAME):
                 self._start(self._journal_schema())  # count is known before the first write
@@ -421,10 +432,19 @@ class Writer:
         self._schema = schema
         has_label = schema.labels_field is not None
         classes = list(self._classes) if self._classes is not None and has_label else []
+        if self._base is not None:  # append: the dataset's fields and classes (new classes after them)
+            then = Schema.from_index(self._base.meta, str(self.out / spec.INDEX_NAME))
+            if self._fields is None and set(schema.names) == set(then.names):  # the types are the dataset's
+                schema = self._schema = Schema(tuple(dataclasses.replace(f, classes=schema[f.name].classes)
+                                                     for f in then))
+            appending.check_schema(self.out, self._base, schema)
+            classes = appending.merge_classes(self.out, self._base.meta["classes"], self._classes)
         details = {"fields": schema.to_json()["fields"], "classes": self._classes if has_label else None}
         self._columns = (_Column(), _Column(), _Column())  # paths (names), labels, sizes
         self._source = _StreamSource(Path(self.out), classes, *self._columns, kind="writer", details=details,
                                      schema=schema, order={"kind": "source"})
+        if self._base is not None:
+            self.options = appending.start(self.out, self.split, self._source, self.options, self._base)
         self._thread = threading.Thread(target=self._run, name="packer-writer", daemon=True)
         self._thread.start()
         while not self._ready.wait(0.05):
@@ -456,7 +476,8 @@ class Writer:
             column.restart(start)
         if start:  # the labels already written decide the class names, as in an uninterrupted write
             records = SideFiles.read_records(self.out)
-            self._max_label = int(records["labels"][:start].max(initial=-1)) if len(records) else -1
+            labels = records["labels"] if self._base is not None else records["labels"][:start]
+            self._max_label = int(labels.max(initial=-1)) if len(records) else -1
             del records
             self._grow_classes()
         self._opts = opts
@@ -494,6 +515,17 @@ class Writer:
             if self._error is not None:
                 raise self._error
             raise PackError(f"{self.out}: the write thread ended early")
+
+    # ---- append
+    def _begin_append(self) -> None:
+        """``append=True`` on a finished dataset: its split, and a resume of an interrupted append
+        starts now (its fields come from the journal); a fresh one starts at the first sample."""
+        self._base = appending.base_index(self.out, self.options)
+        self.split = str(self._base.meta.get("split") or self.split)
+        if self._classes is not None:
+            appending.merge_classes(self.out, self._base.meta["classes"], self._classes)
+        if appending.resumable(self.out, self.options):
+            self._start(self._journal_schema())
 
     # ---- resume
     def _journal_schema(self) -> Schema:

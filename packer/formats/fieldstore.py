@@ -34,12 +34,12 @@ import numpy as np
 from readers.contract import spec
 from readers.contract.fields import Field, Schema, blob_file, column_file, offsets_file
 
-__all__ = ["FieldStore", "FIELD_CHECKSUMS", "field_file", "offsets_file", "blob_file", "is_field_file"]
+__all__ = ["FieldStore", "FIELD_CHECKSUMS", "CRC_PART", "SIZES_PART", "field_file", "offsets_file", "blob_file", "is_field_file"]
 
 #: ``(N, F) <u4``: the CRC-32 of each extra field's stored blob per sample (``readers.contract.spec.checksum``).
 FIELD_CHECKSUMS = "field_checksums.npy"
-_CRC_PART = "field_checksums.part"
-_SIZES_PART = "field_sizes.part"
+_CRC_PART = CRC_PART = "field_checksums.part"  # CRC_PART, SIZES_PART: packer.appending seeds them
+_SIZES_PART = SIZES_PART = "field_sizes.part"
 _OFFSET = np.dtype("<i8")  # byte positions: blobs of a large dataset pass 2**31
 _CRC = np.dtype("<u4")
 
@@ -142,10 +142,11 @@ class FieldStore:
             fh.close()
         self._files.clear()
 
-    def finalize(self, n: int, keep_columns: bool = True) -> dict[str, int]:
+    def finalize(self, n: int, keep_columns: bool = True, meta: dict[str, Any] | None = None) -> dict[str, int]:
         """Write the final files for ``n`` samples; data file name -> bytes (for index.json's ``files``).
         ``keep_columns=False``: the column files are left to :meth:`columns` / :meth:`blobs` and
-        :meth:`discard` (HDF5 copies them); only ``field_checksums.npy`` is written."""
+        :meth:`discard` (HDF5 copies them); only ``field_checksums.npy`` is written. ``meta``: the
+        index being written (an append's generation names the columns, as it names the index arrays)."""
         self.checkpoint()
         self.close()
         crcs = np.fromfile(self._part(_CRC_PART), dtype=_CRC).reshape(n, len(self.fields))
@@ -158,8 +159,8 @@ class FieldStore:
         if not keep_columns:
             return files
         for _, f in self.fixed:
-            path = self.root / field_file(f.name)
-            _raw_to_npy(self._part(path.name + ".part"), path, *f.type.column_layout(n))
+            path = self.root / field_file(f.name, meta)
+            _raw_to_npy(self._part(field_file(f.name) + ".part"), path, *f.type.column_layout(n))
             files[path.name] = path.stat().st_size
         for _, f in self.variable:
             offsets = self.offsets(f, n)
@@ -175,10 +176,13 @@ class FieldStore:
         return files
 
     def _stats(self, f: Field, sizes: np.ndarray, n: int) -> dict[str, Any]:
-        """Per-field stats for index.json's ``field_stats`` (``pack-dataset info`` prints them)."""
-        out: dict[str, Any] = {"bytes": int(sizes.sum())}
-        if not n:
+        """Per-field stats for index.json's ``field_stats`` (``pack-dataset info`` prints them). A
+        size of -1 is unknown (a sample an append found written: ``packer.appending`` adds its stats)."""
+        known = sizes[sizes >= 0]
+        out: dict[str, Any] = {"bytes": int(known.sum())}
+        if not n or not len(known):
             return out
+        sizes = known
         smallest, largest = int(sizes.min()), int(sizes.max())
         out.update(min_bytes=smallest, max_bytes=largest)
         fewest, most = f.type.blob_rows(smallest), f.type.blob_rows(largest)

@@ -38,7 +38,7 @@ from packer.output import start_writeback
 from readers.contract.fields import hdf5_field_path
 from readers.formats.h5layout import chunk_table
 from readers.contract.messages import one_line
-from readers.contract.spec import DATA_FILE, HDF5_CHUNK_BYTES, HDF5_CHUNK_TABLE
+from readers.contract.spec import DATA_FILE, HDF5_CHUNK_BYTES, HDF5_CHUNK_TABLE, atomic_write
 
 __all__ = ["HDF5Writer"]
 
@@ -205,7 +205,8 @@ class HDF5Writer(FormatWriter):
         table = chunk_table(self.images, HDF5_CHUNK_BYTES)
         if table is None:
             return None
-        np.save(self.root / HDF5_CHUNK_TABLE, table)
+        with atomic_write(self.root / HDF5_CHUNK_TABLE) as f:  # renamed over: an append's readers keep theirs
+            np.save(f, table)
         return HDF5_CHUNK_TABLE
 
     def abort(self) -> None:

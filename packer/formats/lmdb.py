@@ -42,7 +42,7 @@ from readers.contract import spec
 from readers.contract.fields import lmdb_field_key
 from readers.formats.lmdbcheck import TAIL_PAD, read_meta
 
-__all__ = ["LmdbWriter", "TXN_BYTES"]
+__all__ = ["LmdbWriter", "TXN_BYTES", "drop_keys_from"]
 
 #: A write transaction commits after this many bytes of values, checkpoint or not. LMDB keeps a
 #: transaction's dirty pages in malloc'd memory until commit and frees them there; 32 MB stays
@@ -116,6 +116,9 @@ class LmdbWriter(FormatWriter):
                              meminit=True, max_dbs=0, sync=True, metasync=False)
         if self.env.info()["map_size"] < map_size:
             self.env.set_mapsize(map_size)
+        # An append: this read transaction holds the previous generation's pages until finalize, so
+        # LMDB reuses none of them for new ones while readers (lock=False, unseen) may read them.
+        self._pin = self.env.begin() if self.options.append else None
         with self.env.begin(write=True) as txn:  # drop samples past the last checkpoint
             cursor = txn.cursor()
             if cursor.set_range(spec.lmdb_key(samples)):
@@ -199,6 +202,7 @@ class LmdbWriter(FormatWriter):
             self._put(spec.LMDB_META_KEY, json.dumps(meta, sort_keys=True).encode())
             self._txn.commit()
             self.env.sync(True)
+            self._unpin()
         except lmdb.Error as exc:
             raise _lmdb_error(exc, self.root) from exc
         self.env.close()
@@ -206,14 +210,34 @@ class LmdbWriter(FormatWriter):
         _pad_tail(data)
         files = {data.name: data.stat().st_size}
         if self.field_store is not None:
-            files.update(self.field_store.finalize(meta["num_samples"]))
+            files.update(self.field_store.finalize(meta["num_samples"], meta=meta))
         return {"files": files}
+
+    def _unpin(self) -> None:
+        pin, self._pin = getattr(self, "_pin", None), None
+        if pin is not None:
+            pin.abort()
 
     def abort(self) -> None:
         if self.field_store is not None:
             self.field_store.close()
         try:
+            self._unpin()
             self._txn.abort()
             self.env.close()
         except lmdb.Error:
             pass
+
+
+def drop_keys_from(root: os.PathLike, samples: int) -> None:
+    """Delete every key of samples ``samples`` on (an interrupted append rolled back), in one commit."""
+    env = lmdb.open(str(root), subdir=True, readahead=False, max_dbs=0)
+    try:
+        with env.begin(write=True) as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(spec.lmdb_key(samples)):
+                while cursor.key() and cursor.key() != spec.LMDB_META_KEY:
+                    cursor.delete()
+        env.sync(True)
+    finally:
+        env.close()

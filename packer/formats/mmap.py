@@ -52,8 +52,9 @@ class MemmapWriter(FormatWriter):
         mode = "r+b" if state and self.path.exists() else "wb"
         self._file = open(self.path, mode)
         self._file.truncate(MMAP_HEADER_BYTES + self.pos)
-        self._file.seek(0)
-        self._file.write(b"\0" * MMAP_HEADER_BYTES)
+        if not self.options.append:  # an append keeps the previous generation's header until finalize
+            self._file.seek(0)
+            self._file.write(b"\0" * MMAP_HEADER_BYTES)
         self._file.seek(MMAP_HEADER_BYTES + self.pos)
         self._since = 0
         if self.field_store is not None:
@@ -94,7 +95,7 @@ class MemmapWriter(FormatWriter):
         self._file.close()
         files = {self.path.name: self.path.stat().st_size}
         if self.field_store is not None:
-            files.update(self.field_store.finalize(n))
+            files.update(self.field_store.finalize(n, meta=meta))
         return {
             "storage": {"fixed_shape": [size, size, 3] if size else None, "data_offset": MMAP_HEADER_BYTES},
             "files": files,

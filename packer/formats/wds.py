@@ -269,7 +269,7 @@ class WdsWriter(FormatWriter):
         self._write_wids_index()
         files = {s["name"]: s["bytes"] for s in self.shards}
         if self.field_store is not None:
-            files.update(self.field_store.finalize(meta["num_samples"]))
+            files.update(self.field_store.finalize(meta["num_samples"], meta=meta))
         return {"shards": self.shards, "files": files,
                 "storage": {"wids_index": spec.WIDS_INDEX_NAME}}
 

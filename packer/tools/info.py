@@ -19,7 +19,9 @@ from pathlib import Path
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
+from packer.appending import interrupted
 from readers.contract import spec
+from readers.contract.generations import generation_of, history
 from readers.contract.locks import lock_holder
 
 __all__ = ["describe", "render", "write_json", "ClassList", "resume_command", "add_arguments", "run", "main",
@@ -232,6 +234,25 @@ def describe_remote(url: str, storage_options: dict[str, Any] | None = None) -> 
                                   "is resumed from the packing machine with the same command and --resume)")
 
 
+def _appends(root: Path) -> dict[str, Any]:
+    """A finished dataset's generations (``packer.appending``) and the append into it that was
+    interrupted, if one was: how far it got and the command that finishes it."""
+    meta = spec.read_meta(root)
+    out: dict[str, Any] = {"generation": generation_of(meta), "generations": history(meta)}
+    state = interrupted(root)
+    if state is not None:
+        journal = json.loads((root / spec.STATE_NAME).read_text(encoding="utf-8"))
+        command = resume_command(journal, root.resolve())
+        if (journal.get("source") or {}).get("kind") == "writer":
+            command = command.replace(", resume=True)", ", append=True, resume=True)")
+        else:
+            command = command.replace(" -o ", " --append ", 1)
+        out["append"] = {"generation": int(state["generation"]) + 1, "given": journal.get("next_source", 0),
+                         "samples": int(journal.get("done", 0)) - int(state["num_samples"]),
+                         "resume": command, "roll_back": f"packer.roll_back({str(root.resolve())!r})"}
+    return out
+
+
 def describe(path: str | os.PathLike) -> dict[str, Any]:
     """Describe the dataset folder ``path`` (complete or interrupted), or each split inside it; an
     ``s3://`` or ``http(s)://`` URL is described by :func:`describe_remote`.
@@ -244,7 +265,7 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
     if not root.exists():
         raise FileNotFoundError(f"{root}: no such dataset folder")
     if (root / spec.INDEX_NAME).is_file():
-        return _complete(root, spec.read_meta(root))
+        return dict(_complete(root, spec.read_meta(root)), **_appends(root))
     if (root / spec.STATE_NAME).is_file():
         return _incomplete(root)
     splits = sorted(p for p in root.iterdir() if p.is_dir()
@@ -362,6 +383,7 @@ def render(d: dict[str, Any]) -> str:
     lines.append(f"  split        {d.get('split')}")
     if d["state"] == "complete":
         lines.append(f"  samples      {d['samples']}")
+        lines += _generation_lines(d)
         lines += _field_lines(d.get("fields") or [], d.get("field_stats") or {})
         if d["classes"] or any(f.get("name") == "label" for f in d.get("fields") or []):
             lines += _class_lines(d["classes"])
@@ -377,6 +399,24 @@ def render(d: dict[str, Any]) -> str:
     if d.get("created_by"):
         lines.append(f"  created by   {d['created_by']}")
     return "\n".join(lines)
+
+
+def _generation_lines(d: dict[str, Any]) -> list[str]:
+    """``generations`` (a dataset grown by appends) and ``append`` (one interrupted) lines."""
+    lines = []
+    gens = d.get("generations") or []
+    if len(gens) > 1:
+        lines.append(f"  generations  {len(gens)}: " + ", ".join(
+            f"{g['generation']}: {g['num_samples']}"
+            + (f" (+{g['added']} on {g['written']})" if g.get("written") else "") for g in gens))
+    if d.get("append"):
+        a = d["append"]
+        lines.append(f"  append       interrupted: {a['given']} samples of generation {a['generation']} given, "
+                     f"{a['samples']} written at the last checkpoint; generation {a['generation'] - 1} reads as "
+                     "before")
+        lines.append(f"  resume with  {a['resume']}")
+        lines.append(f"  or undo with {a['roll_back']}")
+    return lines
 
 
 # ---------------------------------------------------------------------------- command line

@@ -7,6 +7,7 @@ any other ``readers`` package, so a tool that only writes or checks datasets pay
 * :mod:`~readers.contract.spec` -- the index (``index.json``) read and written, file names, formats,
   checksums; :mod:`~readers.contract.locks` -- the lock a running pack holds in its folder;
   :mod:`~readers.contract.samplenames` -- ``names.jsonl``, each sample's source path;
+  :mod:`~readers.contract.generations` -- the generations of a dataset grown by appends;
 * :mod:`~readers.contract.fields` -- the :class:`Schema`, parsing a field type, and where each
   field lives in each format; the types themselves, with what each does to a value (a CSV cell, a
   null, a column), in :mod:`~readers.contract.fieldtypes` and :mod:`~readers.contract.numeric`;

@@ -124,7 +124,8 @@ def _checked_key(index: spec.Index, digest: str) -> list | None:
     sources = index.sources
     if index.store is not None or not sources or set(sources) != set(index.arrays):
         return None
-    key = checkcache.files_key(index.root, digest, {name: spec.array_file(name) for name in index.arrays})
+    files = {name: spec.array_file(name, index.meta) for name in index.arrays}
+    key = checkcache.files_key(index.root, digest, files)
     if key is None or any(tuple(ident[:4]) != tuple(sources[name]) for name, ident in key[2]):
         return None
     return key
@@ -213,7 +214,7 @@ def _scan(index: spec.Index, rules: list[Rule], n: int,
         if failed is not None:
             r, i = failed
             name, _, why = rules[r]
-            raise spec.DatasetFormatError(f"{_where(index, spec.array_file(name))}: sample {i}: {why(i)}")
+            raise spec.DatasetFormatError(f"{_where(index, spec.array_file(name, index.meta))}: sample {i}: {why(i)}")
         if counted is not None:
             total = counted if total is None else total + counted
     return total
@@ -264,7 +265,7 @@ def _check_arrays(index: spec.Index, num_classes: int, path: Path | str) -> None
     if counts is None:
         return
     actual: list[int] = [0] * (num_classes + 1) if counted is None else counted.tolist()
-    where = _where(index, spec.array_file("labels"))
+    where = _where(index, spec.array_file("labels", index.meta))
     if actual[num_classes]:
         raise spec.DatasetFormatError(f"{where}: holds {actual[num_classes]} labels outside the {num_classes} "
                                       f"classes {spec.INDEX_NAME} lists: the labels were changed")

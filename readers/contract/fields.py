@@ -184,9 +184,10 @@ def parse_fields_option(text: str) -> dict[str, FieldType]:
 # --------------------------------------------------------------------------------------- field layout
 # Where each format keeps an extra field (docs/fields.md, "How each format stores fields"): the one
 # place the writers (packer.formats.*, FieldStore), the readers, verify and convert take it from.
-def column_file(name: str) -> str:
-    """A fixed field's ``(N, *shape)`` column beside the index (wds, lmdb, mmap)."""
-    return spec_array_file(field_array_name(name))
+def column_file(name: str, meta: Mapping[str, Any] | None = None) -> str:
+    """A fixed field's ``(N, *shape)`` column beside the index (wds, lmdb, mmap), of the generation
+    ``meta`` is (``field-<name>.gNNNNNN.npy`` after an append, as the index arrays)."""
+    return spec_array_file(field_array_name(name), meta)
 
 
 def blob_file(name: str) -> str:

@@ -16,11 +16,15 @@ from readers.contract.safeio import DatasetFormatError
 __all__ = ["parse_names"]
 
 
-def parse_names(where: str, lines: Iterable[bytes], n: int) -> Iterator[str]:
+def parse_names(where: str, lines: Iterable[bytes], n: int, grown: bool = False) -> Iterator[str]:
     """``names.jsonl``'s lines as names: one JSON string a line, ``n`` lines; anything else is a
-    one-line :class:`DatasetFormatError` naming ``where:LINE`` (``where``: the file, as shown)."""
+    one-line :class:`DatasetFormatError` naming ``where:LINE`` (``where``: the file, as shown).
+    ``grown``: an append has started since this index (``readers.contract.generations``): the lines
+    past the first ``n`` are its samples'."""
     count = 0
     for count, line in enumerate(lines, 1):
+        if count > n and grown:
+            return
         if count > n:
             raise DatasetFormatError(f"{where}:{count}: more lines than the {n:,} samples of the index; "
                                      "the names file is damaged")

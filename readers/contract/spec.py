@@ -6,7 +6,8 @@ Every packed dataset is one folder. Whatever the format, it holds:
   rename). Its presence is the commit marker: a folder without it is an
   unfinished or interrupted pack and readers refuse it.
 * ``<name>.npy`` -- per-sample index arrays (labels, checksums, offsets,
-  ...), plain little-endian numpy files that ``numpy.load`` opens.
+  ...), plain little-endian numpy files that ``numpy.load`` opens
+  (``<name>.gNNNNNN.npy`` from an append's generation N: ``readers.contract.generations``).
 * ``names.jsonl`` -- one JSON string per line: each sample's source path
   relative to the class folder's parent (``<class>/<file>``). Readers never
   load it unless asked (it is the only per-sample text).
@@ -84,7 +85,7 @@ __all__ = [
     "recorded_files", "array_bytes_limit", "CRC_CHECK", "VALUES_CHECK",
     # index.json: versions, formats, keys
     "SPEC_VERSION", "READABLE_VERSIONS", "spec_version_for", "FORMATS", "CHECKSUM_ALGO", "ARRAYS_KEY",
-    "FILES_CRC_KEY", "MAX_SAMPLES", "MAX_INDEX_JSON_BYTES",
+    "FILES_CRC_KEY", "GENERATION_KEY", "MAX_SAMPLES", "MAX_INDEX_JSON_BYTES",
     # the index arrays, the schema's labels
     "ARRAY_DTYPES", "REQUIRED_ARRAYS", "RECORD_DTYPE", "array_file", "required_arrays", "has_label",
     "field_array_name",
@@ -115,6 +116,7 @@ FILES_CRC_KEY = "files_crc32"
 #: index.json key: array name -> {"crc32": CRC-32 of the whole .npy file, "bytes": its size}.
 #: Optional: datasets packed before it existed open without it (same spec_version).
 ARRAYS_KEY = "index_arrays"
+GENERATION_KEY = "generation"  # index.json: 0 when absent, +1 per append (readers.contract.generations)
 #: Most samples a dataset may hold (labels and shard numbers are int32).
 MAX_SAMPLES = 2**31 - 1
 #: index.json is metadata (classes, shard list): never near this size.
@@ -225,9 +227,11 @@ def order_permutation(n: int, seed: int) -> np.ndarray:
 RECORD_DTYPE = np.dtype([(name, dtype) for name, dtype in ARRAY_DTYPES.items()])
 
 
-def array_file(name: str) -> str:
-    """File name of the per-sample index array ``name`` (one of ARRAY_DTYPES)."""
-    return f"{name}.npy"
+def array_file(name: str, meta: Mapping[str, Any] | None = None) -> str:
+    """Index array ``name``'s file in the dataset whose index is ``meta``: ``labels.npy``, or for an
+    append's generation g ``labels.g00000g.npy`` (new files: ``readers.contract.generations``)."""
+    g = int((meta or {}).get(GENERATION_KEY) or 0)
+    return f"{name}.g{g:06d}.npy" if g else f"{name}.npy"
 
 
 def shard_name(split: str, index: int) -> str:
@@ -311,18 +315,19 @@ class Index:
             labels = np.broadcast_to(np.zeros(1, dtype=ARRAY_DTYPES["labels"]), (self.num_samples,))
         return labels
 
-    def names(self) -> Generator[str, None, None]:
+    def names(self, grown: bool = False) -> Generator[str, None, None]:
         """Source path of each sample, in sample order (read lazily).
 
         A line that is not a JSON string, and a line count other than ``num_samples``, is a
-        one-line :class:`DatasetFormatError` naming ``names.jsonl:LINE`` (``verify`` reports it)."""
+        one-line :class:`DatasetFormatError` naming ``names.jsonl:LINE`` (``verify`` reports it);
+        ``grown``: more lines are an append's (``readers.contract.generations.appended_since``)."""
         n = self.num_samples
         if self.store is not None:
             yield from parse_names(self.store.url_of(NAMES_FILE), self.store.read(NAMES_FILE).splitlines(), n)
             return
         path = member_path(self.root, NAMES_FILE, "names file")
         with os.fdopen(open_regular(path, "names file"), "rb") as f:
-            yield from parse_names(str(path), f, n)
+            yield from parse_names(str(path), f, n, grown)
 
 
 def _reopen_index(root: str, meta: dict[str, Any], sources: dict[str, tuple[int, int, int, int]]) -> Index:
@@ -331,7 +336,7 @@ def _reopen_index(root: str, meta: dict[str, Any], sources: dict[str, tuple[int,
     that changed meanwhile is refused rather than mixed with the sender's view of it."""
     n = meta["num_samples"]
     try:
-        arrays = {name: map_npy(member_path(root, array_file(name), "index array"), ARRAY_DTYPES[name], n,
+        arrays = {name: map_npy(member_path(root, array_file(name, meta), "index array"), ARRAY_DTYPES[name], n,
                                 what="index array", identity=ident)[0] for name, ident in sources.items()}
     except FileChanged:
         index = read_index(root)
@@ -342,14 +347,14 @@ def _reopen_index(root: str, meta: dict[str, Any], sources: dict[str, tuple[int,
     return Index(root=Path(root), meta=meta, arrays=arrays, sources=sources)
 
 
-def _load_array(root: Path, name: str, expected_len: int, recorded: Any,
-                identity: tuple | None = None) -> tuple[np.ndarray, tuple]:
+def _load_array(root: Path, name: str, expected_len: int, recorded: Any, identity: tuple | None = None,
+                meta: Mapping[str, Any] | None = None) -> tuple[np.ndarray, tuple]:
     """Index array ``name``: a regular file inside ``root``, mapped read-only (page cache shared by
     every process, no private copy), its checksum (when index.json records one) streamed over the
     mapping, then a strict parse (nothing is allocated from what its header claims).
     ``identity``: the file was checked before as that file (:mod:`readers.contract.checkcache`): it must
     still be it (:class:`FileChanged` otherwise) and its checksum is not computed again."""
-    path = member_path(root, array_file(name), "index array")
+    path = member_path(root, array_file(name, meta), "index array")
     crc = _recorded_crc(path, recorded)
     return map_npy(path, ARRAY_DTYPES[name], expected_len, crc32=None if identity else crc, what="index array",
                    limit=array_bytes_limit(name, expected_len), identity=identity and identity[:4],
@@ -423,23 +428,23 @@ def read_index(root: str | os.PathLike | Any) -> Index:
         return _read_index_store(root)
     root, meta = _local_meta(root)
     n, recorded = meta["num_samples"], _recorded(meta, root / INDEX_NAME)
-    optional = () if has_label(meta) or not (root / array_file("labels")).exists() else ("labels",)
+    optional = () if has_label(meta) or not (root / array_file("labels", meta)).exists() else ("labels",)
     names = required_arrays(meta) + optional
     # Checksums that passed on this machine for these very files are not computed again (readers.contract.checkcache).
     digest = checkcache.meta_digest(meta) if recorded else ""
-    files = {name: array_file(name) for name in names}
+    files = {name: array_file(name, meta) for name in names}
     key = checkcache.files_key(root, digest, files) if recorded else None
     loaded = None
     if recorded and key is not None and checkcache.passed(CRC_CHECK, key):
         idents = {name: tuple(ident) for name, ident in key[2]}
         try:
-            loaded = {name: _load_array(root, name, n, recorded.get(name), idents[name]) for name in names}
+            loaded = {name: _load_array(root, name, n, recorded.get(name), idents[name], meta) for name in names}
         except FileChanged:
             loaded = None
         if loaded is not None and checkcache.files_key(root, digest, files) != key:
             loaded = None  # written to while being mapped: check in full
     if loaded is None:
-        loaded = {name: _load_array(root, name, n, recorded and recorded.get(name)) for name in names}
+        loaded = {name: _load_array(root, name, n, recorded and recorded.get(name), meta=meta) for name in names}
         if key is not None and checkcache.files_key(root, digest, files) == key:
             checkcache.record(CRC_CHECK, key)
     return Index(root=root, meta=meta, arrays={k: v[0] for k, v in loaded.items()},
@@ -527,10 +532,10 @@ def _read_index_store(store: Any) -> Index:
 
     def load(name: str) -> np.ndarray:
         try:
-            data = store.read(array_file(name), max_bytes=array_bytes_limit(name, n))
+            data = store.read(array_file(name, meta), max_bytes=array_bytes_limit(name, n))
         except FileNotFoundError:
-            raise DatasetFormatError(f"{store.url}: index array {array_file(name)} is missing") from None
-        return _array_from_bytes(store.url_of(array_file(name)), name, bytearray(data), n,
+            raise DatasetFormatError(f"{store.url}: index array {array_file(name, meta)} is missing") from None
+        return _array_from_bytes(store.url_of(array_file(name, meta)), name, bytearray(data), n,
                                  recorded and recorded[name])
 
     with cf.ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="index-read") as pool:
@@ -567,14 +572,15 @@ def save_array(root: str | os.PathLike[str], name: str, values: Any) -> np.ndarr
     return _save_array(Path(root), name, values)[0]
 
 
-def _save_array(root: Path, name: str, values: Any) -> tuple[np.ndarray, dict[str, int]]:
+def _save_array(root: Path, name: str, values: Any, meta: Mapping[str, Any] | None = None
+                ) -> tuple[np.ndarray, dict[str, int]]:
     """(the array as saved, its record under :data:`ARRAYS_KEY`: CRC-32 and bytes of the file)."""
     arr = np.ascontiguousarray(values, dtype=ARRAY_DTYPES[name])
     if arr.ndim != 1:
         raise ValueError(f"index array {name!r} must be one-dimensional, got shape {arr.shape}")
     # Renamed over, never rewritten in place: a reader that has the old array mapped keeps its inode
     # (writing into a mapped file would change, or cut short, what that reader sees).
-    with atomic_write(root / array_file(name)) as f:
+    with atomic_write(root / array_file(name, meta)) as f:
         np.save(f, arr, allow_pickle=False)  # header, then the values straight from the array: no copy of them
         f.flush()
         size = f.tell()
@@ -593,7 +599,7 @@ def write_index(root: str | os.PathLike, meta: dict[str, Any], arrays: Mapping[s
     missing = set(required_arrays(meta)) - set(arrays)
     if missing:
         raise ValueError(f"format {fmt!r} needs index arrays {sorted(missing)}")
-    recorded = {name: _save_array(root, name, values)[1] for name, values in arrays.items()}
+    recorded = {name: _save_array(root, name, values, meta)[1] for name, values in arrays.items()}
     meta = dict(meta, spec_version=spec_version_for(meta), checksum=CHECKSUM_ALGO)
     meta[ARRAYS_KEY] = {name: recorded[name] for name in arrays if name in REQUIRED_ARRAYS[fmt]}
     write_json_atomic(root / INDEX_NAME, meta)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from readers.contract import spec
+from readers.contract.generations import generation_of
 from readers.contract.checks import check_index
 from readers.formats.collate import Sample, SampleDict
 from readers.decode.compose import accepts_bytes, warn_if_fused_lost
@@ -174,6 +175,9 @@ class PackedDataset:
             self.remote = RemoteFiles(index.store, index.meta, cache_dir, cache_limit)
         self._progress = progress
         self.meta = index.meta
+        #: Which generation of a dataset grown by appends this reader reads (0 if never appended to):
+        #: save it beside a loader's state_dict, reopen it with open_dataset(..., generation=g).
+        self.generation = generation_of(index.meta)
         self.classes = index.classes
         self.labels = index.labels
         self.transform = transform
@@ -221,7 +225,7 @@ class PackedDataset:
     def _open_column(self, field: Field) -> np.ndarray:
         """wds, lmdb, mmap: ``field-<name>.npy`` beside the index (``label``: ``labels.npy`` when the
         dataset has no ``field-label.npy``, as every dataset packed before fields)."""
-        name = column_file(field.name)
+        name = column_file(field.name, self.meta)
         if field.name == "label" and not self._has_file(name):
             return self.labels
         return load_column(self.file_ref(name)(), field, len(self.labels))
@@ -279,7 +283,7 @@ class PackedDataset:
     def field_location(self, field: Field, i: int) -> str:
         """The file (HDF5: and dataset) holding ``field`` of sample ``i``, as messages name it."""
         if field.type.fixed:
-            return self.location_of(column_file(field.name))
+            return self.location_of(column_file(field.name, self.meta))
         return self.where(i)
 
     def _field_item(self, i: int, image: Any = None, blobs: dict[str, Any] | None = None) -> Any:

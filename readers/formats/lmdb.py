@@ -1,7 +1,9 @@
 """LMDB reader. Counterpart: ``packer/formats/lmdb.py`` (layout there).
 
-The environment opens read-only, without the lock file (``lock=False``: the
-data never changes after packing). Readahead stays on: the usual advice
+The environment opens read-only, without the lock file (``lock=False``: what a
+reader reads never changes after packing; an append adds keys while holding a read
+transaction on the previous generation, so no page of it is reused meanwhile:
+``readers.contract.generations``). Readahead stays on: the usual advice
 (``readahead=False`` for random access) is for small values; an image is
 ~100 KB, and without readahead a cold read faults it in 4 KB page by page
 (measured here after cache eviction: about 600 samples/s without readahead,
@@ -134,8 +136,13 @@ class LMDBDataset(MapReader):
         return value
 
     def _txn(self) -> Any:
+        env = self._env.get()
         try:
-            return self._env.get().begin(buffers=True)
+            try:
+                return env.begin(buffers=True)
+            except lmdb.MapResizedError:  # an append grew the map since this process opened it
+                env.set_mapsize(0)
+                return env.begin(buffers=True)
         except lmdb.Error as exc:
             raise spec.DatasetFormatError(f"{self.data_location}: cannot read ({exc})") from None
 

@@ -53,7 +53,8 @@ def _open_flat(file: Callable[[], str], size: int | None = None) -> np.ndarray:
         except Exception as exc:  # noqa: BLE001 - a crafted header raises many types (ValueError, TokenError, ...)
             raise spec.DatasetFormatError(f"{path}: not a complete .npy file ({type(exc).__name__}: {exc})") from None
         data = os.fstat(fd).st_size - spec.MMAP_HEADER_BYTES
-        if dtype != np.uint8 or fortran or head.tell() != spec.MMAP_HEADER_BYTES or count != data:
+        # count < data: an append is growing the file (its header is rewritten last); positions come from the index
+        if dtype != np.uint8 or fortran or head.tell() != spec.MMAP_HEADER_BYTES or count > data:
             raise spec.DatasetFormatError(
                 f"{path}: not the pixel file this reader expects ({spec.MMAP_HEADER_BYTES}-byte header, then "
                 f"uint8 data filling the file; its header says {dtype} {shape} for {data} bytes)")

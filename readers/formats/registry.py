@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from readers.contract import spec
+from readers.contract.generations import open_generation
 from readers.formats.hdf5 import HDF5Dataset
 from readers.formats.lmdb import LMDBDataset
 from readers.formats.mmap import MemmapDataset
@@ -24,7 +25,7 @@ READERS: dict[str, type] = {
 
 
 def open_dataset(path: str | os.PathLike | spec.Index, *, storage_options: dict[str, Any] | None = None,
-                 retry: Any = None, **kwargs: Any) -> Any:
+                 retry: Any = None, generation: int | None = None, **kwargs: Any) -> Any:
     """Open the dataset folder or URL ``path`` with the reader its index names.
 
     The index is read once and handed to the reader (``reader.index``);
@@ -40,8 +41,14 @@ def open_dataset(path: str | os.PathLike | spec.Index, *, storage_options: dict[
     the ``AWS_*`` environment fills in the rest), ``retry`` (a
     :class:`readers.remote.RetryPolicy`), and for the reader ``cache_dir``,
     ``cache_limit`` (``"200GB"``) and ``progress``. See docs/remote.md.
+
+    ``generation``: of a dataset grown by appends, open that generation (its first samples, as a
+    reader opened then saw them: for a job resuming from a saved loader state); default the newest
+    (``reader.index.meta`` says which: :func:`readers.contract.generations.generation_of`).
     """
     index = resolve_index(path, storage_options, retry)
+    if generation is not None:
+        index = open_generation(index, generation)
     try:
         cls = READERS[index.format]
     except KeyError:
