@@ -108,7 +108,8 @@ def _arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
-def _add_option(target: Any, f: dataclasses.Field, flag: Flag) -> None:
+def _add_option(target: Any, f: dataclasses.Field, flag: Flag, required: bool | None = None) -> None:
+    """Add ``f``'s flag; ``required=False`` makes a required flag optional with no default (None)."""
     kwargs: dict[str, Any] = {"dest": f.name, "help": flag.help_for(f.default)}
     if flag.action:
         kwargs["action"] = flag.action
@@ -118,10 +119,10 @@ def _add_option(target: Any, f: dataclasses.Field, flag: Flag) -> None:
         kwargs["choices"] = flag.choices
     if flag.metavar:
         kwargs["metavar"] = flag.metavar
-    if flag.required:
+    if flag.required and required is not False:
         kwargs["required"] = True
     else:
-        kwargs["default"] = f.default
+        kwargs["default"] = None if flag.required else f.default
     target.add_argument(*flag.flags, **kwargs)
 
 
@@ -144,7 +145,8 @@ def _add_options(p: argparse.ArgumentParser, command: str, src: Callable[[Any], 
             if flag.exclusive_group not in exclusive:
                 exclusive[flag.exclusive_group] = target.add_mutually_exclusive_group()
             target = exclusive[flag.exclusive_group]
-        _add_option(target, f, flag)
+        # -f of pack: OUT's format by default with --append (_pack asks for it otherwise)
+        _add_option(target, f, flag, False if (command, f.name) == ("pack", "format") else None)
         if f.name == "format":  # listed right after --format, as --help always showed it
             target.add_argument("-o", "--output", type=output_location if command == "pack" else local_location,
                                 metavar="OUT", help=output_help.replace("output folder",
@@ -165,9 +167,6 @@ def _add_options(p: argparse.ArgumentParser, command: str, src: Callable[[Any], 
 def _pack_arguments(p: argparse.ArgumentParser) -> None:
     _add_options(p, "pack", lambda g: g.add_argument("src", metavar="SRC", type=output_location, help=SRC_HELP),
                  "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
-    for action in p._actions:  # -f: OUT's format by default with --append (_pack asks for it otherwise)
-        if "--format" in action.option_strings:
-            action.required = False
 
 
 def _convert_arguments(p: argparse.ArgumentParser) -> None:
