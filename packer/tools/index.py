@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,6 +32,7 @@ import numpy as np
 
 from packer.errors import PackerError, SourceError, UsageError
 from packer.importers.wds import IMAGE_EXTS, MIN_CLASS_LIMIT, Labels, field_of, npy_type
+from packer.pipeline import VERSION
 from packer.prepare.pool import ordered_map
 from packer.prepare.stage import label_names
 from packer.progress import bar as progress_bar
@@ -207,7 +209,8 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
     crcs = np.array([s[2][3] for s in kept], dtype=np.uint32)
     cols = {name: np.zeros((n, n_cols), dtype=dt) for name, dt in spec.MEMBER_ARRAYS.items()}
     field_crcs = np.zeros((n, len(extra)), dtype="<u4")
-    columns = {f.name: np.zeros((n, *f.type.shape), dtype=f.type.dtype) for f in extra if f.type.fixed}
+    columns = {f.name: np.zeros((n, *f.type.row_shape), dtype=f.type.dtype) for f in extra
+               if isinstance(f.type, NumericType) and f.type.fixed}
     label_values = np.zeros(n, dtype=np.int32)
     label_field = schema.labels_field if fielded else None
     for i, (k, key, image, others) in enumerate(kept):
@@ -239,8 +242,8 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
     file_crcs: dict[str, int] = {}
 
     def save(name: str, arr: np.ndarray) -> None:
-        with spec.atomic_write(out / name) as f:
-            np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
+        with spec.atomic_write(out / name) as fh:
+            np.save(fh, np.ascontiguousarray(arr), allow_pickle=False)
         files[name] = (out / name).stat().st_size
         file_crcs[name] = spec.file_checksum(out / name)
 
@@ -251,21 +254,30 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
         save(_FIELD_CHECKSUMS, field_crcs)
         for fname, arr in columns.items():
             save(column_file(fname), arr)
-    with spec.atomic_write(out / spec.NAMES_FILE, "w", encoding="utf-8") as f:
+    with spec.atomic_write(out / spec.NAMES_FILE, "w", encoding="utf-8") as text:
         for k, key, image, _others in kept:
-            f.write(json.dumps(f"{scans[k]['name']}/{key}.{image[0]}") + "\n")
+            text.write(json.dumps(f"{scans[k]['name']}/{key}.{image[0]}") + "\n")
     (out / spec.REJECTS_NAME).unlink(missing_ok=True)
     if rejects:
-        with spec.atomic_write(out / spec.REJECTS_NAME, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rejects)
+        with spec.atomic_write(out / spec.REJECTS_NAME, "w", encoding="utf-8") as text:
+            text.writelines(json.dumps(r) + "\n" for r in rejects)
     rel = base if spec.is_remote(base) else os.path.relpath(base, out.absolute())
     meta: dict[str, Any] = {
-        "format": "wds", "num_samples": n, "classes": list(classes), "shards": shards, "storage": {},
+        "format": "wds", "num_samples": n, "classes": list(classes), "shards": shards, "split": out.name,
+        "storage": {"kind": "encoded", "pixel_layout": None,
+                    "encodings": {e: c for e, c in Counter(s[2][0] for s in kept).items()}},
         "files": files, spec.FILES_CRC_KEY: file_crcs, "order": {"kind": "source"},
+        "options": {"format": "wds", "order": "source"}, "created_by": f"dataset-packer {VERSION}",
         spec.INPLACE_KEY: {"base": rel, "members": members},
-        "source": {"kind": "wds-inplace", "path": base, "shards": len(scans), "rejected": len(rejects),
-                   "ignored": ignored},
+        "source": {"kind": "wds-inplace", "given": base, "root": base, "shards": len(scans),
+                   "first_shard": scans[0]["name"], "images_found": n + len(rejects), "rejected": len(rejects),
+                   "ignored_files": ignored},
+        "stats": {"bytes_in": int(sizes.sum()), "bytes_out": int(sizes.sum()), "reencoded": 0, "repaired": 0},
     }
+    stats = {f.name: cols["member_sizes.npy"][:, members.index(f.name)] for f in extra if not f.type.fixed}
+    if stats:
+        meta["field_stats"] = {k: {"bytes": int(v.sum()), "min_bytes": int(v.min()), "max_bytes": int(v.max())}
+                               for k, v in stats.items()}
     if fielded:
         meta["fields"] = schema.to_json()["fields"]
     arrays = {"checksums": crcs, "sizes": sizes, "offsets": offsets, "shards": shard_of, "labels": label_values}

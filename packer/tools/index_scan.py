@@ -130,7 +130,9 @@ def scan_shard(job: tuple[str, str, Any]) -> ShardScan:
 
 
 def _samples(tar: tarfile.TarFile, where: str) -> Iterator[list]:
-    key, group, seen = None, [], set()
+    key: str | None = None
+    group: list[list] = []
+    seen: set[str] = set()
     reason: str | None = None
     with tar:
         for m in tar:

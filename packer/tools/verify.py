@@ -177,7 +177,11 @@ def verify(path: str | os.PathLike | spec.Index,
                             "(packed by an older version): the arrays were checked for range only")
     tick = progress or (lambda n: None)
     try:
-        if ds.format == "wds":
+        if ds.format == "wds" and ds.inplace is not None:  # shards indexed in place
+            from packer.tools.verify_inplace import verify_inplace
+
+            verify_inplace(ds, report, tick)
+        elif ds.format == "wds":
             _verify_wds(ds, report, tick)
         elif _check_data_files(ds, report):
             checksums = ds.index.arrays["checksums"]

@@ -155,7 +155,7 @@ class CheckedFiles(RemoteFiles):
     def _check(self, name: str) -> None:
         seen = self.__dict__.get("_seen")
         if seen is None or seen[0] != os.getpid():
-            seen = self.__dict__["_seen"] = (os.getpid(), set(), threading.Lock())
+            seen = self.__dict__["_seen"] = (os.getpid(), set[str](), threading.Lock())
         if name in seen[1]:
             return
         want = self.identities.get(name, {})
