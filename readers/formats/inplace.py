@@ -50,9 +50,9 @@ def resolve_base(root: Path | str, base: str) -> Path | str:
     return Path(os.path.normpath(Path(root) / base))
 
 
-def changed(location: str, what: str) -> spec.DatasetFormatError:
+def changed(location: str, what: str, detail: str = "") -> spec.DatasetFormatError:
     """The one line for a shard that is not the one indexed."""
-    return spec.DatasetFormatError(f"{location}: shard {what} since it was indexed; index it again "
+    return spec.DatasetFormatError(f"{location}: shard {what} since it was indexed{detail}; index it again "
                                    "(pack-dataset index ... --overwrite)")
 
 
@@ -93,18 +93,19 @@ class InPlace:
             raise ValueError(f"{self.base} is remote: its shards have URLs (shard_location), not paths")
         return Path(self.base) / self.names[shard]
 
-    def open(self, shard: int) -> int:
-        """A descriptor of local shard ``shard``, after checking it is the file indexed (size, mtime)."""
+    def open(self, shard: int, check: bool = True) -> int:
+        """A descriptor of local shard ``shard``, after checking it is the file indexed (size, mtime;
+        ``check=False``: ``verify``, which then reads what changed)."""
         where = self.location(shard)
-        try:
-            fd = spec.open_member(self.base, self.names[shard], "shard file")
-        except FileNotFoundError:
-            raise changed(where, "is missing (moved or deleted)") from None
+        if not os.path.lexists(where):
+            raise changed(where, "is missing (moved or deleted)")
+        fd = spec.open_member(self.base, self.names[shard], "shard file")
         st = os.fstat(fd)
         s = self.shards[shard]
-        if st.st_size != s["bytes"] or ("mtime_ns" in s and st.st_mtime_ns != s["mtime_ns"]):
+        if check and (st.st_size != s["bytes"] or ("mtime_ns" in s and st.st_mtime_ns != s["mtime_ns"])):
             os.close(fd)
-            raise changed(where, f"changed ({st.st_size} bytes, the index says {s['bytes']}; or its mtime differs)")
+            raise changed(where, "changed", f" ({st.st_size} bytes, the index says {s['bytes']}" +
+                          (")" if st.st_size != s["bytes"] else "; its modification time differs)"))
         return fd
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -142,6 +143,12 @@ class InPlace:
     def members_of(self, pread: Callable[[int, int], bytes], shard: int, i: int, names: set[str]) -> dict[str, bytes]:
         return {name: self.member(pread, shard, i, name) for name in names}
 
+    def close(self) -> None:
+        """Drop this process's mapped member arrays (and the remote shards' connections)."""
+        self._arrays.close()
+        if self.remote is not None:
+            self.remote.close()
+
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__, _arrays=PerProcess(dict), image=None)
 
@@ -164,8 +171,8 @@ class CheckedFiles(RemoteFiles):
         except FileNotFoundError:
             raise changed(self.url_of(name), "is missing (moved or deleted)") from None
         if info.size != want.get("bytes") or (want.get("etag") and info.etag and info.etag != want["etag"]):
-            raise changed(self.url_of(name), f"changed (size {info.size}, ETag {info.etag}; the index says "
-                                             f"{want.get('bytes')}, {want.get('etag')})")
+            raise changed(self.url_of(name), "changed", f" (size {info.size}, ETag {info.etag}; the index says "
+                                                        f"{want.get('bytes')}, {want.get('etag')})")
         with seen[2]:
             seen[1].add(name)
 

@@ -234,6 +234,12 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         if self.inplace is not None:  # the image member's arrays: the index's, not a pickled copy
             self.inplace.image = (self._offsets, self._sizes)
 
+    def close(self) -> None:
+        inplace = getattr(self, "inplace", None)
+        if inplace is not None:
+            inplace.close()  # its mapped member arrays, its shards' store
+        super().close()
+
     # ------------------------------------------------------------ epochs
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: same seed and epoch give the same order.
