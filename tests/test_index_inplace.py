@@ -12,8 +12,7 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
+from types import SimpleNamespace
 import tarfile
 import uuid
 from collections import Counter
@@ -25,13 +24,13 @@ from PIL import Image
 
 import readers.contract.env
 from packer import PackOptions, pack
+from packer.cli import main
 from packer.tools.index import index_shards
 from readers import make_loader, mix, open_dataset, subset
 from readers.contract import spec
 from readers.contract.env import WorkerEnv
 
 pytest_plugins = ["servers"]
-REPO = Path(__file__).resolve().parent.parent
 SHARDS, PER = 4, 7  # 28 samples in 4 shards
 
 
@@ -190,29 +189,34 @@ def test_resume_mid_epoch_two_workers_two_ranks(indexed, monkeypatch):
         assert part[r] + rest[r] == full[r], f"rank {r}: the resumed epoch is not the rest of the uninterrupted one"
 
 
-def test_same_samples_as_a_wds_pack_and_convert(indexed, tmp_path):
+def test_same_samples_as_a_wds_pack_and_convert(indexed, tmp_path, cli):
     shards, idx, _ = indexed
     pack(shards, tmp_path / "pack", PackOptions(format="wds", workers=1))
     packed, inplace = open_dataset(tmp_path / "pack", decode=False), open_dataset(idx, decode=False)
     assert packed.schema == inplace.schema
     assert _values(inplace) == _values(packed) and len(_values(packed)) == SHARDS * PER
-    done = subprocess.run([sys.executable, "-m", "packer.cli", "convert", str(idx), "-f", "lmdb", "-o",
-                           str(tmp_path / "lmdb"), "-q"], cwd=REPO, capture_output=True, text=True)
+    done = cli("convert", str(idx), "-f", "lmdb", "-o", str(tmp_path / "lmdb"), "-q")
     assert done.returncode == 0, done.stderr
     assert _values(open_dataset(tmp_path / "lmdb", decode=False)) == _values(packed)
 
 
-def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "packer.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+@pytest.fixture
+def cli(capsys):
+    """``pack-dataset ARGS`` through its entry point, in this process: (exit code, stdout, stderr)."""
+    def run(*args: str) -> SimpleNamespace:
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+    return run
 
 
-def test_verify_names_the_sample_of_a_flipped_byte(tmp_path):
+def test_verify_names_the_sample_of_a_flipped_byte(tmp_path, cli):
     shards = tmp_path / "shards"
     _write_tarfile(shards)
-    done = _cli("index", str(shards), "-o", str(tmp_path / "idx"), "-q")
+    done = cli("index", str(shards), "-o", str(tmp_path / "idx"), "-q")
     assert done.returncode == 0, done.stderr
-    assert _cli("verify", str(tmp_path / "idx"), "-q").returncode == 0
+    assert cli("verify", str(tmp_path / "idx"), "-q").returncode == 0
     target = shards / "00001.tar"
     data = bytearray(target.read_bytes())
     pos = data.index(b"a caption for 000000009")  # sample 9 (the third of shard 1) is index 9
@@ -220,7 +224,7 @@ def test_verify_names_the_sample_of_a_flipped_byte(tmp_path):
     st = target.stat()
     target.write_bytes(bytes(data))
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))  # bit rot: same size, same mtime
-    done = _cli("verify", str(tmp_path / "idx"), "-q")
+    done = cli("verify", str(tmp_path / "idx"), "-q")
     assert done.returncode == 1
     damaged = [line for line in done.stdout.splitlines() if line.startswith("DAMAGED")]
     assert f"DAMAGED {target} sample 9 field 'txt': checksum mismatch: the member changed since it was indexed" \
@@ -228,7 +232,7 @@ def test_verify_names_the_sample_of_a_flipped_byte(tmp_path):
     assert f"DAMAGED {target}: shard checksum differs from the index" in damaged
 
 
-def test_a_replaced_or_missing_shard_is_one_line(tmp_path):
+def test_a_replaced_or_missing_shard_is_one_line(tmp_path, cli):
     shards = tmp_path / "shards"
     _write_tarfile(shards)
     index_shards([str(shards)], tmp_path / "idx")
@@ -239,11 +243,11 @@ def test_a_replaced_or_missing_shard_is_one_line(tmp_path):
     (shards / "00002.tar").unlink()
     with pytest.raises(spec.DatasetFormatError, match=r"00002\.tar: shard is missing \(moved or deleted\)"):
         list(open_dataset(tmp_path / "idx", decode=False))
-    done = _cli("verify", str(tmp_path / "idx"), "-q")
+    done = cli("verify", str(tmp_path / "idx"), "-q")
     assert done.returncode == 1 and "00002.tar: shard is missing" in done.stdout and "Traceback" not in done.stderr
 
 
-def test_patterns_lists_rejects_resume_and_refusals(tmp_path):
+def test_patterns_lists_rejects_resume_and_refusals(tmp_path, cli):
     shards = tmp_path / "shards"
     _write_tarfile(shards)
     with tarfile.open(shards / "00004.tar", "w") as tar:  # a missing member, a bad json, a duplicate key
@@ -255,7 +259,7 @@ def test_patterns_lists_rejects_resume_and_refusals(tmp_path):
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     (shards / "list.txt").write_text("# the shards\n00000.tar\n\n00004.tar\n")
-    done = _cli("index", str(shards / "list.txt"), "-o", str(tmp_path / "a"), "-q")
+    done = cli("index", str(shards / "list.txt"), "-o", str(tmp_path / "a"), "-q")
     assert done.returncode == 3, done.stderr
     rejects = [json.loads(line) for line in (tmp_path / "a" / spec.REJECTS_NAME).read_text().splitlines()]
     assert [r["path"] for r in rejects] == ["00004.tar/a", "00004.tar/b", "00004.tar/c", "00004.tar/a"]
@@ -267,20 +271,20 @@ def test_patterns_lists_rejects_resume_and_refusals(tmp_path):
     assert braced == index_shards([str(shards / "0000[0-3].tar")], tmp_path / "c")
     # an interrupted index (a shard that is no tar) continues with --resume
     (shards / "00004.tar").write_bytes(b"not a tar" * 100)
-    done = _cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q", "-w", "1")
+    done = cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q", "-w", "1")
     assert done.returncode == 2 and "00004.tar: not a readable tar file" in done.stderr
     assert sorted(p.name for p in (tmp_path / "d" / "index-parts").iterdir()) == [f"{k:06d}.json" for k in range(4)]
-    again = _cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q")
+    again = cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q")
     assert again.returncode == 2 and "--resume continues it" in again.stderr
     shutil.copy(shards / "00003.tar", shards / "00004.tar")
-    done = _cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q", "--resume")
+    done = cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q", "--resume")
     assert done.returncode == 0 and "35 samples in 5 shards" in done.stdout
     # compressed shards and the Ray engine: one line each
     with tarfile.open(tmp_path / "gz.tar.gz", "w:gz") as tar:
         tar.add(shards / "00000.tar", "x.jpg")
-    done = _cli("index", str(tmp_path / "gz.tar.gz"), "-o", str(tmp_path / "e"), "-q")
+    done = cli("index", str(tmp_path / "gz.tar.gz"), "-o", str(tmp_path / "e"), "-q")
     assert done.returncode == 2 and "decompress them" in done.stderr and len(done.stderr.splitlines()) == 1
-    done = _cli("index", str(shards), "-o", str(tmp_path / "f"), "--engine", "ray", "-q")
+    done = cli("index", str(shards), "-o", str(tmp_path / "f"), "--engine", "ray", "-q")
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
 
 
@@ -291,7 +295,7 @@ def store_server(request):
     return server
 
 
-def test_shards_in_a_bucket(store_server, tmp_path):
+def test_shards_in_a_bucket(store_server, tmp_path, cli, monkeypatch):
     """Shards in a bucket, indexed through the CLI (the store's usual environment), read streamed and
     through the node cache: the same samples as the same shards indexed locally."""
     from readers.remote import open_store
@@ -303,7 +307,9 @@ def test_shards_in_a_bucket(store_server, tmp_path):
     for p in sorted(local.iterdir()):
         store.put(p.name, p)
     before = {n: store.stat(n).identity() for n in store.list()}
-    done = _cli("index", url, "-o", str(tmp_path / "idx"), "-q", env=store_server.env())
+    for k, v in store_server.env().items():
+        monkeypatch.setenv(k, v)
+    done = cli("index", url, "-o", str(tmp_path / "idx"), "-q")
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "idx" / spec.INDEX_NAME).read_text())[spec.INPLACE_KEY]["base"] == url
     index_shards([str(local)], tmp_path / "local")
@@ -314,8 +320,14 @@ def test_shards_in_a_bucket(store_server, tmp_path):
                           return_index=True)
     assert sorted(x["__index__"] for x in cached) == list(range(SHARDS * PER))
     assert any((tmp_path / "cache").rglob("*")), "the node cache holds the shards"
-    store.put("shard-000001.tar", local / "shard-000002.tar")  # replaced: same size, another ETag
-    with pytest.raises(spec.DatasetFormatError, match="shard-000001.tar: shard changed since it was indexed"):
-        list(open_dataset(tmp_path / "idx", decode=False, storage_options=so))
-    assert {n: store.stat(n).identity() for n in store.list() if n != "shard-000001.tar"} == \
-        {n: v for n, v in before.items() if n != "shard-000001.tar"}
+    cached.close()
+    try:
+        store.put("shard-000001.tar", local / "shard-000002.tar")  # replaced: same size, another ETag
+        replaced = open_dataset(tmp_path / "idx", decode=False, storage_options=so)
+        with pytest.raises(spec.DatasetFormatError, match="shard-000001.tar: shard changed since it was indexed"):
+            list(replaced)
+        replaced.close()
+        assert {n: store.stat(n).identity() for n in store.list() if n != "shard-000001.tar"} == \
+            {n: v for n, v in before.items() if n != "shard-000001.tar"}, "an object was written"
+    finally:
+        store.close()

@@ -37,7 +37,7 @@ from packer.prepare.pool import ordered_map
 from packer.prepare.stage import label_names
 from packer.progress import bar as progress_bar
 from packer.tools.index_list import list_shards
-from packer.tools.index_scan import ShardScan, scan_shard
+from packer.tools.index_scan import ShardScan, close_stores, scan_shard
 from readers.contract import spec
 from readers.contract.fields import Field, FieldType, FieldTypeError, ImageType, NumericType, Schema, column_file, \
     parse_type
@@ -95,6 +95,7 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
                 bar.update(1)
                 bar.set_postfix_str(f"{total / 1e6:.0f} MB")
     finally:
+        close_stores()
         if bar is not None:
             bar.close()
     scans = [json.loads((out / PARTS / f"{k:06d}.json").read_text()) for k in range(len(names))]

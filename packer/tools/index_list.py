@@ -57,20 +57,28 @@ def expand_braces(text: str) -> list[str]:
 
 
 def _remote(text: str, storage_options: Any) -> list[str]:
-    from readers.remote import open_store
-
     if _BRACE.search(text):
         return expand_braces(text)
     if _GLOB.search(text):
         head = text[:_GLOB.search(text).start()]  # type: ignore[union-attr]
         parent = head[:head.rfind("/")]
-        store = open_store(parent, storage_options)
         pattern = text[len(parent) + 1:]
-        return [store.url_of(n) for n in sorted(store.list()) if fnmatch.fnmatchcase(n, pattern)]
+        return [f"{parent}/{n}" for n in _listing(parent, storage_options) if fnmatch.fnmatchcase(n, pattern)]
     if text.lower().endswith(".tar") or is_gzip_name(text):
         return [text]
-    store = open_store(text.rstrip("/"), storage_options)
-    return [store.url_of(n) for n in sorted(store.list()) if n.lower().endswith(".tar") or is_gzip_name(n)]
+    url = text.rstrip("/")
+    return [f"{url}/{n}" for n in _listing(url, storage_options) if n.lower().endswith(".tar") or is_gzip_name(n)]
+
+
+def _listing(url: str, storage_options: Any) -> list[str]:
+    """The object names under ``url``, sorted (the store closed after)."""
+    from readers.remote import open_store
+
+    store = open_store(url, storage_options)
+    try:
+        return sorted(store.list())
+    finally:
+        store.close()
 
 
 def _local(text: str) -> list[str]:

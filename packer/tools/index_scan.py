@@ -28,7 +28,7 @@ from packer.importers.wds import IMAGE_EXTS, KEY, field_of, label_of
 from readers.contract import spec
 from readers.contract.safeio import npy_header
 
-__all__ = ["scan_shard", "ShardScan", "is_gzip_name", "GZIP_HINT"]
+__all__ = ["scan_shard", "close_stores", "ShardScan", "is_gzip_name", "GZIP_HINT"]
 
 #: A shard read in place must be a plain tar (random access); the hint of the one-line refusal.
 GZIP_HINT = ("compressed shards cannot be read by offset: decompress them (gunzip) or pack them "
@@ -91,6 +91,12 @@ def _store(base: str, storage_options: Any) -> Any:
 
         _STORES[key] = open_store(base, storage_options)
     return _STORES[key]
+
+
+def close_stores() -> None:
+    """Close the stores this process opened for scans (their connections), at the end of an index."""
+    for key in [k for k in _STORES if k[0] == os.getpid()]:
+        _STORES.pop(key).close()
 
 
 def scan_shard(job: tuple[str, str, Any]) -> ShardScan:
