@@ -3,7 +3,9 @@
 Counterpart: ``readers/formats/inplace.py`` (what the index holds). :func:`scan_shard` runs in a
 worker of the pack's pool (``packer.prepare.pool``): it streams the tar (a local file, or a
 store's large sequential range requests), never writes it, and groups members into samples as
-webdataset does (``packer.importers.wds.KEY``: consecutive members with one key). Each member is
+webdataset does (``packer.importers.wds.KEY``: consecutive members with one key); the tar headers
+are walked here (:class:`_Tar`: ustar, GNU long names, pax records), not by ``tarfile``, whose stream
+mode copies every member several times. Each member is
 checked as its field type will read it (the same mapping as the wds importer,
 ``packer.importers.wds.field_of``): ``.txt`` UTF-8, ``.json`` JSON, ``.cls`` a decimal integer,
 ``.npy`` an array of numbers; a member that does not parse, a key seen twice in a shard and a
@@ -20,7 +22,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import tarfile
 from typing import Any, Iterator
 
 from packer.errors import SourceError
@@ -41,35 +42,106 @@ def is_gzip_name(name: str) -> bool:
     return name.lower().endswith((".tar.gz", ".tgz", ".gz"))
 
 
-class _Reader:
-    """A file-like over a byte stream that keeps the CRC-32 and the count of every byte read."""
+class _Tar:
+    """The members of a tar read front to back from a stream of chunks (no seek), keeping the CRC-32
+    and count of every byte: ``members()`` gives ``(name, data offset, data)`` of each regular file,
+    ``data`` a view valid until the next one. ustar and GNU names, pax ``path``/``size`` records;
+    a header whose checksum is wrong ends the scan with a SourceError naming the byte."""
 
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buf = memoryview(b"")
+    _KEEP = 32 << 20  # bytes before the current member dropped from the buffer past this
+
+    def __init__(self, chunks: Iterator[bytes], where: str) -> None:
+        self._chunks, self.where = chunks, where
+        self._buf = bytearray()
+        self._start = 0  # position of _buf[0] in the shard
         self.crc = self.size = 0
 
-    def read(self, n: int = -1) -> bytes:
-        out = []
-        want = n
-        while want != 0:
-            if not self._buf:
-                nxt = next(self._chunks, None)
-                if nxt is None:
-                    break
-                self._buf = memoryview(nxt)
-            take = self._buf if want < 0 else self._buf[:want]
-            out.append(take)
-            self._buf = self._buf[len(take):]
-            want = want - len(take) if want > 0 else want
-        data = b"".join(out)
-        self.crc = spec.checksum(data, self.crc)
-        self.size += len(data)
-        return data
+    def _have(self, end: int) -> bool:
+        while self._start + len(self._buf) < end:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return False
+            self.crc, self.size = spec.checksum(chunk, self.crc), self.size + len(chunk)
+            self._buf += chunk
+        return True
+
+    def _view(self, pos: int, n: int) -> memoryview:
+        if not self._have(pos + n):
+            raise SourceError(f"{self.where}: truncated tar file (ends inside the member at byte {pos})")
+        return memoryview(self._buf)[pos - self._start:pos - self._start + n]
+
+    def head(self, n: int) -> bytes:
+        self._have(n)
+        return bytes(self._buf[:n])
 
     def drain(self) -> None:
-        while self.read(8 << 20):
-            pass
+        """Read the rest (the end-of-archive blocks and padding): the whole shard's CRC-32 and size."""
+        for chunk in self._chunks:
+            self.crc, self.size = spec.checksum(chunk, self.crc), self.size + len(chunk)
+
+    def _drop(self, pos: int) -> None:
+        if pos - self._start > self._KEEP:
+            del self._buf[:pos - self._start]
+            self._start = pos
+
+    def members(self) -> Iterator[tuple[str, int, memoryview]]:
+        pos, long_name, pax = 0, None, {}
+        while self._have(pos + BLOCK):
+            header = bytes(self._view(pos, BLOCK))
+            if header == _ZERO:
+                return
+            size = _number(header[124:136])
+            if size < 0 or _number(header[148:156]) != sum(header[:148]) + 256 + sum(header[156:]):
+                raise SourceError(f"{self.where}: damaged tar header at byte {pos}")
+            kind = header[156:157]
+            size = int(pax.get("size", size)) if kind in _FILE else size
+            data = self._view(pos + BLOCK, size)
+            if kind in (b"L", b"x", b"g"):
+                if kind == b"L":
+                    long_name = bytes(data).rstrip(b"\0").decode("utf-8", "surrogateescape")
+                elif kind == b"x":
+                    pax = _pax(bytes(data))
+            elif kind in _FILE:
+                name = long_name or pax.get("path") or _ustar_name(header)
+                yield name, pos + BLOCK, data
+                long_name, pax = None, {}
+            else:
+                long_name, pax = None, {}
+            data.release()
+            pos += BLOCK + -(-size // BLOCK) * BLOCK
+            self._drop(pos)
+
+
+BLOCK = spec.TAR_BLOCK
+_ZERO = bytes(BLOCK)
+_FILE = (b"0", b"\0", b"7")
+
+
+def _number(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:  # base-256 (GNU, sizes past 8 GiB)
+        return int.from_bytes(field[1:], "big")
+    try:
+        return int(field.strip(b"\0 ") or b"0", 8)
+    except ValueError:
+        return -1
+
+
+def _ustar_name(header: bytes) -> str:
+    name = header[:100].split(b"\0", 1)[0]
+    if header[257:262] == b"ustar" and header[345:346] != b"\0":
+        name = header[345:500].split(b"\0", 1)[0] + b"/" + name
+    return name.decode("utf-8", "surrogateescape")
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    out, pos = {}, 0
+    while pos < len(data):
+        length = int(data[pos:data.index(b" ", pos)])
+        record = data[pos:pos + length].decode("utf-8", "surrogateescape")
+        key, _, value = record.partition(" ")[2].rstrip("\n").partition("=")
+        out[key] = value
+        pos += length
+    return out
 
 
 def _local_chunks(path: str) -> Iterator[bytes]:
@@ -118,56 +190,51 @@ def scan_shard(job: tuple[str, str, Any]) -> ShardScan:
             raise SourceError(f"{where}: cannot read the shard ({exc.strerror or exc})") from None
         out["mtime_ns"] = st.st_mtime_ns
         chunks = _local_chunks(where)
-    reader = _Reader(chunks)
-    head = reader.read(2)
-    if head == b"\x1f\x8b":
+    tar = _Tar(chunks, where)
+    if tar.head(2) == b"\x1f\x8b":
         raise SourceError(f"{where}: gzip-compressed; {GZIP_HINT}")
-    reader._buf = memoryview(head + bytes(reader._buf))  # put the two bytes back (counted again below)
-    reader.crc = reader.size = 0
     try:
-        out["samples"] = list(_samples(tarfile.open(fileobj=reader, mode="r|"), where))  # type: ignore[call-overload]
-        reader.drain()
-    except (tarfile.TarError, EOFError) as exc:
+        out["samples"] = list(_samples(tar, where))
+    except ValueError as exc:  # a pax record that does not parse
         raise SourceError(f"{where}: not a readable tar file ({exc})") from None
-    out.update(bytes=reader.size, crc32=reader.crc)
-    if spec.is_remote(base) and info.size != reader.size:
-        raise SourceError(f"{where}: changed while it was read ({reader.size} bytes read, {info.size} listed)")
+    tar.drain()
+    out.update(bytes=tar.size, crc32=tar.crc)
+    if spec.is_remote(base) and info.size != tar.size:
+        raise SourceError(f"{where}: changed while it was read ({tar.size} bytes read, {info.size} listed)")
     return out
 
 
-def _samples(tar: tarfile.TarFile, where: str) -> Iterator[list]:
+def _samples(tar: _Tar, where: str) -> Iterator[list]:
     key: str | None = None
     group: list[list] = []
     seen: set[str] = set()
     reason: str | None = None
-    with tar:
-        for m in tar:
-            match = KEY.match(m.name) if m.isfile() else None
-            if match is None:
-                continue
-            k, suffix = match.group(1), match.group(2).lower()
-            fh = tar.extractfile(m)
-            data = fh.read() if fh is not None else b""
-            if k != key:
-                if key is not None:
-                    yield [key, group, reason]
-                key, group, reason = k, [], None
-                if k in seen:
-                    reason = f"{where}:{k}: key {k!r} appears twice in the shard (duplicate key)"
-                seen.add(k)
-            if any(g[0] == suffix for g in group):
-                reason = reason or f"{where}:{k}: member {k}.{suffix} appears twice"
-            value, bad = _check_member(suffix, data, f"{where}:{k}.{suffix}")
-            reason = reason or bad
-            group.append([suffix, m.offset_data, m.size, spec.checksum(data), value])
-        if key is not None:
-            yield [key, group, reason]
+    for name, offset, view in tar.members():
+        match = KEY.match(name)
+        if match is None:
+            continue
+        k, suffix = match.group(1), match.group(2).lower()
+        if k != key:
+            if key is not None:
+                yield [key, group, reason]
+            key, group, reason = k, [], None
+            if k in seen:
+                reason = f"{where}:{k}: key {k!r} appears twice in the shard (duplicate key)"
+            seen.add(k)
+        if any(g[0] == suffix for g in group):
+            reason = reason or f"{where}:{k}: member {k}.{suffix} appears twice"
+        value, bad = _check_member(suffix, view, f"{where}:{k}.{suffix}")
+        reason = reason or bad
+        group.append([suffix, offset, len(view), spec.checksum(view), value])
+    if key is not None:
+        yield [key, group, reason]
 
 
-def _check_member(suffix: str, data: bytes, where: str) -> tuple[Any, str | None]:
+def _check_member(suffix: str, view: memoryview, where: str) -> tuple[Any, str | None]:
     """(the value the index keeps, or None; why the member does not parse, or None)."""
     if suffix in IMAGE_EXTS:
-        return None, None if data else f"{where}: empty image member"
+        return None, None if len(view) else f"{where}: empty image member"
+    data = bytes(view)
     _name, kind = field_of(suffix, where)
     try:
         if kind == "text":

@@ -511,9 +511,10 @@ def _parse_meta(raw: bytes | bytearray, path: Path | str) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise DatasetFormatError(f"{path}: unreadable index (a JSON {type(meta).__name__}, not an object)")
     version = meta.get("spec_version")
-    if type(version) is not int or version not in READABLE_VERSIONS:
+    readable = READABLE_VERSIONS if is_inplace(meta) else tuple(v for v in READABLE_VERSIONS if v != INPLACE_VERSION)
+    if type(version) is not int or version not in readable:
         raise DatasetFormatError(f"{path}: spec_version {version!r}, this dataset-packer reads version "
-                                 f"{' or '.join(map(str, READABLE_VERSIONS))}")
+                                 f"{' or '.join(map(str, readable))}")
     fmt = meta.get("format")
     if not isinstance(fmt, str) or fmt not in REQUIRED_ARRAYS:
         raise DatasetFormatError(f"{path}: unknown format {fmt!r} (known: {', '.join(FORMATS)})")

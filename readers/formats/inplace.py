@@ -122,17 +122,18 @@ class InPlace:
                 if arr.dtype != dtype or arr.shape != (self.n, len(self.members)):
                     raise spec.DatasetFormatError(f"{path}: holds {arr.dtype.str} {arr.shape}, expected "
                                                   f"{dtype.str} {(self.n, len(self.members))}")
-                arrays[name] = arr
+                arrays[name] = arr.view(np.ndarray)  # a plain view: memmap's own indexing is slow
         return arrays
 
     def member(self, pread: Callable[[int, int], bytes], shard: int, i: int, name: str) -> bytes:
         """The bytes of sample ``i``'s member holding field ``name``, its tar header checked."""
         if name == "image":  # the index arrays of a wds pack
-            offset, size = int(self.image[0][i]), int(self.image[1][i])
-        else:
-            j = self.members.index(name)
-            a = self.arrays()
-            offset, size = int(a["member_offsets.npy"][i, j]), int(a["member_sizes.npy"][i, j])
+            return self._read(pread, shard, i, name, int(self.image[0][i]), int(self.image[1][i]))
+        j = self.members.index(name)
+        a = self.arrays()
+        return self._read(pread, shard, i, name, int(a["member_offsets.npy"][i, j]), int(a["member_sizes.npy"][i, j]))
+
+    def _read(self, pread: Callable[[int, int], bytes], shard: int, i: int, name: str, offset: int, size: int) -> bytes:
         end = int(self.shards[shard]["bytes"])
         where = lambda: f"{self.location(shard)} sample {i} field {name!r} at byte {offset - spec.TAR_BLOCK}"  # noqa: E731
         if offset < spec.TAR_BLOCK or size < 0 or offset + size > end:
@@ -141,7 +142,17 @@ class InPlace:
                                    named=False)
 
     def members_of(self, pread: Callable[[int, int], bytes], shard: int, i: int, names: set[str]) -> dict[str, bytes]:
-        return {name: self.member(pread, shard, i, name) for name in names}
+        """:meth:`member` of each field in ``names`` (one row of the member arrays read for all)."""
+        out = {}
+        if "image" in names:
+            out["image"] = self.member(pread, shard, i, "image")
+        if len(out) < len(names):
+            a = self.arrays()
+            offsets, sizes = a["member_offsets.npy"][i].tolist(), a["member_sizes.npy"][i].tolist()
+            for j, name in enumerate(self.members):
+                if name in names:
+                    out[name] = self._read(pread, shard, i, name, offsets[j], sizes[j])
+        return out
 
     def close(self) -> None:
         """Drop this process's mapped member arrays (and the remote shards' connections)."""

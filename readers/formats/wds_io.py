@@ -78,13 +78,13 @@ def check_sample(blob: bytes | memoryview, i: int, size: int, where: Callable[[]
     if len(blob) != BLOCK + size:
         raise spec.DatasetFormatError(f"{where()}: shard ends early (sample {i}): truncated or damaged")
     view = memoryview(blob)
-    header = view[:BLOCK]
-    key = (spec.wds_key(i) + ".").encode()
-    if ((named and bytes(header[:len(key)]) != key) or _octal(bytes(header[124:136])) != size
-            or _octal(bytes(header[148:156])) != sum(header[:148]) + 256 + sum(header[156:])):
+    header = bytes(view[:BLOCK])  # summed below: bytes iterate several times faster than a memoryview
+    key = (spec.wds_key(i) + ".").encode() if named else b""
+    if ((named and header[:len(key)] != key) or _octal(header[124:136]) != size
+            or _octal(header[148:156]) != sum(header[:148]) + 256 + sum(header[156:])):
         raise spec.DatasetFormatError(
             f"{where()}: tar header is not sample {i} ({size} bytes) "
-            f"but {bytes(header[:100]).rstrip(bytes(1))!r}: the shard is damaged or does not match its index")
+            f"but {header[:100].rstrip(bytes(1))!r}: the shard is damaged or does not match its index")
     return bytes(view[BLOCK:])
 
 
