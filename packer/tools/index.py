@@ -68,7 +68,14 @@ def _prepare_output(out: Path, base: str, names: list[str], resume: bool, overwr
     out.mkdir(parents=True, exist_ok=True)
     (out / PARTS).mkdir(exist_ok=True)
     spec.write_json_atomic(out / STATE, state)
-    return {int(p.stem) for p in (out / PARTS).glob("*.json") if p.stem.isdigit()}
+    return {int(p.stem) for p in (out / PARTS).glob("*.json") if p.stem.isdigit() and _readable(p)}
+
+
+def _readable(part: Path) -> bool:
+    try:
+        return isinstance(json.loads(part.read_text()), dict)
+    except (OSError, ValueError):
+        return False
 
 
 def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int | None = None,
@@ -89,7 +96,8 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
         jobs = ((base, names[k], storage_options) for k in todo)
         for k, scan in zip(todo, ordered_map(scan_shard, jobs, workers, chunk=1,
                                             describe=lambda n: f"shard {names[todo[n]]}")):
-            spec.write_json_atomic(out / PARTS / f"{k:06d}.json", scan)
+            with spec.atomic_write(out / PARTS / f"{k:06d}.json", "w", durable=False) as part:
+                part.write(json.dumps(scan))  # not fsynced: a part a crash left unreadable is scanned again
             total += scan["bytes"]
             if bar is not None:
                 bar.update(1)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import json
+import mmap
 import os
 from typing import Any, Iterator
 
@@ -50,19 +51,25 @@ class _Tar:
 
     _KEEP = 32 << 20  # bytes before the current member dropped from the buffer past this
 
-    def __init__(self, chunks: Iterator[bytes], where: str) -> None:
-        self._chunks, self.where = chunks, where
-        self._buf = bytearray()
+    def __init__(self, chunks: Iterator[bytes] | memoryview, where: str) -> None:
+        self.where = where
         self._start = 0  # position of _buf[0] in the shard
         self.crc = self.size = 0
+        self._buf: bytearray | memoryview
+        if isinstance(chunks, memoryview):  # a whole local shard, mapped: no copy at all
+            self._chunks: Iterator[bytes] = iter(())
+            self._buf, self._whole = chunks, True
+            self.crc, self.size = spec.checksum(chunks), len(chunks)
+        else:
+            self._chunks, self._buf, self._whole = chunks, bytearray(), False
 
     def _have(self, end: int) -> bool:
         while self._start + len(self._buf) < end:
             chunk = next(self._chunks, None)
-            if chunk is None:
+            if chunk is None or self._whole:
                 return False
             self.crc, self.size = spec.checksum(chunk, self.crc), self.size + len(chunk)
-            self._buf += chunk
+            self._buf += chunk  # type: ignore[operator]
         return True
 
     def _view(self, pos: int, n: int) -> memoryview:
@@ -80,18 +87,19 @@ class _Tar:
             self.crc, self.size = spec.checksum(chunk, self.crc), self.size + len(chunk)
 
     def _drop(self, pos: int) -> None:
-        if pos - self._start > self._KEEP:
+        if isinstance(self._buf, bytearray) and pos - self._start > self._KEEP:
             del self._buf[:pos - self._start]
             self._start = pos
 
     def members(self) -> Iterator[tuple[str, int, memoryview]]:
-        pos, long_name, pax = 0, None, {}
+        pos, long_name = 0, None
+        pax: dict[str, str] = {}
         while self._have(pos + BLOCK):
             header = bytes(self._view(pos, BLOCK))
             if header == _ZERO:
                 return
             size = _number(header[124:136])
-            if size < 0 or _number(header[148:156]) != sum(header[:148]) + 256 + sum(header[156:]):
+            if size < 0 or _number(header[148:156]) != sum(header) - sum(header[148:156]) + 256:
                 raise SourceError(f"{self.where}: damaged tar header at byte {pos}")
             kind = header[156:157]
             size = int(pax.get("size", size)) if kind in _FILE else size
@@ -144,11 +152,11 @@ def _pax(data: bytes) -> dict[str, str]:
     return out
 
 
-def _local_chunks(path: str) -> Iterator[bytes]:
+def _mapped(path: str) -> mmap.mmap | None:
+    """A read-only mapping of the local shard ``path`` (None when empty)."""
     fd = spec.open_regular(path, "shard")
     try:
-        while chunk := os.read(fd, 8 << 20):
-            yield chunk
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else None
     finally:
         os.close(fd)
 
@@ -176,12 +184,13 @@ def scan_shard(job: tuple[str, str, Any]) -> ShardScan:
     SourceError (one line naming the shard) when it is no readable tar."""
     base, name, storage_options = job
     out: ShardScan = {"name": name}
+    mapped, chunks = None, iter(())
     if spec.is_remote(base):
         store = _store(base, storage_options)
         where = store.url_of(name)
         info = store.stat(name)
         out.update(etag=info.etag, mtime=info.mtime)
-        chunks: Iterator[bytes] = iter(store.stream(name))
+        chunks = iter(store.stream(name))
     else:
         where = os.path.join(base, name)
         try:
@@ -189,18 +198,28 @@ def scan_shard(job: tuple[str, str, Any]) -> ShardScan:
         except OSError as exc:
             raise SourceError(f"{where}: cannot read the shard ({exc.strerror or exc})") from None
         out["mtime_ns"] = st.st_mtime_ns
-        chunks = _local_chunks(where)
-    tar = _Tar(chunks, where)
-    if tar.head(2) == b"\x1f\x8b":
-        raise SourceError(f"{where}: gzip-compressed; {GZIP_HINT}")
+        mapped = _mapped(where)
+    view = memoryview(mapped) if mapped is not None else None
     try:
-        out["samples"] = list(_samples(tar, where))
-    except ValueError as exc:  # a pax record that does not parse
-        raise SourceError(f"{where}: not a readable tar file ({exc})") from None
-    tar.drain()
-    out.update(bytes=tar.size, crc32=tar.crc)
-    if spec.is_remote(base) and info.size != tar.size:
-        raise SourceError(f"{where}: changed while it was read ({tar.size} bytes read, {info.size} listed)")
+        tar = _Tar(chunks if view is None else view, where)
+        if tar.head(2) == b"\x1f\x8b":
+            raise SourceError(f"{where}: gzip-compressed; {GZIP_HINT}")
+        try:
+            out["samples"] = list(_samples(tar, where))
+        except ValueError as exc:  # a pax record that does not parse
+            raise SourceError(f"{where}: not a readable tar file ({exc})") from None
+        tar.drain()
+        out.update(bytes=tar.size, crc32=tar.crc)
+    finally:
+        if mapped is not None:
+            tar = None  # type: ignore[assignment]  # its views of the mapping go first
+            try:
+                view.release()  # type: ignore[union-attr]
+                mapped.close()
+            except BufferError:  # a view still held by an error's traceback: closed when it goes
+                pass
+    if spec.is_remote(base) and info.size != out["bytes"]:
+        raise SourceError(f"{where}: changed while it was read ({out['bytes']} bytes read, {info.size} listed)")
     return out
 
 

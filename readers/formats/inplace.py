@@ -75,6 +75,7 @@ class InPlace:
         self.image = (ds.index.arrays["offsets"], ds.index.arrays["sizes"])
         self._refs = {name: ds.file_ref(name) for name in spec.MEMBER_ARRAYS} if members else {}
         self._arrays: PerProcess[dict[str, np.ndarray]] = PerProcess(dict)
+        self._inside: PerProcess[set[int]] = PerProcess(set)  # local shards checked to lie inside base
         #: Remote shards: sizes, CRC-32s and the node cache, each shard's identity checked on first use.
         self.remote: CheckedFiles | None = None
         if isinstance(self.base, str):
@@ -86,7 +87,7 @@ class InPlace:
     def location(self, shard: int) -> str:
         if self.remote is not None:
             return self.remote.url_of(self.names[shard])
-        return str(Path(self.base) / self.names[shard])
+        return os.path.join(self.base, self.names[shard])
 
     def path(self, shard: int) -> Path:
         if self.remote is not None:
@@ -97,9 +98,16 @@ class InPlace:
         """A descriptor of local shard ``shard``, after checking it is the file indexed (size, mtime;
         ``check=False``: ``verify``, which then reads what changed)."""
         where = self.location(shard)
-        if not os.path.lexists(where):
-            raise changed(where, "is missing (moved or deleted)")
-        fd = spec.open_member(self.base, self.names[shard], "shard file")
+        inside = self._inside.get()
+        try:
+            if shard not in inside:  # inside the shards' folder (symlinks resolved): once per process
+                spec.member_path(self.base, self.names[shard], "shard file")
+                inside.add(shard)
+            fd = spec.open_regular(where, "shard file")
+        except (FileNotFoundError, spec.DatasetFormatError):
+            if not os.path.lexists(where):
+                raise changed(where, "is missing (moved or deleted)") from None
+            raise
         st = os.fstat(fd)
         s = self.shards[shard]
         if check and (st.st_size != s["bytes"] or ("mtime_ns" in s and st.st_mtime_ns != s["mtime_ns"])):
@@ -161,7 +169,7 @@ class InPlace:
             self.remote.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__, _arrays=PerProcess(dict), image=None)
+        return dict(self.__dict__, _arrays=PerProcess(dict), _inside=PerProcess(set), image=None)
 
 
 class CheckedFiles(RemoteFiles):

@@ -404,7 +404,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
                 if self.shard_remote is None:
                     fd = fds.pop(shard, None)
                     if fd is None:
-                        if len(fds) >= wds_io.MAX_OPEN:
+                        if len(fds) >= 2 * self.open_shards + 2:  # as __iter__'s shard_io keeps them
                             os.close(fds.pop(next(iter(fds))))
                         fd = self.open_shard(shard)
                     fds[shard] = fd
