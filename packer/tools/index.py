@@ -216,27 +216,26 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
     offsets = np.array([s[2][1] for s in kept], dtype=np.int64)
     sizes = np.array([s[2][2] for s in kept], dtype=np.int64)
     crcs = np.array([s[2][3] for s in kept], dtype=np.uint32)
-    cols = {name: np.zeros((n, n_cols), dtype=dt) for name, dt in spec.MEMBER_ARRAYS.items()}
+    # (n, members, 3): each member's data offset, size and CRC-32, in one pass over the scans
+    places = np.array([[others[suffix_of[f]][1:4] for f in members] for _k, _key, _image, others in kept],
+                      dtype=np.int64).reshape(n, n_cols, 3)
+    cols = {name: places[:, :, c].astype(dt) for c, (name, dt) in enumerate(spec.MEMBER_ARRAYS.items())}
     field_crcs = np.zeros((n, len(extra)), dtype="<u4")
     columns = {f.name: np.zeros((n, *f.type.row_shape), dtype=f.type.dtype) for f in extra
                if isinstance(f.type, NumericType) and f.type.fixed}
-    label_values = np.zeros(n, dtype=np.int32)
     label_field = schema.labels_field if fielded else None
-    for i, (k, key, image, others) in enumerate(kept):
-        for j, fname in enumerate(members):
-            m = others[suffix_of[fname]]
-            cols["member_offsets.npy"][i, j], cols["member_sizes.npy"][i, j], cols["member_crcs.npy"][i, j] = m[1:4]
-        if label_field is not None:
-            label_values[i] = int(others[suffix_of["label"]][4])
-        for j, f in enumerate(extra):
-            m = others[suffix_of[f.name]]
-            if isinstance(f.type, NumericType):
-                _data, value = _value(f, m)
-                field_crcs[i, j] = spec.checksum(f.type.encode(value))
-                if f.type.fixed:
-                    columns[f.name][i] = f.type.to_row(value)
-            else:
-                field_crcs[i, j] = m[3]
+    label_values = np.zeros(n, dtype=np.int32)
+    if label_field is not None:
+        label_values[:] = [int(others[suffix_of["label"]][4]) for _k, _key, _image, others in kept]
+    for j, f in enumerate(extra):
+        if not isinstance(f.type, NumericType):  # the stored blob is the member itself
+            field_crcs[:, j] = cols["member_crcs.npy"][:, members.index(f.name)]
+            continue
+        for i, (_k, _key, _image, others) in enumerate(kept):  # numbers: the blob is their encoding
+            _data, value = _value(f, others[suffix_of[f.name]])
+            field_crcs[i, j] = spec.checksum(f.type.encode(value))
+            if f.type.fixed:
+                columns[f.name][i] = f.type.to_row(value)
     if fielded:
         classes = label_names(label_field, label_values.tolist(), src, MIN_CLASS_LIMIT) if label_field else []
     else:
