@@ -320,6 +320,8 @@ def test_shards_in_a_bucket(store_server, tmp_path, cli, monkeypatch):
                           return_index=True)
     assert sorted(x["__index__"] for x in cached) == list(range(SHARDS * PER))
     assert any((tmp_path / "cache").rglob("*")), "the node cache holds the shards"
+    done = cli("verify", str(tmp_path / "idx"), "-q")
+    assert done.returncode == 0 and f"{SHARDS * PER} samples checked, OK" in done.stdout, done.stdout + done.stderr
     cached.close()
     try:
         store.put("shard-000001.tar", local / "shard-000002.tar")  # replaced: same size, another ETag

@@ -54,6 +54,8 @@ _FIELD_CHECKSUMS = "field_checksums.npy"  # packer.formats.fieldstore.FIELD_CHEC
 def _prepare_output(out: Path, base: str, names: list[str], resume: bool, overwrite: bool) -> set[int]:
     """The shards already scanned (``--resume``); the folder made ready otherwise."""
     state = {"base": base, "shards": names}
+    if not spec.is_remote(base) and Path(os.path.commonpath([out.resolve(), Path(base).resolve()])) == out.resolve():
+        raise UsageError(f"{out} holds the shards: write the index to another folder (the shards are never written)")
     if (out / spec.INDEX_NAME).exists() and not overwrite:
         raise UsageError(f"{out} already holds an index: --overwrite replaces it")
     if (out / STATE).exists() and not (resume or overwrite):
