@@ -126,7 +126,7 @@ _FILE = (b"0", b"\0", b"7")
 
 
 def _number(field: bytes) -> int:
-    if field[:1] and field[0] & 0x80:  # base-256 (GNU, sizes past 8 GiB)
+    if field[0] & 0x80:  # base-256 (GNU, sizes past 8 GiB)
         return int.from_bytes(field[1:], "big")
     try:
         return int(field.strip(b"\0 ") or b"0", 8)
@@ -249,12 +249,17 @@ def _samples(tar: _Tar, where: str) -> Iterator[list]:
         yield [key, group, reason]
 
 
+_KINDS: dict[str, str] = {}  # member suffix -> field kind (packer.importers.wds.field_of), per process
+
+
 def _check_member(suffix: str, view: memoryview, where: str) -> tuple[Any, str | None]:
     """(the value the index keeps, or None; why the member does not parse, or None)."""
     if suffix in IMAGE_EXTS:
         return None, None if len(view) else f"{where}: empty image member"
     data = bytes(view)
-    _name, kind = field_of(suffix, where)
+    kind = _KINDS.get(suffix)
+    if kind is None:
+        kind = _KINDS[suffix] = field_of(suffix, where)[1]
     try:
         if kind == "text":
             data.decode("utf-8")
