@@ -26,7 +26,7 @@ import shutil
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -82,9 +82,10 @@ def _readable(part: Path) -> bool:
 
 def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int | None = None,
                  resume: bool = False, overwrite: bool = False, storage_options: Any = None,
-                 quiet: bool = True) -> dict[str, Any]:
+                 quiet: bool = True, engine: str = "local", ray_address: str | None = None) -> dict[str, Any]:
     """Index the shards ``sources`` (see :mod:`packer.tools.index_list`) into the folder ``out``;
-    returns a summary (samples, shards, rejects, ignored, bytes)."""
+    returns a summary (samples, shards, rejects, ignored, bytes). ``engine="ray"``: each shard
+    is scanned by a Ray task (:mod:`packer.engines.ray_index`; the store's environment reaches them)."""
     out = Path(out)
     base, names = list_shards(list(sources), storage_options)
     done = _prepare_output(out, base, names, resume, overwrite)
@@ -96,8 +97,17 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
     total = 0
     try:
         jobs = ((base, names[k], storage_options) for k in todo)
-        for k, scan in zip(todo, ordered_map(scan_shard, jobs, workers, chunk=1,
-                                            describe=lambda n: f"shard {names[todo[n]]}")):
+        if engine == "ray":
+            try:
+                from packer.engines.ray_index import ray_scans
+            except ModuleNotFoundError as exc:
+                if exc.name != "ray":
+                    raise
+                raise UsageError("--engine ray needs Ray: pip install 'dataset-packer[ray]'") from None
+            scans: Iterator[ShardScan] = ray_scans(jobs, workers, ray_address)
+        else:
+            scans = ordered_map(scan_shard, jobs, workers, chunk=1, describe=lambda n: f"shard {names[todo[n]]}")
+        for k, scan in zip(todo, scans):
             with spec.atomic_write(out / PARTS / f"{k:06d}.json", "w", durable=False) as part:
                 part.write(json.dumps(scan))  # not fsynced: a part a crash left unreadable is scanned again
             total += scan["bytes"]
@@ -108,8 +118,7 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
         close_stores()
         if bar is not None:
             bar.close()
-    scans = [json.loads((out / PARTS / f"{k:06d}.json").read_text()) for k in range(len(names))]
-    summary = _write(out, base, scans)
+    summary = _write(out, base, [json.loads((out / PARTS / f"{k:06d}.json").read_text()) for k in range(len(names))])
     shutil.rmtree(out / PARTS)
     (out / STATE).unlink()
     return summary
@@ -304,7 +313,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "local paths or s3:// gs:// az:// https:// URLs")
     p.add_argument("-o", "--output", required=True, type=Path, help="the index folder to write (local)")
     p.add_argument("-w", "--workers", type=int, default=None, help="shards read at once (default: the CPU count)")
-    p.add_argument("--engine", choices=("local", "ray"), default="local", help="who reads the shards")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="who reads the shards: local (a process pool, the default) or ray (a task per shard on a "
+                        "Ray cluster; pip install 'dataset-packer[ray]')")
+    p.add_argument("--ray-address", default=None, help="the Ray cluster to use (default: RAY_ADDRESS, else a "
+                                                       "one-machine Ray with --workers CPUs)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted index")
     p.add_argument("--overwrite", action="store_true", help="replace the index in the output folder")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -312,13 +325,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``pack-dataset index`` with parsed arguments; returns the exit code (3: some samples rejected)."""
-    if args.engine == "ray":
-        print("pack-dataset index: error: --engine ray is not available for index yet; use the local pool "
-              "(-w N)", file=sys.stderr)
+    if args.ray_address is not None and args.engine != "ray":
+        print("pack-dataset index: error: --ray-address applies to --engine ray only", file=sys.stderr)
         return 2
     try:
         s = index_shards(args.shards, args.output, workers=args.workers, resume=args.resume,
-                         overwrite=args.overwrite, quiet=args.quiet)
+                         overwrite=args.overwrite, quiet=args.quiet, engine=args.engine,
+                         ray_address=args.ray_address)
     except PackerError as exc:
         word = "error" if isinstance(exc, UsageError) else "failed"
         print(f"pack-dataset index: {word}: {exc}", file=sys.stderr)

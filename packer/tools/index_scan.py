@@ -33,8 +33,8 @@ from readers.contract.safeio import npy_header
 __all__ = ["scan_shard", "close_stores", "ShardScan", "is_gzip_name", "GZIP_HINT"]
 
 #: A shard read in place must be a plain tar (random access); the hint of the one-line refusal.
-GZIP_HINT = ("compressed shards cannot be read by offset: decompress them (gunzip) or pack them "
-             "(pack-dataset SHARDS -f wds -o OUT)")
+GZIP_HINT = ("compressed shards cannot be read by offset: convert them to plain .tar first (gunzip turns "
+             "x.tar.gz into x.tar), then index those")
 _NPY_MAX = 16 << 20  # a .npy member larger than this is a reject: its bytes travel in the scan
 ShardScan = dict  # {"name", "bytes", "crc32", "mtime_ns" | "etag"/"mtime", "samples": [...]}
 
