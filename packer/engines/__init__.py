@@ -2,8 +2,7 @@
 
 * ``local`` -- a process pool on this machine (``packer.prepare.pool``, for every stage);
 * ``ray`` -- tasks on a Ray cluster (``packer.engines.ray``; needs the
-  optional ``ray`` extra, imported only when this engine is asked for);
-  ``packer.engines.ray_index`` scans shards for ``pack-dataset index --engine ray``.
+  optional ``ray`` extra, imported only when this engine is asked for).
 
 Both feed the same write stage (``packer.pipeline``), so they write the
 same dataset. :func:`open_engine` gives a function that packs one split.

@@ -8,7 +8,8 @@
 * :mod:`~packer.tools.merge` -- packed datasets of one format and schema joined into one (convert's
   source and prepare stage over a chain of datasets);
 * :mod:`~packer.tools.index` -- WebDataset shards indexed where they are, never written (which shards:
-  :mod:`~packer.tools.index_list`; one shard read once: :mod:`~packer.tools.index_scan`);
+  :mod:`~packer.tools.index_list`; one shard read once: :mod:`~packer.tools.index_scan`; on Ray:
+  :mod:`~packer.tools.index_ray`);
   :mod:`~packer.tools.verify_inplace` checks such an index's shards.
 
 Only the CLI imports this package.

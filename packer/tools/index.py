@@ -85,7 +85,7 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
                  quiet: bool = True, engine: str = "local", ray_address: str | None = None) -> dict[str, Any]:
     """Index the shards ``sources`` (see :mod:`packer.tools.index_list`) into the folder ``out``;
     returns a summary (samples, shards, rejects, ignored, bytes). ``engine="ray"``: each shard
-    is scanned by a Ray task (:mod:`packer.engines.ray_index`; the store's environment reaches them)."""
+    is scanned by a Ray task (:mod:`packer.tools.index_ray`; the store's environment reaches them)."""
     out = Path(out)
     base, names = list_shards(list(sources), storage_options)
     done = _prepare_output(out, base, names, resume, overwrite)
@@ -99,7 +99,7 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
         jobs = ((base, names[k], storage_options) for k in todo)
         if engine == "ray":
             try:
-                from packer.engines.ray_index import ray_scans
+                from packer.tools.index_ray import ray_scans
             except ModuleNotFoundError as exc:
                 if exc.name != "ray":
                     raise
