@@ -325,6 +325,16 @@ def test_shards_in_a_bucket(store_server, tmp_path, cli, monkeypatch):
     assert any((tmp_path / "cache").rglob("*")), "the node cache holds the shards"
     done = cli("verify", str(tmp_path / "idx"), "-q")
     assert done.returncode == 0 and f"{SHARDS * PER} samples checked, OK" in done.stdout, done.stdout + done.stderr
+    beside = open_store(url + "-index", so)  # the index uploaded to the bucket too: read and verified from there
+    try:
+        for p in sorted((tmp_path / "idx").iterdir()):
+            beside.put(p.name, p)
+    finally:
+        beside.close()
+    assert _by_key(open_dataset(url + "-index", decode=False, storage_options=so)) == want
+    done = subprocess.run([sys.executable, "-m", "packer.cli", "verify", url + "-index", "-q"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **store_server.env()})
+    assert done.returncode == 0 and f"{SHARDS * PER} samples checked, OK" in done.stdout, done.stdout + done.stderr
     cached.close()
     try:
         store.put("shard-000001.tar", local / "shard-000002.tar")  # replaced: same size, another ETag
