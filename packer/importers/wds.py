@@ -56,14 +56,14 @@ from readers.contract.fields import (NUMERIC_DTYPES, Field, FieldType, FieldType
                             check_field_name, parse_type)
 from readers.contract.safeio import NPY_HEADER_LIMIT, npy_header
 
-__all__ = ["is_wds_source", "scan_wds", "shard_files", "MIN_CLASS_LIMIT", "KEY", "IMAGE_EXTS", "label_of", "Labels",
-           "field_of", "npy_type"]
+__all__ = ["is_wds_source", "scan_wds", "shard_files", "MIN_CLASS_LIMIT", "KEY", "IMAGE_EXTS", "JSON_LABEL_KEYS",
+           "label_of", "Labels", "field_of", "npy_type"]
 
 log = logging.getLogger(__name__)
 
 KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
 IMAGE_EXTS = tuple(e.lstrip(".") for e in IMAGE_EXTENSIONS)
-_JSON_LABEL_KEYS = ("label", "cls", "class", "target")
+JSON_LABEL_KEYS = ("label", "cls", "class", "target")
 #: Integer labels may name up to max(this, number of labelled samples) classes (see the module docstring).
 MIN_CLASS_LIMIT = 1_000_000
 
@@ -97,7 +97,7 @@ def label_of(members: dict[str, bytes], where: str) -> int | str | None:
         except RecursionError:
             raise SourceError(f"{where}.json: not a label (JSON nested too deeply to parse)") from None
         if isinstance(obj, dict):
-            for key in _JSON_LABEL_KEYS:
+            for key in JSON_LABEL_KEYS:
                 value = obj.get(key)
                 if isinstance(value, (int, str)) and not isinstance(value, bool):
                     return value

@@ -26,7 +26,7 @@ import os
 from typing import Any, Iterator
 
 from packer.errors import SourceError
-from packer.importers.wds import IMAGE_EXTS, KEY, field_of, label_of
+from packer.importers.wds import IMAGE_EXTS, JSON_LABEL_KEYS, KEY, field_of, label_of
 from readers.contract import spec
 from readers.contract.safeio import npy_header
 
@@ -249,6 +249,7 @@ def _samples(tar: _Tar, where: str) -> Iterator[list]:
         yield [key, group, reason]
 
 
+_LABEL_KEYS = frozenset(JSON_LABEL_KEYS)  # a .json member with one of these may be a sample's label
 _KINDS: dict[str, str] = {}  # member suffix -> field kind (packer.importers.wds.field_of), per process
 
 
@@ -264,11 +265,9 @@ def _check_member(suffix: str, view: memoryview, where: str) -> tuple[Any, str |
         if kind == "text":
             data.decode("utf-8")
         elif kind == "json":
-            json.loads(data)
-            try:
+            obj = json.loads(data)
+            if isinstance(obj, dict) and not _LABEL_KEYS.isdisjoint(obj):  # parsed again only then
                 return label_of({"json": data}, where), None
-            except SourceError:
-                return None, None
         elif kind == "int":
             return int(data.decode("ascii").strip()), None
         elif kind == "npy":
