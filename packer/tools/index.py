@@ -119,8 +119,8 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
         if bar is not None:
             bar.close()
     summary = _write(out, base, [json.loads((out / PARTS / f"{k:06d}.json").read_text()) for k in range(len(names))])
+    (out / STATE).unlink()  # index.json is written: the index is complete, the parts are leftovers now
     shutil.rmtree(out / PARTS)
-    (out / STATE).unlink()
     return summary
 
 
@@ -339,6 +339,13 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, spec.DatasetFormatError) as exc:
         print(f"pack-dataset index: failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM (the CLI raises it so): the shards scanned are kept
+        if (args.output / STATE).exists():
+            word = "stopped by SIGTERM" if getattr(exc, "exit_code", 130) == 143 else "interrupted"
+            print(f"pack-dataset index: {word}; {args.output} is incomplete, re-run the same command with --resume "
+                  "to finish it", file=sys.stderr)
+            return getattr(exc, "exit_code", 130)
+        raise
     print(f"{args.output}: {s['samples']} samples in {s['shards']} shards ({s['bytes'] / 1e6:.1f} MB) indexed "
           f"in place; {s['rejected']} rejected{f' (see {args.output / spec.REJECTS_NAME})' if s['rejected'] else ''}"
           f", {s['ignored']} without an image ignored")
