@@ -1,7 +1,7 @@
 """``pack-dataset``: the command line, a thin layer over :func:`packer.pack` and friends.
 
 Subcommands: ``pack`` (the default: ``pack-dataset SRC -f wds`` is
-``pack-dataset pack SRC -f wds``), ``convert``, ``merge``, ``verify``, ``info`` and ``view``.
+``pack-dataset pack SRC -f wds``), ``convert``, ``merge``, ``verify``, ``info``, ``view`` and ``index``.
 The option flags of ``pack`` and ``convert`` come from the
 :class:`packer.options.PackOptions` field metadata.
 
@@ -57,6 +57,7 @@ examples:
   pack-dataset verify s3://bucket/imagenet/train-wds
   pack-dataset info out/train-wds
   pack-dataset view out/train-wds            (a web page of it: http://127.0.0.1:PORT/)
+  pack-dataset index laion/shard-{000000..000999}.tar -o laion-index   (shards stay where they are)
 
 """ + EXIT_CODES
 
@@ -69,6 +70,8 @@ COMMANDS = {
     "verify": "recompute every checksum of a packed dataset; name each damaged sample",
     "info": "what a packed (or interrupted) dataset holds, and how to resume it",
     "view": "look at a packed dataset in a web browser: overview, thumbnails, samples with their boxes, rejects",
+    "index": "index WebDataset shards where they are (a folder, glob, brace pattern or list; local or a "
+             "bucket) without copying them",
 }
 
 SRC_HELP = ("what to pack (one of the kinds above; a COCO .json takes --images DIR), or an s3://bucket/prefix "
@@ -229,6 +232,7 @@ def build_main_parser() -> argparse.ArgumentParser:
     from packer.tools import info
     from packer.tools import verify
     from packer.tools import view
+    from packer.tools.index import add_arguments as index_arguments
 
     p = Parser(
         prog="pack-dataset",
@@ -255,6 +259,7 @@ def build_main_parser() -> argparse.ArgumentParser:
     _add_command(sub, "verify", verify.add_arguments)
     _add_command(sub, "info", info.add_arguments)
     _add_command(sub, "view", view.add_arguments, view.DESCRIPTION)
+    _add_command(sub, "index", index_arguments)
     return p
 
 
@@ -457,6 +462,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return _convert(args.command_parser, args)
     if args.command == "merge":
         return _merge(args.command_parser, args)
+    if args.command == "index":
+        from packer.tools.index import run as index_run
+
+        return index_run(args)
     if args.command == "verify":
         from packer.tools.verify import run
 

@@ -56,13 +56,14 @@ from readers.contract.fields import (NUMERIC_DTYPES, Field, FieldType, FieldType
                             check_field_name, parse_type)
 from readers.contract.safeio import NPY_HEADER_LIMIT, npy_header
 
-__all__ = ["is_wds_source", "scan_wds", "shard_files", "MIN_CLASS_LIMIT"]
+__all__ = ["is_wds_source", "scan_wds", "shard_files", "MIN_CLASS_LIMIT", "KEY", "IMAGE_EXTS", "JSON_LABEL_KEYS",
+           "label_of", "Labels", "field_of", "npy_type"]
 
 log = logging.getLogger(__name__)
 
-_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
-_IMAGE_EXTS = tuple(e.lstrip(".") for e in IMAGE_EXTENSIONS)
-_JSON_LABEL_KEYS = ("label", "cls", "class", "target")
+KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
+IMAGE_EXTS = tuple(e.lstrip(".") for e in IMAGE_EXTENSIONS)
+JSON_LABEL_KEYS = ("label", "cls", "class", "target")
 #: Integer labels may name up to max(this, number of labelled samples) classes (see the module docstring).
 MIN_CLASS_LIMIT = 1_000_000
 
@@ -81,7 +82,7 @@ def is_wds_source(src: Path) -> bool:
     return src.is_dir() and bool(shard_files(src))
 
 
-def _label_of(members: dict[str, bytes], where: str) -> int | str | None:
+def label_of(members: dict[str, bytes], where: str) -> int | str | None:
     if "cls" in members:
         text = members["cls"].decode("utf-8", "replace").strip()
         try:
@@ -96,7 +97,7 @@ def _label_of(members: dict[str, bytes], where: str) -> int | str | None:
         except RecursionError:
             raise SourceError(f"{where}.json: not a label (JSON nested too deeply to parse)") from None
         if isinstance(obj, dict):
-            for key in _JSON_LABEL_KEYS:
+            for key in JSON_LABEL_KEYS:
                 value = obj.get(key)
                 if isinstance(value, (int, str)) and not isinstance(value, bool):
                     return value
@@ -115,7 +116,7 @@ def _samples(shard: Path) -> Iterator[tuple[str, str, int, int, dict[str, bytes]
         group: list[tuple[str, tarfile.TarInfo]] = []
         try:
             for m in tar:
-                match = _KEY.match(m.name) if m.isfile() else None
+                match = KEY.match(m.name) if m.isfile() else None
                 if match is None:
                     continue
                 if match.group(1) != key and group:
@@ -138,7 +139,7 @@ def _member_bytes(tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
 
 def _sample(tar: tarfile.TarFile, key: str, group: list[tuple[str, tarfile.TarInfo]]
             ) -> tuple[str, str, int, int, dict[str, bytes], dict[str, tuple[int, int]]]:
-    image = next(((ext, m) for ext, m in group if ext in _IMAGE_EXTS), None)
+    image = next(((ext, m) for ext, m in group if ext in IMAGE_EXTS), None)
     small = {ext: _member_bytes(tar, m) for ext, m in group if ext in ("cls", "json") and m.size < 1 << 20}
     others = {ext: (m.offset_data, m.size) for ext, m in group if image is None or m is not image[1]}
     if image is None:
@@ -147,7 +148,7 @@ def _sample(tar: tarfile.TarFile, key: str, group: list[tuple[str, tarfile.TarIn
     return key, ext, m.offset_data, m.size, small, others
 
 
-class _Labels:
+class Labels:
     """The labels read, as the shards give them: class indexes (8 bytes each) or class names (a number
     each, for the names seen so far); one kind only."""
 
@@ -191,13 +192,13 @@ def scan_wds(src: Path) -> Source:
     if _has_fields(shards):
         return _scan_fields(src, shards)
     # compact columns, no Python object per sample (see packer.sources.source.StringColumn)
-    names, raw, sizes, shard_at, offset_at = StringBuilder(), _Labels(), IntBuilder("q"), IntBuilder("i"), \
+    names, raw, sizes, shard_at, offset_at = StringBuilder(), Labels(), IntBuilder("q"), IntBuilder("i"), \
         IntBuilder("q")
     ignored: list[str] = []
     for k, shard in enumerate(shards):
         for key, ext, offset, size, small, _others in _samples(shard):
             rel = f"{shard.name}/{key}"
-            label = _label_of(small, f"{shard}:{key}")
+            label = label_of(small, f"{shard}:{key}")
             if not ext or label is None:
                 ignored.append(rel)
                 continue
@@ -270,20 +271,20 @@ def _has_fields(shards: list[Path]) -> bool:
                 return True
             if ext and not labelled:
                 try:
-                    labelled = _label_of(small, f"{shard}:{key}") is not None
+                    labelled = label_of(small, f"{shard}:{key}") is not None
                 except SourceError:
                     return True  # a .json that is no label: a json field
     return not labelled
 
 
-def _field_of(suffix: str, where: str) -> tuple[str, str]:
+def field_of(suffix: str, where: str) -> tuple[str, str]:
     """(field name, type kind) of member suffix ``suffix``: ``caption.txt`` -> (caption, text)."""
     name, _, ext = suffix.rpartition(".")
     if not name:
         name = {"cls": "label"}.get(ext, ext)
     kind = {"txt": "text", "text": "text", "json": "json", "cls": "int", "npy": "npy"}.get(ext)
     if kind is None:
-        kind = "image" if ext in _IMAGE_EXTS else "bytes"
+        kind = "image" if ext in IMAGE_EXTS else "bytes"
     try:
         check_field_name(name)
     except FieldTypeError as exc:
@@ -291,7 +292,7 @@ def _field_of(suffix: str, where: str) -> tuple[str, str]:
     return name, kind
 
 
-def _npy_type(arrays: list[tuple[np.dtype, tuple[int, ...]]], where: str) -> FieldType:
+def npy_type(arrays: list[tuple[np.dtype, tuple[int, ...]]], where: str) -> FieldType:
     dtypes = {d for d, _ in arrays}
     if len(dtypes) != 1:
         raise SourceError(f"{where}: the .npy members hold different dtypes ({', '.join(sorted(map(str, dtypes)))})")
@@ -334,13 +335,13 @@ def _scan_fields(src: Path, shards: list[Path]) -> Source:
         fd = None
         try:
             for key, ext, offset, size, small, others in _samples(shard):
-                label = _label_of({"cls": small["cls"]}, f"{shard}:{key}") if "cls" in small else None
+                label = label_of({"cls": small["cls"]}, f"{shard}:{key}") if "cls" in small else None
                 if isinstance(label, int) and label < 0:
                     raise SourceError(f"{shard}:{key}.cls: negative class index {label}")
                 samples.append((k, key, ext, offset, size, others, label))
                 for suffix, (off, n) in others.items():
                     if suffix not in order:
-                        order[suffix], kinds[suffix] = _field_of(suffix, f"{shard}:{key}.{suffix}")
+                        order[suffix], kinds[suffix] = field_of(suffix, f"{shard}:{key}.{suffix}")
                     if kinds[suffix] == "npy":
                         fd = fd if fd is not None else os.open(shard, os.O_RDONLY)
                         try:
@@ -360,7 +361,7 @@ def _scan_fields(src: Path, shards: list[Path]) -> Source:
                 raise SourceError(f"{src}: no member .{suffix} is a .npy array of numbers (e.g. "
                                   f"{next(iter(bad_npy.values()))})")
             try:
-                t = _npy_type(npy[suffix], f"{src}: member .{suffix}")
+                t = npy_type(npy[suffix], f"{src}: member .{suffix}")
                 parse_type(t.name)  # what index.json will say must read back
             except FieldTypeError as exc:
                 raise SourceError(f"{src}: member .{suffix}: {exc}") from None

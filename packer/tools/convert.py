@@ -260,7 +260,7 @@ class _Names(Sequence[str]):
 # ---------------------------------------------------------------------------- reading the source
 def _stored(index: spec.Index, start: int) -> Iterator[tuple[int, Any]]:
     """(sample, stored bytes or pixel array) for every sample from ``start`` on, in order."""
-    if index.format == "wds":
+    if index.format == "wds" and not spec.is_inplace(index.meta):  # in place: the reader finds the shards
         yield from _stored_wds(index, start)
         return
     from readers.formats.registry import open_dataset  # torch: imported only when converting
@@ -268,6 +268,15 @@ def _stored(index: spec.Index, start: int) -> Iterator[tuple[int, Any]]:
     ds = open_dataset(index, decode=False)
     n = index.num_samples
     try:
+        if index.format == "wds":  # shards in place: read front to back where they are, a few open at once
+            from readers.formats.wds_io import shard_io
+
+            pairs = shard_io(ds).samples(range(start, n))
+            try:
+                yield from pairs
+            finally:
+                pairs.close()
+            return
         for a in range(start, n, _BATCH):
             yield from zip(range(a, min(a + _BATCH, n)), ds.read_many(list(range(a, min(a + _BATCH, n)))))
     finally:

@@ -160,7 +160,7 @@ def verify(path: str | os.PathLike | spec.Index,
     Remote datasets: see :mod:`packer.tools.verify_remote` (``storage_options``, and
     ``download_progress(done, total)`` for the data file download of lmdb/hdf5/mmap)."""
     index = resolve_index(path, storage_options)
-    if index.store is not None:
+    if index.store is not None and not spec.is_inplace(index.meta):  # in place: its shards may live elsewhere
         from packer.tools.verify_remote import verify_remote
         from readers.contract.checks import check_index
 
@@ -171,7 +171,7 @@ def verify(path: str | os.PathLike | spec.Index,
         return report
     from readers.formats.registry import open_dataset  # imports torch: not needed for `pack-dataset --help`
 
-    ds = open_dataset(index, decode=False)
+    ds = open_dataset(index, decode=False, storage_options=storage_options)
     root = ds.root
     report = VerifyReport(root)
     if spec.ARRAYS_KEY not in ds.meta:
@@ -179,7 +179,11 @@ def verify(path: str | os.PathLike | spec.Index,
                             "(packed by an older version): the arrays were checked for range only")
     tick = progress or (lambda n: None)
     try:
-        if ds.format == "wds":
+        if ds.format == "wds" and ds.inplace is not None:  # shards indexed in place
+            from packer.tools.verify_inplace import verify_inplace
+
+            verify_inplace(ds, report, tick)
+        elif ds.format == "wds":
             _verify_wds(ds, report, tick)
         elif _check_data_files(ds, report):
             checksums = ds.index.arrays["checksums"]
@@ -192,7 +196,8 @@ def verify(path: str | os.PathLike | spec.Index,
         ds.close()
     from packer.tools.verify_fields import verify_fields
 
-    verify_fields(index, report)  # typed fields, read as the readers read them: field_checksums.npy
+    if index.store is None:  # (an in-place index in a store: each member's CRC-32 was checked above)
+        verify_fields(index, report)  # typed fields, read as the readers read them: field_checksums.npy
     _check_names(index, report)
     return report
 

@@ -93,6 +93,8 @@ __all__ = [
     "INDEX_NAME", "NAMES_FILE", "STATE_NAME", "REJECTS_NAME", "REPAIRS_NAME", "WIDS_INDEX_NAME", "DATA_FILE",
     "HDF5_CHUNK_TABLE", "HDF5_CHUNK_BYTES", "MMAP_HEADER_BYTES", "TAR_BLOCK", "LMDB_META_KEY", "shard_name",
     "wds_key", "lmdb_key", "JPEG_MAGIC", "is_jpeg", "ORDER_KINDS", "DEFAULT_ORDER", "order_permutation",
+    # shards indexed in place (pack-dataset index; readers.formats.inplace)
+    "INPLACE_KEY", "INPLACE_VERSION", "MEMBER_ARRAYS", "is_inplace",
     # safe I/O (readers.contract.safeio) and locations (readers.contract.location)
     "IncompleteDatasetError", "DatasetFormatError", "checksum", "file_checksum", "atomic_write", "publish",
     "fsync_dir", "check_member_name", "member_path", "open_regular", "open_member", "open_data_file",
@@ -105,8 +107,8 @@ __all__ = [
 SPEC_VERSION = 1
 #: Versions this release reads: 1 (image + label; ``"fields"`` optional) and 2 (any schema, see
 #: docs/fields.md; written only when the schema is not the default one, so that a release reading
-#: only version 1 refuses it instead of misreading it).
-READABLE_VERSIONS = (1, 2)
+#: only version 1 refuses it instead of misreading it) and 3 (an index of shards in place, below).
+READABLE_VERSIONS = (1, 2, 3)
 FORMATS = ("wds", "lmdb", "hdf5", "mmap")
 CHECKSUM_ALGO = "crc32"
 #: readers.contract.checkcache kind of the index arrays' checksums (read_index) and of their values (checks).
@@ -179,6 +181,15 @@ ORDER_KINDS = ("shuffled", "source")
 DEFAULT_ORDER: Mapping[str, str] = {"wds": "shuffled", "lmdb": "source", "hdf5": "source", "mmap": "source"}
 
 
+# Shards indexed in place (``pack-dataset index``; layout in readers.formats.inplace): a wds index whose
+# INPLACE_KEY says where its shards live; written as INPLACE_VERSION so that older releases refuse it.
+INPLACE_KEY, INPLACE_VERSION = "inplace", 3
+#: (N, members) arrays of an in-place index: each non-image member's data offset, size and CRC-32.
+MEMBER_ARRAYS: Mapping[str, np.dtype] = {"member_offsets.npy": np.dtype("<i8"), "member_sizes.npy": np.dtype("<i8"),
+                                         "member_crcs.npy": np.dtype("<u4")}
+is_inplace = lambda meta: isinstance(meta.get(INPLACE_KEY), dict)  # noqa: E731 (an index of shards in place)
+
+
 def has_label(meta: Mapping[str, Any]) -> bool:
     """Whether ``labels.npy`` holds the samples' ``label`` (an ``int32`` field named ``label``, as in
     every index without ``"fields"``); otherwise it holds zeros or is left out, and is not range-checked."""
@@ -191,6 +202,8 @@ def spec_version_for(meta: Mapping[str, Any]) -> int:
     """The ``spec_version`` an index with this metadata is written with: 1 when its ``"fields"``
     are absent or exactly the default schema (``image``, then ``label`` int32 named by the
     ``classes``), 2 for any other schema (see :data:`READABLE_VERSIONS`)."""
+    if is_inplace(meta):
+        return INPLACE_VERSION
     fields = meta.get("fields")
     if fields is None:
         return SPEC_VERSION
@@ -503,9 +516,10 @@ def _parse_meta(raw: bytes | bytearray, path: Path | str) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise DatasetFormatError(f"{path}: unreadable index (a JSON {type(meta).__name__}, not an object)")
     version = meta.get("spec_version")
-    if type(version) is not int or version not in READABLE_VERSIONS:
+    readable = READABLE_VERSIONS if is_inplace(meta) else tuple(v for v in READABLE_VERSIONS if v != INPLACE_VERSION)
+    if type(version) is not int or version not in readable:
         raise DatasetFormatError(f"{path}: spec_version {version!r}, this dataset-packer reads version "
-                                 f"{' or '.join(map(str, READABLE_VERSIONS))}")
+                                 f"{' or '.join(map(str, readable))}")
     fmt = meta.get("format")
     if not isinstance(fmt, str) or fmt not in REQUIRED_ARRAYS:
         raise DatasetFormatError(f"{path}: unknown format {fmt!r} (known: {', '.join(FORMATS)})")

@@ -9,7 +9,8 @@
 * :mod:`~readers.formats.wds`, :mod:`~readers.formats.lmdb`, :mod:`~readers.formats.hdf5`,
   :mod:`~readers.formats.mmap` -- one reader each, with the torch-free checks ``packer`` also runs
   (:mod:`~readers.formats.h5layout`, :mod:`~readers.formats.lmdbcheck`,
-  :mod:`~readers.formats.wds_io`).
+  :mod:`~readers.formats.wds_io`); :mod:`~readers.formats.inplace` -- shards a wds index reads where
+  they are (``pack-dataset index``).
 
 Imports the contract, the decode stack, the order and the remote stores.
 """

@@ -53,4 +53,6 @@ def open_dataset(path: str | os.PathLike | spec.Index, *, storage_options: dict[
         cls = READERS[index.format]
     except KeyError:
         raise spec.DatasetFormatError(f"{index.root}: no reader for format {index.format!r}") from None
+    if spec.is_inplace(index.meta):  # its shards may live in a store too (readers.formats.inplace)
+        kwargs.update(storage_options=storage_options, retry=retry)
     return cls(index, **kwargs)

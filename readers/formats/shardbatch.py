@@ -44,7 +44,7 @@ def supported(dataset: Any) -> bool:
     """True for a ShardDataset this module reads: local shards, ``decode=False``, image + label items
     (not ``fields=``: those samples are read member by member, see docs/fields.md)."""
     return (getattr(dataset, "format", "") == "wds" and not dataset.decode and getattr(dataset, "fields", None) is None
-            and getattr(dataset, "remote", None) is None and hasattr(dataset, "sample_order"))
+            and getattr(dataset, "shard_remote", None) is None and hasattr(dataset, "sample_order"))
 
 
 def canonical_ok(headers: np.ndarray, idx: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -65,7 +65,7 @@ def _check_one(ds: Any, header: np.ndarray, data: np.ndarray, i: int, shard: int
     """The per-sample check of ``ShardDataset.read_from`` for one header the fast check did not take
     (the same function, so the same DatasetFormatError naming the shard and byte)."""
     where = lambda: f"{ds.shard_location(shard)} at byte {offset - BLOCK}"  # noqa: E731
-    wds_io.check_sample(header.tobytes() + data.tobytes(), i, len(data), where)
+    wds_io.check_sample(header.tobytes() + data.tobytes(), i, len(data), where, getattr(ds, "inplace", None) is None)
 
 
 MAX_MAPPED = 64  # shards kept mapped per caller (each mapping holds a descriptor)

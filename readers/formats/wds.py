@@ -59,6 +59,12 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
     def __init__(self, source: str | os.PathLike | spec.Index, *, shuffle: bool = True, seed: int = 0,
                  buffer_size: int = 1000, pad: bool = True, open_shards: int = 4, **kw: Any) -> None:
         super().__init__(source, **kw)
+        #: Shards indexed in place (``pack-dataset index``; readers.formats.inplace), else None.
+        self.inplace: Any = None
+        if spec.is_inplace(self.meta):
+            from readers.formats.inplace import InPlace
+
+            self.inplace = InPlace(self, *(kw.get(k) for k in ("storage_options", "retry", "cache_dir", "cache_limit")))
         self.settings = ShardSettings(seed, shuffle, buffer_size, open_shards, pad)  # checks the values
         self._shard_of = self.index.arrays["shards"]
         self._offsets = self.index.arrays["offsets"]
@@ -162,24 +168,36 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         first = int(self._shard_first[shard])
         return range(first, first + int(self.shard_sizes[shard]))
 
+    @property
+    def shard_remote(self) -> Any:
+        """Where remote shards are read (``readers.remote.files.RemoteFiles``), None for local shards."""
+        return self.remote if self.inplace is None else self.inplace.remote
+
     def shard_path(self, shard: int) -> Path:
         """Path of shard ``shard`` (a local dataset; remote ones: :meth:`shard_location`)."""
+        if self.inplace is not None:
+            return self.inplace.path(shard)
         if self.remote is not None:
             raise ValueError(f"{self.root} is remote: its shards have URLs (shard_location), not paths")
         return Path(self.root) / self.shard_names[shard]
 
     def shard_location(self, shard: int) -> str:
         """Path or URL of shard ``shard``, as shown in messages."""
+        if self.inplace is not None:
+            return self.inplace.location(shard)
         return self.location_of(self.shard_names[shard])
 
     def open_shard(self, shard: int) -> int:
         """A descriptor of shard ``shard``: a regular file inside the dataset folder
         (DatasetFormatError naming it otherwise; never blocks). Its size is not
-        required to match: reads are ``pread``s, and a short one names the sample and byte."""
+        required to match: reads are ``pread``s, and a short one names the sample and byte.
+        Shards in place: the file indexed (size and mtime), or one line naming it."""
+        if self.inplace is not None:
+            return self.inplace.open(shard)
         return spec.open_member(self.root, self.shard_names[shard], "shard file")
 
     def where(self, i: int) -> str:
-        return self.location_of(self.shard_names[self.shard_of(i)])
+        return self.shard_location(self.shard_of(i))
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # the index's arrays by name (mapped again on arrival)
@@ -209,9 +227,18 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             state["_passes"] = multiprocessing.get_context().RawArray("q", PASS_SLOTS)
         state.setdefault("_world", None)
         state.setdefault("kept", None)
+        state.setdefault("inplace", None)
         super().__setstate__(state)
         self.layout = (ShardLayout(self.shard_sizes, self._shard_first, self._shard_of) if self.kept is None
                        else self._kept_layout(self.kept))
+        if self.inplace is not None:  # the image member's arrays: the index's, not a pickled copy
+            self.inplace.image = (self._offsets, self._sizes)
+
+    def close(self) -> None:
+        inplace = getattr(self, "inplace", None)
+        if inplace is not None:
+            inplace.close()  # its mapped member arrays, its shards' store
+        super().close()
 
     # ------------------------------------------------------------ epochs
     def set_epoch(self, epoch: int) -> None:
@@ -279,7 +306,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
     def read(self, i: int) -> bytes:
         """Stored bytes of sample ``i`` (random access; opens and closes its shard, or one range request)."""
         shard = self.shard_of(i)
-        if self.remote is not None:
+        if self.shard_remote is not None:
             [(_, data)] = wds_io.StreamedShards(self).samples([i])  # runs to the end: its threads stop
             return data
         fd = self.open_shard(shard)
@@ -300,7 +327,9 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         """The members of sample ``i`` holding the fields ``names``, walking its tar headers from
         its first member (at ``offsets[i]``; the writer puts the ``image`` first) to the first
         header of another key. Unwanted members are skipped, never read; each header's checksum
-        is checked. ``pread(pos, n)`` reads the shard."""
+        is checked. ``pread(pos, n)`` reads the shard. Shards in place: from the member arrays."""
+        if self.inplace is not None:
+            return self.inplace.members_of(pread, shard, i, names)
         key = (spec.wds_key(i) + ".").encode()
         table = self._member_fields()
         out: dict[str, bytes] = {}
@@ -345,7 +374,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         requests (remote: ``fd`` is None)."""
         if fd is not None:
             return lambda pos, n: os.pread(fd, n, pos)
-        remote, name = self.remote, self.shard_names[shard]
+        remote, name = self.shard_remote, self.shard_names[shard]
         if remote is None:
             raise ValueError(f"{self.shard_location(shard)}: a local shard is read through its open file")
         return lambda pos, n: remote.read_range(name, pos, n)  # remote: one range request each
@@ -356,7 +385,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
 
     def _read_blobs(self, i: int, fields: Sequence[Field]) -> dict[str, bytes]:
         shard = self.shard_of(i)
-        fd = self.open_shard(shard) if self.remote is None else None
+        fd = self.open_shard(shard) if self.shard_remote is None else None
         try:
             return self._members(self._pread_of(shard, fd), shard, i, {f.name for f in fields})
         finally:
@@ -372,10 +401,10 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             for i in as_ints(order):
                 shard = int(self._shard_of[i])
                 fd = None
-                if self.remote is None:
+                if self.shard_remote is None:
                     fd = fds.pop(shard, None)
                     if fd is None:
-                        if len(fds) >= wds_io.MAX_OPEN:
+                        if len(fds) >= 2 * self.open_shards + 2:  # as __iter__'s shard_io keeps them
                             os.close(fds.pop(next(iter(fds))))
                         fd = self.open_shard(shard)
                     fds[shard] = fd

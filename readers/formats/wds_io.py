@@ -67,23 +67,24 @@ def parse_header(header: bytes) -> tuple[bytes, int] | None:
     return bytes(header[:100]).rstrip(b"\0"), size
 
 
-def check_sample(blob: bytes | memoryview, i: int, size: int, where: Callable[[], str]) -> bytes:
+def check_sample(blob: bytes | memoryview, i: int, size: int, where: Callable[[], str], named: bool = True) -> bytes:
     """The data of sample ``i`` from ``blob`` = its 512-byte tar header + data, after checking the header.
 
-    The member name must be this sample's key, the size field must match and
+    The member name must be this sample's key (``named``; not for shards indexed in place, whose
+    keys are another tool's), the size field must match and
     the header checksum (byte sum, checksum field read as spaces) must hold.
     ``where()`` names the shard and byte for the error (called only then).
     """
     if len(blob) != BLOCK + size:
         raise spec.DatasetFormatError(f"{where()}: shard ends early (sample {i}): truncated or damaged")
     view = memoryview(blob)
-    header = view[:BLOCK]
-    key = (spec.wds_key(i) + ".").encode()
-    if (bytes(header[:len(key)]) != key or _octal(bytes(header[124:136])) != size
-            or _octal(bytes(header[148:156])) != sum(header[:148]) + 256 + sum(header[156:])):
+    header = bytes(view[:BLOCK])  # summed below: bytes iterate several times faster than a memoryview
+    key = (spec.wds_key(i) + ".").encode() if named else b""
+    if ((named and header[:len(key)] != key) or _octal(header[124:136]) != size
+            or _octal(header[148:156]) != sum(header[:148]) + 256 + sum(header[156:])):
         raise spec.DatasetFormatError(
             f"{where()}: tar header is not sample {i} ({size} bytes) "
-            f"but {bytes(header[:100]).rstrip(bytes(1))!r}: the shard is damaged or does not match its index")
+            f"but {header[:100].rstrip(bytes(1))!r}: the shard is damaged or does not match its index")
     return bytes(view[BLOCK:])
 
 
@@ -103,17 +104,18 @@ class _Arrays:
         self.shard_of, self.offsets, self.sizes = arrays["shards"], arrays["offsets"], arrays["sizes"]
         self.checksums = arrays["checksums"]
         self.names: list[str] = ds.shard_names
+        self.named = getattr(ds, "inplace", None) is None  # tar member names are our keys
 
     def where(self, shard: int, offset: int) -> Callable[[], str]:
         """For messages: the shard and the byte of sample data at ``offset`` (built only when needed)."""
-        return lambda: f"{self.ds.location_of(self.names[shard])} at byte {offset - BLOCK}"
+        return lambda: f"{self.ds.shard_location(shard)} at byte {offset - BLOCK}"
 
     def pread(self, fd: int, shard: int, i: int) -> bytes:
         offset, size = int(self.offsets[i]), int(self.sizes[i])
         where = self.where(shard, offset)
         blob = spec.read_range(fd, offset - BLOCK, BLOCK + size,
                                lambda: f"{where()}: shard ends early (sample {i}): truncated or damaged")
-        return check_sample(blob, i, size, where)
+        return check_sample(blob, i, size, where, self.named)
 
 
 class LocalShards(_Arrays):
@@ -145,7 +147,7 @@ class CachedShards(_Arrays):
 
     def __init__(self, ds: Any, depth: int = CACHE_DEPTH) -> None:
         super().__init__(ds)
-        self.files, self.depth = ds.remote, max(0, depth)
+        self.files, self.depth = ds.shard_remote, max(0, depth)
 
     def samples(self, indices: Iterable[int]) -> Generator[tuple[int, bytes], None, None]:
         seq = _index_array(indices)
@@ -219,7 +221,7 @@ class StreamedShards(_Arrays):
     def __init__(self, ds: Any, chunk_size: int = STREAM_CHUNK, readahead: int = STREAM_READAHEAD,
                  max_gap: int = STREAM_MAX_GAP) -> None:
         super().__init__(ds)
-        self.store = ds.remote.store
+        self.files = ds.shard_remote  # its read_range: the store's (in place: the shard's identity checked first)
         self.chunk_size, self.readahead, self.max_gap = chunk_size, max(0, readahead), max_gap
 
     def plan(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -274,7 +276,7 @@ class StreamedShards(_Arrays):
 
         def fetch(r: int) -> memoryview:
             name = self.names[int(req_shard[r])]
-            return memoryview(self.store.read_range(name, int(req_start[r]), int(req_end[r] - req_start[r])))
+            return memoryview(self.files.read_range(name, int(req_start[r]), int(req_end[r] - req_start[r])))
 
         try:
             for p, i in enumerate(as_ints(seq)):
@@ -294,13 +296,13 @@ class StreamedShards(_Arrays):
     def _cut(self, data: memoryview, shard: int, req_start: int, i: int) -> bytes:
         offset, size = int(self.offsets[i]), int(self.sizes[i])
         rel = offset - BLOCK - req_start
-        sample = check_sample(data[rel:rel + BLOCK + size], i, size, self.where(shard, offset))
+        sample = check_sample(data[rel:rel + BLOCK + size], i, size, self.where(shard, offset), self.named)
         want, got = int(self.checksums[i]), spec.checksum(sample)  # ISA-L's CRC-32 when installed
         if got != want:
             from readers.remote.errors import RemoteIntegrityError
 
             raise RemoteIntegrityError(
-                f"{self.ds.location_of(self.names[shard])} sample {i} (bytes {offset}..{offset + size}): "
+                f"{self.ds.shard_location(shard)} sample {i} (bytes {offset}..{offset + size}): "
                 f"checksum mismatch (CRC-32 {got:08x}, the index says {want:08x}): the shard object is damaged")
         return sample
 
@@ -308,8 +310,8 @@ class StreamedShards(_Arrays):
 def shard_io(ds: Any, keep: int = MAX_OPEN) -> LocalShards | CachedShards | StreamedShards:
     """The reader for ``ds``'s shards: local files (``keep`` open at most), the node cache
     (``cache_dir`` given), or streaming."""
-    if ds.remote is None:
+    if ds.shard_remote is None:
         return LocalShards(ds, keep)
-    if ds.remote.cached:
+    if ds.shard_remote.cached:
         return CachedShards(ds)
     return StreamedShards(ds)

@@ -1,0 +1,183 @@
+"""``pack-dataset index`` (shards indexed in place) against the I/O ceiling, and reading from it.
+
+One run: write ``--shards`` img2dataset-style shards (``key.jpg`` + ``key.txt`` + ``key.json``, the
+JPEGs from ``dataset_bench.synth``) in a local folder, copy them into a SeaweedFS started on loopback
+(``dataset_bench.servers``), then per round (median of ``--repeats``):
+
+* **local**: ``tar -xOf SHARD > /dev/null`` over every shard, ``--workers`` at once (the I/O
+  ceiling: every byte read and every member walked once), against ``index_shards`` with the same
+  workers; both from a warm page cache;
+* **S3**: each shard streamed from the store (the store's large range requests) into ``tar -xO``,
+  ``--workers`` at once, against ``index_shards`` of the bucket prefix;
+* **read**: one pass over every sample, every field (``decode=False``), from the in-place index vs
+  from ``pack-dataset SHARDS -f wds --shard-count PER`` (our own pack of the same samples, as many
+  shards), samples/s.
+
+Goals: index >= 0.8x the tar ceiling (local and S3); reading in place >= 0.9x reading our own pack.
+
+    python benchmarks/bench_index.py                  # 32 shards x 200 samples, 3 rounds
+    python benchmarks/bench_index.py --quick          # seconds (CI smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import io
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+from dataset_bench.machine import machine_info, machine_label  # noqa: E402
+from dataset_bench.servers import SeaweedServer, find_weed  # noqa: E402
+from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
+from packer import PackOptions, pack  # noqa: E402
+from packer.tools.index import index_shards  # noqa: E402
+from readers import open_dataset  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shards", type=int, default=32, help="shards (default 32)")
+    p.add_argument("--per-shard", type=int, default=200, help="samples per shard (default 200)")
+    p.add_argument("--workers", type=int, default=2, help="shards read at once, tar and index alike (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds, median reported (default 3)")
+    p.add_argument("--no-s3", action="store_true", help="skip the S3 rows (no SeaweedFS needed)")
+    p.add_argument("--tmp", type=Path, help="where to put the data (default: the system temp dir)")
+    p.add_argument("--json", type=Path, help="write every timing to this JSON file")
+    p.add_argument("--quick", action="store_true", help="tiny run (4 shards x 20 samples, 1 round), for CI")
+    return p.parse_args(argv)
+
+
+def write_shards(folder: Path, photos: list[bytes], shards: int, per: int) -> None:
+    """img2dataset's layout: ``<shard>/<key>.jpg``, ``.txt`` (caption), ``.json`` (metadata)."""
+    folder.mkdir(parents=True)
+    for s in range(shards):
+        with tarfile.open(folder / f"{s:05d}.tar", "w") as tar:
+            for j in range(per):
+                n = s * per + j
+                key = f"{n:09d}"
+                members = {"jpg": photos[n % len(photos)], "txt": f"a photo, caption number {n}".encode(),
+                           "json": json.dumps({"key": key, "status": "success", "caption": f"number {n}"}).encode()}
+                for ext, data in members.items():
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+
+
+def _tar(feed: bytes | Path) -> None:
+    """``tar -xO`` of one shard to /dev/null: from a file, or from bytes given on stdin."""
+    args = ["tar", "-xOf", str(feed) if isinstance(feed, Path) else "-"]
+    subprocess.run(args, input=feed if isinstance(feed, bytes) else None, stdout=subprocess.DEVNULL, check=True)
+
+
+def _tar_stream(store, name: str) -> None:
+    proc = subprocess.Popen(["tar", "-xOf", "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    assert proc.stdin is not None
+    for chunk in store.stream(name):
+        proc.stdin.write(chunk)
+    proc.stdin.close()
+    if proc.wait() != 0:
+        raise RuntimeError(f"tar failed on {name}")
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def read_rate(root: Path, passes: int = 3) -> float:
+    """Samples per second of a pass over every sample and field (no decode), the best of ``passes``."""
+    ds = open_dataset(root, decode=False)
+    try:
+        best = float("inf")
+        for _ in range(passes):
+            t = time.perf_counter()
+            n = sum(1 for _ in ds)
+            best = min(best, time.perf_counter() - t)
+        return n / best
+    finally:
+        ds.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    shards, per, repeats = (4, 20, 1) if args.quick else (args.shards, args.per_shard, args.repeats)
+    work = Path(tempfile.mkdtemp(prefix="bench-index-", dir=args.tmp))
+    srv = None
+    rows: dict[str, list[float]] = {}
+    try:
+        synth = SynthOptions(size=(160, 128)) if args.quick else SynthOptions()
+        make_imagenet_like(work / "photos", 24, 1, synth)
+        photos = [p.read_bytes() for p in sorted((work / "photos").rglob("*.JPEG"))]
+        local = work / "shards"
+        write_shards(local, photos, shards, per)
+        paths = sorted(local.iterdir())
+        total_mb = sum(p.stat().st_size for p in paths) / 1e6
+        for p in paths:
+            p.read_bytes()  # warm page cache for both sides
+        pool = cf.ThreadPoolExecutor(max_workers=args.workers)
+        store = None
+        if not args.no_s3 and find_weed() is not None:
+            srv = SeaweedServer(work / "s3").start()
+            from readers.remote import open_store
+
+            url = srv.url("shards")
+            store = open_store(url, srv.storage_options())
+            for p in paths:
+                store.put(p.name, p)
+        pack(local, work / "pack", PackOptions(format="wds", validate=False, workers=1, shard_count=per))
+        for r in range(repeats):
+            rows.setdefault("tar local", []).append(timed(lambda: list(pool.map(_tar, paths))))
+            rows.setdefault("index local", []).append(timed(lambda: index_shards(
+                [str(local)], work / "idx", workers=args.workers, overwrite=True)))
+            if store is not None:
+                rows.setdefault("tar s3", []).append(timed(lambda: list(pool.map(
+                    lambda p: _tar_stream(store, p.name), paths))))
+                rows.setdefault("index s3", []).append(timed(lambda: index_shards(
+                    [url], work / "idx-s3", workers=args.workers, overwrite=True,
+                    storage_options=srv.storage_options())))
+            rows.setdefault("read pack", []).append(read_rate(work / "pack"))
+            rows.setdefault("read inplace", []).append(read_rate(work / "idx"))
+        pool.shutdown()
+        if store is not None:
+            store.close()
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        print(f"index in place: {shards} shards x {per} samples, {total_mb:.1f} MB, {args.workers} workers, "
+              f"{repeats} round(s), median; {machine_label(machine_info())}")
+        print(f"{'what':<28}{'shards/s':>10}{'MB/s':>10}{'vs ceiling':>12}")
+        out: dict[str, dict[str, float]] = {}
+        for where in ("local", "s3"):
+            if f"tar {where}" not in med:
+                continue
+            tar_s, idx_s = med[f"tar {where}"], med[f"index {where}"]
+            for label, secs in ((f"tar -xO ({where}, ceiling)", tar_s), (f"pack-dataset index ({where})", idx_s)):
+                print(f"{label:<28}{shards / secs:>10.1f}{total_mb / secs:>10.1f}{tar_s / secs:>12.2f}")
+            out[where] = {"tar_s": tar_s, "index_s": idx_s, "vs_ceiling": tar_s / idx_s}
+        ratio = med["read inplace"] / med["read pack"]
+        print(f"{'read, samples/s':<28}{'pack':>10}{'in place':>10}{'ratio':>12}")
+        print(f"{'every field, no decode':<28}{med['read pack']:>10.0f}{med['read inplace']:>10.0f}{ratio:>12.2f}")
+        out["read"] = {"pack": med["read pack"], "inplace": med["read inplace"], "ratio": ratio}
+        if args.json:
+            args.json.write_text(json.dumps({"shards": shards, "per_shard": per, "mb": total_mb, "rows": rows,
+                                             "summary": out}, indent=1))
+        return 0
+    finally:
+        if srv is not None:
+            srv.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

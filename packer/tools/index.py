@@ -1,0 +1,352 @@
+"""``pack-dataset index SHARDS -o IDX``: index WebDataset shards where they are, without copying them.
+
+Every shard is read once, streamed, in the pack's process pool (:mod:`packer.tools.index_scan`);
+the shards are never written (read-only folders and buckets work). IDX then holds only an index
+(layout: :mod:`readers.formats.inplace`) that ``open_dataset(IDX)`` reads like a wds pack:
+fields by name, shuffle, exact resume, DDP, mixtures, subsets, ``verify``, ``info``, ``convert``.
+
+Fields come from member extensions exactly as the wds importer maps them
+(``packer.importers.wds``: ``.jpg``/``.png`` images, ``.txt`` text, ``.json`` json, ``.cls`` int,
+``.npy`` arrays, other bytes); shards of image + ``.cls`` (and/or a ``.json`` label) only give
+image + label, as a pack of them does. Samples without an image are ignored; samples with a member
+missing, a member that does not parse or a duplicate key are rejects (``rejects.jsonl``).
+
+Resumable: each scanned shard is kept in ``IDX/index-parts/`` as it finishes; ``--resume``
+scans only the others. ``index.json`` is written last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import os
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from packer.errors import PackerError, SourceError, UsageError
+from packer.importers.wds import IMAGE_EXTS, MIN_CLASS_LIMIT, Labels, field_of, npy_type
+from packer.pipeline import VERSION
+from packer.prepare.pool import ordered_map
+from packer.prepare.stage import label_names
+from packer.progress import bar as progress_bar
+from packer.tools.index_list import list_shards
+from packer.tools.index_scan import ShardScan, close_stores, scan_shard
+from readers.contract import spec
+from readers.contract.fields import Field, FieldType, FieldTypeError, ImageType, NumericType, Schema, column_file, \
+    parse_type
+from readers.contract.safeio import npy_header
+
+__all__ = ["index_shards", "add_arguments", "run", "PARTS", "STATE"]
+
+log = logging.getLogger(__name__)
+
+PARTS, STATE = "index-parts", "index-state.json"
+_FIELD_CHECKSUMS = "field_checksums.npy"  # packer.formats.fieldstore.FIELD_CHECKSUMS (the fields' contract)
+
+
+def _prepare_output(out: Path, base: str, names: list[str], resume: bool, overwrite: bool) -> set[int]:
+    """The shards already scanned (``--resume``); the folder made ready otherwise."""
+    state = {"base": base, "shards": names}
+    if not spec.is_remote(base) and Path(os.path.commonpath([out.resolve(), Path(base).resolve()])) == out.resolve():
+        raise UsageError(f"{out} holds the shards: write the index to another folder (the shards are never written)")
+    if (out / spec.INDEX_NAME).exists() and not overwrite:
+        raise UsageError(f"{out} already holds an index: --overwrite replaces it")
+    if (out / STATE).exists() and not (resume or overwrite):
+        raise UsageError(f"{out} holds an interrupted index: --resume continues it, --overwrite starts again")
+    if out.exists() and not resume:
+        if any(out.iterdir()) and not ((out / STATE).exists() or (out / spec.INDEX_NAME).exists()):
+            raise UsageError(f"{out} is not empty and holds no index: choose an empty or new folder")
+        shutil.rmtree(out)
+    if resume and (out / STATE).exists():
+        if json.loads((out / STATE).read_text()) != state:
+            raise UsageError(f"{out}: the interrupted index was of other shards; --overwrite starts again")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / PARTS).mkdir(exist_ok=True)
+    spec.write_json_atomic(out / STATE, state)
+    return {int(p.stem) for p in (out / PARTS).glob("*.json") if p.stem.isdigit() and _readable(p)}
+
+
+def _readable(part: Path) -> bool:
+    try:
+        return isinstance(json.loads(part.read_text()), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int | None = None,
+                 resume: bool = False, overwrite: bool = False, storage_options: Any = None,
+                 quiet: bool = True, engine: str = "local", ray_address: str | None = None) -> dict[str, Any]:
+    """Index the shards ``sources`` (see :mod:`packer.tools.index_list`) into the folder ``out``;
+    returns a summary (samples, shards, rejects, ignored, bytes). ``engine="ray"``: each shard
+    is scanned by a Ray task (:mod:`packer.tools.index_ray`; the store's environment reaches them)."""
+    out = Path(out)
+    base, names = list_shards(list(sources), storage_options)
+    done = _prepare_output(out, base, names, resume, overwrite)
+    todo = [k for k in range(len(names)) if k not in done]
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+    bar = progress_bar(len(names), "shard", f"index {out.name}", quiet)
+    if bar is not None:
+        bar.update(len(done))
+    total = 0
+    try:
+        jobs = ((base, names[k], storage_options) for k in todo)
+        if engine == "ray":
+            try:
+                from packer.tools.index_ray import ray_scans
+            except ModuleNotFoundError as exc:
+                if exc.name != "ray":
+                    raise
+                raise UsageError("--engine ray needs Ray: pip install 'dataset-packer[ray]'") from None
+            scans: Iterator[ShardScan] = ray_scans(jobs, workers, ray_address)
+        else:
+            scans = ordered_map(scan_shard, jobs, workers, chunk=1, describe=lambda n: f"shard {names[todo[n]]}")
+        for k, scan in zip(todo, scans):
+            with spec.atomic_write(out / PARTS / f"{k:06d}.json", "w", durable=False) as part:
+                part.write(json.dumps(scan))  # not fsynced: a part a crash left unreadable is scanned again
+            total += scan["bytes"]
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(f"{total / 1e6:.0f} MB")
+    finally:
+        close_stores()
+        if bar is not None:
+            bar.close()
+    summary = _write(out, base, [json.loads((out / PARTS / f"{k:06d}.json").read_text()) for k in range(len(names))])
+    (out / STATE).unlink()  # index.json is written: the index is complete, the parts are leftovers now
+    shutil.rmtree(out / PARTS)
+    return summary
+
+
+# ------------------------------------------------------------------------------- the index from the scans
+def _has_fields(samples: list[tuple]) -> bool:
+    """As the importer decides: members beyond image, ``.cls`` and ``.json``, or no sample labelled."""
+    labelled = False
+    for _k, _key, image, others, _reason in samples:
+        if image is None:
+            continue
+        if any(s not in ("cls", "json") for s in others):
+            return True
+        if "cls" in others and others["cls"][4] is None:
+            return True
+        labelled = labelled or _label(others) is not None
+    return not labelled
+
+
+def _label(others: dict[str, list]) -> Any:
+    return others["cls"][4] if "cls" in others else (others["json"][4] if "json" in others else None)
+
+
+def _npy(member: list) -> tuple[bytes, np.dtype, tuple[int, ...]]:
+    data = base64.b64decode(member[4])
+    h = npy_header(data, len(data))
+    dtype = h.dtype.newbyteorder("<") if h.dtype.byteorder != "|" else h.dtype
+    return data, dtype, tuple(h.shape)
+
+
+def _schema(samples: list[tuple], src: str) -> tuple[Schema, dict[str, str]]:
+    """The schema (image, then a field per member suffix, first seen first) and each field's suffix."""
+    order: dict[str, tuple[str, str]] = {}
+    npys: dict[str, list] = {}
+    for k, key, _image, others, reason in samples:
+        for suffix, m in others.items():
+            if suffix not in order:
+                order[suffix] = field_of(suffix, f"{src}:{key}.{suffix}")
+            if order[suffix][1] == "npy" and m[4] is not None and reason is None:
+                _data, dtype, shape = _npy(m)
+                npys.setdefault(suffix, []).append((dtype, shape))
+    fields = [Field("image", ImageType())]
+    for suffix, (name, kind) in order.items():
+        t: FieldType
+        try:
+            if kind == "npy":
+                if not npys.get(suffix):
+                    raise SourceError(f"{src}: no member .{suffix} is a .npy array of numbers")
+                t = npy_type(npys[suffix], f"{src}: member .{suffix}")
+                parse_type(t.name)
+            elif kind == "int":
+                t = NumericType("int32" if name == "label" else "int64")
+            else:
+                t = parse_type(kind)
+            fields.append(Field(name, t))
+        except FieldTypeError as exc:
+            raise SourceError(f"{src}: member .{suffix}: {exc}") from None
+    try:
+        return Schema(tuple(fields)), {name: suffix for suffix, (name, _kind) in order.items()}
+    except FieldTypeError as exc:
+        raise SourceError(f"{src}: {exc}") from None
+
+
+def _value(f: Field, m: list) -> tuple[bytes, Any]:
+    """(the member's bytes as the scan kept them, its value) of a numeric field's member."""
+    data = base64.b64decode(m[4]) if isinstance(m[4], str) else str(m[4]).encode()
+    return data, f.type.from_member(data, f.name)
+
+
+def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
+    src = base
+    samples = []  # (shard, key, image member, other members by suffix, reject reason)
+    for k, scan in enumerate(scans):
+        for key, members, reason in scan["samples"]:
+            image = next((m for m in members if m[0] in IMAGE_EXTS), None)
+            samples.append((k, key, image, {m[0]: m for m in members if m is not image}, reason))
+    fielded = _has_fields(samples)
+    schema, suffix_of = _schema(samples, src) if fielded else (Schema.default(), {})
+    members = [f.name for f in schema.fields[1:]] if fielded else []
+    extra = schema.extra_fields if fielded else ()
+    n_cols = len(members)
+    kept: list[tuple] = []
+    rejects: list[dict[str, str]] = []
+    ignored = 0
+    labels = Labels()
+    for k, key, image, others, reason in samples:
+        name = f"{scans[k]['name']}/{key}"
+        if image is None or (not fielded and _label(others) is None):
+            ignored += 1
+            continue
+        missing = [f for f in members if suffix_of[f] not in others]
+        if reason is None and missing:
+            reason = f"{src}/{scans[k]['name']}:{key}: no member {key}.{suffix_of[missing[0]]} (field {missing[0]!r})"
+        if reason is not None:
+            rejects.append({"path": name, "reason": reason})
+            continue
+        if not fielded:
+            labels.append(_label(others), Path(src))
+        kept.append((k, key, image, others))
+    if not kept:
+        raise SourceError(f"{src}: no sample to index (each needs an image member, e.g. key.jpg"
+                          f"{'' if fielded else ', and a label: key.cls'}); {len(rejects)} rejected")
+    n = len(kept)
+    shard_of = np.array([s[0] for s in kept], dtype=np.int32)
+    offsets = np.array([s[2][1] for s in kept], dtype=np.int64)
+    sizes = np.array([s[2][2] for s in kept], dtype=np.int64)
+    crcs = np.array([s[2][3] for s in kept], dtype=np.uint32)
+    # (n, members, 3): each member's data offset, size and CRC-32, in one pass over the scans
+    places = np.array([[others[suffix_of[f]][1:4] for f in members] for _k, _key, _image, others in kept],
+                      dtype=np.int64).reshape(n, n_cols, 3)
+    cols = {name: places[:, :, c].astype(dt) for c, (name, dt) in enumerate(spec.MEMBER_ARRAYS.items())}
+    field_crcs = np.zeros((n, len(extra)), dtype="<u4")
+    columns = {f.name: np.zeros((n, *f.type.row_shape), dtype=f.type.dtype) for f in extra
+               if isinstance(f.type, NumericType) and f.type.fixed}
+    label_field = schema.labels_field if fielded else None
+    label_values = np.zeros(n, dtype=np.int32)
+    if label_field is not None:
+        label_values[:] = [int(others[suffix_of["label"]][4]) for _k, _key, _image, others in kept]
+    for j, f in enumerate(extra):
+        if not isinstance(f.type, NumericType):  # the stored blob is the member itself
+            field_crcs[:, j] = cols["member_crcs.npy"][:, members.index(f.name)]
+            continue
+        for i, (_k, _key, _image, others) in enumerate(kept):  # numbers: the blob is their encoding
+            _data, value = _value(f, others[suffix_of[f.name]])
+            field_crcs[i, j] = spec.checksum(f.type.encode(value))
+            if f.type.fixed:
+                columns[f.name][i] = f.type.to_row(value)
+    if fielded:
+        classes = label_names(label_field, label_values.tolist(), src, MIN_CLASS_LIMIT) if label_field else []
+    else:
+        classes, label_values = labels.classes(lambda i: f"{src}/{scans[kept[i][0]]['name']}:{kept[i][1]} label")
+    first, shards = 0, []
+    counts = np.bincount(shard_of, minlength=len(scans))
+    for k, scan in enumerate(scans):
+        entry = {key: scan[key] for key in ("name", "bytes", "crc32", "mtime_ns", "etag", "mtime") if key in scan}
+        shards.append(dict(entry, samples=int(counts[k]), first=first))
+        first += int(counts[k])
+    files: dict[str, int] = {}
+    file_crcs: dict[str, int] = {}
+
+    def save(name: str, arr: np.ndarray) -> None:
+        with spec.atomic_write(out / name) as fh:
+            np.save(fh, np.ascontiguousarray(arr), allow_pickle=False)
+        files[name] = (out / name).stat().st_size
+        file_crcs[name] = spec.file_checksum(out / name)
+
+    if n_cols:
+        for name, arr in cols.items():
+            save(name, arr)
+    if extra:
+        save(_FIELD_CHECKSUMS, field_crcs)
+        for fname, arr in columns.items():
+            save(column_file(fname), arr)
+    with spec.atomic_write(out / spec.NAMES_FILE, "w", encoding="utf-8") as text:
+        for k, key, image, _others in kept:
+            text.write(json.dumps(f"{scans[k]['name']}/{key}.{image[0]}") + "\n")
+    (out / spec.REJECTS_NAME).unlink(missing_ok=True)
+    if rejects:
+        with spec.atomic_write(out / spec.REJECTS_NAME, "w", encoding="utf-8") as text:
+            text.writelines(json.dumps(r) + "\n" for r in rejects)
+    rel = base if spec.is_remote(base) else os.path.relpath(base, out.absolute())
+    meta: dict[str, Any] = {
+        "format": "wds", "num_samples": n, "classes": list(classes), "shards": shards, "split": out.name,
+        "storage": {"kind": "encoded", "pixel_layout": None,
+                    "encodings": {e: c for e, c in Counter(s[2][0] for s in kept).items()}},
+        "files": files, spec.FILES_CRC_KEY: file_crcs, "order": {"kind": "source"},
+        "options": {"format": "wds", "order": "source"}, "created_by": f"dataset-packer {VERSION}",
+        spec.INPLACE_KEY: {"base": rel, "members": members},
+        "source": {"kind": "wds-inplace", "given": base, "root": base, "shards": len(scans),
+                   "first_shard": scans[0]["name"], "images_found": n + len(rejects), "rejected": len(rejects),
+                   "ignored_files": ignored},
+        "stats": {"bytes_in": int(sizes.sum()), "bytes_out": int(sizes.sum()), "reencoded": 0, "repaired": 0},
+    }
+    stats = {f.name: cols["member_sizes.npy"][:, members.index(f.name)] for f in extra if not f.type.fixed}
+    if stats:
+        meta["field_stats"] = {k: {"bytes": int(v.sum()), "min_bytes": int(v.min()), "max_bytes": int(v.max())}
+                               for k, v in stats.items()}
+    if fielded:
+        meta["fields"] = schema.to_json()["fields"]
+    arrays = {"checksums": crcs, "sizes": sizes, "offsets": offsets, "shards": shard_of, "labels": label_values}
+    spec.write_index(out, meta, arrays)
+    return {"samples": n, "shards": len(scans), "rejected": len(rejects), "ignored": ignored,
+            "bytes": sum(s["bytes"] for s in scans)}
+
+
+# ------------------------------------------------------------------------------- the command
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``pack-dataset index``."""
+    p.add_argument("shards", nargs="+", metavar="SHARDS",
+                   help="a folder, glob, brace pattern (shard-{000000..000999}.tar) or list file of .tar shards; "
+                        "local paths or s3:// gs:// az:// https:// URLs")
+    p.add_argument("-o", "--output", required=True, type=Path, help="the index folder to write (local)")
+    p.add_argument("-w", "--workers", type=int, default=None, help="shards read at once (default: the CPU count)")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="who reads the shards: local (a process pool, the default) or ray (a task per shard on a "
+                        "Ray cluster; pip install 'dataset-packer[ray]')")
+    p.add_argument("--ray-address", default=None, help="the Ray cluster to use (default: RAY_ADDRESS, else a "
+                                                       "one-machine Ray with --workers CPUs)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted index")
+    p.add_argument("--overwrite", action="store_true", help="replace the index in the output folder")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``pack-dataset index`` with parsed arguments; returns the exit code (3: some samples rejected)."""
+    if args.ray_address is not None and args.engine != "ray":
+        print("pack-dataset index: error: --ray-address applies to --engine ray only", file=sys.stderr)
+        return 2
+    try:
+        s = index_shards(args.shards, args.output, workers=args.workers, resume=args.resume,
+                         overwrite=args.overwrite, quiet=args.quiet, engine=args.engine,
+                         ray_address=args.ray_address)
+    except PackerError as exc:
+        word = "error" if isinstance(exc, UsageError) else "failed"
+        print(f"pack-dataset index: {word}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except (OSError, spec.DatasetFormatError) as exc:
+        print(f"pack-dataset index: failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM (the CLI raises it so): the shards scanned are kept
+        if (args.output / STATE).exists():
+            word = "stopped by SIGTERM" if getattr(exc, "exit_code", 130) == 143 else "interrupted"
+            print(f"pack-dataset index: {word}; {args.output} is incomplete, re-run the same command with --resume "
+                  "to finish it", file=sys.stderr)
+            return getattr(exc, "exit_code", 130)
+        raise
+    print(f"{args.output}: {s['samples']} samples in {s['shards']} shards ({s['bytes'] / 1e6:.1f} MB) indexed "
+          f"in place; {s['rejected']} rejected{f' (see {args.output / spec.REJECTS_NAME})' if s['rejected'] else ''}"
+          f", {s['ignored']} without an image ignored")
+    return 3 if s["rejected"] else 0
