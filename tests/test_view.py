@@ -104,6 +104,31 @@ def test_overview_grid_and_sample_of_each_format(views, packed_generated, fmt):
     assert d["source"].startswith(f"class_{label:02d}/"), d["source"]  # names.jsonl's line 5
 
 
+def test_an_in_place_index_of_shards(packed_generated, tmp_path):
+    """``pack-dataset index`` over wds shards (their bytes never copied): the view reads the samples from the
+    shards where they are, thumbnails equal to the readers' decode, the overview counts the index's samples."""
+    shards = packed_generated["wds"]
+    assert main(["index", str(shards), "-o", str(tmp_path / "idx"), "-q"]) == 0
+    view = DatasetView(tmp_path / "idx")
+    try:
+        [split] = view.splits  # named after the index folder
+        [(s1, overview), (s2, grid), (s3, sample_json)] = get(view, "/", "/grid?per=100", f"/sample/{split}/3.json")
+    finally:
+        view.close()
+    assert (s1, s2, s3) == (200, 200, 200)
+    meta = json.loads((tmp_path / "idx" / "index.json").read_text())
+    assert f'<td class="samples">{meta["num_samples"]}</td>' in overview
+    reader = open_dataset(tmp_path / "idx", decode=False)
+    try:
+        shown = thumbnails(grid)
+        assert sorted(shown) == list(range(meta["num_samples"]))
+        for i, pixels in shown.items():
+            np.testing.assert_array_equal(pixels, expected_thumbnail(reader.read(i)), err_msg=f"in place, sample {i}")
+        assert json.loads(sample_json)["label"] == int(reader.labels[3])
+    finally:
+        reader.close()
+
+
 def test_grid_shuffled_and_filtered(views, packed_generated):
     view, n = views["lmdb"], 28
     pages = [body for _, body in get(view, *(f"/grid?seed=7&per=5&page={p}" for p in range(6)))]
