@@ -48,7 +48,7 @@ static void jc_emit_message(j_common_ptr cinfo, int level) {
 }
 
 /* Version of this interface, checked by the Python side. */
-int jc_version(void) { return 5; }
+int jc_version(void) { return 4; }
 
 /* Would libjpeg's block smoothing (jdcoefct.c, on by default: do_block_smoothing) apply to this
  * decode? Called after jpeg_start_decompress, which absorbs every scan of a multi-scan file, so
@@ -82,14 +82,17 @@ static int jc_would_smooth(const struct jpeg_decompress_struct *cinfo) {
  * the first coefficients unknown: jc_would_smooth), -1 on a libjpeg error or warning (message in
  * `errbuf`, at least 200 bytes).
  */
-/* Read the header of `data` and start decompressing it at scale 1/denom as RGB (gray as gray) with the
- * settings above. 0, 2 (not a JPEG this decodes), 3 (block smoothing would apply) or -1 (errbuf). */
-static int jc_start(struct jpeg_decompress_struct *cinfo, const unsigned char *data, unsigned long size, int denom,
-                    char *errbuf) {
+static int jc_run(struct jpeg_decompress_struct *cinfo, const unsigned char *data, unsigned long size, int denom,
+                  int y0, int y1, int x0, int x1, unsigned char *out, size_t cap, size_t canvas_stride, int *info,
+                  char *errbuf) {
+    int height, width, comps, row;
+    JDIMENSION xoff, xw;
+    size_t stride;
+
     jpeg_mem_src(cinfo, data, size);
     jpeg_read_header(cinfo, TRUE);
     if (cinfo->jpeg_color_space == JCS_GRAYSCALE) {
-        cinfo->out_color_space = JCS_GRAYSCALE; /* expanded to RGB by the callers, as Pillow's convert does */
+        cinfo->out_color_space = JCS_GRAYSCALE; /* expanded to RGB below, as Pillow's convert does */
     } else if (cinfo->jpeg_color_space == JCS_YCbCr || cinfo->jpeg_color_space == JCS_RGB) {
         cinfo->out_color_space = JCS_RGB;
     } else {
@@ -107,18 +110,6 @@ static int jc_start(struct jpeg_decompress_struct *cinfo, const unsigned char *d
     if (jc_would_smooth(cinfo)) {
         return 3;
     }
-    return 0;
-}
-
-static int jc_run(struct jpeg_decompress_struct *cinfo, const unsigned char *data, unsigned long size, int denom,
-                  int y0, int y1, int x0, int x1, unsigned char *out, size_t cap, size_t canvas_stride, int *info,
-                  char *errbuf) {
-    int height, width, comps, row;
-    JDIMENSION xoff, xw;
-    size_t stride;
-
-    int status = jc_start(cinfo, data, size, denom, errbuf);
-    if (status != 0) return status;
     height = (int)cinfo->output_height;
     width = (int)cinfo->output_width;
     comps = cinfo->output_components;
@@ -202,102 +193,6 @@ int jc_decode(const unsigned char *data, unsigned long size, int denom, int y0, 
     }
     jpeg_create_decompress(&cinfo);
     status = jc_run(&cinfo, data, size, denom, y0, y1, x0, x1, out, cap, stride, info, errbuf);
-    jpeg_destroy_decompress(&cinfo);
-    return status;
-}
-
-/* Rows [y0, y1) and columns [x0, x1) (output pixels at scale 1/denom) of `data` as RGB, written exactly:
- * pixel (y, x) of the region goes to `out + (y - top) * stride + (x - left) * 3`, nothing else is
- * written (a caller's canvas keeps what it held outside the region). The decode reads `margin`
- * more rows and columns around the region (clipped to the image; the cropped upsampler sees an
- * edge there that the full decode does not) into a scratch buffer of 16 rows and copies the
- * region's part of each row. `info`: 6 ints as jc_decode's (the last: rows of the region
- * written). Returns 0; 1 when the region is empty or not inside the image at that scale (info
- * says its size), or `out` (`cap` bytes) cannot hold it; 2, 3 and -1 as jc_decode. */
-static int jc_run_rect(struct jpeg_decompress_struct *cinfo, const unsigned char *data, unsigned long size,
-                       int denom, int y0, int y1, int x0, int x1, int margin, unsigned char *out, size_t cap,
-                       size_t stride, int top, int left, int *info, char *errbuf) {
-    int height, width, comps, dy0, dy1;
-    JDIMENSION xoff, xw;
-    JSAMPARRAY scratch;
-    size_t need;
-    int status = jc_start(cinfo, data, size, denom, errbuf);
-
-    if (status != 0) return status;
-    height = (int)cinfo->output_height;
-    width = (int)cinfo->output_width;
-    comps = cinfo->output_components;
-    info[0] = height;
-    info[1] = width;
-    info[4] = comps;
-    if (margin < 0) margin = 0;
-    if (y0 < 0 || x0 < 0 || y1 > height || x1 > width || y1 <= y0 || x1 <= x0 || top > y0 || left > x0) {
-        return 1;
-    }
-    need = (size_t)(y1 - 1 - top) * stride + (size_t)(x1 - left) * 3;
-    if (need > cap || (size_t)(x1 - left) * 3 > stride) {
-        return 1;
-    }
-    dy0 = y0 - margin < 0 ? 0 : y0 - margin;
-    dy1 = y1 + margin > height ? height : y1 + margin;
-    xoff = (JDIMENSION)(x0 - margin < 0 ? 0 : x0 - margin);
-    xw = (JDIMENSION)((x1 + margin > width ? width : x1 + margin) - (int)xoff);
-    if (xoff > 0 || (int)xw < width) {
-        jpeg_crop_scanline(cinfo, &xoff, &xw);
-    }
-    info[2] = (int)xoff;
-    info[3] = (int)xw;
-    scratch = (*cinfo->mem->alloc_sarray)((j_common_ptr)cinfo, JPOOL_IMAGE, xw * 3, 16);
-    if (dy0 > 0) {
-        jpeg_skip_scanlines(cinfo, (JDIMENSION)dy0);
-    }
-    while ((int)cinfo->output_scanline < dy1) {
-        int first = (int)cinfo->output_scanline, want = dy1 - first, k, got;
-        if (want > 16) want = 16;
-        got = (int)jpeg_read_scanlines(cinfo, scratch, (JDIMENSION)want);
-        if (got < 1) {
-            snprintf(errbuf, JC_ERRLEN, "no scanline %d", first);
-            return -1;
-        }
-        for (k = 0; k < got; k++) {
-            int y = first + k;
-            unsigned char *src = scratch[k];
-            if (y < y0 || y >= y1) continue;
-            if (comps == 1) { /* gray to RGB, from the right end of the row */
-                int x;
-                for (x = (int)xw - 1; x >= 0; x--) {
-                    unsigned char v = src[x];
-                    src[3 * x] = src[3 * x + 1] = src[3 * x + 2] = v;
-                }
-            }
-            memcpy(out + (size_t)(y - top) * stride + (size_t)(x0 - left) * 3, src + (size_t)(x0 - (int)xoff) * 3,
-                   (size_t)(x1 - x0) * 3);
-            info[5] += 1;
-        }
-    }
-    /* The rows below are never decoded: the caller destroys the decompressor unfinished. */
-    return 0;
-}
-
-int jc_rect(const unsigned char *data, unsigned long size, int denom, int y0, int y1, int x0, int x1, int margin,
-            unsigned char *out, size_t cap, size_t stride, int top, int left, int *info, char *errbuf) {
-    struct jpeg_decompress_struct cinfo;
-    jc_error jerr;
-    int status;
-
-    memset(info, 0, 6 * sizeof(int));
-    errbuf[0] = 0;
-    cinfo.err = jpeg_std_error(&jerr.pub);
-    jerr.pub.error_exit = jc_error_exit;
-    jerr.pub.emit_message = jc_emit_message;
-    jerr.errbuf = errbuf;
-    if (setjmp(jerr.jump)) {
-        jpeg_destroy_decompress(&cinfo);
-        return -1;
-    }
-    jpeg_create_decompress(&cinfo);
-    status = jc_run_rect(&cinfo, data, size, denom, y0, y1, x0, x1, margin, out, cap, stride, top, left, info,
-                         errbuf);
     jpeg_destroy_decompress(&cinfo);
     return status;
 }

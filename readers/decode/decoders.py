@@ -74,7 +74,6 @@ import logging
 import math
 import re
 import struct
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,7 +108,6 @@ __all__ = [
     "pillow_is_simd",
     "read_header",
     "reduction_for",
-    "scratch_buffer",
     "simplejpeg_matches_pillow",
 ]
 
@@ -445,27 +443,13 @@ def decode_rgb_reduced(data: bytes | bytearray | memoryview | np.ndarray, min_h:
     return decode_rgb_scaled(data, scale, decoder=decoder, header=header)
 
 
-_SCRATCH = threading.local()
-
-
-def scratch_buffer(nbytes: int) -> np.ndarray:
-    """This thread's reusable uint8 buffer of at least ``nbytes`` (grown as needed), for
-    :func:`decode_rgb_region`'s ``into``: a fresh half-megabyte array per image costs page faults
-    (about 45 an image, measured on the eval transform). The caller must be done with what it
-    wrote there before it asks again on the same thread."""
-    buf = getattr(_SCRATCH, "buf", None)
-    if buf is None or buf.nbytes < nbytes:
-        buf = _SCRATCH.buf = np.empty(max(nbytes, 1 << 20, int(nbytes * 1.25)), np.uint8)
-    return buf
-
-
 def _ends_with_eoi(data) -> bool:
     return bytes(memoryview(data)[-2:]) == b"\xff\xd9"
 
 
 def decode_rgb_region(data: bytes | bytearray | memoryview | np.ndarray, scale: int, rows: tuple[int, int],
                       cols: tuple[int, int], *, decoder: str = "auto", header: ImageHeader | None = None,
-                      canvas: bool = False, into: np.ndarray | None = None) -> tuple[np.ndarray, int, int]:
+                      canvas: bool = False) -> tuple[np.ndarray, int, int]:
     """Decode at least rows ``rows[0]:rows[1]`` and columns ``cols[0]:cols[1]`` of the image at DCT
     scale ``1/scale`` (those are coordinates in the ``ceil(H/scale) x ceil(W/scale)`` decoded image).
 
@@ -478,11 +462,6 @@ def decode_rgb_region(data: bytes | bytearray | memoryview | np.ndarray, scale: 
     column to (at least) the region's last ones; only the region's pixels are defined (the region
     decode leaves the rest as allocated), C-contiguous. For a resize that needs the image's
     coordinates but reads only the region.
-    ``into``: a uint8 C-contiguous scratch array; where the region decoder takes the JPEG, the pixels
-    are written there (:func:`readers.decode.jpegcrop.decode_into`) as exactly the region
-    (``top, left = rows[0], cols[0]``) or exactly the canvas (``rows[1] x cols[1]``), so the slice
-    above is the whole array, C-contiguous, with no copy; the region must then lie inside the
-    image at that scale. Any other case returns what it returns without ``into``.
     A JPEG that does not end with its EOI marker (truncated) or that libjpeg warns about
     is decoded in full, so it meets the same error or leniency as with :func:`decode_rgb_scaled`.
     """
@@ -501,10 +480,6 @@ def decode_rgb_region(data: bytes | bytearray | memoryview | np.ndarray, scale: 
             _check_bomb(header.height, header.width)
             try:
                 size = (-(-header.height // scale), -(-header.width // scale))
-                if into is not None and r1 <= size[0] and c1 <= size[1]:
-                    pixels = jpegcrop.decode_into(data, scale, r0, r1, c0, c1, into, canvas=canvas)
-                    if pixels is not None:
-                        return pixels, (0 if canvas else r0), (0 if canvas else c0)
                 region = jpegcrop.decode_region(data, scale, r0, r1, c0, c1, canvas=canvas, size=size)
             except jpegcrop.JpegCropError as exc:  # corrupt or odd: the usual path decides
                 log.debug("jpegcrop refused the data (%s); decoding in full", exc)

@@ -79,7 +79,6 @@ from readers.decode.decoders import (
     decode_rgb_scaled,
     read_header,
     reduction_for,
-    scratch_buffer,
 )
 from readers.decode.geometry import resize_center_crop
 from readers.contract.env import thread_worker, worker_seed
@@ -296,8 +295,8 @@ def _resize_torch(arr: np.ndarray, ry0: int, rx0: int, ry1: int, rx1: int, size:
     elif not sub.flags.c_contiguous:
         sub = np.ascontiguousarray(sub)
     hwc = torch.from_numpy(sub)
-    if hwc.shape[0] == oh and hwc.shape[1] == ow:  # a copy always: ``arr`` may be a reused scratch buffer
-        return hwc.permute(2, 0, 1).clone(memory_format=torch.contiguous_format)
+    if hwc.shape[0] == oh and hwc.shape[1] == ow:
+        return hwc.permute(2, 0, 1).contiguous()
     x = hwc.permute(2, 0, 1).unsqueeze(0)  # a channels_last view: torch's fast uint8 path
     out = F.interpolate(x, size=(oh, ow), mode=interpolation, antialias=True, align_corners=False)
     return out[0].contiguous()
@@ -398,8 +397,7 @@ def resized_crop(image: ImageInput, box: Box | tuple[float, float, float, float]
     if region and not margin and encoded is not None:
         ry0, rx0 = int(top) // s, int(left) // s
         ry1, rx1 = -(-int(top + bh) // s), -(-int(left + bw) // s)
-        pixels, oy, ox = decode_rgb_region(encoded, s, (ry0, ry1), (rx0, rx1), decoder=decoder, header=header,
-                                           into=scratch_buffer((ry1 - ry0) * (rx1 - rx0) * 3))
+        pixels, oy, ox = decode_rgb_region(encoded, s, (ry0, ry1), (rx0, rx1), decoder=decoder, header=header)
         sub = pixels[ry0 - oy:ry1 - oy, rx0 - ox:rx1 - ox]
         if sub.shape[:2] != (ry1 - ry0, rx1 - rx0):
             raise RuntimeError(f"decoded {sub.shape[:2]} for rows {ry0}-{ry1}, columns {rx0}-{rx1} of a "
@@ -470,7 +468,7 @@ def _resized_crop_of_region(image: Encoded, header: ImageHeader, s: int, box: Bo
     if math.floor(r1 * fy) < ty + oh or math.floor(c1 * fx) < tx + ow:
         return None
     pixels, _top, _left = decode_rgb_region(image, s, (r0, r1), (c0, c1), decoder=decoder, header=header,
-                                            canvas=True, into=scratch_buffer(r1 * c1 * 3))
+                                            canvas=True)
     sub = pixels[:r1, :c1]
     if not sub.flags.writeable:  # a read-only full decode (PIL): torch wants writable memory
         sub = sub.copy()
