@@ -1,6 +1,6 @@
 """The built wheel holds exactly the packages ``packer``, ``readers`` and ``dataset_bench``, and,
 installed (not editable) into a fresh virtualenv, works with no checkout around: ``pack-dataset``,
-``pack-dataset info``, ``dataset-bench --generate 200 --quick``, and ``dataset-bench --chart`` without
+``pack-dataset info``, ``dataset-bench --generate 48 --quick``, and ``dataset-bench --chart`` without
 matplotlib fails at once, saying what to install.
 
 The native region decoder (``readers/decode/_jpegcrop.c``, the optional extension of ``setup.py``): the wheel
@@ -222,7 +222,7 @@ def test_pack_and_info_from_the_wheel(installed, real_images):
 @pytest.mark.slow
 def test_dataset_bench_generate_from_the_wheel(installed):
     bindir, env, work = installed
-    r = sh([bindir / "dataset-bench", "--generate", "200", "--quick", "--no-progress", "--json", work / "run.json"],
+    r = sh([bindir / "dataset-bench", "--generate", "48", "--quick", "--no-progress", "--json", work / "run.json"],
            work, env, 900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads((work / "run.json").read_text())
