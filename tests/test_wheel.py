@@ -31,7 +31,10 @@ from PIL import Image
 from readers.contract.messages import one_line
 
 REPO = Path(__file__).resolve().parent.parent
-EXCLUDE = {".git", ".venv", "build", "dist", "out", "__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
+#: Not copied into the build folder: git, the venv, build outputs and the caches beside the sources (CI's checkout
+#: holds Azurite's node_modules in .cache, which scripts/test.sh installs, and mypy's cache: both ignored by git)
+EXCLUDE = {".git", ".venv", "build", "dist", "out", "__pycache__", ".pytest_cache", ".ipynb_checkpoints", ".cache",
+           ".mypy_cache", ".hypothesis"}
 NATIVE_SOURCE = "readers/decode/_jpegcrop.c"
 #: The built decoder in a wheel for this interpreter (setup.py's extension readers.decode._jpegcrop).
 NATIVE_BUILT = "readers/decode/_jpegcrop" + importlib.machinery.EXTENSION_SUFFIXES[0]
