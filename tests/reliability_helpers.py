@@ -36,6 +36,22 @@ def cli(*args: Any, timeout: float = 180, prefix: list[str] | tuple = ()) -> sub
                           env=env())
 
 
+def verify_here(root: Path) -> subprocess.CompletedProcess:
+    """``pack-dataset verify ROOT -q`` through the CLI's entry point in this process, as a finished process
+    holds it (exit code, output): the check that a pack (a resumed one, one after a full disk) came out
+    whole. It is no test of the process, and a fresh Python costs an import of torch."""
+    import contextlib
+    import io
+
+    from packer.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["verify", str(root), "-q"])
+    return subprocess.CompletedProcess(["pack-dataset", "verify", str(root), "-q"], code, out.getvalue(),
+                                       err.getvalue())
+
+
 def error_lines(stderr: str) -> list[str]:
     """The error lines a pack-dataset run printed (warnings and progress bars aside)."""
     return [line for line in stderr.splitlines()

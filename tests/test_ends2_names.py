@@ -6,8 +6,6 @@ from __future__ import annotations
 import gc
 import json
 import shutil
-import subprocess
-import sys
 import tracemalloc
 from pathlib import Path
 
@@ -16,8 +14,7 @@ import pytest
 from packer.tools import info
 from packer.tools.verify import verify
 from readers.contract import spec
-
-CLI = [sys.executable, "-m", "packer.cli"]
+from reliability_helpers import verify_here
 
 
 def _copy(packed_generated, tmp_path, fmt: str = "lmdb") -> Path:
@@ -61,11 +58,10 @@ def test_a_names_file_longer_than_the_index_is_damage(packed_generated, tmp_path
     assert "more lines than the 28 samples" in report.problems[0].what
 
 
-@pytest.mark.slow
 def test_verify_cli_reports_a_damaged_names_file(packed_generated, tmp_path):
     root = _copy(packed_generated, tmp_path, "hdf5")
     _damage(root, 5, "{oops")
-    run = subprocess.run([*CLI, "verify", str(root), "-q"], capture_output=True, text=True, timeout=300)
+    run = verify_here(root)  # the CLI's entry point, in this process
     assert run.returncode == 1, run.stdout + run.stderr
     damaged = [line for line in run.stdout.splitlines() if line.startswith("DAMAGED")]
     assert damaged == [f"DAMAGED {root / spec.NAMES_FILE}:5: not a JSON string (Expecting property name enclosed "

@@ -27,6 +27,7 @@ from PIL import Image
 from conftest import make_image_folder
 from readers import open_dataset
 from readers.contract import spec
+from reliability_helpers import verify_here
 
 pytest.importorskip("ray")
 from raycluster import RayCluster  # noqa: E402
@@ -295,7 +296,8 @@ def test_driver_sigkill_then_resume_finishes_identical(big_src, cluster, tmp_pat
     resumed = int(done.stdout.split("resumed after ")[1].split()[0])
     assert resumed >= 150  # the chunks written before the kill were skipped
     assert _files(out) == _files(reference) if fmt == "wds" else _same_content(out, reference)
-    assert subprocess.run([*CLI, "verify", str(out), "-q"]).returncode == 0
+    checked = verify_here(out)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 JOURNAL_BYTES = """

@@ -22,7 +22,7 @@ from PIL import Image
 
 from readers import open_dataset
 from readers.contract import spec
-from reliability_helpers import assert_one_line, cli, content, digest, env
+from reliability_helpers import assert_one_line, cli, content, digest, env, verify_here
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +89,8 @@ def _same(out: Path, ref: Path, fmt: str) -> None:
         a, b = digest(out), digest(ref)
         assert {k: v for k, v in a.items() if k.endswith(".npy")} == {k: v for k, v in b.items() if k.endswith(".npy")}
         assert content(out) == content(ref)
-    assert cli("verify", out, "-q").returncode == 0
+    r = verify_here(out)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("fmt", spec.FORMATS)

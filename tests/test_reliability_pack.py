@@ -22,7 +22,8 @@ from packer import PackError, PackOptions, pack
 from readers import open_dataset
 from readers.contract import spec
 from reliability_helpers import (
-    assert_one_line, cli, content, digest, error_lines, no_root_powers, pack_killed_at, slow_pack, wait_for,
+    assert_one_line, cli, content, digest, error_lines, no_root_powers, pack_killed_at, slow_pack, verify_here,
+    wait_for,
 )
 
 
@@ -53,7 +54,7 @@ def _pack_cli(src, out, fmt, *more):
 
 
 def _verified(root: Path) -> None:
-    r = cli("verify", root, "-q")
+    r = verify_here(root)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

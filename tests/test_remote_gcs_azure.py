@@ -17,11 +17,13 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 
 import pytest
 
 from dataset_bench.servers import close_client
 from packer import PackOptions, pack
+from packer.cli import main as pack_dataset
 from packer.options import RemoteOptions
 from readers import make_loader, open_dataset
 from readers.contract.spec import FORMATS
@@ -44,8 +46,31 @@ def _prefix(server) -> str:
 
 
 def _cli(*args, env) -> subprocess.CompletedProcess:
+    """``pack-dataset ARGS`` in a fresh process whose environment is ``env`` and nothing else."""
     return subprocess.run([sys.executable, "-m", "packer.cli", *args], capture_output=True, text=True, env=env,
                           timeout=120)
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """``cli(*ARGS, env=ENV)``: ``pack-dataset ARGS`` through the CLI's entry point in this process, with the
+    variables of ``ENV`` (the emulator's) set for the call only: the exit code and output, as a finished
+    process holds them. The stores read the environment when they open (readers.remote.config), as they do
+    in a fresh process; none of these tests is about the process, and a fresh Python costs an import of torch.
+    Python's default filters, as in that process: aiohttp's ResourceWarning about a large upload body given as
+    bytes (the uploads of the packer's data files) is ignored there, and is no error here."""
+    def run(*args, env: dict[str, str]) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        with monkeypatch.context() as m, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Sending a large body directly with raw bytes", ResourceWarning)
+            for name, value in env.items():
+                if os.environ.get(name) != value:
+                    m.setenv(name, value)
+            code = pack_dataset([str(a) for a in args])
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["pack-dataset", *map(str, args)], code, out.out, out.err)
+
+    return run
 
 
 def test_store_primitives(emulator):
@@ -74,18 +99,18 @@ def test_store_primitives(emulator):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_pack_verify_info_and_read_back(emulator, generated, packed_generated, stored_bytes, tmp_path, fmt):
+def test_pack_verify_info_and_read_back(emulator, generated, packed_generated, stored_bytes, tmp_path, fmt, cli):
     """The CLI packs straight into the bucket (credentials from the emulator's environment variable); verify
     and info read it there; every sample reads back with the local pack's stored bytes and label, through
     the node cache and without it."""
     url = f"{_prefix(emulator)}/{fmt}"
     extra = ["--shard-count", "5"] if fmt == "wds" else []
-    done = _cli(str(generated), "-f", fmt, "-o", url, "--workers", "1", "-q", *extra, env=emulator.env())
+    done = cli(str(generated), "-f", fmt, "-o", url, "--workers", "1", "-q", *extra, env=emulator.env())
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith(f"-> {url}")
-    checked = _cli("verify", url, "-q", env=emulator.env())
+    checked = cli("verify", url, "-q", env=emulator.env())
     assert checked.returncode == 0 and "checked, OK" in checked.stdout, checked.stderr
-    info = _cli("info", url, env=emulator.env())
+    info = cli("info", url, env=emulator.env())
     assert info.returncode == 0 and "state        complete" in info.stdout, info.stderr
     local_root = packed_generated[fmt]
     local = open_dataset(local_root, decode=False, return_index=True)
@@ -107,7 +132,7 @@ def test_pack_verify_info_and_read_back(emulator, generated, packed_generated, s
     local.close()
 
 
-def test_verify_finds_a_flipped_byte(emulator, generated):
+def test_verify_finds_a_flipped_byte(emulator, generated, cli):
     url = f"{_prefix(emulator)}/wds"
     pack(generated, url, PackOptions(format="wds", workers=1, shard_count=2),
          remote=RemoteOptions(storage_options=emulator.storage_options()))
@@ -119,12 +144,12 @@ def test_verify_finds_a_flipped_byte(emulator, generated):
         fs.pipe_file(shard, bytes(data))
     finally:
         close_client(fs)
-    done = _cli("verify", url, "-q", env=emulator.env())
+    done = cli("verify", url, "-q", env=emulator.env())
     assert done.returncode == 1, done.stdout + done.stderr
     assert "DAMAGED" in done.stdout and "Traceback" not in done.stderr
 
 
-def test_a_manifest_of_bucket_image_urls_packs(emulator, real_images, tmp_path):
+def test_a_manifest_of_bucket_image_urls_packs(emulator, real_images, tmp_path, cli):
     """A CSV whose image column holds gs:// / az:// URLs: each image is read from the bucket."""
     base = _prefix(emulator)
     fs = emulator.client()
@@ -137,7 +162,7 @@ def test_a_manifest_of_bucket_image_urls_packs(emulator, real_images, tmp_path):
     finally:
         close_client(fs)
     (tmp_path / "rows.csv").write_text("\n".join(rows) + "\n")
-    done = _cli(str(tmp_path / "rows.csv"), "-f", "lmdb", "-o", str(tmp_path / "out"), "-q", env=emulator.env())
+    done = cli(str(tmp_path / "rows.csv"), "-f", "lmdb", "-o", str(tmp_path / "out"), "-q", env=emulator.env())
     assert done.returncode == 0, done.stderr
     ds = open_dataset(tmp_path / "out", decode=False, fields=("image", "caption"))
     try:

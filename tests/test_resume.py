@@ -17,6 +17,7 @@ from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers import open_dataset
 from readers.contract import spec
+from reliability_helpers import verify_here
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +111,8 @@ def test_kill9_then_resume_gives_identical_output(src, tmp_path, fmt):
             if name.endswith(".npy") or name == spec.NAMES_FILE:
                 assert out_files[name] == ref_files[name], name
         assert _content(out) == _content(reference)
-    assert subprocess.run([*CLI, "verify", str(out), "-q"], capture_output=True).returncode == 0
+    checked = verify_here(out)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_resume_refuses_other_options(src, tmp_path):

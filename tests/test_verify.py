@@ -5,16 +5,26 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from packer.cli import main as pack_dataset
 from readers.contract import spec
 
-CLI = [sys.executable, "-m", "packer.cli", "verify"]
 
-pytestmark = pytest.mark.slow  # every test runs the CLI in a subprocess
+@pytest.fixture
+def verify_cli(capsys):
+    """``verify_cli(ROOT)``: ``pack-dataset verify ROOT -q`` through the CLI's entry point in this process (what
+    ``python -m packer.cli`` runs; none of these tests is about the process itself, and a fresh Python costs
+    an import of torch): the exit code and output, as a finished process holds them."""
+    def run(root) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        code = pack_dataset(["verify", str(root), "-q"])
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["pack-dataset", "verify", str(root), "-q"], code, out.out, out.err)
+
+    return run
 
 
 def _data_position(root, fmt: str, i: int) -> tuple[str, int]:
@@ -42,10 +52,10 @@ def _data_position(root, fmt: str, i: int) -> tuple[str, int]:
 
 
 @pytest.mark.parametrize("fmt", spec.FORMATS)
-def test_verify_names_the_damaged_sample(packed_generated, tmp_path, fmt):
+def test_verify_names_the_damaged_sample(packed_generated, tmp_path, fmt, verify_cli):
     root = tmp_path / fmt
     shutil.copytree(packed_generated[fmt], root)
-    ok = subprocess.run([*CLI, str(root), "-q"], capture_output=True, text=True)
+    ok = verify_cli(root)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "OK" in ok.stdout
 
@@ -56,26 +66,26 @@ def test_verify_names_the_damaged_sample(packed_generated, tmp_path, fmt):
         byte = f.read(1)
         f.seek(pos)
         f.write(bytes([byte[0] ^ 0x40]))
-    bad = subprocess.run([*CLI, str(root), "-q"], capture_output=True, text=True)
+    bad = verify_cli(root)
     assert bad.returncode == 1
     damaged = [line for line in bad.stdout.splitlines() if line.startswith("DAMAGED")]
     assert any(f"sample {victim}:" in line for line in damaged), bad.stdout
     assert not any(f"sample {other}:" in line for line in damaged for other in (4, 6)), bad.stdout
 
 
-def test_verify_reports_a_missing_shard(packed_generated, tmp_path):
+def test_verify_reports_a_missing_shard(packed_generated, tmp_path, verify_cli):
     root = tmp_path / "wds"
     shutil.copytree(packed_generated["wds"], root)
     shard = spec.read_index(root).meta["shards"][1]["name"]
     (root / shard).unlink()
-    bad = subprocess.run([*CLI, str(root), "-q"], capture_output=True, text=True)
+    bad = verify_cli(root)
     assert bad.returncode == 1
     assert f"{shard}: shard file is missing" in bad.stdout
 
 
-def test_verify_refuses_a_half_written_pack(tmp_path):
+def test_verify_refuses_a_half_written_pack(tmp_path, verify_cli):
     (tmp_path / spec.STATE_NAME).write_text("{}")
-    bad = subprocess.run([*CLI, str(tmp_path), "-q"], capture_output=True, text=True)
+    bad = verify_cli(tmp_path)
     assert bad.returncode == 1
     assert "--resume" in bad.stderr
 

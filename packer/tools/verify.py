@@ -251,6 +251,8 @@ def _verify_one(root: Path | str, quiet: bool) -> int:
     finally:
         if bar:
             bar.close()
+        if index.store is not None:  # a remote dataset's connections: verify runs in-process too (tests, callers)
+            index.store.close()
     for prob in report.problems:
         print(f"DAMAGED {prob.where}: {prob.what}")
     for note in report.notes:

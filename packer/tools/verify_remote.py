@@ -32,14 +32,17 @@ def remote_roots(url: str, storage_options: dict[str, Any] | None = None) -> lis
     from readers.remote import open_store
 
     store = open_store(url, storage_options)
-    if store.exists(spec.INDEX_NAME):
-        return [url]
-    try:
-        names = store.list()
-    except OSError:
-        return [url]
-    splits = sorted({n.split("/")[0] for n in names if n.count("/") == 1 and n.endswith("/" + spec.INDEX_NAME)})
-    return [store.url_of(s) for s in splits] or [url]
+    try:  # closed here: verify runs in-process too (a library call, a test), where its connection would stay open
+        if store.exists(spec.INDEX_NAME):
+            return [url]
+        try:
+            names = store.list()
+        except OSError:
+            return [url]
+        splits = sorted({n.split("/")[0] for n in names if n.count("/") == 1 and n.endswith("/" + spec.INDEX_NAME)})
+        return [store.url_of(s) for s in splits] or [url]
+    finally:
+        store.close()
 
 
 def verify_remote(index: spec.Index, report: VerifyReport, tick: Tick,
