@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from packer.errors import PackError, UsageError
-from packer.options import PackOptions
+from packer.options import PackOptions, RemoteOptions
 from packer.pipeline import SplitResult
 from packer.prepare.pool import WorkerPool
 from packer.progress import bar as progress_bar
@@ -104,13 +104,13 @@ def _bar(progress: bool | Callable[[int], None], total: int | None) -> tuple[Cal
 def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.PathLike, format: str | None = None, *,
              workers: int = 0, on_error: str = "reject", fields: Mapping[str, FieldType | str] | str | None = None,
              classes: Sequence[str] | None = None, options: PackOptions | None = None, overwrite: bool = False,
-             resume: bool = False, append: bool = False, split: str = "data",
+             resume: bool = False, append: bool = False, split: str = "data", remote: RemoteOptions | None = None,
              progress: bool | Callable[[int], None] = False) -> MapResult:
     """Write the samples ``fn`` makes of each input into ``out`` (see the module docstring).
 
     ``workers``: 0 runs ``fn`` here, N >= 1 in N forked processes; the output is the same bytes.
-    ``format``, ``fields``, ``classes``, ``options``, ``overwrite``, ``resume``, ``append`` and ``split``
-    are the :class:`~packer.writer.Writer`'s (``append=True``: the samples become the next generation of
+    ``format``, ``fields``, ``classes``, ``options``, ``overwrite``, ``resume``, ``append``, ``split`` and
+    ``remote`` (an ``s3://``, ``gs://`` or ``az://`` ``out``) are the :class:`~packer.writer.Writer`'s (``append=True``: the samples become the next generation of
     the dataset in ``out``); ``resume=True`` continues an interrupted ``pack_map`` of the
     same ``fn`` and inputs: ``fn`` runs again over every input and the samples and rejects the Writer
     already holds (:attr:`Writer.count`) are skipped, so the result is what an uninterrupted job writes.
@@ -128,7 +128,7 @@ def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.Path
     taken = samples = 0
     try:
         with Writer(out, format, fields=fields, classes=classes, options=options, on_error=on_error,
-                    overwrite=overwrite, resume=resume, append=append, split=split) as writer:
+                    overwrite=overwrite, resume=resume, append=append, split=split, remote=remote) as writer:
             skip = writer.count  # resume: samples of the sequence the Writer holds already
             pool = WorkerPool(apply, workers, describe=lambda n: f"input {n}") if workers else None
             try:
