@@ -200,6 +200,7 @@ class Writer:
         self.count = 0  #: samples of the caller's sequence taken so far (written or rejected)
         self.result: SplitResult | None = None  #: the pack's result, after a clean close
         self._schema: Schema | None = None
+        self._names: frozenset[str] = frozenset()  # the schema's field names (a sample's keys, but __key__)
         self._thread: threading.Thread | None = None
         self._queue: queue.Queue = queue.Queue(_QUEUE)
         self._ready = threading.Event()
@@ -346,13 +347,22 @@ class Writer:
         """(outcome, label, name, source bytes) of one sample; a bad one's outcome names it."""
         schema, where = self._schema, f"sample {pos}"
         assert schema is not None and self._opts is not None
-        names = set(sample) - {"__key__"}
+        keys = sample.keys()
+        if keys == self._names or keys - {"__key__"} == self._names:
+            return self._check_values(pos, sample)
+        names = set(keys) - {"__key__"}
         missing, unknown = [n for n in schema.names if n not in names], sorted(names - set(schema.names))
         if missing or unknown:
             what = "; ".join(filter(None, [f"missing field {', '.join(map(repr, missing))}" if missing else "",
                                            f"field {', '.join(map(repr, unknown))} not in the schema "
                                            f"({', '.join(schema.names)})" if unknown else ""]))
             return Outcome(None, problem=f"{where}: {what}"), 0, self._name(pos, sample), 0
+        return self._check_values(pos, sample)
+
+    def _check_values(self, pos: int, sample: Mapping[str, Any]) -> tuple[Outcome, int, str, int]:
+        """:meth:`_check` of a sample with the schema's fields."""
+        schema, where = self._schema, f"sample {pos}"
+        assert schema is not None and self._opts is not None
         name = self._name(pos, sample)
         try:
             data = image_bytes(sample["image"])
@@ -390,6 +400,7 @@ class Writer:
     # ---- the write thread
     def _start(self, schema: Schema) -> None:
         self._schema = schema
+        self._names = frozenset(schema.names)
         has_label = schema.labels_field is not None
         classes = list(self._classes) if self._classes is not None and has_label else []
         if self._base is not None:  # append: the dataset's fields and classes (new classes after them)
