@@ -19,18 +19,25 @@ input's position and repr as its ``path``, the error as its ``reason``), a posit
 sequence as a written sample is, so ``resume=True`` skips it too; with ``on_error="raise"`` it
 stops the job with :class:`MapError` (the Writer is aborted: nothing opens as complete). A bad
 *sample* is the Writer's to reject or raise (``rejects.jsonl``), by the same ``on_error``.
+
+``engine="ray"`` (or ``options.engine``) runs ``fn`` as Ray tasks instead, on the cluster
+``options.ray_address`` names (``packer.engines.ray``'s session: ``RaySession.map_ordered``, chunks
+of ``options.ray_chunk`` inputs, results taken in input order), and the same one Writer writes what
+they return: the same bytes as the local engine's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 from collections.abc import Sequence
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from packer.engines import ray_session
 from packer.errors import PackError, UsageError
-from packer.options import PackOptions
+from packer.options import PackOptions, RemoteOptions
 from packer.pipeline import SplitResult
 from packer.prepare.pool import WorkerPool
 from packer.progress import bar as progress_bar
@@ -104,22 +111,30 @@ def _bar(progress: bool | Callable[[int], None], total: int | None) -> tuple[Cal
 def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.PathLike, format: str | None = None, *,
              workers: int = 0, on_error: str = "reject", fields: Mapping[str, FieldType | str] | str | None = None,
              classes: Sequence[str] | None = None, options: PackOptions | None = None, overwrite: bool = False,
-             resume: bool = False, append: bool = False, split: str = "data",
-             progress: bool | Callable[[int], None] = False) -> MapResult:
+             resume: bool = False, append: bool = False, split: str = "data", remote: RemoteOptions | None = None,
+             engine: str | None = None, progress: bool | Callable[[int], None] = False) -> MapResult:
     """Write the samples ``fn`` makes of each input into ``out`` (see the module docstring).
 
     ``workers``: 0 runs ``fn`` here, N >= 1 in N forked processes; the output is the same bytes.
-    ``format``, ``fields``, ``classes``, ``options``, ``overwrite``, ``resume``, ``append`` and ``split``
-    are the :class:`~packer.writer.Writer`'s (``append=True``: the samples become the next generation of
+    ``format``, ``fields``, ``classes``, ``options``, ``overwrite``, ``resume``, ``append``, ``split`` and
+    ``remote`` (an ``s3://``, ``gs://`` or ``az://`` ``out``) are the :class:`~packer.writer.Writer`'s (``append=True``: the samples become the next generation of
     the dataset in ``out``); ``resume=True`` continues an interrupted ``pack_map`` of the
     same ``fn`` and inputs: ``fn`` runs again over every input and the samples and rejects the Writer
     already holds (:attr:`Writer.count`) are skipped, so the result is what an uninterrupted job writes.
-    ``progress``: True for a bar over the inputs, or a callback
+    ``engine``: ``"local"`` (``workers``) or ``"ray"`` (default: ``options.engine``; see the module
+    docstring). ``progress``: True for a bar over the inputs, or a callback
     called with the number of inputs just done."""
     if on_error not in ON_ERROR:
         raise UsageError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise UsageError(f"workers must be an integer >= 0, got {workers!r}")
+    options = options or PackOptions()
+    engine = engine or options.engine
+    if engine not in ("local", "ray"):
+        raise UsageError(f"engine must be 'local' or 'ray', got {engine!r}")
+    # checks ray_address / ray_chunk as a pack does; a Ray started here (no address) gets ``workers`` CPUs
+    asked = dataclasses.replace(options, engine=engine, workers=options.workers or workers or None)
+    options = dataclasses.replace(asked, engine="local", ray_address=None)  # the Writer writes here
     total = len(inputs) if isinstance(inputs, Sequence) else None
     apply = _Apply(fn)
     jobs = enumerate(inputs)
@@ -128,11 +143,19 @@ def pack_map(fn: Callable[[Any], Any], inputs: Iterable[Any], out: str | os.Path
     taken = samples = 0
     try:
         with Writer(out, format, fields=fields, classes=classes, options=options, on_error=on_error,
-                    overwrite=overwrite, resume=resume, append=append, split=split) as writer:
+                    overwrite=overwrite, resume=resume, append=append, split=split, remote=remote) as writer, \
+                contextlib.ExitStack() as stack:
             skip = writer.count  # resume: samples of the sequence the Writer holds already
-            pool = WorkerPool(apply, workers, describe=lambda n: f"input {n}") if workers else None
+            pool = WorkerPool(apply, workers, describe=lambda n: f"input {n}") if workers and engine == "local" \
+                else None
             try:
-                done: Iterator[tuple[bool, Any]] = pool.map(jobs) if pool is not None else map(apply, jobs)
+                done: Iterator[tuple[bool, Any]]
+                if engine == "ray":  # connected after the Writer has checked and locked its output
+                    session = stack.enter_context(ray_session(asked))
+                    done = stack.enter_context(contextlib.closing(session.map_ordered(
+                        apply, jobs, asked.ray_chunk, lambda a, b: f"{_describe(*a)} .. input {b[0]}")))
+                else:
+                    done = pool.map(jobs) if pool is not None else map(apply, jobs)
                 for ok, value in done:
                     taken += 1
                     if not ok:

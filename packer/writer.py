@@ -24,14 +24,15 @@ PIL image or array is encoded as a lossless PNG, as a pack stores a BMP), an opt
 ``names.jsonl``; default its position) and any typed fields (``fields=``, else inferred from the
 first sample: ``str`` -> text, ``int`` -> int, ``float`` -> float, ``bool`` -> uint8, dict / list ->
 json, ``bytes`` -> bytes, a numpy array -> ``DTYPE[*,...]`` (state ``DTYPE[N]`` for a fixed
-column), a numpy scalar -> its dtype).
+column), a numpy scalar -> its dtype); ``packer.samples`` makes the schema and the image bytes.
+``out`` may be an ``s3://``, ``gs://`` or ``az://`` prefix: then the write is a pack to object storage
+(``packer.remote_output``: staged locally, uploaded, ``index.json`` last, resumable).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import logging
 import os
@@ -41,23 +42,23 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping
-
-import numpy as np
+from typing import Any, Callable, Iterator, Mapping
 
 from packer import appending
 from packer.api import WRITERS
 from packer.errors import PackError, UsageError
-from packer.journal import SideFiles
-from packer.options import PackOptions
+from packer.journal import Journal, SideFiles
+from packer.options import PackOptions, RemoteOptions
 from packer.output import OutputLock, prepare_output
 from packer.pipeline import SplitResult, pack_split
+from packer.remote_output import StagedOutput
+from packer.samples import image_bytes, infer_schema
 from packer.prepare.images import ImageOptions
 from packer.prepare.workers import Outcome, outcome_of
 from packer.sources.source import Source
 from readers.contract import spec
 from readers.contract.location import parse_location
-from readers.contract.fields import Field, FieldType, FieldValueError, ImageType, NumericType, Schema, parse_type
+from readers.contract.fields import FieldType, FieldValueError, Schema
 from readers.contract.messages import one_line
 
 __all__ = ["Writer", "SampleError", "infer_schema"]
@@ -67,7 +68,6 @@ log = logging.getLogger(__name__)
 ON_ERROR = ("raise", "reject")
 _QUEUE = 64  # samples checked and waiting for the write thread (a bounded window, never an unbounded pile)
 _END, _ABORT = object(), object()
-_LABEL = NumericType("int32")  # what labels.npy holds (Schema.labels_field)
 
 
 class SampleError(PackError, ValueError):
@@ -76,55 +76,6 @@ class SampleError(PackError, ValueError):
 
 class _Aborted(Exception):
     """The ``with`` block of a Writer ended by an exception: the write thread stops, resumable."""
-
-
-# ------------------------------------------------------------------------------------ schema
-def _infer_type(name: str, value: Any) -> FieldType:
-    if name == "image":
-        return ImageType()
-    if name == "label" and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return _LABEL
-    if isinstance(value, bool):
-        return NumericType("uint8")
-    if isinstance(value, np.generic) and value.dtype.kind in "iuf":
-        return NumericType(value.dtype)
-    if isinstance(value, int):
-        return parse_type("int")
-    if isinstance(value, float):
-        return parse_type("float")
-    if isinstance(value, str):
-        return parse_type("text")
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return parse_type("bytes")
-    if isinstance(value, np.ndarray) and value.dtype.kind in "iuf" and value.ndim >= 1:
-        return NumericType(value.dtype, (None, *value.shape[1:]))
-    if isinstance(value, (dict, list, tuple)):
-        return parse_type("json")
-    raise UsageError(f"field {name!r}: cannot infer a type from {type(value).__name__}; state it with "
-                     f"fields={{{name!r}: TYPE}}")
-
-
-def infer_schema(sample: Mapping[str, Any], fields: Mapping[str, FieldType | str] | str | None = None,
-                 classes: Sequence[str] | None = None) -> Schema:
-    """The schema of a Writer: ``fields`` (``name -> type``, or ``"caption:text,boxes:float32[*,4]"``),
-    else the types of ``sample``'s values (``__key__`` is no field). ``image`` is required; ``label``
-    gets ``classes``."""
-    if isinstance(fields, str):
-        from readers.contract.fields import parse_fields_option
-
-        fields = parse_fields_option(fields)
-    pairs = dict(fields) if fields is not None else {n: _infer_type(n, v) for n, v in sample.items()
-                                                     if n != "__key__"}
-    if "image" not in pairs:
-        raise UsageError(f"a Writer's samples need an 'image' field; the fields are {', '.join(pairs) or 'none'}")
-    order = ["image"] + (["label"] if "label" in pairs else []) + [n for n in pairs if n not in ("image", "label")]
-    out = []
-    for n in order:
-        given = pairs[n]
-        t = given if isinstance(given, FieldType) else parse_type(str(given), n)
-        names = dict(enumerate(classes)) if n == "label" and classes is not None and t == _LABEL else None
-        out.append(Field(n, t, names))
-    return Schema(tuple(out))
 
 
 # ------------------------------------------------------------------------------------ the growing source
@@ -178,29 +129,6 @@ class _StreamSource(Source):
         return 0
 
 
-# ------------------------------------------------------------------------------------ images
-def _image_bytes(value: Any) -> bytes:
-    """Encoded bytes of an ``image`` value: bytes as they are; a PIL image or uint8 array as PNG."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    from PIL import Image
-
-    if isinstance(value, np.ndarray):
-        if value.dtype != np.uint8 or not (value.ndim == 2 or value.ndim == 3 and value.shape[2] in (3, 4)):
-            raise FieldValueError(f"field 'image': an array must be HxWx3 (RGB), HxWx4 (RGBA) or HxW uint8, got "
-                                  f"{value.dtype} {value.shape}")
-        value = Image.fromarray(np.ascontiguousarray(value))
-    if not isinstance(value, Image.Image):
-        raise FieldValueError(f"field 'image': expected encoded bytes, a PIL image or a uint8 array, got "
-                              f"{type(value).__name__}")
-    buf = io.BytesIO()
-    try:
-        value.save(buf, "PNG")  # lossless, as a pack stores any image that is neither JPEG nor PNG
-    except (OSError, ValueError) as exc:
-        raise FieldValueError(f"field 'image': cannot encode this {value.mode} image as PNG ({exc})") from None
-    return buf.getvalue()
-
-
 # ------------------------------------------------------------------------------------ the writer
 class Writer:
     """Write samples into a dataset folder ``out`` (see the module docstring); a context manager.
@@ -213,12 +141,19 @@ class Writer:
     continues an interrupted write into ``out``: :attr:`count` says how many samples of the
     sequence it holds (written or rejected); write the rest. ``overwrite=True`` replaces a dataset
     of ours. ``split``: the dataset's split name (wds shards are ``<split>-NNNNNN.tar``).
+
+    ``out`` may be an ``s3://``, ``gs://`` or ``az://`` prefix: the write is a pack's to such an
+    output (``packer.remote_output.StagedOutput``: staged in a local folder, shards uploaded as
+    checkpoints close them, the rest after, ``index.json`` last; ``resume=True`` continues from the
+    staging folder's journal). ``remote`` (:class:`packer.RemoteOptions`) says how the store is
+    reached and where the staging folder is, as for ``pack``.
     """
 
     def __init__(self, out: str | os.PathLike, format: str | None = None, *,
                  fields: Mapping[str, FieldType | str] | str | None = None, classes: Sequence[str] | None = None,
                  options: PackOptions | None = None, on_error: str = "raise", resume: bool = False,
-                 overwrite: bool = False, append: bool = False, split: str = "data") -> None:
+                 overwrite: bool = False, append: bool = False, split: str = "data",
+                 remote: RemoteOptions | None = None) -> None:
         if on_error not in ON_ERROR:
             raise UsageError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
         if not re.fullmatch(r"[A-Za-z0-9_-]+", split):
@@ -245,15 +180,27 @@ class Writer:
                              "history, so a resumed write would hold the same samples in other bytes; write wds, "
                              "hdf5 or mmap (pack-dataset convert makes the lmdb), or start again with overwrite=True")
         location = parse_location(os.fspath(out)) if isinstance(out, (str, os.PathLike)) else out
-        if isinstance(location, str):  # Path("s3://b/x") would be a local folder named s3:
-            raise UsageError(f"{location}: Writer writes a local folder, not an object store yet; write to a "
-                             "local folder, then upload its files (the dataset is the folder)")
-        self.out, self.options, self.on_error, self.split = Path(location), options, on_error, split
+        remote = remote or RemoteOptions()
+        self._target: StagedOutput | None = None  # an object-store output, staged in a local folder
+        if isinstance(location, str):
+            if options.append:
+                raise UsageError(f"{location}: Writer(append=True) appends to a local dataset folder, not one on "
+                                 "object storage yet (append to a local copy and upload it)")
+            self._target = StagedOutput(location, options, remote)
+        else:
+            unused = remote.unused(remote_source=False, remote_output=False)
+            if unused:
+                raise TypeError(f"RemoteOptions {', '.join(unused)}: only for an s3://, gs:// or az:// output; "
+                                f"{location} is a local folder")
+        self.url = location if isinstance(location, str) else None  #: the object-store output, if any
+        self.out = self._target.folder if self._target is not None else Path(location)
+        self.options, self.on_error, self.split = options, on_error, split
         self._fields, self._classes = fields, list(classes) if classes is not None else None
         self._writer_cls = WRITERS[options.format]
         self.count = 0  #: samples of the caller's sequence taken so far (written or rejected)
         self.result: SplitResult | None = None  #: the pack's result, after a clean close
         self._schema: Schema | None = None
+        self._names: frozenset[str] = frozenset()  # the schema's field names (a sample's keys, but __key__)
         self._thread: threading.Thread | None = None
         self._queue: queue.Queue = queue.Queue(_QUEUE)
         self._ready = threading.Event()
@@ -268,9 +215,17 @@ class Writer:
         try:
             if options.append and not os.path.lexists(self.out / spec.INDEX_NAME):
                 self.options = options = dataclasses.replace(options, append=False)  # nothing yet: a new dataset
+            if self._target is not None:
+                self._target.check(self._lock)  # may the prefix be written? nothing is written yet
             prepare_output(self.out, dataclasses.replace(options, resume=True) if options.append else options,
-                           [self.out], self._lock, split_hint=split)
-            if options.append:
+                           [self.out], self._lock, split_hint=split,
+                           role=self._target.role if self._target is not None else "")
+            if self._target is not None:
+                self._target.ready()  # overwrite=True: the old objects go, index.json first
+            if self._target is not None and options.resume and not os.path.lexists(self.out / spec.STATE_NAME) \
+                    and self._target.store.exists(spec.INDEX_NAME):
+                self._finished(json.loads(self._target.store.read(spec.INDEX_NAME)))
+            elif options.append:
                 self._begin_append()
             elif os.path.lexists(self.out / spec.INDEX_NAME) and options.resume:
                 appending.refuse_plain_resume(self.out)
@@ -278,8 +233,14 @@ class Writer:
             elif options.resume and os.path.lexists(self.out / spec.STATE_NAME):
                 self._start(self._journal_schema())  # count is known before the first write
         except BaseException:
-            self._lock.release()
+            self._release()
             raise
+
+    def _release(self) -> None:
+        """The output lock goes; an object-store output's staging folder too, when the upload emptied it."""
+        self._lock.release()
+        if self._target is not None:
+            self._target.close()
 
     # ---- context manager
     def __enter__(self) -> Writer:
@@ -361,12 +322,12 @@ class Writer:
                 raise self._error
             return self.result
         finally:
-            self._lock.release()
+            self._release()
 
     def abort(self) -> None:
         """Stop without writing the index: what was checkpointed stays resumable (``resume=True``)."""
         if self._closed:
-            self._lock.release()  # a failure that closed the writer may have left it held
+            self._release()  # a failure that closed the writer may have left it held
             return
         self._closed = True
         try:
@@ -379,23 +340,32 @@ class Writer:
                         continue
                 self._thread.join()
         finally:
-            self._lock.release()
+            self._release()
 
     # ---- checks, in the caller's thread
     def _check(self, pos: int, sample: Mapping[str, Any]) -> tuple[Outcome, int, str, int]:
         """(outcome, label, name, source bytes) of one sample; a bad one's outcome names it."""
         schema, where = self._schema, f"sample {pos}"
         assert schema is not None and self._opts is not None
-        names = set(sample) - {"__key__"}
+        keys = sample.keys()
+        if keys == self._names or keys - {"__key__"} == self._names:
+            return self._check_values(pos, sample)
+        names = set(keys) - {"__key__"}
         missing, unknown = [n for n in schema.names if n not in names], sorted(names - set(schema.names))
         if missing or unknown:
             what = "; ".join(filter(None, [f"missing field {', '.join(map(repr, missing))}" if missing else "",
                                            f"field {', '.join(map(repr, unknown))} not in the schema "
                                            f"({', '.join(schema.names)})" if unknown else ""]))
             return Outcome(None, problem=f"{where}: {what}"), 0, self._name(pos, sample), 0
+        return self._check_values(pos, sample)
+
+    def _check_values(self, pos: int, sample: Mapping[str, Any]) -> tuple[Outcome, int, str, int]:
+        """:meth:`_check` of a sample with the schema's fields."""
+        schema, where = self._schema, f"sample {pos}"
+        assert schema is not None and self._opts is not None
         name = self._name(pos, sample)
         try:
-            data = _image_bytes(sample["image"])
+            data = image_bytes(sample["image"])
             label = self._label(sample)
             blobs = tuple(f.type.encode(sample[f.name], f.name) for f in schema.extra_fields)
         except FieldValueError as exc:
@@ -430,6 +400,7 @@ class Writer:
     # ---- the write thread
     def _start(self, schema: Schema) -> None:
         self._schema = schema
+        self._names = frozenset(schema.names)
         has_label = schema.labels_field is not None
         classes = list(self._classes) if self._classes is not None and has_label else []
         if self._base is not None:  # append: the dataset's fields and classes (new classes after them)
@@ -453,7 +424,7 @@ class Writer:
                 if self._error is not None:
                     error, self._error = self._error, None
                     self._closed = True
-                    self._lock.release()
+                    self._release()
                     raise error
                 if self.result is not None and self.result.already_complete:
                     self._complete = True
@@ -462,12 +433,21 @@ class Writer:
 
     def _run(self) -> None:
         try:
-            self.result = pack_split(self._source, self.out, self.split, self.options, self._writer_cls, 1,
-                                     prepare=self._stage)
+            if self._target is not None:  # staged, uploaded as it goes, index.json last (packer.remote_output)
+                self.result = self._target.pack_split(self._pack, self._source, self.out, self.split,
+                                                      self._writer_cls, None)
+            else:
+                self.result = self._pack(self._source, self.out, self.split, self._writer_cls, None)
         except _Aborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             self._error = exc
+
+    def _pack(self, source: Source, out: Path, split: str, writer_cls: type, progress: Any, *, output: Any = None,
+              after_checkpoint: Callable[[Journal], None] | None = None) -> SplitResult:
+        """The engine (``packer.engines.SplitPacker``) of a Writer: the pack's write stage over its queue."""
+        return pack_split(source, out, split, self.options, writer_cls, 1, prepare=self._stage,
+                          after_checkpoint=after_checkpoint)
 
     def _stage(self, source: Source, start: int, opts: ImageOptions, workers: int) -> Iterator[Outcome]:
         """The prepare stage ``pack_split`` calls (after the journal, writer and side files are open)."""
@@ -511,7 +491,7 @@ class Writer:
         if self._thread is not None and not self._thread.is_alive():
             self._thread.join()
             self._closed = True
-            self._lock.release()
+            self._release()
             if self._error is not None:
                 raise self._error
             raise PackError(f"{self.out}: the write thread ended early")
@@ -558,11 +538,12 @@ class Writer:
     def _fields_match(a: Schema, b: Schema) -> bool:
         return [(f.name, f.type.name) for f in a] == [(f.name, f.type.name) for f in b]
 
-    def _finished(self) -> None:
-        """``resume=True`` on a complete dataset: nothing to write; :attr:`count` is its sample count."""
-        meta = spec.read_index(self.out).meta
+    def _finished(self, meta: dict[str, Any] | None = None) -> None:
+        """``resume=True`` on a complete dataset (``meta``: its index, read from the store): nothing to
+        write; :attr:`count` is its sample count."""
+        meta = meta if meta is not None else spec.read_index(self.out).meta
         src: dict[str, Any] = meta["source"] if isinstance(meta.get("source"), dict) else {}
         if src.get("kind") != "writer":
-            raise PackError(f"{self.out} holds a finished pack, not a Writer's; nothing to resume")
+            raise PackError(f"{self.url or self.out} holds a finished pack, not a Writer's; nothing to resume")
         self.count = int(src.get("images_found", meta.get("num_samples", 0)))
         self._complete = True

@@ -233,3 +233,11 @@ def test_writer_reject_takes_a_place_in_the_sequence_and_one_rejects_line(tmp_pa
     assert json.loads((out / spec.INDEX_NAME).read_text())["num_samples"] == 2
     with pytest.raises(UsageError, match="this Writer is closed"):
         w.reject("late", "too late")
+
+
+def test_an_unknown_engine_is_one_line(tmp_path):
+    from packer import UsageError
+
+    with pytest.raises(UsageError, match=r"^engine must be 'local' or 'ray', got 'spark'$"):
+        pack_map(lambda i: None, range(3), tmp_path / "out", format="wds", engine="spark")
+    assert not (tmp_path / "out").exists()

@@ -339,3 +339,59 @@ def test_a_ray_wds_checkpoint_writes_as_many_journal_bytes_at_40_shards_as_at_10
     assert len(written[10]) >= 10 and len(written[40]) >= 40  # a checkpoint at every closed shard
     assert max(written[40]) - max(written[10]) < 64, (max(written[10]), max(written[40]))
     assert sum(written[40]) < 4.5 * sum(written[10]), (sum(written[10]), sum(written[40]))
+
+
+# ---------------------------------------------------------------- pack_map(engine="ray")
+PACK_MAP = """
+    import io, json, os, sys
+    import numpy as np
+    from PIL import Image
+    from packer import PackOptions, pack_map
+
+    def render(i):  # defined in __main__: Ray pickles it by value
+        if engine == "ray":  # which node ran it
+            import ray
+            open(os.path.join(nodes, ray.get_runtime_context().get_node_id()), "w").close()
+        if i == 13:
+            raise ValueError("corrupt record")
+        if i % 10 == 7:
+            return None
+        rng = np.random.default_rng(i)
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (20 + i % 5, 24, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
+        return [{"image": buf.getvalue(), "label": i % 3, "caption": f"record {i}", "score": i / 7}] * (1 + i % 2)
+
+    address, root, engine = sys.argv[1:]
+    nodes = root + "-nodes"
+    os.makedirs(nodes)
+    found = {}
+    for fmt in ("wds", "hdf5"):
+        opts = PackOptions(shard_count=9, checkpoint_bytes=4096, ray_chunk=7,
+                           **({"engine": "ray", "ray_address": address} if engine == "ray" else {}))
+        r = pack_map(render, range(60), f"{root}/{fmt}", format=fmt, workers=0 if engine == "ray" else 2,
+                     engine=engine, options=opts)
+        found[fmt] = [r.inputs, r.samples, list(r.rejects)]
+    print(json.dumps(found))
+"""
+
+
+def test_pack_map_on_ray_equals_the_local_engine(cluster, tmp_path):
+    """``pack_map(engine="ray")``: fn runs as Ray tasks on both nodes; what the one Writer writes is the
+    local engine's (2 forked workers), byte for byte, inputs in order, rejects and skips included."""
+    cluster.scale(2)
+    got = {}
+    for engine in ("ray", "local"):
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(PACK_MAP), cluster.address,
+                               str(tmp_path / engine), engine], env=cluster.env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        got[engine] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["ray"] == got["local"]
+    # 6 (odd) inputs give None, input 13 fails; 30 even inputs give one sample, the 23 other odd ones two
+    assert got["ray"]["wds"][:2] == [60, 76]
+    assert got["ray"]["wds"][2] == ["input 13 (13): ValueError: corrupt record"]
+    for fmt in ("wds", "hdf5"):
+        assert _files(tmp_path / "ray" / fmt) == _files(tmp_path / "local" / fmt), fmt
+    assert len(os.listdir(tmp_path / "ray-nodes")) == 2  # fn ran on both nodes of the cluster
+    ds = open_dataset(tmp_path / "ray" / "hdf5", fields=("caption",))
+    assert [ds[i][0] for i in range(4)] == ["record 0", "record 1", "record 1", "record 2"]

@@ -248,11 +248,3 @@ def test_labels_classes_and_stated_fields(tmp_path):
     assert [int(ds[i][0]) for i in range(6)] == [0, 2, 4, 6, 8, 10]
     assert np.array_equal(ds[5][1], np.array([5, 6, 7], np.float32))
     assert verify(stated).ok
-
-
-@pytest.mark.parametrize("url", ["s3://b/x", "gs://b/x", "az://c/x"])
-def test_an_object_store_address_is_refused_not_a_local_folder(tmp_path, monkeypatch, url):
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(UsageError, match=rf"^{url}: Writer writes a local folder"):
-        Writer(url, format="wds")
-    assert list(tmp_path.iterdir()) == []  # not ./s3:/b/x

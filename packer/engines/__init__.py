@@ -23,7 +23,7 @@ from packer.pipeline import PackProgress, SplitResult, pack_split
 from packer.sources.source import Source
 from readers.contract.env import available_cpus
 
-__all__ = ["SplitPacker", "open_engine"]
+__all__ = ["SplitPacker", "open_engine", "ray_session"]
 
 #: (source, output folder, split name, writer class, progress callback) -> result; keywords
 #: ``output`` (where wds shard tasks put shards: a StoreOutput for s3://) and ``after_checkpoint``
@@ -32,16 +32,24 @@ SplitPacker = Callable[..., SplitResult]
 
 
 @contextmanager
+def ray_session(options: PackOptions) -> Iterator[Any]:
+    """A :class:`packer.engines.ray.RaySession` on the cluster ``options`` name (``pack_map`` maps with it);
+    without Ray installed, one line saying how to get it."""
+    try:
+        from packer.engines import ray as ray_engine
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        raise UsageError("--engine ray needs Ray: pip install 'dataset-packer[ray]'") from None
+    with ray_engine.RaySession.connect(options) as session:
+        yield session
+
+
+@contextmanager
 def open_engine(options: PackOptions) -> Iterator[SplitPacker]:
     """The engine ``options`` ask for, ready to pack splits; released on exit."""
     if options.engine == "ray":
-        try:
-            from packer.engines import ray as ray_engine
-        except ModuleNotFoundError as exc:
-            if exc.name != "ray":
-                raise
-            raise UsageError("--engine ray needs Ray: pip install 'dataset-packer[ray]'") from None
-        with ray_engine.RaySession.connect(options) as session:
+        with ray_session(options) as session:
             yield session.pack_split
         return
     workers = options.workers or available_cpus()

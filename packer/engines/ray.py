@@ -20,6 +20,10 @@ the output is the local engine's whatever the cluster looks like:
   the driver lays shards out from the sample sizes alone and ``write_shard``
   tasks write them (``packer.engines.ray_wds``).
 
+``pack_map(..., engine="ray")`` (``packer.mapping``) uses the same session:
+:meth:`RaySession.map_ordered` runs the user's function over chunks of the inputs
+as ``map_chunk`` tasks and hands the results back in input order to one Writer.
+
 Failures. Tasks are pure (prepare) or idempotent (a shard goes to a unique
 temp name, then is renamed whole), so Ray retries a task whose worker died
 (``MAX_RETRIES``) and the output does not change. A task that fails for good
@@ -30,6 +34,7 @@ same command with ``--resume`` (either engine) carries on from there.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -38,7 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import ray
 import ray.exceptions
@@ -100,6 +105,12 @@ def write_shard(output: LocalOutput, name: str, parts: list[tasks.ShardPart], *p
 @ray.remote(num_cpus=0, max_retries=MAX_RETRIES)
 def file_crc(output: LocalOutput, name: str) -> tuple[int, int] | None:
     return tasks.file_crc(output, name)
+
+
+@ray.remote(num_cpus=1, max_retries=MAX_RETRIES, scheduling_strategy="SPREAD")
+def map_chunk(fn: Callable[[Any], Any], jobs: list[Any]) -> tuple[list[Any], str]:
+    """``fn`` over one chunk of a ``pack_map``'s inputs (``fn`` catches an input's failure itself)."""
+    return [fn(job) for job in jobs], ray.get_runtime_context().get_node_id()
 
 
 @dataclass
@@ -201,6 +212,38 @@ class RaySession:
         nodes = self.nodes_used
         return RaySplitResult(**{f.name: getattr(result, f.name) for f in fields(SplitResult)},
                               nodes=len(nodes), cpus=sum(self.node_cpus.get(n, 0) for n in nodes))
+
+    # ------------------------------------------------------------ pack_map
+    def map_ordered(self, fn: Callable[[Any], Any], jobs: Iterable[Any], chunk: int,
+                    describe: Callable[[Any, Any], str]) -> Iterator[Any]:
+        """``fn(job)`` for each job, in the jobs' order, as ``map_chunk`` tasks of ``chunk`` jobs (a window
+        of two per cluster CPU, taken in order, so memory stays bounded however many jobs there are).
+        ``fn`` is pickled once (``ray.put``; a closure or lambda is pickled by value). A chunk that fails
+        for good is one line naming its jobs (``describe(first, last)``)."""
+        try:
+            fn_ref = ray.put(fn)
+        except Exception as exc:  # noqa: BLE001 -- cloudpickle's errors are of many kinds
+            raise UsageError(f"--engine ray: the function cannot be sent to the cluster ({one_line(exc, 200, kind=True)})"
+                             ) from None
+        self.nodes_used = set()
+        window = max(2, 2 * self.cpus)
+        pending: deque[tuple[str, Any]] = deque()
+        todo, more = iter(jobs), True
+        try:
+            while True:
+                while more and len(pending) < window:
+                    batch = list(itertools.islice(todo, chunk))
+                    more = len(batch) == chunk
+                    if batch:
+                        pending.append((describe(batch[0], batch[-1]), map_chunk.remote(fn_ref, batch)))
+                if not pending:
+                    return
+                what, ref = pending.popleft()
+                results, node = self.get(ref, what)
+                self.nodes_used.add(node)
+                yield from results
+        finally:
+            self.cancel([ref for _, ref in pending])
 
     # ------------------------------------------------------------ tasks and their failures
     def get(self, ref: Any, what: str) -> Any:

@@ -38,6 +38,7 @@ from packer.prepare.images import Prepared
 from packer.output import SHARD_LOG_NAME, start_writeback
 from readers.contract import spec
 from readers.contract.fields import Schema, blob_member, member_suffix
+from readers.contract.safeio import checksum_then
 
 __all__ = ["WdsWriter", "ShardLog", "sample_tar", "sample_span", "END_OF_ARCHIVE"]
 
@@ -186,10 +187,11 @@ class WdsWriter(FormatWriter):
         self._crc = 0
         self._first = None
 
-    def _emit(self, chunk: bytes) -> None:
+    def _emit(self, chunk: bytes, crc: int | None = None) -> None:
+        """Write ``chunk``; ``crc``: the shard's CRC-32 with it, when the caller has it already."""
         assert self._file is not None, "append() starts a shard"
         self._file.write(chunk)
-        self._crc = spec.checksum(chunk, self._crc)
+        self._crc = spec.checksum(chunk, self._crc) if crc is None else crc
         self._pos += len(chunk)
         if self._pos - self._written_back >= WRITEBACK_BYTES:  # the disk starts on it now, not at the fsync
             self._file.flush()
@@ -206,7 +208,9 @@ class WdsWriter(FormatWriter):
             head, tail = sample_tar(sample_no, prepared.ext, len(prepared.data), label)
         else:
             head, tail = self._field_tar(self.schema, sample_no, prepared, label, fields)
-        self._emit(b"".join((head, prepared.data, tail)))  # one write and one checksum call per sample
+        # one write per sample; the image's CRC-32 of the prepare stage is joined, not computed again
+        crc = spec.checksum(tail, checksum_then(spec.checksum(head, self._crc), prepared.data, prepared.crc))
+        self._emit(b"".join((head, prepared.data, tail)), crc)
         self._count += 1
         shard = len(self.shards)
         limit = self.options.shard_count

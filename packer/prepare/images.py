@@ -103,6 +103,7 @@ class Prepared:
     note: str = ""  # what was changed (and any decoder warning), comma-separated
     source_format: str = ""  # Pillow's name for the content: "JPEG", "PNG", "GIF", ...
     repair: str = ""  # set when the stored bytes are a lossless repair of the file (what was repaired)
+    crc: int | None = None  # CRC-32 of ``data`` when the prepare stage computed it (a wds shard's CRC reuses it)
 
     @property
     def nbytes(self) -> int:

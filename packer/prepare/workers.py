@@ -101,7 +101,8 @@ def outcome_of(data: bytes, opts: ImageOptions) -> Outcome:
     if prep.pixels is not None:
         prep.pixels = np.ascontiguousarray(prep.pixels, dtype=np.uint8)
         return Outcome(prep, spec.checksum(prep.pixels))
-    return Outcome(prep, spec.checksum(prep.data))
+    prep.crc = spec.checksum(prep.data)
+    return Outcome(prep, prep.crc)
 
 
 def outcome_bytes(outcome: Outcome) -> int:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -337,7 +338,7 @@ class Schema:
         return {"fields": [f.to_json() for f in self.fields]}
 
     # ---- access
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
 
@@ -373,7 +374,7 @@ class Schema:
     def variable_fields(self) -> tuple[Field, ...]:
         return tuple(f for f in self.fields if not f.type.fixed)
 
-    @property
+    @cached_property  # a frozen schema: looked up per sample by the writers
     def labels_field(self) -> Field | None:
         """The field kept in ``labels.npy`` (and ``/labels``, ``key.cls``) as before fields existed: an
         ``int32`` scalar named ``label``; None when the schema has none (then ``labels.npy`` holds zeros)."""
@@ -382,7 +383,7 @@ class Schema:
                 return f
         return None
 
-    @property
+    @cached_property
     def extra_fields(self) -> tuple[Field, ...]:
         """The fields stored beside the ``image`` field and :attr:`labels_field`, in schema order: the
         ones each format stores by the field layout (``docs/fields.md``) and ``field_checksums.npy`` covers."""

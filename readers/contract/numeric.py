@@ -57,6 +57,8 @@ class NumericType(FieldType):
         self.shape: tuple[int | None, ...] = tuple(shape)
         if any(d is None for d in self.shape[1:]) or any(d is not None and d < 1 for d in self.shape):
             raise FieldTypeError(f"{self.shape}: only the leading dim may vary, the others must be >= 1")
+        self._name = _CANONICAL.get(self.dtype.name, self.dtype.name) if not self.shape else \
+            f"{self.dtype.name}[{','.join('*' if d is None else str(d) for d in self.shape)}]"  # compared per sample
 
     # fixed is a property here (class attribute elsewhere)
     @property
@@ -89,9 +91,7 @@ class NumericType(FieldType):
 
     @property
     def name(self) -> str:
-        if self.scalar:
-            return _CANONICAL.get(self.dtype.name, self.dtype.name)
-        return f"{self.dtype.name}[{','.join('*' if d is None else str(d) for d in self.shape)}]"
+        return self._name
 
     # ---- text (a CSV cell) and a format's column
     def from_text(self, text: str, field: str = "?") -> Any:

@@ -46,6 +46,7 @@ __all__ = [
     "DatasetFormatError",
     "IncompleteDatasetError",
     "checksum",
+    "checksum_then",
     "file_checksum",
     "check_member_name",
     "member_path",
@@ -95,6 +96,14 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the s
 def checksum(data: bytes | bytearray | memoryview | np.ndarray, value: int = 0) -> int:
     """CRC-32 (zlib's polynomial) of ``data``; chain calls by passing the previous value."""
     return _crc32(data, value) & 0xFFFFFFFF
+
+
+def checksum_then(value: int, data: bytes | bytearray | memoryview, data_crc: int | None) -> int:
+    """``checksum(data, value)``, from ``data_crc`` (``data``'s own CRC-32, when known) without reading
+    ``data`` again where ``crc32_combine`` is available: the same value either way."""
+    if data_crc is None or _crc32_combine is None:
+        return checksum(data, value)
+    return _crc32_combine(value, data_crc, len(data)) & 0xFFFFFFFF
 
 
 def file_checksum(path: str | os.PathLike, block: int = 8 << 20) -> int:
