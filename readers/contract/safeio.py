@@ -46,6 +46,7 @@ __all__ = [
     "DatasetFormatError",
     "IncompleteDatasetError",
     "checksum",
+    "checksum_combine",
     "file_checksum",
     "check_member_name",
     "member_path",
@@ -95,6 +96,12 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the s
 def checksum(data: bytes | bytearray | memoryview | np.ndarray, value: int = 0) -> int:
     """CRC-32 (zlib's polynomial) of ``data``; chain calls by passing the previous value."""
     return _crc32(data, value) & 0xFFFFFFFF
+
+
+def checksum_combine(crc_a: int, crc_b: int, len_b: int) -> int | None:
+    """CRC-32 of ``a + b`` from the CRC-32s of ``a`` and ``b`` and ``len(b)`` (no byte read again);
+    None without ISA-L (Python's zlib has no such call): then chain :func:`checksum` instead."""
+    return None if _crc32_combine is None else _crc32_combine(crc_a, crc_b, len_b) & 0xFFFFFFFF
 
 
 def file_checksum(path: str | os.PathLike, block: int = 8 << 20) -> int:
