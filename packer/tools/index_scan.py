@@ -190,7 +190,7 @@ _ZERO = bytes(BLOCK)
 _FILE = (b"0", b"\0", b"7")
 
 
-def _number(field: bytes) -> int:
+def _number(field: bytes | bytearray) -> int:
     if field[0] & 0x80:  # base-256 (GNU, sizes past 8 GiB)
         return int.from_bytes(field[1:], "big")
     try:
@@ -199,7 +199,7 @@ def _number(field: bytes) -> int:
         return -1
 
 
-def _ustar_name(header: bytes) -> str:
+def _ustar_name(header: bytes | bytearray) -> str:
     end = header.find(b"\0", 0, 100)
     name = header[:end if end >= 0 else 100]
     if header[345] and header[257:262] == b"ustar":
