@@ -140,7 +140,7 @@ class _Tar:
         pos, long_name = 0, None
         pax: dict[str, str] = {}
         whole, join = self._mv is not None, self._mv is not None and self._join
-        buf, checksum, number = self._buf, spec.checksum, _number
+        buf, mv, checksum, number = self._buf, self._mv, spec.checksum, _number
         heads, head_pos, stated = self._heads, self._head_pos, self._stated
         while self._have(pos + BLOCK):
             header = buf[pos - self._start:pos - self._start + BLOCK]
@@ -160,8 +160,8 @@ class _Tar:
                 crc = checksum(data)
                 name = long_name or pax.get("path") or _ustar_name(header)
                 if join:  # this header (and what came before it, since the last member), then the data
-                    self.crc = checksum_combine(checksum(self._mv[self._joined:pos + BLOCK], self.crc),  # type: ignore[index]
-                                                crc, size)  # type: ignore[assignment]
+                    gap = checksum(mv[self._joined:pos + BLOCK], self.crc)  # type: ignore[index]
+                    self.crc = checksum_combine(gap, crc, size)  # type: ignore[assignment]
                     self._joined = pos + BLOCK + size
                 yield name, pos + BLOCK, data, crc
                 data.release()

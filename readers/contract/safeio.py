@@ -37,7 +37,7 @@ import weakref
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -47,6 +47,7 @@ __all__ = [
     "IncompleteDatasetError",
     "checksum",
     "checksum_combine",
+    "fsync_files",
     "file_checksum",
     "check_member_name",
     "member_path",
@@ -122,6 +123,18 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_files(paths: Iterable[str | os.PathLike]) -> None:
+    """Make files written with ``atomic_write(durable=False)`` durable, together: each file, then each
+    folder once. Done after the last write, the first fsync commits the journal for all of them (one
+    commit, not one per file and folder as ``durable=True`` gives)."""
+    folders: dict[str, None] = {}
+    for path in paths:
+        fsync_dir(path)  # an fsync through a read-only descriptor: files and folders alike
+        folders[os.path.dirname(os.path.abspath(path))] = None
+    for folder in folders:
+        fsync_dir(folder)
 
 
 def publish(tmp: str | os.PathLike, path: str | os.PathLike, *, durable: bool = True) -> None:
