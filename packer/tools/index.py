@@ -38,7 +38,7 @@ from packer.prepare.pool import ordered_map
 from packer.prepare.stage import label_names
 from packer.progress import bar as progress_bar
 from packer.tools.index_list import list_shards
-from packer.tools.index_scan import ShardScan, close_stores, scan_shard
+from packer.tools.index_scan import ShardScan, close_stores, gc_paused, scan_shard
 from readers.contract import spec
 from readers.contract.fields import Field, FieldType, FieldTypeError, ImageType, NumericType, Schema, column_file, \
     parse_type
@@ -121,8 +121,10 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
         close_stores()
         if bar is not None:
             bar.close()
-    summary = _write(out, base, [scanned[k] if k in scanned else json.loads((out / PARTS / f"{k:06d}.json").read_text())
-                                 for k in range(len(names))])
+    all_scans = [scanned[k] if k in scanned else json.loads((out / PARTS / f"{k:06d}.json").read_text())
+                 for k in range(len(names))]
+    with gc_paused():  # after the pool: its workers are forked with the collector on
+        summary = _write(out, base, all_scans)
     (out / STATE).unlink()  # index.json is written: the index is complete, the parts are leftovers now
     shutil.rmtree(out / PARTS)
     return summary

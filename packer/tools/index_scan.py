@@ -20,6 +20,8 @@ what the index needs beyond the place: the class index of ``.cls``, the label of
 from __future__ import annotations
 
 import base64
+import contextlib
+import gc
 import json
 import mmap
 import os
@@ -32,13 +34,26 @@ from packer.importers.wds import IMAGE_EXTS, JSON_LABEL_KEYS, KEY, field_of, lab
 from readers.contract import spec
 from readers.contract.safeio import checksum_combine, npy_header
 
-__all__ = ["scan_shard", "close_stores", "ShardScan", "is_gzip_name", "GZIP_HINT"]
+__all__ = ["scan_shard", "close_stores", "ShardScan", "is_gzip_name", "GZIP_HINT", "gc_paused"]
 
 #: A shard read in place must be a plain tar (random access); the hint of the one-line refusal.
 GZIP_HINT = ("compressed shards cannot be read by offset: convert them to plain .tar first (gunzip turns "
              "x.tar.gz into x.tar), then index those")
 _NPY_MAX = 16 << 20  # a .npy member larger than this is a reject: its bytes travel in the scan
 ShardScan = dict  # {"name", "bytes", "crc32", "mtime_ns" | "etag"/"mtime", "samples": [...]}
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cycle collector off for the block: a scan builds many small lists, none in a cycle
+    (reference counting frees them all), and the collector's passes over them cost a fifth of a run."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def is_gzip_name(name: str) -> bool:
@@ -270,7 +285,8 @@ def scan_shard(job: tuple[str, str, Any]) -> ShardScan:
         if tar.head(2) == b"\x1f\x8b":
             raise SourceError(f"{where}: gzip-compressed; {GZIP_HINT}")
         try:
-            out["samples"] = _samples(tar, where)
+            with gc_paused():
+                out["samples"] = _samples(tar, where)
         except ValueError as exc:  # a pax record that does not parse
             raise SourceError(f"{where}: not a readable tar file ({exc})") from None
         tar.drain()
