@@ -607,10 +607,9 @@ def write_index(root: str | os.PathLike, meta: dict[str, Any], arrays: Mapping[s
                 written: Iterable[str | os.PathLike] = ()) -> None:
     """Write the per-sample arrays, then ``index.json`` last, as the commit marker.
 
-    ``index.json`` records each array file's CRC-32 and size (under
-    :data:`ARRAYS_KEY`), so a damaged or edited array is refused on open. The arrays, and
-    ``written`` (files the caller wrote beside them with ``atomic_write(durable=False)``), are made
-    durable together (:func:`~readers.contract.safeio.fsync_files`) before ``index.json`` is written.
+    ``index.json`` records each array file's CRC-32 and size (under :data:`ARRAYS_KEY`), so a damaged
+    or edited array is refused on open. The arrays and ``written`` (the caller's files, written with
+    ``atomic_write(durable=False)``) are fsynced together (``fsync_files``) before ``index.json``.
     """
     root = Path(root)
     fmt = meta["format"]
