@@ -132,7 +132,7 @@ class _Tar:
             del self._buf[:pos - self._start]
             self._start = pos
 
-    def _check_heads(self) -> None:
+    def check_heads(self) -> None:
         """The checksums of the headers walked since the last check (numpy: one sum per batch)."""
         if not self._heads:
             return
@@ -144,12 +144,9 @@ class _Tar:
         self._heads, self._head_pos, self._stated = [], [], []
 
     def members(self) -> Iterator[tuple[str, int, memoryview, int]]:
-        try:
-            yield from self._walk()
-        except (SourceError, ValueError):
-            self._check_heads()  # a damaged header is what went wrong, when one is
-            raise
-        self._check_heads()
+        """The walk; on any error (here or in its consumer) call :meth:`check_heads` first."""
+        yield from self._walk()
+        self.check_heads()
 
     def _walk(self) -> Iterator[tuple[str, int, memoryview, int]]:
         pos, long_name = 0, None
@@ -193,7 +190,7 @@ class _Tar:
                 long_name, pax = None, {}
             pos += BLOCK + -(-size // BLOCK) * BLOCK
             if len(heads) >= self._BATCH:
-                self._check_heads()
+                self.check_heads()
                 heads, head_pos, stated = self._heads, self._head_pos, self._stated
             if not whole:
                 self._drop(pos)
@@ -285,8 +282,12 @@ def scan_shard(job: tuple[str, str, Any]) -> ShardScan:
         if tar.head(2) == b"\x1f\x8b":
             raise SourceError(f"{where}: gzip-compressed; {GZIP_HINT}")
         try:
-            with gc_paused():
-                out["samples"] = _samples(tar, where)
+            try:
+                with gc_paused():
+                    out["samples"] = _samples(tar, where)
+            except (SourceError, ValueError):  # a damaged header is what went wrong, when one is
+                tar.check_heads()
+                raise
         except ValueError as exc:  # a pax record that does not parse
             raise SourceError(f"{where}: not a readable tar file ({exc})") from None
         tar.drain()
