@@ -6,7 +6,10 @@ JPEGs from ``dataset_bench.synth``) in a local folder, copy them into a SeaweedF
 
 * **local**: ``tar -xOf SHARD > /dev/null`` over every shard, ``--workers`` at once (the I/O
   ceiling: every byte read and every member walked once), against ``index_shards`` with the same
-  workers; both from a warm page cache;
+  workers; both from a warm page cache. ``index_shards`` runs in a child process that imports only
+  what ``pack-dataset index`` imports (:class:`IndexRunner`), so that its pool forks a process of
+  the command's size, not this benchmark's (torch, the readers: a fork several times as costly); the
+  child's start (the interpreter and its imports, once per command) is printed apart;
 * **S3**: each shard streamed from the store (the store's large range requests) into ``tar -xO``,
   ``--workers`` at once, against ``index_shards`` of the bucket prefix;
 * **read**: one pass over every sample, every field (``decode=False``), from the in-place index vs
@@ -25,6 +28,7 @@ import argparse
 import concurrent.futures as cf
 import io
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -33,6 +37,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -42,7 +47,6 @@ from dataset_bench.machine import machine_info, machine_label  # noqa: E402
 from dataset_bench.servers import SeaweedServer, find_weed  # noqa: E402
 from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
 from packer import PackOptions, pack  # noqa: E402
-from packer.tools.index import index_shards  # noqa: E402
 from readers import open_dataset  # noqa: E402
 
 
@@ -91,6 +95,57 @@ def _tar_stream(store, name: str) -> None:
         raise RuntimeError(f"tar failed on {name}")
 
 
+_RUNNER = r"""
+import json, sys, time
+from packer.tools.index import index_shards
+print("ready", flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    t = time.perf_counter()
+    index_shards(job["sources"], job["out"], workers=job["workers"], overwrite=True,
+                 storage_options=job["storage_options"])
+    print(json.dumps(time.perf_counter() - t), flush=True)
+"""
+
+
+class IndexRunner:
+    """``index_shards`` timed in a child process importing what ``pack-dataset index`` imports (not
+    torch, not this benchmark's modules): its pool forks a process of the command's size."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+        t = time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, "-c", _RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env)
+        if self._line() != "ready":
+            raise RuntimeError("the index runner did not start (its error above)")
+        self.startup_s = time.perf_counter() - t
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().strip()
+
+    def __call__(self, sources: list[str], out: Path, workers: int, storage_options: Any = None) -> float:
+        """Seconds ``index_shards(sources, out)`` took in the child."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"sources": sources, "out": str(out), "workers": workers,
+                                          "storage_options": storage_options}) + "\n")
+        self.proc.stdin.flush()
+        line = self._line()
+        if not line:
+            raise RuntimeError("index_shards failed in the index runner (its error above)")
+        return float(line)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -115,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     shards, per, repeats = (4, 20, 1) if args.quick else (args.shards, args.per_shard, args.repeats)
     work = Path(tempfile.mkdtemp(prefix="bench-index-", dir=args.tmp))
-    srv = None
+    srv = runner = None
     rows: dict[str, list[float]] = {}
     try:
         synth = SynthOptions(size=(160, 128)) if args.quick else SynthOptions()
@@ -138,19 +193,19 @@ def main(argv: list[str] | None = None) -> int:
             for p in paths:
                 store.put(p.name, p)
         pack(local, work / "pack", PackOptions(format="wds", validate=False, workers=1, shard_count=per))
+        runner = IndexRunner()
         for r in range(repeats):
             rows.setdefault("tar local", []).append(timed(lambda: list(pool.map(_tar, paths))))
-            rows.setdefault("index local", []).append(timed(lambda: index_shards(
-                [str(local)], work / "idx", workers=args.workers, overwrite=True)))
+            rows.setdefault("index local", []).append(runner([str(local)], work / "idx", args.workers))
             if store is not None:
                 rows.setdefault("tar s3", []).append(timed(lambda: list(pool.map(
                     lambda p: _tar_stream(store, p.name), paths))))
-                rows.setdefault("index s3", []).append(timed(lambda: index_shards(
-                    [url], work / "idx-s3", workers=args.workers, overwrite=True,
-                    storage_options=srv.storage_options())))
+                rows.setdefault("index s3", []).append(runner([url], work / "idx-s3", args.workers,
+                                                              srv.storage_options()))
             rows.setdefault("read pack", []).append(read_rate(work / "pack"))
             rows.setdefault("read inplace", []).append(read_rate(work / "idx"))
         pool.shutdown()
+        runner.close()
         if store is not None:
             store.close()
         med = {k: statistics.median(v) for k, v in rows.items()}
@@ -165,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
             for label, secs in ((f"tar -xO ({where}, ceiling)", tar_s), (f"pack-dataset index ({where})", idx_s)):
                 print(f"{label:<28}{shards / secs:>10.1f}{total_mb / secs:>10.1f}{tar_s / secs:>12.2f}")
             out[where] = {"tar_s": tar_s, "index_s": idx_s, "vs_ceiling": tar_s / idx_s}
+        out["index_startup_s"] = {"s": runner.startup_s}
+        print(f"(not in the index rows: starting pack-dataset index, interpreter and imports, once per run: "
+              f"{runner.startup_s:.2f} s)")
         ratio = med["read inplace"] / med["read pack"]
         print(f"{'read, samples/s':<28}{'pack':>10}{'in place':>10}{'ratio':>12}")
         print(f"{'every field, no decode':<28}{med['read pack']:>10.0f}{med['read inplace']:>10.0f}{ratio:>12.2f}")
@@ -174,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                                              "summary": out}, indent=1))
         return 0
     finally:
+        if runner is not None:
+            runner.close()
         if srv is not None:
             srv.stop()
         shutil.rmtree(work, ignore_errors=True)

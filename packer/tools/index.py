@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import io
 import json
 import logging
 import os
@@ -37,7 +38,7 @@ from packer.prepare.pool import ordered_map
 from packer.prepare.stage import label_names
 from packer.progress import bar as progress_bar
 from packer.tools.index_list import list_shards
-from packer.tools.index_scan import ShardScan, close_stores, scan_shard
+from packer.tools.index_scan import ShardScan, close_stores, gc_paused, scan_shard
 from readers.contract import spec
 from readers.contract.fields import Field, FieldType, FieldTypeError, ImageType, NumericType, Schema, column_file, \
     parse_type
@@ -95,6 +96,7 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
     if bar is not None:
         bar.update(len(done))
     total = 0
+    scanned: dict[int, ShardScan] = {}  # this run's scans, kept here (the parts on disk are for --resume)
     try:
         jobs = ((base, names[k], storage_options) for k in todo)
         if engine == "ray":
@@ -110,6 +112,7 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
         for k, scan in zip(todo, scans):
             with spec.atomic_write(out / PARTS / f"{k:06d}.json", "w", durable=False) as part:
                 part.write(json.dumps(scan))  # not fsynced: a part a crash left unreadable is scanned again
+            scanned[k] = scan
             total += scan["bytes"]
             if bar is not None:
                 bar.update(1)
@@ -118,7 +121,10 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
         close_stores()
         if bar is not None:
             bar.close()
-    summary = _write(out, base, [json.loads((out / PARTS / f"{k:06d}.json").read_text()) for k in range(len(names))])
+    all_scans = [scanned[k] if k in scanned else json.loads((out / PARTS / f"{k:06d}.json").read_text())
+                 for k in range(len(names))]
+    with gc_paused():  # after the pool: its workers are forked with the collector on
+        summary = _write(out, base, all_scans)
     (out / STATE).unlink()  # index.json is written: the index is complete, the parts are leftovers now
     shutil.rmtree(out / PARTS)
     return summary
@@ -259,12 +265,15 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
         first += int(counts[k])
     files: dict[str, int] = {}
     file_crcs: dict[str, int] = {}
+    written: list[Path] = []  # made durable together, with the index arrays, before index.json (fsync once)
 
     def save(name: str, arr: np.ndarray) -> None:
-        with spec.atomic_write(out / name) as fh:
-            np.save(fh, np.ascontiguousarray(arr), allow_pickle=False)
-        files[name] = (out / name).stat().st_size
-        file_crcs[name] = spec.file_checksum(out / name)
+        data = io.BytesIO()
+        np.save(data, np.ascontiguousarray(arr), allow_pickle=False)
+        with spec.atomic_write(out / name, durable=False) as fh:
+            fh.write(data.getbuffer())
+        files[name], file_crcs[name] = len(data.getbuffer()), spec.checksum(data.getbuffer())
+        written.append(out / name)
 
     if n_cols:
         for name, arr in cols.items():
@@ -273,13 +282,14 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
         save(_FIELD_CHECKSUMS, field_crcs)
         for fname, arr in columns.items():
             save(column_file(fname), arr)
-    with spec.atomic_write(out / spec.NAMES_FILE, "w", encoding="utf-8") as text:
-        for k, key, image, _others in kept:
-            text.write(json.dumps(f"{scans[k]['name']}/{key}.{image[0]}") + "\n")
+    with spec.atomic_write(out / spec.NAMES_FILE, "w", encoding="utf-8", durable=False) as text:
+        text.writelines(json.dumps(f"{scans[k]['name']}/{key}.{image[0]}") + "\n" for k, key, image, _others in kept)
+    written.append(out / spec.NAMES_FILE)
     (out / spec.REJECTS_NAME).unlink(missing_ok=True)
     if rejects:
-        with spec.atomic_write(out / spec.REJECTS_NAME, "w", encoding="utf-8") as text:
+        with spec.atomic_write(out / spec.REJECTS_NAME, "w", encoding="utf-8", durable=False) as text:
             text.writelines(json.dumps(r) + "\n" for r in rejects)
+        written.append(out / spec.REJECTS_NAME)
     rel = base if spec.is_remote(base) else os.path.relpath(base, out.absolute())
     meta: dict[str, Any] = {
         "format": "wds", "num_samples": n, "classes": list(classes), "shards": shards, "split": out.name,
@@ -300,7 +310,7 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
     if fielded:
         meta["fields"] = schema.to_json()["fields"]
     arrays = {"checksums": crcs, "sizes": sizes, "offsets": offsets, "shards": shard_of, "labels": label_values}
-    spec.write_index(out, meta, arrays)
+    spec.write_index(out, meta, arrays, written)
     return {"samples": n, "shards": len(scans), "rejected": len(rejects), "ignored": ignored,
             "bytes": sum(s["bytes"] for s in scans)}
 

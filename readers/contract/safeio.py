@@ -37,7 +37,7 @@ import weakref
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -46,7 +46,9 @@ __all__ = [
     "DatasetFormatError",
     "IncompleteDatasetError",
     "checksum",
+    "checksum_combine",
     "checksum_then",
+    "fsync_files",
     "file_checksum",
     "check_member_name",
     "member_path",
@@ -98,12 +100,17 @@ def checksum(data: bytes | bytearray | memoryview | np.ndarray, value: int = 0) 
     return _crc32(data, value) & 0xFFFFFFFF
 
 
+def checksum_combine(crc_a: int, crc_b: int, len_b: int) -> int | None:
+    """CRC-32 of ``a + b`` from the CRC-32s of ``a`` and ``b`` and ``len(b)`` (no byte read again);
+    None without ISA-L (Python's zlib has no such call): then chain :func:`checksum` instead."""
+    return None if _crc32_combine is None else _crc32_combine(crc_a, crc_b, len_b) & 0xFFFFFFFF
+
+
 def checksum_then(value: int, data: bytes | bytearray | memoryview, data_crc: int | None) -> int:
     """``checksum(data, value)``, from ``data_crc`` (``data``'s own CRC-32, when known) without reading
-    ``data`` again where ``crc32_combine`` is available: the same value either way."""
-    if data_crc is None or _crc32_combine is None:
-        return checksum(data, value)
-    return _crc32_combine(value, data_crc, len(data)) & 0xFFFFFFFF
+    ``data`` again where :func:`checksum_combine` can: the same value either way."""
+    joined = None if data_crc is None else checksum_combine(value, data_crc, len(data))
+    return checksum(data, value) if joined is None else joined
 
 
 def file_checksum(path: str | os.PathLike, block: int = 8 << 20) -> int:
@@ -124,6 +131,18 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_files(paths: Iterable[str | os.PathLike]) -> None:
+    """Make files written with ``atomic_write(durable=False)`` durable, together: each file, then each
+    folder once. Done after the last write, the first fsync commits the journal for all of them (one
+    commit, not one per file and folder as ``durable=True`` gives)."""
+    folders: dict[str, None] = {}
+    for path in paths:
+        fsync_dir(path)  # an fsync through a read-only descriptor: files and folders alike
+        folders[os.path.dirname(os.path.abspath(path))] = None
+    for folder in folders:
+        fsync_dir(folder)
 
 
 def publish(tmp: str | os.PathLike, path: str | os.PathLike, *, durable: bool = True) -> None:

@@ -45,7 +45,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generator, Iterator, Mapping
+from typing import Any, Generator, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -59,6 +59,7 @@ from readers.contract.safeio import (
     INDEX_NAME,
     atomic_write,
     fsync_dir,
+    fsync_files,
     publish,
     NPY_HEADER_LIMIT,
     DatasetFormatError,
@@ -97,7 +98,7 @@ __all__ = [
     "INPLACE_KEY", "INPLACE_VERSION", "MEMBER_ARRAYS", "is_inplace",
     # safe I/O (readers.contract.safeio) and locations (readers.contract.location)
     "IncompleteDatasetError", "DatasetFormatError", "checksum", "file_checksum", "atomic_write", "publish",
-    "fsync_dir", "check_member_name", "member_path", "open_regular", "open_member", "open_data_file",
+    "fsync_dir", "fsync_files", "check_member_name", "member_path", "open_regular", "open_member", "open_data_file",
     "read_regular", "read_range", "parse_npy", "map_file", "map_npy", "is_remote", "REMOTE_SCHEMES",
     "parse_location", "UnsupportedLocationError",
 ]
@@ -586,15 +587,15 @@ def save_array(root: str | os.PathLike[str], name: str, values: Any) -> np.ndarr
     return _save_array(Path(root), name, values)[0]
 
 
-def _save_array(root: Path, name: str, values: Any, meta: Mapping[str, Any] | None = None
-                ) -> tuple[np.ndarray, dict[str, int]]:
+def _save_array(root: Path, name: str, values: Any, meta: Mapping[str, Any] | None = None,
+                durable: bool = True) -> tuple[np.ndarray, dict[str, int]]:
     """(the array as saved, its record under :data:`ARRAYS_KEY`: CRC-32 and bytes of the file)."""
     arr = np.ascontiguousarray(values, dtype=ARRAY_DTYPES[name])
     if arr.ndim != 1:
         raise ValueError(f"index array {name!r} must be one-dimensional, got shape {arr.shape}")
     # Renamed over, never rewritten in place: a reader that has the old array mapped keeps its inode
     # (writing into a mapped file would change, or cut short, what that reader sees).
-    with atomic_write(root / array_file(name, meta)) as f:
+    with atomic_write(root / array_file(name, meta), durable=durable) as f:
         np.save(f, arr, allow_pickle=False)  # header, then the values straight from the array: no copy of them
         f.flush()
         size = f.tell()
@@ -602,18 +603,21 @@ def _save_array(root: Path, name: str, values: Any, meta: Mapping[str, Any] | No
     return arr, {"crc32": crc, "bytes": size}
 
 
-def write_index(root: str | os.PathLike, meta: dict[str, Any], arrays: Mapping[str, Any]) -> None:
+def write_index(root: str | os.PathLike, meta: dict[str, Any], arrays: Mapping[str, Any],
+                written: Iterable[str | os.PathLike] = ()) -> None:
     """Write the per-sample arrays, then ``index.json`` last, as the commit marker.
 
-    ``index.json`` records each array file's CRC-32 and size (under
-    :data:`ARRAYS_KEY`), so a damaged or edited array is refused on open.
+    ``index.json`` records each array file's CRC-32 and size (under :data:`ARRAYS_KEY`), so a damaged
+    or edited array is refused on open. The arrays and ``written`` (the caller's files, written with
+    ``atomic_write(durable=False)``) are fsynced together (``fsync_files``) before ``index.json``.
     """
     root = Path(root)
     fmt = meta["format"]
     missing = set(required_arrays(meta)) - set(arrays)
     if missing:
         raise ValueError(f"format {fmt!r} needs index arrays {sorted(missing)}")
-    recorded = {name: _save_array(root, name, values, meta)[1] for name, values in arrays.items()}
+    recorded = {name: _save_array(root, name, values, meta, durable=False)[1] for name, values in arrays.items()}
+    fsync_files([*(root / array_file(name, meta) for name in arrays), *written])
     meta = dict(meta, spec_version=spec_version_for(meta), checksum=CHECKSUM_ALGO)
     meta[ARRAYS_KEY] = {name: recorded[name] for name in arrays if name in REQUIRED_ARRAYS[fmt]}
     write_json_atomic(root / INDEX_NAME, meta)
