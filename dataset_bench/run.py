@@ -37,7 +37,7 @@ from dataset_bench.isolate import run_isolated
 from dataset_bench.limits import measure_limits
 from dataset_bench.machine import CpuMonitor, load_average, load_notes, load_summary, machine_info
 from dataset_bench.measure import LoaderStats, eval_transform, measure_format, measure_naive
-from dataset_bench.plan import BenchConfig, Case, plan_cases
+from dataset_bench.plan import BenchConfig, Case, plan_cases, total_steps
 from dataset_bench.results import BenchResult, add_ratios, summarize
 from dataset_bench.synth import generate_image_folder
 from dataset_bench.targets import NAIVE, Target, dataset_target, folder_target, index_source, pack_formats
@@ -175,7 +175,7 @@ def _measure_all(cfg: BenchConfig, targets: dict[str, Target], src: Path | None,
         cache = CacheControl()
         transform = eval_transform()
         cases = plan_cases(cfg, targets)
-        steps.total = (len(cases) + ((len(targets) * 2 + 1) if cfg.limits else 0)) * cfg.repeats
+        steps.total = total_steps(cfg, len(cases), len(targets))
         rows = _run_cases(cfg, cases, targets, cache, transform, steps, loads, monitor)
         limits = {}
         if cfg.limits:
@@ -233,7 +233,9 @@ def _run_cases(cfg: BenchConfig, cases: list[Case], targets: dict[str, Target], 
             foreign[case].append(monitor.sample() if monitor is not None else None)
             runs[case].append(stats)
             cached[case].append(left)
-    rows = [{**case._asdict(), **summarize(runs[case], cached[case], foreign[case])} for case in cases]
+    window = (cfg.min_window_batches, cfg.min_window_s)
+    rows = [{**case._asdict(), **summarize(runs[case], cached[case], foreign[case], min_window=window)}
+            for case in cases]
     add_ratios(rows)
     return rows
 
