@@ -153,7 +153,7 @@ def estimate_seconds(cfg: BenchConfig, samples: int, targets: list[str], *, cpus
 
     A model, not a measurement: fixed per-step costs and per-core rates of an
     idle 2-core machine, scaled by how busy this one is (``load``: the load
-    average before the run; others' work slows every step).
+    average before the run; others' work slows every step, at most 2x here).
     """
     cpus = max(1, cpus)
     read = min(samples, cfg.max_samples or samples)
@@ -168,7 +168,9 @@ def estimate_seconds(cfg: BenchConfig, samples: int, targets: list[str], *, cpus
         seconds += (_START_S[cfg.isolate] + read / rate) * cfg.repeats
     if cfg.limits:
         seconds += (len(targets) * 2 * _READ_S + min(cfg.decode_files, samples) * _LIMITS_PER_IMAGE_S) * cfg.repeats
-    return seconds * max(1.0, ((load or 0.0) + cpus) / cpus)
+    # others' work slows each step, but less than the load average says (it lags, and counts waiting on I/O):
+    # the square root of the share, at most 2x (a run of 90 s at load 6.5 on 2 cores was estimated at 2.3 min)
+    return seconds * min(2.0, max(1.0, ((load or 0.0) + cpus) / cpus) ** 0.5)
 
 
 def _minutes(seconds: float) -> str:

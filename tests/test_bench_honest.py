@@ -80,7 +80,8 @@ def test_default_is_short_and_full_is_the_old_default():
     assert (n_short, n_full) == (29, 141)  # 141: the steps the old default ran
     assert estimate_seconds(full, 200, targets) > 4 * estimate_seconds(short, 200, targets)
     assert estimate_seconds(short, 2000, targets) > estimate_seconds(short, 200, targets)
-    assert estimate_seconds(short, 200, targets, load=2.0) == pytest.approx(2 * estimate_seconds(short, 200, targets))
+    assert estimate_seconds(short, 200, targets, load=2.0) == pytest.approx(2 ** 0.5 * estimate_seconds(short, 200, targets))
+    assert estimate_seconds(short, 200, targets, load=50.0) == pytest.approx(2 * estimate_seconds(short, 200, targets))
     assert BenchConfig.full_defaults(generate=5, repeats=2).repeats == 2  # an explicit option wins
 
 
