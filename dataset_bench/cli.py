@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from dataset_bench.measure import MODES
 from dataset_bench.plan import CACHES, BenchConfig, describe_plan, planned_targets
 from dataset_bench.report import draw_chart, report_text
-from dataset_bench.run import BenchProgress, run_benchmark
+from dataset_bench.run import BenchProgress, Stopped, clear_stop, request_stop, run_benchmark
 from packer import PackError, SourceError
 from readers.contract.spec import FORMATS
 
@@ -238,18 +238,18 @@ def _say_plan(config: BenchConfig) -> None:
         print(f"dataset-bench: {line}", file=sys.stderr)
 
 
-class _Terminated(SystemExit):
-    """SIGTERM, raised where the run is, so that every ``finally`` on the way out runs: measurement
-    processes are stopped (:func:`dataset_bench.isolate.stop_group`), temporary folders removed."""
-
-
-def _on_sigterm(owner: int, signum: int, _frame: Any) -> None:
+def _on_sigterm(owner: int, raised: list[bool], signum: int, _frame: Any) -> None:
+    """SIGTERM raised as :class:`dataset_bench.run.Stopped` where the run is, so that every ``finally``
+    on the way out runs: measurement processes stopped (:func:`dataset_bench.isolate.stop_group`),
+    temporary folders removed; the run's next step raises it again should something swallow it."""
     if os.getpid() != owner:  # a forked child (a loader worker, a pool process) inherited the handler: die as asked
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
-    signal.signal(signum, signal.SIG_IGN)  # a second SIGTERM does not cut the clean-up short
-    raise _Terminated(128 + signum)
+    if not raised:  # once: a second SIGTERM does not cut the clean-up short (and no SIG_IGN, which the
+        raised.append(True)  # processes a pool's thread forks during the clean-up would inherit)
+        request_stop(128 + signum)
+        raise Stopped(128 + signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -257,14 +257,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder left behind, exit code 143."""
     previous = None
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, os.getpid()))
+        previous = signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, os.getpid(), []))
     try:
         return _main(argv)
-    except _Terminated as exc:
+    except Stopped as exc:
         print("dataset-bench: stopped by SIGTERM; measurement processes ended, temporary files removed",
               file=sys.stderr)
         return int(exc.code or 143)
     finally:
+        clear_stop()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -43,7 +43,25 @@ from dataset_bench.synth import generate_image_folder
 from dataset_bench.targets import NAIVE, Target, dataset_target, folder_target, index_source, pack_formats
 from readers.contract.spec import FORMATS
 
-__all__ = ["BenchProgress", "run_benchmark"]
+__all__ = ["BenchProgress", "Stopped", "request_stop", "clear_stop", "run_benchmark"]
+
+
+class Stopped(SystemExit):
+    """A stop asked for by a signal (``dataset-bench`` turns SIGTERM into it): raised where the run is, so
+    that every ``finally`` runs, and raised again at the next step should something swallow it."""
+
+
+_STOP: list[int] = []  # the exit code of a requested stop
+
+
+def request_stop(code: int) -> None:
+    """Ask the running benchmark to stop (from a signal handler): the next step raises :class:`Stopped`."""
+    _STOP.append(code)
+
+
+def clear_stop() -> None:
+    """Forget a requested stop (the command that asked for it has returned)."""
+    _STOP.clear()
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,8 @@ class _Steps:
         self.callback, self.done, self.total, self.running = callback, 0, 0, False
 
     def _emit(self, step: str) -> None:
+        if _STOP:
+            raise Stopped(_STOP[0])
         if self.callback is not None:
             self.callback(BenchProgress(self.done, self.total, step))
 
@@ -119,11 +139,24 @@ def run_benchmark(config: BenchConfig | None = None, *, progress: Callable[[Benc
             raise ValueError("no packed dataset to measure")
         result = _measure_all(cfg, targets, src, notes, steps)
         steps.finish()
+    except (KeyboardInterrupt, SystemExit):
+        _stop_children()  # before the folder goes: a pool stopped while it started has no __exit__ to end it
+        raise
     finally:
         if own_work:
             shutil.rmtree(work, ignore_errors=True)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _stop_children() -> None:
+    """Kill the multiprocessing children this process still has (the generator's pool, when SIGTERM or
+    Ctrl-C came while it was being made), and reap them."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(5)
 
 
 def _prepare(cfg: BenchConfig, work: Path, notes: list[str], steps: _Steps) -> tuple[dict[str, Path], Path | None]:
