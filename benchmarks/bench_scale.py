@@ -36,7 +36,10 @@ Per format and N (each in a fresh process, so memory figures are its own):
 * ``worker``: a spawned process (as a ``spawn`` DataLoader worker is) that
   receives the pickled dataset and builds its epoch order (wds: worker 0 of
   rank 0 of 8 ranks x 8 workers; map-style readers: the worker holds only the
-  dataset): its private memory above an idle worker's, mapped files apart.
+  dataset): its private memory above an idle worker's, mapped files apart, after
+  the order (``worker private``) and at its peak while it unpickles the dataset and
+  builds the order (``worker peak``: private anonymous memory, ``RssAnon``, sampled
+  every millisecond, above the idle worker's).
 * ``order``: the epoch order of one wds worker (8 x 8) or one map-style rank
   (8 ranks): time (best of 3, without tracemalloc) and tracemalloc peak;
   ``permutation``: ``numpy.random.Generator.permutation`` of as many samples,
@@ -171,8 +174,11 @@ def _anon() -> int:
 
 
 class _PeakAnon:
-    """Peak of :func:`_anon` sampled every 20 ms on a thread while the block runs (the kernel keeps
-    no high-water mark of it)."""
+    """Peak of :func:`_anon` sampled every ``interval`` seconds (default 20 ms) on a thread while the
+    block runs (the kernel keeps no high-water mark of it)."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.interval = interval
 
     def __enter__(self) -> "_PeakAnon":
         import threading
@@ -180,7 +186,7 @@ class _PeakAnon:
         self.peak, self._stop = _anon(), threading.Event()
 
         def sample() -> None:
-            while not self._stop.wait(0.02):
+            while not self._stop.wait(self.interval):
                 self.peak = max(self.peak, _anon())
 
         self._thread = threading.Thread(target=sample, daemon=True)
@@ -226,14 +232,17 @@ def _worker_main(conn: Any, folder: str) -> None:
 
     release_freed_memory()  # as the worker does after its order: both figures without the heap's freed pages
     idle = smaps(os.getpid(), folder)
-    ds = pickle.loads(conn.recv_bytes())
-    if hasattr(ds, "sample_order"):
-        order = ds.sample_order(WorkerEnv(0, RANKS, 0, WORKERS))
-        first = int(order[0]) if len(order) else -1
-    else:
-        first = int(ds.labels[0])
+    data = conn.recv_bytes()
+    idle_anon = _anon()
+    with _PeakAnon(interval=0.001) as during:  # the peak while it unpickles the dataset and builds its order
+        ds = pickle.loads(data)
+        if hasattr(ds, "sample_order"):
+            order = ds.sample_order(WorkerEnv(0, RANKS, 0, WORKERS))
+            first = int(order[0]) if len(order) else -1
+        else:
+            first = int(ds.labels[0])
     busy = smaps(os.getpid(), folder)
-    conn.send({"idle": idle, "busy": busy, "first": first})
+    conn.send({"idle": idle, "busy": busy, "first": first, "peak": during.peak - idle_anon})
     conn.close()
 
 
@@ -322,6 +331,7 @@ def _probe_read(folder: str, packed: bool) -> dict[str, Any]:
     proc.join()
     mine.close()
     res["worker_private"] = got["busy"]["private"] - got["idle"]["private"]
+    res["worker_peak"] = got["peak"]
     res["worker_idle_private"] = got["idle"]["private"]
     res["worker_mapped"] = got["busy"]["mapped"]
     # epoch order of one worker (wds) or one rank (map-style), time and tracemalloc peak

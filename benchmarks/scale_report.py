@@ -13,7 +13,7 @@ COLUMNS = [  # key, heading, kind (s, B, /s, us, n)
     ("pack_private", "pack private", "B"),
     ("open_first_s", "first open", "s"), ("open_s", "open", "s"), ("open_private", "open private", "B"), ("open_mapped", "open mapped", "B"),
     ("random_us", "random read", "us"), ("first_batch_s", "first batch", "s"),
-    ("worker_private", "worker private", "B"), ("order_s", "order", "s"), ("order_base_s", "permutation", "s"),
+    ("worker_private", "worker private", "B"), ("worker_peak", "worker peak", "B"), ("order_s", "order", "s"), ("order_base_s", "permutation", "s"),
     ("order_peak", "order peak", "B"),
     ("state_bytes", "state_dict", "n"), ("resume_s", "resume (8 ranks)", "s"), ("resume_peak", "resume peak", "B"),
     ("info_s", "info", "s"), ("info_rss", "info RSS", "B"), ("verify_s", "verify", "s"), ("verify_rss", "verify RSS", "B"),
@@ -60,6 +60,7 @@ def ratios(rows: list[dict[str, Any]]) -> None:
 GROUPS = {  # the printed tables: one per stage, so that each fits a page
     "packing": ("scan_s", "images_per_s", "pack_rss", "pack_private", "disk_ratio", "verify_s", "verify_rss"),
     "opening and reading": ("open_first_s", "open_s", "open_private", "open_mapped", "random_us", "first_batch_s", "worker_private",
+                            "worker_peak",
                             "info_s", "info_rss"),
     "epoch order and resume": ("order_s", "order_base_s", "order_peak", "state_bytes", "resume_s", "resume_peak"),
 }
@@ -100,7 +101,8 @@ def checks(rows: list[dict[str, Any]], curve: list[dict[str, Any]] = ()) -> list
     if curve and "per10" in curve[-1] and curve[-1]["per10"] >= 20:
         bad.append(f"the wds worker order grows {curve[-1]['per10']:.1f}x per 10x of N at {curve[-1]['n']:,}")
     # costs that must not grow faster than N: at most 12x per 10x of N
-    linear = ("scan_s", "pack_rss", "pack_private", "open_first_s", "open_s", "open_private", "worker_private", "order_s", "order_peak",
+    linear = ("scan_s", "pack_rss", "pack_private", "open_first_s", "open_s", "open_private", "worker_private", "worker_peak",
+              "order_s", "order_peak",
               "resume_s", "resume_peak", "info_s", "info_rss", "verify_s", "verify_rss", "state_bytes")
     kinds = {k: kd for k, _, kd in COLUMNS}
     previous: dict[str, dict[str, Any]] = {}
@@ -114,8 +116,13 @@ def checks(rows: list[dict[str, Any]], curve: list[dict[str, Any]] = ()) -> list
                 bad.append(f"{r['format']} {key} grows {per10:.1f}x per 10x of N at {r['n']:,}")
         if r.get("worker_private", 0) > 64 << 20:
             bad.append(f"{r['format']} per-worker private memory {r['worker_private'] / 2**20:.0f} MB at {r['n']:,}")
+        if r.get("worker_peak", 0) > 64 << 20:  # the peak while the order is built counts (64 workers on a node)
+            bad.append(f"{r['format']} per-worker peak private memory during its order "
+                       f"{r['worker_peak'] / 2**20:.0f} MB at {r['n']:,}")
         if r["n"] >= 1_000_000 and r.get("open_s", 0) > 1.0:
             bad.append(f"{r['format']} open takes {r['open_s']:.2f} s at {r['n']:,}")
+        if r["n"] >= 1_000_000 and r.get("open_first_s", 0) > 1.0:
+            bad.append(f"{r['format']} first open takes {r['open_first_s']:.2f} s at {r['n']:,}")
         if r["n"] >= 1_000_000 and r.get("resume_s", 0) > 2.0:
             bad.append(f"{r['format']} exact resume takes {r['resume_s']:.2f} s per rank at {r['n']:,}")
     packs = {}

@@ -8,14 +8,18 @@ the chart. The only place in ``dataset_bench`` with argparse and tqdm.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
+import os
+import signal
 import sys
+import threading
 from typing import Any, Callable, Sequence
 
 from dataset_bench.measure import MODES
-from dataset_bench.plan import CACHES, BenchConfig
+from dataset_bench.plan import CACHES, BenchConfig, describe_plan, planned_targets
 from dataset_bench.report import draw_chart, report_text
-from dataset_bench.run import BenchProgress, run_benchmark
+from dataset_bench.run import BenchProgress, Stopped, clear_stop, request_stop, run_benchmark
 from packer import PackError, SourceError
 from readers.contract.spec import FORMATS
 
@@ -70,10 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: all)")
     p.add_argument("--workers", type=_int_list, default=None, help="num_workers values (default 0,2)")
     p.add_argument("--modes", type=_choices(MODES), default=MODES, help="raw (decode=False) and/or decoded")
-    p.add_argument("--cache", type=_choices(CACHES), default=CACHES, help="warm and/or cold page cache")
+    p.add_argument("--cache", type=_choices(CACHES), default=None, help="warm and/or cold page cache "
+                   "(default warm; --full both)")
     p.add_argument("--batch-size", type=int, default=None, help="batch size (default 64; --quick 16)")
     p.add_argument("--repeats", type=int, default=None, help="runs per figure; the median is reported "
-                   "(default 3; --quick 1)")
+                   "(default 1; --full 3)")
+    p.add_argument("--full", action="store_true", help="the full run: warm and cold page cache, 3 repeats, "
+                   "each measurement in a fresh process (about 5x the default's time; the plan says how long)")
+    p.add_argument("--min-window-batches", type=int, default=None, help="a samples/s figure timed over fewer "
+                   "batches is refused (default 10)")
+    p.add_argument("--min-window-s", type=float, default=None, help="... or over fewer seconds (default 0.1)")
     p.add_argument("--max-samples", type=int, help="stop each pass after this many samples")
     p.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip the naive baseline")
     p.add_argument("--no-limits", dest="limits", action="store_false", help="skip raw read/decode limits")
@@ -98,13 +108,17 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     fields = {
         "src": args.src, "datasets": tuple(args.datasets), "generate": args.generate, "work_dir": args.work,
         "formats": tuple(args.formats), "workers": args.workers, "modes": tuple(args.modes),
-        "caches": tuple(args.cache), "batch_size": args.batch_size, "repeats": args.repeats,
+        "caches": tuple(args.cache) if args.cache else None, "batch_size": args.batch_size, "repeats": args.repeats,
         "max_samples": args.max_samples, "baseline": args.baseline, "limits": args.limits,
         "shard_count": args.shard_count, "seed": args.seed, "torch_threads": args.torch_threads,
-        "isolate": args.isolate,
+        "isolate": args.isolate, "min_window_batches": args.min_window_batches, "min_window_s": args.min_window_s,
     }
+    if args.quick and args.full:
+        raise ValueError("--quick and --full ask for opposite runs; give one")
     if args.quick:
         return BenchConfig.quick_defaults(**fields)
+    if args.full:
+        return BenchConfig.full_defaults(**fields)
     return BenchConfig(**{k: v for k, v in fields.items() if v is not None})
 
 
@@ -214,7 +228,49 @@ def _measure(progress: bool, work: Callable[[Any], Any]) -> Any:
             bar.close()
 
 
+def _say_plan(config: BenchConfig) -> None:
+    """What the run will do and about how long it takes, on stderr, before it starts."""
+    from dataset_bench.machine import load_average
+    from readers.contract.env import available_cpus
+
+    samples, targets = planned_targets(config)
+    for line in describe_plan(config, samples, targets, cpus=available_cpus(), load=load_average()):
+        print(f"dataset-bench: {line}", file=sys.stderr)
+
+
+def _on_sigterm(owner: int, raised: list[bool], signum: int, _frame: Any) -> None:
+    """SIGTERM raised as :class:`dataset_bench.run.Stopped` where the run is, so that every ``finally``
+    on the way out runs: measurement processes stopped (:func:`dataset_bench.isolate.stop_group`),
+    temporary folders removed; the run's next step raises it again should something swallow it."""
+    if os.getpid() != owner:  # a forked child (a loader worker, a pool process) inherited the handler: die as asked
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if not raised:  # once: a second SIGTERM does not cut the clean-up short (and no SIG_IGN, which the
+        raised.append(True)  # processes a pool's thread forks during the clean-up would inherit)
+        request_stop(128 + signum)
+        raise Stopped(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``dataset-bench``; SIGTERM stops it cleanly: no measurement process left running, no temporary
+    folder left behind, exit code 143."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, os.getpid(), []))
+    try:
+        return _main(argv)
+    except Stopped as exc:
+        print("dataset-bench: stopped by SIGTERM; measurement processes ended, temporary files removed",
+              file=sys.stderr)
+        return int(exc.code or 143)
+    finally:
+        clear_stop()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if "--fields" in args_list:  # image+label vs the previous release, image+caption (--fields --help)
         args_list.remove("--fields")
@@ -243,6 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:  # before measuring: minutes of work would end in an ImportError
         print(f"dataset-bench: error: {missing}", file=sys.stderr)
         return 2
+    _say_plan(config)
     result = _measure(args.progress, lambda bar: run_benchmark(config, progress=bar))
     if result is None:
         return 1

@@ -47,7 +47,9 @@ def format_table(result: BenchResult) -> str:
         pss = "-" if r["pss_total_mb"] is None else f"{r['pss_total_mb']:,.0f} ({r['pss_workers_mb']:,.0f})"
         ratio = "-" if r["x_naive"] is None else f"{r['x_naive']:.2f}x"
         label = "naive PIL folder" if r["target"] == NAIVE else r["target"]
-        lines.append(f"| {r['mode']} | {r['cache']} | {r['workers']} | {label} | {_fmt(r['samples_per_s'])} | "
+        rate = (f"too short ({r['window_batches']} b, {r['window_s']:.3f} s)" if r.get("refused")
+                else _fmt(r["samples_per_s"]))
+        lines.append(f"| {r['mode']} | {r['cache']} | {r['workers']} | {label} | {rate} | "
                      f"{_fmt(r['mb_per_s'], 1)} | {ratio} | {_fmt(r['first_batch_s'], 2)} | {pss} | "
                      f"{_shuffle(r)} |")
     return "\n".join(lines)
@@ -116,6 +118,11 @@ def _axes_style(ax: Any, mode: str, names: list[str]) -> None:
 
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(["naive\nPIL folder" if n == NAIVE else n for n in names])
+    values = [b.get_height() for b in ax.patches if b.get_height() > 0]
+    if not values:  # every figure refused (timing windows too short): say so, no empty log axis
+        ax.text(0.5, 0.5, "no figure: every timing window too short", ha="center", va="center",
+                transform=ax.transAxes)
+        return
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: f"{v:g}" if str(int(v))[0] in "25" else ""))
@@ -124,9 +131,7 @@ def _axes_style(ax: Any, mode: str, names: list[str]) -> None:
     ax.set_title("decoded + eval transform to 224 (labels: x naive)" if mode == "decoded"
                  else "raw: stored bytes (mmap: stored 256x256 pixels)", fontsize=10)
     ax.grid(axis="y", which="both", alpha=0.3)
-    values = [b.get_height() for b in ax.patches if b.get_height() > 0]
-    if values:  # every bar visible from its base; room above for the ratio labels
-        ax.set_ylim(min(values) / 1.6, max(values) * 1.8)
+    ax.set_ylim(min(values) / 1.6, max(values) * 1.8)  # every bar visible from its base; room for the labels
 
 
 def draw_chart(result: BenchResult, path: str | os.PathLike) -> Path:
@@ -168,6 +173,13 @@ def report_text(result: BenchResult) -> str:
              f"batch size {result.config['batch_size']}, median of {result.config['repeats']} repeats; "
              "samples/s: steady rate, from batch max(1, workers) to the last; first batch s includes worker "
              "start-up", ""]
+    refused = [r for r in result.rows if r.get("refused")]
+    if refused:
+        cfg = result.config
+        parts += [f"REFUSED: {len(refused)} of {len(result.rows)} figures were timed over fewer than "
+                  f"{cfg.get('min_window_batches')} batches or {cfg.get('min_window_s')} s (shown as 'too short'; "
+                  "a rate from a batch or two times what the workers had prefetched); give more samples "
+                  "(--generate N, --max-samples) or a smaller --batch-size", ""]
     lines = headline(result)
     if lines:
         parts += ["headline (decoded samples/s vs the naive baseline):"] + [f"  {h}" for h in lines] + [""]

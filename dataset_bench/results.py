@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from dataset_bench.measure import LoaderStats
+from dataset_bench.measure import MIN_WINDOW_BATCHES, MIN_WINDOW_S, LoaderStats, short_window
 from dataset_bench.targets import NAIVE
 
 __all__ = ["BenchResult", "median", "summarize", "add_ratios"]
@@ -65,14 +65,23 @@ def median(values: Sequence[float | None]) -> float | None:
 
 
 def summarize(runs: list[LoaderStats], cached_after_evict: list[float | None],
-              foreign_cpu: list[float | None]) -> dict[str, Any]:
+              foreign_cpu: list[float | None], *, min_window: tuple[int, float] = (MIN_WINDOW_BATCHES, MIN_WINDOW_S)
+              ) -> dict[str, Any]:
     """One row's figures from the repeats of one case: medians, each repeat's rates, what stayed cached.
 
     ``cached_after_evict``: share of the files still cached after each cold
     eviction (the worst is kept); ``foreign_cpu``: other processes' CPU share
-    during each repeat (the worst is kept).
+    during each repeat (the worst is kept). A row whose timing window (the
+    fewest batches, the median seconds) is under ``min_window`` (batches,
+    seconds) has no ``samples_per_s`` nor ``mb_per_s`` (None) and says why in
+    ``refused``; each repeat's measured rate stays in ``repeats``.
     """
     out: dict[str, Any] = {k: median([getattr(r, k) for r in runs]) for k in FIGURES}
+    out["window_batches"] = min((r.window_batches for r in runs), default=0)
+    out["window_s"] = median([r.window_s for r in runs]) or 0.0
+    out["refused"] = short_window(out["window_batches"], out["window_s"], *min_window)
+    if out["refused"]:
+        out["samples_per_s"] = out["mb_per_s"] = None
     out["samples"] = runs[0].samples if runs else 0
     out["repeats"] = {k: [getattr(r, k) for r in runs] for k in ("samples_per_s", "first_batch_s", "pss_total_mb")}
     known = [c for c in cached_after_evict if c is not None]

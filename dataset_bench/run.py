@@ -37,13 +37,31 @@ from dataset_bench.isolate import run_isolated
 from dataset_bench.limits import measure_limits
 from dataset_bench.machine import CpuMonitor, load_average, load_notes, load_summary, machine_info
 from dataset_bench.measure import LoaderStats, eval_transform, measure_format, measure_naive
-from dataset_bench.plan import BenchConfig, Case, plan_cases
+from dataset_bench.plan import BenchConfig, Case, plan_cases, total_steps
 from dataset_bench.results import BenchResult, add_ratios, summarize
 from dataset_bench.synth import generate_image_folder
 from dataset_bench.targets import NAIVE, Target, dataset_target, folder_target, index_source, pack_formats
 from readers.contract.spec import FORMATS
 
-__all__ = ["BenchProgress", "run_benchmark"]
+__all__ = ["BenchProgress", "Stopped", "request_stop", "clear_stop", "run_benchmark"]
+
+
+class Stopped(SystemExit):
+    """A stop asked for by a signal (``dataset-bench`` turns SIGTERM into it): raised where the run is, so
+    that every ``finally`` runs, and raised again at the next step should something swallow it."""
+
+
+_STOP: list[int] = []  # the exit code of a requested stop
+
+
+def request_stop(code: int) -> None:
+    """Ask the running benchmark to stop (from a signal handler): the next step raises :class:`Stopped`."""
+    _STOP.append(code)
+
+
+def clear_stop() -> None:
+    """Forget a requested stop (the command that asked for it has returned)."""
+    _STOP.clear()
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,8 @@ class _Steps:
         self.callback, self.done, self.total, self.running = callback, 0, 0, False
 
     def _emit(self, step: str) -> None:
+        if _STOP:
+            raise Stopped(_STOP[0])
         if self.callback is not None:
             self.callback(BenchProgress(self.done, self.total, step))
 
@@ -119,11 +139,24 @@ def run_benchmark(config: BenchConfig | None = None, *, progress: Callable[[Benc
             raise ValueError("no packed dataset to measure")
         result = _measure_all(cfg, targets, src, notes, steps)
         steps.finish()
+    except (KeyboardInterrupt, SystemExit):
+        _stop_children()  # before the folder goes: a pool stopped while it started has no __exit__ to end it
+        raise
     finally:
         if own_work:
             shutil.rmtree(work, ignore_errors=True)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _stop_children() -> None:
+    """Kill the multiprocessing children this process still has (the generator's pool, when SIGTERM or
+    Ctrl-C came while it was being made), and reap them."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(5)
 
 
 def _prepare(cfg: BenchConfig, work: Path, notes: list[str], steps: _Steps) -> tuple[dict[str, Path], Path | None]:
@@ -175,7 +208,7 @@ def _measure_all(cfg: BenchConfig, targets: dict[str, Target], src: Path | None,
         cache = CacheControl()
         transform = eval_transform()
         cases = plan_cases(cfg, targets)
-        steps.total = (len(cases) + ((len(targets) * 2 + 1) if cfg.limits else 0)) * cfg.repeats
+        steps.total = total_steps(cfg, len(cases), len(targets))
         rows = _run_cases(cfg, cases, targets, cache, transform, steps, loads, monitor)
         limits = {}
         if cfg.limits:
@@ -233,7 +266,9 @@ def _run_cases(cfg: BenchConfig, cases: list[Case], targets: dict[str, Target], 
             foreign[case].append(monitor.sample() if monitor is not None else None)
             runs[case].append(stats)
             cached[case].append(left)
-    rows = [{**case._asdict(), **summarize(runs[case], cached[case], foreign[case])} for case in cases]
+    window = (cfg.min_window_batches, cfg.min_window_s)
+    rows = [{**case._asdict(), **summarize(runs[case], cached[case], foreign[case], min_window=window)}
+            for case in cases]
     add_ratios(rows)
     return rows
 

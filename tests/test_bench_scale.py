@@ -43,7 +43,8 @@ def test_bench_scale_smoke(tmp_path):
     assert set(rows) == {(f, 500) for f in FORMATS} | {(f, 20_000) for f in FORMATS}
     for (fmt, n), row in rows.items():
         assert row["kind"] == ("pack" if n == 500 else "index-only")
-        for key in ("open_first_s", "open_s", "order_s", "resume_s", "info_s", "worker_private", "state_bytes"):
+        for key in ("open_first_s", "open_s", "order_s", "resume_s", "info_s", "worker_private", "worker_peak",
+                    "state_bytes"):
             assert key in row, (fmt, n, key)
         assert row["info_s"] > 0 and row["state_bytes"] > 0
         if row["kind"] == "pack":
@@ -74,3 +75,15 @@ def test_checks_name_each_missed_figure():
         "wds exact resume takes 3.00 s per rank at 1,000,000"]
     small = dict(slow, n=500)  # open and resume are judged from 1M samples on; memory at every N
     assert bench.checks([small]) == ["wds per-worker private memory 80 MB at 500"]
+
+
+def test_checks_judge_the_workers_peak_and_the_first_open():
+    """Issue 37 item 5: the peak while a worker builds its order (not only what it keeps after), and the
+    first open (the checks' work, before any record of them), each against its bound."""
+    bench = _bench_scale()
+    ok = {"format": "mmap", "n": 100_000_000, "kind": "index-only", "open_first_s": 0.9, "worker_peak": 60 << 20}
+    assert bench.checks([ok]) == []
+    over = dict(ok, open_first_s=1.14, worker_peak=77 << 20)
+    assert bench.checks([over]) == ["mmap per-worker peak private memory during its order 77 MB at 100,000,000",
+                                    "mmap first open takes 1.14 s at 100,000,000"]
+    assert bench.checks([dict(over, n=500)]) == ["mmap per-worker peak private memory during its order 77 MB at 500"]

@@ -496,3 +496,19 @@ def test_json_names_stay_json(packed_generated):
     names = list(index.names())
     assert len(names) == index.num_samples and all(isinstance(n, str) for n in names)
     assert json.loads(json.dumps(names)) == names
+
+
+def test_a_sound_index_whose_slice_bound_overshoots_still_opens(ds_copy):
+    """The value checks first bound a slice (its tallest and widest sample at its largest offset); where
+    that bound lies past the data but no sample does (a tall narrow and a short wide sample), each sample
+    is checked on its own and the index is sound."""
+    root = ds_copy("mmap")
+    heights, widths = array(root, "heights"), array(root, "widths")
+    pixels = heights.astype(np.int64) * widths
+    heights[2], widths[2], heights[3], widths[3] = pixels[2], 1, 1, pixels[3]  # the same bytes each
+    resave_array(root, "heights", heights, checksum="match")
+    resave_array(root, "widths", widths, checksum="match")
+    offsets = array(root, "offsets")
+    limit = int((offsets + pixels * 3).max())
+    assert int(pixels[2]) * int(pixels[3]) * 3 + int(offsets.max()) > limit  # the bound alone would refuse it
+    open_dataset(root).close()

@@ -220,9 +220,20 @@ def _scan(index: spec.Index, rules: list[Rule], n: int,
     return total
 
 
+def _below(values: np.ndarray, low: int) -> np.ndarray:
+    """The mask of ``values`` under ``low``; :data:`_NONE` when their minimum shows there is none (a
+    reduction reads the slice once and makes no temporary: most slices of a sound index end here)."""
+    return values < low if values.min() < low else _NONE
+
+
+def _above(values: np.ndarray, high: int) -> np.ndarray:
+    """The mask of ``values`` over ``high``; :data:`_NONE` when their maximum shows there is none."""
+    return values > high if values.max() > high else _NONE
+
+
 def _at_least(name: str, arr: np.ndarray, low: int) -> Rule:
     """The rule: every value of index array ``name`` is at least ``low``."""
-    return name, lambda s, m: arr[s] < low, lambda i: f"value {arr[i]} is below {low}"
+    return name, lambda s, m: _below(arr[s], low), lambda i: f"value {arr[i]} is below {low}"
 
 
 def _check_arrays(index: spec.Index, num_classes: int, path: Path | str) -> None:
@@ -233,7 +244,7 @@ def _check_arrays(index: spec.Index, num_classes: int, path: Path | str) -> None
     rules = _label_rules(index, num_classes)
     ranged = bool(rules)
     sizes = a["sizes"]
-    rules.append(("sizes", lambda s, m: sizes[s] < 0, lambda i: f"size {sizes[i]} is negative"))
+    rules.append(("sizes", lambda s, m: _below(sizes[s], 0), lambda i: f"size {sizes[i]} is negative"))
     for name in ("offsets", "heights", "widths"):
         if name in a and not (fmt == "wds" and name == "offsets"):  # wds: at least a tar header, below
             rules.append(_at_least(name, a[name], 1 if name in ("heights", "widths") else 0))
@@ -241,9 +252,10 @@ def _check_arrays(index: spec.Index, num_classes: int, path: Path | str) -> None
         rules += _wds_rules(index)
     elif fmt == "mmap":
         heights, widths = a["heights"], a["widths"]
-        rules += _extent_rules(index, "offsets", lambda s: heights[s].astype(np.int64) * widths[s] * 3)
+        rules += _extent_rules(index, "offsets", lambda s: heights[s].astype(np.int64) * widths[s] * 3,
+                               lambda s: int(heights[s].max()) * int(widths[s].max()) * 3)
     elif fmt == "hdf5":
-        rules += _extent_rules(index, "sizes", lambda s: sizes[s])
+        rules += _extent_rules(index, "sizes", lambda s: sizes[s], lambda s: int(sizes[s].max()))
     else:
         limit = data_files(index).get(spec.DATA_FILE[fmt])
         if limit is not None:
@@ -280,7 +292,7 @@ def _label_rules(index: spec.Index, num_classes: int) -> list[Rule]:
     labels = index.arrays.get("labels")
     if labels is None or not spec.has_label(index.meta):
         return []
-    return [("labels", lambda s, m: labels[s].view(np.uint32) >= num_classes,  # also < 0, as uint32
+    return [("labels", lambda s, m: _above(labels[s].view(np.uint32), num_classes - 1),  # also < 0, as uint32
              lambda i: f"label {labels[i]} is outside the {num_classes} classes {spec.INDEX_NAME} lists")]
 
 
@@ -344,19 +356,33 @@ def _wds_rules(index: spec.Index) -> list[Rule]:
     ]
 
 
-def _extent_rules(index: spec.Index, blame: str, lengths: Callable[[slice], np.ndarray]) -> list[Rule]:
+def _extent_rules(index: spec.Index, blame: str, lengths: Callable[[slice], np.ndarray],
+                  longest: Callable[[slice], int]) -> list[Rule]:
     """offsets[i] + lengths(i) within the data (mmap: the pixels after the header; hdf5: the file);
-    ``blame``: the array the message names. No rules when index.json records no size for the data
-    file: the reader checks against the file itself."""
+    ``blame``: the array the message names; ``longest(s)``: a bound of ``lengths(s)`` (from maxima,
+    in Python ints): a slice whose longest sample at its largest offset ends inside the data needs
+    no sample-by-sample sum. No rules when index.json records no size for the data file: the
+    reader checks against the file itself."""
     offsets = index.arrays["offsets"]
     size = data_files(index).get(spec.DATA_FILE[index.format])
     if size is None:
         return []
     limit = size - spec.MMAP_HEADER_BYTES if index.format == "mmap" else size
+
+    def highest(s: slice, m: dict) -> int:
+        if "offsets.max" not in m:  # once per slice for both rules
+            m["offsets.max"] = int(offsets[s].max())
+        return m["offsets.max"]
+
+    def past_end(s: slice, m: dict) -> np.ndarray:
+        if longest(s) + highest(s, m) <= limit:
+            return _NONE
+        return lengths(s) > limit - offsets[s]
+
     return [
-        ("offsets", lambda s, m: offsets[s] > limit,
+        ("offsets", lambda s, m: offsets[s] > limit if highest(s, m) > limit else _NONE,
          lambda i: f"offset {offsets[i]} lies past the end of the data ({limit} bytes)"),
-        (blame, lambda s, m: lengths(s) > limit - offsets[s],
+        (blame, past_end,
          lambda i: f"sample at offset {offsets[i]} with {int(lengths(slice(i, i + 1))[0])} bytes ends "
                    f"past the end of the data ({limit} bytes)"),
     ]

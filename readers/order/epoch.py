@@ -40,6 +40,7 @@ makes an exact mid-epoch resume of an iterable dataset possible.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 from dataclasses import asdict, dataclass
@@ -176,23 +177,70 @@ def interleave(samples: np.ndarray, shards: np.ndarray, open_shards: int, rng: n
     takes from is known up front, so each run's steps are found with numpy and
     only the events (a run finishing: one per run) are visited in Python.
     """
-    n = len(samples)
-    if n == 0 or open_shards <= 1:
+    if len(samples) == 0 or open_shards <= 1:
         return samples
-    cuts = np.flatnonzero(np.diff(shards)) + 1
+    return _interleave_runs(samples, np.flatnonzero(np.diff(shards)) + 1, open_shards, rng)
+
+
+_CHUNK = 1 << 16  # elements of a share's temporaries made at a time (their peak stays a chunk, not a share)
+
+
+def _chunk(n: int, most: int = _CHUNK) -> int:
+    """Elements worked at a time on a share of ``n``: at most ``most``, and an eighth of the share when
+    that is less (at least 1,024), so that the temporaries stay a small part of the share at every size."""
+    return max(1024, min(most, n >> 3))
+
+
+def _run_cuts(shard_of: np.ndarray, samples: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(np.diff(shard_of[samples])) + 1`` (where a run of one shard ends), a chunk at a
+    time: no share-sized array of shard numbers."""
+    parts, step = [np.zeros(0, dtype=np.int64)], _chunk(len(samples))
+    for lo in range(0, len(samples) - 1, step):
+        shards = shard_of[samples[lo:lo + step + 1]]
+        parts.append(np.flatnonzero(shards[1:] != shards[:-1]) + (lo + 1))
+    return np.concatenate(parts)
+
+
+def _places(rng: np.random.Generator, n: int, t: int, m: int) -> np.ndarray:
+    """``(picks[t:] * m).astype(np.int64)`` for ``picks = rng.random(n)`` drawn by ``rng`` from where it
+    is now, the same values in one byte each (m <= 255), a chunk at a time: neither the ``n`` picks nor
+    a float temporary of them is kept. ``rng`` ends as ``rng.random(n)`` leaves it (a generator gives the
+    same doubles drawn in chunks as in one call); the ``t`` picks before are drawn and dropped."""
+    step = _chunk(n)
+    for lo in range(0, t, step):
+        rng.random(min(step, t - lo))
+    place = np.empty(n - t, dtype=np.uint8 if m <= 255 else np.int64)
+    for lo in range(0, n - t, step):
+        place[lo:lo + step] = rng.random(min(step, n - t - lo)) * m  # truncated toward zero, as astype does
+    return place
+
+
+def _interleave_runs(samples: np.ndarray, cuts: np.ndarray, open_shards: int, rng: np.random.Generator) -> np.ndarray:
+    """:func:`interleave` given where its runs start (``cuts``, after the first); the arrays it keeps per
+    sample are the output, a byte per step and a 4-byte step index. The picks (``rng.random(n)``) are
+    drawn again from a copy of the generator for each phase after the first (phases: at most
+    ``open_shards``), instead of keeping 8 bytes per sample."""
+    n = len(samples)
     if len(cuts) == 0:
         return samples
     bounds = np.concatenate([[0], cuts, [n]]).tolist()
     runs = list(zip(bounds[:-1], bounds[1:]))
-    picks = rng.random(n)
+    start = copy.deepcopy(rng)  # as it is before the picks: draws them again for the later phases
     out = np.empty(n, dtype=np.int64)
     pos = [r[0] for r in runs[:open_shards]]  # per open place: next position in samples, and its end
     end = [r[1] for r in runs[:open_shards]]
     pending, t = len(pos), 0
+    step_type = np.int32 if n < 1 << 31 else np.int64
     while pos:  # one phase per number of open runs
         m = len(pos)
-        place = (picks[t:] * m).astype(np.int64)
-        steps = [t + np.flatnonzero(place == k) for k in range(m)]  # the steps each place takes, in order
+        place = _places(rng if t == 0 else copy.deepcopy(start), n, t, m)  # rng: drawn past the n picks
+        steps = []  # the steps each place takes, in order
+        for k in range(m):
+            taken = np.flatnonzero(place == k)
+            taken += t
+            steps.append(taken.astype(step_type))
+            del taken
+        del place
         used = [0] * m
         events: list[tuple[int, int]] = []
 
@@ -247,19 +295,26 @@ def buffer_shuffle(samples: np.ndarray, buffer_size: int, rng: np.random.Generat
     the next: every gather and scatter stays within a chunk (or the buffer), so the cost per
     sample does not grow with the share once it outgrows the cache. Within a chunk the steps are
     grouped by place with a stable sort of 16-bit keys, which numpy does in one radix pass."""
-    n = len(samples)
-    if n <= 1:
+    if len(samples) <= 1:
         return samples
+    return _buffer_shuffle(samples, buffer_size, rng, np.empty(len(samples), dtype=np.int64))
+
+
+def _buffer_shuffle(samples: np.ndarray, buffer_size: int, rng: np.random.Generator, out: np.ndarray) -> np.ndarray:
+    """:func:`buffer_shuffle` into ``out``, which may be ``samples`` itself (an array the caller owns): a
+    chunk reads all its incoming samples (``size`` places ahead) before it writes its steps. The picks
+    are drawn a chunk at a time (a generator gives the same values, and ends in the same state, as in
+    one draw); chunks are at most :data:`_SHUFFLE_CHUNK` steps and an eighth of the share."""
+    n = len(samples)
     size = min(buffer_size, n)
     steps = n - size
-    picks = rng.integers(size, size=steps) if steps else np.zeros(0, dtype=np.int64)
-    out = np.empty(n, dtype=np.int64)
     buf = np.array(samples[:size], dtype=np.int64)  # buf[p]: what place p holds now
     narrow = size <= 1 << 16
-    for lo in range(0, steps, _SHUFFLE_CHUNK):
-        hi = min(steps, lo + _SHUFFLE_CHUNK)
-        chunk = picks[lo:hi]
-        incoming = samples[size + lo:size + hi]
+    every = _chunk(steps, _SHUFFLE_CHUNK)
+    for lo in range(0, steps, every):
+        hi = min(steps, lo + every)
+        chunk = rng.integers(size, size=hi - lo)
+        incoming = samples[size + lo:size + hi]  # a view, all read before out[lo:hi] is written
         by_place = np.argsort(chunk.astype(np.uint16) if narrow else chunk, kind="stable")  # by place, in time order
         place = chunk[by_place]
         first = np.ones(hi - lo, dtype=bool)  # the chunk's first step at its place: it emits what the buffer holds
@@ -268,10 +323,10 @@ def buffer_shuffle(samples: np.ndarray, buffer_size: int, rng: np.random.Generat
         emitted[first] = buf[place[first]]
         later = np.flatnonzero(~first)  # a later step emits what the step before it at its place brought
         emitted[later] = incoming[by_place[later - 1]]
-        out[lo + by_place] = emitted
         last = np.ones(hi - lo, dtype=bool)  # each place keeps what its last step in the chunk brought
         last[:-1] = first[1:]
         buf[place[last]] = incoming[by_place[last]]
+        out[lo + by_place] = emitted
     rng.shuffle(buf)
     out[steps:] = buf
     return out
@@ -308,8 +363,13 @@ def _shuffle_share(layout: ShardLayout, settings: ShardSettings, epoch: int, env
     if not settings.shuffle or not len(samples):
         return samples
     rng = np.random.default_rng([settings.seed, epoch, env.rank, env.worker_id])
-    samples = interleave(samples, layout.shard_of[samples], settings.open_shards, rng)
-    return buffer_shuffle(samples, settings.buffer_size, rng)
+    # interleave and buffer_shuffle as their definitions say, with a smaller peak: the runs found without a
+    # share of shard numbers, and the buffer shuffle done in place on the interleaved array (this one's own)
+    mixed = samples if settings.open_shards <= 1 else _interleave_runs(
+        samples, _run_cuts(layout.shard_of, samples), settings.open_shards, rng)
+    if len(mixed) <= 1:
+        return mixed
+    return _buffer_shuffle(mixed, settings.buffer_size, rng, mixed if mixed is not samples else np.empty_like(mixed))
 
 
 # --------------------------------------------------------------------------- loader workers
