@@ -156,4 +156,6 @@ def merge(srcs: Sequence[str | os.PathLike], out: str | os.PathLike, options: Pa
         dest = out / split if split else out
         jobs.append(Job(head.meta.get("split") or split or Path(head.root).name, chain, dest, opts, kind="merged",
                         details={"sources_given": [str(p) for p in paths], "output": str(out)}))
-    return pack_jobs(out, options, jobs, "merging", progress)
+    from packer.api import FolderOutput
+
+    return pack_jobs(FolderOutput(out), options, jobs, "merging", progress)
