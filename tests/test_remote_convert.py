@@ -33,6 +33,9 @@ from readers.contract import spec
 from readers.remote import open_store
 
 pytest_plugins = ["servers"]
+# gcsfs hands aiohttp a data file (a few MB) as one bytes body and aiohttp advises a stream: a hint, not a leak
+# (the CLI never shows it); with filterwarnings=error it would fail the in-process packs to gs:// here
+pytestmark = pytest.mark.filterwarnings("ignore:Sending a large body directly:ResourceWarning")
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -143,7 +146,7 @@ def test_split_datasets_and_bad_locations(server, generated, tmp_path):
         pack(generated, f"{base}/{split}", PackOptions(format="lmdb", workers=1), remote=RemoteOptions(storage_options=so))
     results = convert(base, tmp_path / "out", PackOptions(format="wds", workers=1, shard_count=10),
                       remote=RemoteOptions(storage_options=so))
-    assert sorted(r.split for r in results) == ["train", "val"]
+    assert sorted(Path(r.out).name for r in results) == ["train", "val"]
     for split in ("train", "val"):
         assert verify(tmp_path / "out" / split).ok
     from packer.errors import SourceError

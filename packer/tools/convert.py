@@ -636,8 +636,6 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions
     ``index.json`` last, ``--resume`` continues an interrupted upload). ``remote`` says how the stores
     are reached (``storage_options``, ``retry``; ``stage_dir``, ``upload_progress`` for a remote ``out``).
     """
-    from packer.api import FolderOutput
-
     src, out = _locations(src, out)
     remote = remote or RemoteOptions()
     unused = remote.unused(remote_source=isinstance(src, str), remote_output=isinstance(out, str))
@@ -645,8 +643,23 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions
         raise TypeError(f"RemoteOptions {', '.join(unused)}: only for an object-store source or output; "
                         f"{src} and {out} are local")
     roots = dataset_roots(src, remote=remote)
-    indexes = [read_dataset(r, remote) for r in roots]
-    check_no_overlap(out, src, roots)
+    indexes: list[spec.Index] = []
+    try:
+        for r in roots:
+            indexes.append(read_dataset(r, remote))
+        check_no_overlap(out, src, roots)
+        return _convert(src, out, options, roots, indexes, remote, progress)
+    finally:
+        for index in indexes:
+            if index.store is not None:
+                index.store.close()  # its connections now, not whenever the garbage collector runs
+
+
+def _convert(src: Path | str, out: Path | str, options: PackOptions, roots: list[Path], indexes: list[spec.Index],
+             remote: RemoteOptions, progress: Callable[[str, Source], PackProgress | None] | None
+             ) -> list[SplitResult]:
+    from packer.api import FolderOutput
+
     target = StagedOutput(out, options, remote) if isinstance(out, str) else FolderOutput(out)
     jobs = []
     for root, index in zip(roots, indexes):
