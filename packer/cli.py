@@ -253,7 +253,9 @@ def build_main_parser() -> argparse.ArgumentParser:
                  "Turn a packed dataset into another format without re-validating: every sample's checksum\n"
                  "is checked as it is copied. Encoded formats (wds, lmdb, hdf5) copy the stored bytes; mmap\n"
                  "decodes them (and applies --resize); from mmap, pixels are stored as lossless PNG. Every\n"
-                 "field of every sample is kept.")
+                 "field of every sample is kept. SRC may be on s3://, gs://, az:// or https://, and -o an\n"
+                 "s3://, gs:// or az:// prefix (staged locally, uploaded, index.json last; --resume finishes\n"
+                 "an interrupted upload); credentials from the usual environment (docs/remote.md).")
     _add_command(sub, "merge", _merge_arguments,
                  "Join packed datasets made separately (for example by parallel jobs) into one dataset with one\n"
                  "index, without re-encoding: every sample's checksum is checked as it is copied. The datasets\n"

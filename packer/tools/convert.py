@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator, Sequence, overload
 import numpy as np
 
 from packer.sources.columns import IntColumn, spilled
-from packer.errors import OutputError, PackError, SourceError
+from packer.errors import PackError, SourceError
 from packer.prepare.images import ImageOptions, Prepared, RejectedImage, prepare_image
 from packer.prepare.stage import ordered_outcomes
 from packer.prepare.readahead import read_ahead
@@ -56,10 +56,10 @@ from packer.output import OutputLock, prepare_output
 from packer.pipeline import PackProgress, SplitResult, pack_split
 from packer.remote_output import StagedOutput
 from packer.sources.source import Source, URLRoot
+from packer.tools.convert_sources import check_no_overlap, dataset_roots, locations, read_dataset
 from packer.prepare.workers import Outcome
 from readers.contract import spec
 from readers.contract.fields import Schema
-from readers.contract.locks import lock_holder
 
 __all__ = ["convert", "dataset_source", "close_source", "conversion_options", "prepare_stage", "merged_classes",
            "dataset_roots", "read_dataset", "check_no_overlap", "pack_jobs", "Job"]
@@ -267,7 +267,7 @@ def _stored(index: spec.Index, start: int) -> Iterator[tuple[int, Any]]:
         return
     from readers.formats.registry import open_dataset  # torch: imported only when converting
 
-    ds = open_dataset(index, decode=False)
+    ds = open_dataset(_reader_index(index), decode=False)
     n = index.num_samples
     try:
         if index.format == "wds":  # shards in place or in a store: read front to back (streamed), a few at once
@@ -283,6 +283,17 @@ def _stored(index: spec.Index, start: int) -> Iterator[tuple[int, Any]]:
             yield from zip(range(a, min(a + _BATCH, n)), ds.read_many(list(range(a, min(a + _BATCH, n)))))
     finally:
         ds.close()
+
+
+def _reader_index(index: spec.Index) -> spec.Index:
+    """``index`` for a reader of its own: a remote dataset's reader closes its store when it is closed, so it
+    gets a store of its own (the index's stays open: ``names.jsonl`` and the next dataset's reader use it)."""
+    if index.store is None:
+        return index
+    from readers.remote import open_store
+
+    store = index.store
+    return replace(index, store=open_store(store.url, store.storage_options, store.retry))
 
 
 def _stored_wds(index: spec.Index, start: int) -> Iterator[tuple[int, bytes]]:
@@ -435,7 +446,7 @@ def _with_fields(indexes: Sequence[spec.Index], start: int,
     try:
         for index, local, _base in _spans(indexes, start):
             hint = f"run 'pack-dataset verify {index.root}' to list the damage"
-            stored = StoredFields(index)
+            stored = StoredFields(_reader_index(index))
             try:
                 try:
                     crcs = _field_checksums(index, len(stored.fields), load_field_checksums)
@@ -477,81 +488,6 @@ def _field_checksums(index: spec.Index, width: int, load_local: Callable[..., np
 
 
 # ---------------------------------------------------------------------------- the command
-def _remote_roots(url: str, verb: tuple[str, str], remote: RemoteOptions) -> list[Path]:
-    """:func:`dataset_roots` of a dataset on object storage (``s3://``, ``gs://``, ``az://``, ``https://``):
-    the prefix itself when it holds ``index.json``, else each split prefix that does."""
-    from readers.remote import open_store
-
-    try:
-        store = open_store(url, remote.storage_options, remote.retry)
-    except (OSError, ValueError) as exc:
-        raise SourceError(f"{url}: cannot open the source ({exc})") from None
-    try:
-        if store.exists(spec.INDEX_NAME):
-            return [URLRoot(store.url)]  # type: ignore[list-item]  # joins and names like a Path
-        names = [] if getattr(store, "read_only", False) else store.list()
-    except OSError as exc:  # unreachable store, refused credentials, no such bucket
-        raise SourceError(f"{url}: cannot read the source ({exc})") from None
-    finally:
-        store.close()
-    splits = sorted({n.split("/")[0] for n in names if n.count("/") == 1 and n.endswith("/" + spec.INDEX_NAME)})
-    if splits:
-        return [URLRoot(url.rstrip("/")) / s for s in splits]  # type: ignore[misc]
-    if any(n.endswith(".tar") or n == spec.NAMES_FILE for n in names):
-        raise SourceError(f"{url}: this pack never finished (no {spec.INDEX_NAME}); finish it with --resume "
-                          f"before {verb[1]} it")
-    raise SourceError(f"{url}: not a packed dataset (no {spec.INDEX_NAME})")
-
-
-def dataset_roots(src: Path | str, verb: tuple[str, str] = ("convert", "converting"),
-                  remote: RemoteOptions | None = None) -> list[Path]:
-    """The dataset folders of ``src``: itself, or each of its split folders; SourceError (one line naming
-    ``src``) for anything else. ``verb``: the command, and its -ing form, the messages name. ``src`` may be
-    a URL (``s3://``, ``gs://``, ``az://``, ``https://``; reached with ``remote``): its roots are then
-    :class:`~packer.sources.source.URLRoot` s."""
-    if isinstance(src, str):
-        return _remote_roots(src, verb, remote or RemoteOptions())
-    if not src.exists():
-        raise SourceError(f"{src}: no such dataset folder")
-    if (src / spec.INDEX_NAME).is_file():
-        return [src]
-    splits = spec.find_splits(src)
-    if splits:
-        return [src / s for s in splits]
-    if (src / spec.STATE_NAME).exists():
-        holder = lock_holder(src)
-        if holder is not None:
-            raise SourceError(f"{src} is being packed by pid {holder} right now; {verb[0]} it once that pack ends")
-        raise SourceError(f"{src}: this pack never finished; finish it with --resume before {verb[1]} it")
-    raise SourceError(f"{src}: not a packed dataset (no {spec.INDEX_NAME}); "
-                      "to pack an image folder use 'pack-dataset pack'")
-
-
-def read_dataset(root: Path, remote: RemoteOptions | None = None) -> spec.Index:
-    """The index of the dataset folder ``root`` (or of the dataset at a URL, reached with ``remote``);
-    SourceError (one line) when it cannot be read."""
-    from readers.formats.resolve import resolve_index
-
-    remote = remote or RemoteOptions()
-    try:
-        return resolve_index(str(root) if isinstance(root, URLRoot) else root, remote.storage_options, remote.retry)
-    except (spec.DatasetFormatError, OSError) as exc:
-        raise SourceError(str(exc)) from None
-
-
-def check_no_overlap(out: Path | str, src: Path | str, roots: Sequence[Path]) -> None:
-    """OutputError when ``out`` is the source ``src``, holds it, or lies inside one of its dataset folders
-    (URLs: the same prefix, or one inside the other; a URL and a local folder never overlap)."""
-    if isinstance(out, str) or isinstance(src, str):
-        a, b = str(out).rstrip("/") + "/", str(src).rstrip("/") + "/"
-        if isinstance(out, str) and isinstance(src, str) and (a.startswith(b) or b.startswith(a)):
-            raise OutputError(f"{out} overlaps the source dataset {src}; choose another output prefix")
-        return
-    if out.resolve() == src.resolve() or src.resolve().is_relative_to(out.resolve()) or any(
-            out.resolve().is_relative_to(r.resolve()) for r in roots):
-        raise OutputError(f"{out} overlaps the source dataset {src}; choose another output folder")
-
-
 @dataclass
 class Job:
     """One split to write: its name, the chained datasets it reads, where it goes, with which options."""
@@ -611,20 +547,6 @@ def pack_jobs(target: Any, options: PackOptions, jobs: Sequence[Job], verb: str,
         target.close()
 
 
-def _locations(src: str | os.PathLike, out: str | os.PathLike) -> tuple[Path | str, Path | str]:
-    """``src`` and ``out`` as the CLI reads them (``readers.contract.location``): a local folder as a Path, a
-    URL as a str; an unsupported scheme is a SourceError / OutputError naming it."""
-    from readers.contract.location import UnsupportedLocationError, parse_location
-
-    where: list[Path | str] = []
-    for value, error in ((src, SourceError), (out, OutputError)):
-        try:
-            where.append(parse_location(value))
-        except UnsupportedLocationError as exc:
-            raise error(str(exc)) from None
-    return where[0], where[1]
-
-
 def convert(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
             progress: Callable[[str, Source], PackProgress | None] | None = None,
             remote: RemoteOptions | None = None) -> list[SplitResult]:
@@ -636,7 +558,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions
     ``index.json`` last, ``--resume`` continues an interrupted upload). ``remote`` says how the stores
     are reached (``storage_options``, ``retry``; ``stage_dir``, ``upload_progress`` for a remote ``out``).
     """
-    src, out = _locations(src, out)
+    src, out = locations(src, out)
     remote = remote or RemoteOptions()
     unused = remote.unused(remote_source=isinstance(src, str), remote_output=isinstance(out, str))
     if unused:
