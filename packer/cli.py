@@ -131,8 +131,8 @@ def _add_option(target: Any, f: dataclasses.Field, flag: Flag, required: bool | 
 
 def _groups(p: argparse.ArgumentParser, command: str) -> dict[str, Any]:
     """The --help sections (packer.options.GROUPS) that ``command``'s options fall in, created in order."""
-    used = {flag.group for _, flag in cli_fields(command)} | {"source", "output"} | ({"remote"} if command == "pack"
-                                                                                   else set())
+    used = {flag.group for _, flag in cli_fields(command)} | {"source", "output"} | (
+        {"remote"} if command in ("pack", "convert") else set())
     return {key: p.add_argument_group(title, description) for key, (title, description) in GROUPS.items()
             if key in used}
 
@@ -151,19 +151,19 @@ def _add_options(p: argparse.ArgumentParser, command: str, src: Callable[[Any], 
         # -f of pack: OUT's format by default with --append (_pack asks for it otherwise)
         _add_option(target, f, flag, False if (command, f.name) == ("pack", "format") else None)
         if f.name == "format":  # listed right after --format, as --help always showed it
-            target.add_argument("-o", "--output", type=output_location if command == "pack" else local_location,
-                                metavar="OUT", help=output_help.replace("output folder",
-                                                                        "output folder, or s3://bucket/prefix")
-                                if command == "pack" else output_help)
+            target.add_argument("-o", "--output", type=output_location, metavar="OUT",
+                                help=output_help.replace("output folder", "output folder, or an s3://, gs:// or "
+                                                         "az:// prefix"))
     if command == "pack":  # --append OUT: SRC's images become the next generation of the dataset OUT
         groups["resume"].add_argument(
             "--append", type=_append_location, metavar="OUT",
             help="add SRC's images to the dataset OUT as its next generation, readers of the previous one "
                  "unaffected (-f: OUT's format; --resume finishes an interrupted append)")
+    if command in ("pack", "convert"):
         groups["remote"].add_argument(
             "--stage-dir", type=Path, metavar="DIR",
-            help="s3:// output: stage files here before upload (default: $DATASET_PACKER_STAGE or "
-                 "~/.cache/dataset-packer/stage/...)")
+            help="s3://, gs://, az:// output: stage files here before upload (default: $DATASET_PACKER_STAGE "
+                 "or ~/.cache/dataset-packer/stage/...)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
@@ -174,8 +174,11 @@ def _pack_arguments(p: argparse.ArgumentParser) -> None:
 
 def _convert_arguments(p: argparse.ArgumentParser) -> None:
     _add_options(p, "convert", lambda g: g.add_argument(
-        "src", metavar="SRC", type=local_location, help="a packed dataset folder (or a folder of split datasets)"),
-        "output folder (default: SRC-FORMAT beside SRC; missing parent folders are created)")
+        "src", metavar="SRC", type=output_location,
+        help="a packed dataset folder (or a folder of split datasets), or one on object storage: s3://, gs://, "
+             "az:// (abfs://) or https:// (credentials: the usual environment, docs/remote.md)"),
+        "output folder (default: SRC-FORMAT beside SRC, required for a SRC on object storage; missing parent "
+        "folders are created)")
 
 
 def _merge_arguments(p: argparse.ArgumentParser) -> None:
@@ -250,7 +253,9 @@ def build_main_parser() -> argparse.ArgumentParser:
                  "Turn a packed dataset into another format without re-validating: every sample's checksum\n"
                  "is checked as it is copied. Encoded formats (wds, lmdb, hdf5) copy the stored bytes; mmap\n"
                  "decodes them (and applies --resize); from mmap, pixels are stored as lossless PNG. Every\n"
-                 "field of every sample is kept.")
+                 "field of every sample is kept. SRC may be on s3://, gs://, az:// or https://, and -o an\n"
+                 "s3://, gs:// or az:// prefix (staged locally, uploaded, index.json last; --resume finishes\n"
+                 "an interrupted upload); credentials from the usual environment (docs/remote.md).")
     _add_command(sub, "merge", _merge_arguments,
                  "Join packed datasets made separately (for example by parallel jobs) into one dataset with one\n"
                  "index, without re-encoding: every sample's checksum is checked as it is copied. The datasets\n"
@@ -368,11 +373,7 @@ def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     out = args.output
     if isinstance(args.src, str) and out is None:
         parser.error(f"{args.src}: a source on object storage needs -o (a folder or an s3:// prefix)")
-    remote = None  # credentials and endpoint: the AWS_* environment (docs/remote.md)
-    if isinstance(out, str):  # s3:// (packer.remote_output)
-        remote = RemoteOptions(stage_dir=args.stage_dir, upload_progress=upload_bars(args.quiet))
-    elif args.stage_dir is not None:
-        parser.error("--stage-dir applies to an s3:// output only")
+    remote = _remote_options(parser, args)
     return _run(args, lambda out: pack(args.src, out, options, progress=_progress_factory(args.quiet), remote=remote))
 
 
@@ -387,19 +388,32 @@ def output_location(text: str) -> Path | str:
 
 
 def local_location(text: str) -> Path:
-    """``convert``'s SRC and ``-o``: a local folder (``file:///abs`` too); a URL is a usage error."""
+    """``merge``'s datasets and ``-o``: a local folder (``file:///abs`` too); a URL is a usage error."""
     location = output_location(text)
     if isinstance(location, str):
-        raise argparse.ArgumentTypeError(f"{text}: convert reads and writes local folders only "
-                                         "(pack-dataset pack uploads to s3://)")
+        raise argparse.ArgumentTypeError(f"{text}: merge reads and writes local folders only "
+                                         "(pack-dataset convert reads and writes object storage)")
     return location
+
+
+def _remote_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RemoteOptions | None:
+    """How pack and convert reach object storage: the usual environment for credentials and endpoints
+    (docs/remote.md); ``--stage-dir`` and upload bars for an output there (a usage error otherwise)."""
+    if isinstance(args.output, str):  # packer.remote_output
+        return RemoteOptions(stage_dir=args.stage_dir, upload_progress=upload_bars(args.quiet))
+    if args.stage_dir is not None:
+        parser.error("--stage-dir applies to an s3://, gs:// or az:// output only")
+    return None
 
 
 def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from packer.tools.convert import convert
 
     options = _options(parser, args, "convert")
-    return _run(args, lambda out: convert(args.src, out, options,
+    if isinstance(args.src, str) and args.output is None:
+        parser.error(f"{args.src}: a dataset on object storage needs -o (a folder or an s3://, gs:// or az:// prefix)")
+    remote = _remote_options(parser, args)
+    return _run(args, lambda out: convert(args.src, out, options, remote=remote,
                                           progress=_progress_factory(args.quiet, "convert")))
 
 

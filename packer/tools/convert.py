@@ -47,18 +47,19 @@ from typing import Any, Callable, Iterator, Sequence, overload
 import numpy as np
 
 from packer.sources.columns import IntColumn, spilled
-from packer.errors import OutputError, PackError, SourceError
+from packer.errors import PackError, SourceError
 from packer.prepare.images import ImageOptions, Prepared, RejectedImage, prepare_image
 from packer.prepare.stage import ordered_outcomes
 from packer.prepare.readahead import read_ahead
-from packer.options import PackOptions, cli_fields
+from packer.options import PackOptions, RemoteOptions, cli_fields
 from packer.output import OutputLock, prepare_output
 from packer.pipeline import PackProgress, SplitResult, pack_split
-from packer.sources.source import Source
+from packer.remote_output import StagedOutput
+from packer.sources.source import Source, URLRoot
+from packer.tools.convert_sources import check_no_overlap, dataset_roots, locations, read_dataset
 from packer.prepare.workers import Outcome
 from readers.contract import spec
 from readers.contract.fields import Schema
-from readers.contract.locks import lock_holder
 
 __all__ = ["convert", "dataset_source", "close_source", "conversion_options", "prepare_stage", "merged_classes",
            "dataset_roots", "read_dataset", "check_no_overlap", "pack_jobs", "Job"]
@@ -151,7 +152,8 @@ def dataset_source(indexes: spec.Index | Sequence[spec.Index], kind: str = "data
         order = orders[0] if all(o == {"kind": "source"} for o in orders) else {"kind": "chained", "orders": orders}
     labels = _joined([_labels(index, table) for index, table in zip(chain, tables)], spec.ARRAY_DTYPES["labels"])
     sizes = _joined([index.arrays["sizes"] for index in chain], np.int64)
-    return Source(root=Path(first.root), classes=classes, paths=_Names(chain),  # a local folder
+    root: Any = Path(first.root) if first.store is None else URLRoot(first.location)  # joins like a Path
+    return Source(root=root, classes=classes, paths=_Names(chain),  # a local folder, or a URL
                   labels=IntColumn(labels), sizes=IntColumn(sizes),
                   kind=kind, details=details, _fingerprint=h.hexdigest(), order=order,
                   schema=None if schema.is_default else schema)
@@ -260,15 +262,15 @@ class _Names(Sequence[str]):
 # ---------------------------------------------------------------------------- reading the source
 def _stored(index: spec.Index, start: int) -> Iterator[tuple[int, Any]]:
     """(sample, stored bytes or pixel array) for every sample from ``start`` on, in order."""
-    if index.format == "wds" and not spec.is_inplace(index.meta):  # in place: the reader finds the shards
-        yield from _stored_wds(index, start)
+    if index.format == "wds" and not spec.is_inplace(index.meta) and index.store is None:
+        yield from _stored_wds(index, start)  # our own local shards (in place or remote: the reader finds them)
         return
     from readers.formats.registry import open_dataset  # torch: imported only when converting
 
-    ds = open_dataset(index, decode=False)
+    ds = open_dataset(_reader_index(index), decode=False)
     n = index.num_samples
     try:
-        if index.format == "wds":  # shards in place: read front to back where they are, a few open at once
+        if index.format == "wds":  # shards in place or in a store: read front to back (streamed), a few at once
             from readers.formats.wds_io import shard_io
 
             pairs = shard_io(ds).samples(range(start, n))
@@ -281,6 +283,17 @@ def _stored(index: spec.Index, start: int) -> Iterator[tuple[int, Any]]:
             yield from zip(range(a, min(a + _BATCH, n)), ds.read_many(list(range(a, min(a + _BATCH, n)))))
     finally:
         ds.close()
+
+
+def _reader_index(index: spec.Index) -> spec.Index:
+    """``index`` for a reader of its own: a remote dataset's reader closes its store when it is closed, so it
+    gets a store of its own (the index's stays open: ``names.jsonl`` and the next dataset's reader use it)."""
+    if index.store is None:
+        return index
+    from readers.remote import open_store
+
+    store = index.store
+    return replace(index, store=open_store(store.url, store.storage_options, store.retry))
 
 
 def _stored_wds(index: spec.Index, start: int) -> Iterator[tuple[int, bytes]]:
@@ -433,11 +446,11 @@ def _with_fields(indexes: Sequence[spec.Index], start: int,
     try:
         for index, local, _base in _spans(indexes, start):
             hint = f"run 'pack-dataset verify {index.root}' to list the damage"
-            stored = StoredFields(index)
+            stored = StoredFields(_reader_index(index))
             try:
                 try:
-                    crcs = load_field_checksums(index.root, index.num_samples, len(stored.fields))
-                except spec.DatasetFormatError as exc:
+                    crcs = _field_checksums(index, len(stored.fields), load_field_checksums)
+                except (spec.DatasetFormatError, OSError) as exc:
                     raise PackError(f"{exc}; {hint}") from None
                 for i, outcome in zip(range(local, index.num_samples), outcomes):  # range first: no sample lost
                     blobs = stored.blobs(i)
@@ -455,43 +468,26 @@ def _with_fields(indexes: Sequence[spec.Index], start: int,
         outcomes.close()
 
 
-# ---------------------------------------------------------------------------- the command
-def dataset_roots(src: Path, verb: tuple[str, str] = ("convert", "converting")) -> list[Path]:
-    """The dataset folders of ``src``: itself, or each of its split folders; SourceError (one line naming
-    ``src``) for anything else. ``verb``: the command, and its -ing form, the messages name."""
-    if not src.exists():
-        raise SourceError(f"{src}: no such dataset folder")
-    if (src / spec.INDEX_NAME).is_file():
-        return [src]
-    splits = spec.find_splits(src)
-    if splits:
-        return [src / s for s in splits]
-    if (src / spec.STATE_NAME).exists():
-        holder = lock_holder(src)
-        if holder is not None:
-            raise SourceError(f"{src} is being packed by pid {holder} right now; {verb[0]} it once that pack ends")
-        raise SourceError(f"{src}: this pack never finished; finish it with --resume before {verb[1]} it")
-    raise SourceError(f"{src}: not a packed dataset (no {spec.INDEX_NAME}); "
-                      "to pack an image folder use 'pack-dataset pack'")
+def _field_checksums(index: spec.Index, width: int, load_local: Callable[..., np.ndarray]) -> np.ndarray:
+    """``field_checksums.npy`` of the dataset: ``load_local`` for a local folder; for a dataset in a store,
+    the object read (capped at the size it can have) and its dtype and shape checked the same way."""
+    if index.store is None:
+        return load_local(index.root, index.num_samples, width)
+    from packer.formats.fieldstore import FIELD_CHECKSUMS
 
-
-def read_dataset(root: Path) -> spec.Index:
-    """The index of the dataset folder ``root``; SourceError (one line) when it cannot be read."""
-    from readers.formats.resolve import resolve_index
-
+    where = index.store.url_of(FIELD_CHECKSUMS)
+    raw = index.store.read(FIELD_CHECKSUMS, max_bytes=4096 + 4 * index.num_samples * width)
     try:
-        return resolve_index(root)
-    except (spec.DatasetFormatError, OSError) as exc:
-        raise SourceError(str(exc)) from None
+        crcs = np.load(io.BytesIO(raw), allow_pickle=False)
+    except ValueError as exc:
+        raise spec.DatasetFormatError(f"{where}: cannot be read ({exc})") from None
+    if crcs.dtype != np.dtype("<u4") or crcs.shape != (index.num_samples, width):
+        raise spec.DatasetFormatError(f"{where}: holds {crcs.dtype.str} {crcs.shape}, expected <u4 "
+                                      f"({index.num_samples}, {width})")
+    return crcs
 
 
-def check_no_overlap(out: Path, src: Path, roots: Sequence[Path]) -> None:
-    """OutputError when ``out`` is the source ``src``, holds it, or lies inside one of its dataset folders."""
-    if out.resolve() == src.resolve() or src.resolve().is_relative_to(out.resolve()) or any(
-            out.resolve().is_relative_to(r.resolve()) for r in roots):
-        raise OutputError(f"{out} overlaps the source dataset {src}; choose another output folder")
-
-
+# ---------------------------------------------------------------------------- the command
 @dataclass
 class Job:
     """One split to write: its name, the chained datasets it reads, where it goes, with which options."""
@@ -504,11 +500,26 @@ class Job:
     details: dict[str, Any] = field(default_factory=dict)  # more for the source record (JSON-able)
 
 
-def pack_jobs(out: Path, options: PackOptions, jobs: Sequence[Job], verb: str,
+def _engine(job: Job, workers: int) -> Callable[..., SplitResult]:
+    """The job's split packer (``packer.engines.SplitPacker``): packing's write stage fed by
+    :func:`prepare_stage`, with the hook a staged output uploads closed shards from."""
+
+    def pack_one(source: Source, dest: Path, split: str, writer_cls: type, progress: PackProgress | None, *,
+                 output: Any = None, after_checkpoint: Callable[..., None] | None = None) -> SplitResult:
+        return pack_split(source, dest, split, job.options, writer_cls, workers, progress,
+                          prepare=prepare_stage(job.indexes), after_checkpoint=after_checkpoint)
+
+    return pack_one
+
+
+def pack_jobs(target: Any, options: PackOptions, jobs: Sequence[Job], verb: str,
               progress: Callable[[str, Source], PackProgress | None] | None = None) -> list[SplitResult]:
     """Write each job's split through packing's write stage (:func:`packer.pipeline.pack_split`) with
-    :func:`prepare_stage` as its prepare stage, under one lock of ``out`` (``packer.output``): ``convert``'s
-    and ``merge``'s work. Each source is built (its names checked) before the output is touched."""
+    :func:`prepare_stage` as its prepare stage into ``target`` (a ``packer.api.PackOutput``: a local
+    folder, or an object-store prefix staged locally and uploaded, ``packer.remote_output``), under one
+    lock of its folder (``packer.output``), in the order ``packer.api.pack`` follows: ``convert``'s and
+    ``merge``'s work. Each source is built (its names checked) before the output is touched; ``target``
+    is closed at the end, whatever happens."""
     from packer.api import WRITERS
     from readers.contract.env import available_cpus
 
@@ -520,31 +531,64 @@ def pack_jobs(out: Path, options: PackOptions, jobs: Sequence[Job], verb: str,
         workers = options.workers or available_cpus()
         results = []
         with OutputLock() as lock:  # one writer per output folder, as for pack (packer.output)
-            prepare_output(out, options, [job.dest for job in jobs], lock)
+            target.check(lock)
+            prepare_output(target.folder, options, [job.dest for job in jobs], lock, role=target.role)
+            target.ready()
             for job, source in zip(jobs, sources):
                 callback = progress(job.split, source) if progress else None
-                log.info("%s %s (%s, %d samples) -> %s (%s)", verb, ", ".join(str(i.root) for i in job.indexes),
+                log.info("%s %s (%s, %d samples) -> %s (%s)", verb, ", ".join(str(i.location) for i in job.indexes),
                          job.indexes[0].format, len(source.paths), job.dest, job.options.format)
-                results.append(pack_split(source, job.dest, job.split, job.options, WRITERS[job.options.format],
-                                          workers, callback, prepare=prepare_stage(job.indexes)))
+                results.append(target.pack_split(_engine(job, workers), source, job.dest, job.split,
+                                                 WRITERS[job.options.format], callback))
         return results
     finally:
         for source in sources:
             close_source(source)
+        target.close()
 
 
 def convert(src: str | os.PathLike, out: str | os.PathLike, options: PackOptions, *,
-            progress: Callable[[str, Source], PackProgress | None] | None = None) -> list[SplitResult]:
-    """Convert the packed dataset ``src`` (or each split in it) into ``options.format`` at ``out``."""
-    src, out = Path(src), Path(out)
-    roots = dataset_roots(src)
-    indexes = [read_dataset(r) for r in roots]
-    check_no_overlap(out, src, roots)
+            progress: Callable[[str, Source], PackProgress | None] | None = None,
+            remote: RemoteOptions | None = None) -> list[SplitResult]:
+    """Convert the packed dataset ``src`` (or each split in it) into ``options.format`` at ``out``.
+
+    Either may be on object storage: ``src`` an ``s3://``, ``gs://``, ``az://`` or ``https://`` URL (read
+    through ``readers.remote``), ``out`` an ``s3://``, ``gs://`` or ``az://`` prefix, written exactly as
+    ``packer.api.pack`` writes one (``packer.remote_output.StagedOutput``: staged locally, uploaded,
+    ``index.json`` last, ``--resume`` continues an interrupted upload). ``remote`` says how the stores
+    are reached (``storage_options``, ``retry``; ``stage_dir``, ``upload_progress`` for a remote ``out``).
+    """
+    src, out = locations(src, out)
+    remote = remote or RemoteOptions()
+    unused = remote.unused(remote_source=isinstance(src, str), remote_output=isinstance(out, str))
+    if unused:
+        raise TypeError(f"RemoteOptions {', '.join(unused)}: only for an object-store source or output; "
+                        f"{src} and {out} are local")
+    roots = dataset_roots(src, remote=remote)
+    indexes: list[spec.Index] = []
+    try:
+        for r in roots:
+            indexes.append(read_dataset(r, remote))
+        check_no_overlap(out, src, roots)
+        return _convert(src, out, options, roots, indexes, remote, progress)
+    finally:
+        for index in indexes:
+            if index.store is not None:
+                index.store.close()  # its connections now, not whenever the garbage collector runs
+
+
+def _convert(src: Path | str, out: Path | str, options: PackOptions, roots: list[Path], indexes: list[spec.Index],
+             remote: RemoteOptions, progress: Callable[[str, Source], PackProgress | None] | None
+             ) -> list[SplitResult]:
+    from packer.api import FolderOutput
+
+    target = StagedOutput(out, options, remote) if isinstance(out, str) else FolderOutput(out)
     jobs = []
     for root, index in zip(roots, indexes):
         opts = conversion_options(index.meta.get("options", {}), options)
         if index.meta["storage"]["kind"] == "pixels" and opts.format == "mmap" and opts.resize is None:
             opts = replace(opts, resize=index.meta.get("options", {}).get("resize"))
-        dest = out if root == src else out / root.name
+        dest = target.folder if len(roots) == 1 and str(root).rstrip("/") == str(src).rstrip("/") \
+            else target.folder / root.name
         jobs.append(Job(index.meta.get("split") or root.name, (index,), dest, opts))
-    return pack_jobs(out, options, jobs, "converting", progress)
+    return pack_jobs(target, options, jobs, "converting", progress)

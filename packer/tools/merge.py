@@ -36,7 +36,8 @@ from packer.errors import SourceError, UsageError
 from packer.options import PackOptions
 from packer.pipeline import PackProgress, SplitResult
 from packer.sources.source import Source
-from packer.tools.convert import Job, check_no_overlap, conversion_options, dataset_roots, pack_jobs, read_dataset
+from packer.tools.convert import Job, conversion_options, pack_jobs
+from packer.tools.convert_sources import check_no_overlap, dataset_roots, read_dataset
 from readers.contract import spec
 from readers.contract.fields import Field, Schema
 
@@ -156,4 +157,6 @@ def merge(srcs: Sequence[str | os.PathLike], out: str | os.PathLike, options: Pa
         dest = out / split if split else out
         jobs.append(Job(head.meta.get("split") or split or Path(head.root).name, chain, dest, opts, kind="merged",
                         details={"sources_given": [str(p) for p in paths], "output": str(out)}))
-    return pack_jobs(out, options, jobs, "merging", progress)
+    from packer.api import FolderOutput
+
+    return pack_jobs(FolderOutput(out), options, jobs, "merging", progress)
