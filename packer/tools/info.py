@@ -234,10 +234,10 @@ def describe_remote(url: str, storage_options: dict[str, Any] | None = None) -> 
                                   "is resumed from the packing machine with the same command and --resume)")
 
 
-def _appends(root: Path) -> dict[str, Any]:
+def _appends(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
     """A finished dataset's generations (``packer.appending``) and the append into it that was
-    interrupted, if one was: how far it got and the command that finishes it."""
-    meta = spec.read_meta(root)
+    interrupted, if one was: how far it got and the command that finishes it (``meta``: its index.json,
+    read once by the caller: a second read would hold every class name twice)."""
     out: dict[str, Any] = {"generation": generation_of(meta), "generations": history(meta)}
     state = interrupted(root)
     if state is not None:
@@ -265,7 +265,8 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
     if not root.exists():
         raise FileNotFoundError(f"{root}: no such dataset folder")
     if (root / spec.INDEX_NAME).is_file():
-        return dict(_complete(root, spec.read_meta(root)), **_appends(root))
+        meta = spec.read_meta(root)
+        return dict(_complete(root, meta), **_appends(root, meta))
     if (root / spec.STATE_NAME).is_file():
         return _incomplete(root)
     splits = sorted(p for p in root.iterdir() if p.is_dir()
