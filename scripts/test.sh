@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quickstart command 2: set up, then run the whole test suite.
-# On every core (pytest-xdist, -n auto): tests/conftest.py says which tests share a worker and which start
+# On every core and one more (pytest-xdist, -n cores+1): tests/conftest.py says which tests share a worker and which start
 # first; PYTEST_WORKERS=0 runs it in one process, PYTEST_WORKERS=3 on three workers (docs/measuring.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,4 +12,5 @@ if command -v npm >/dev/null && [ ! -x .cache/azurite/node_modules/.bin/azurite-
     || echo "warning: could not install Azurite from npm; the az:// tests will skip"
 fi
 python -m mypy  # the packages [tool.mypy] lists in pyproject.toml type-check with zero errors
-python -m pytest -n "${PYTEST_WORKERS:-auto}" "$@"
+# one worker more than there are cores: many tests wait on child processes, servers and sleeps (docs/measuring.md)
+python -m pytest -n "${PYTEST_WORKERS:-$(( $(nproc) + 1 ))}" "$@"

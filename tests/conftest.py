@@ -155,7 +155,7 @@ def pytest_unconfigure(config):
 
 
 # ----------------------------------------------------------------------------- parallel runs (pytest-xdist)
-# scripts/test.sh runs the suite on every core (``-n auto``). Each worker is a pytest session of its own (its
+# scripts/test.sh runs the suite on one worker more than there are cores (``-n cores+1``). Each worker is a pytest session of its own (its
 # own session fixtures, servers on free ports, temp and cache folders). The scheduler below sends a module
 # whole to one worker, so that its module-scoped fixtures are built once; the Ray modules share one worker
 # (two Ray clusters on one machine would both want Ray's fixed ports); the tests of SPREAD modules go one by
