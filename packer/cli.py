@@ -300,15 +300,6 @@ def _options(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
         raise  # parser.error exits; this keeps type checkers informed
 
 
-def _append_location(text: str) -> Path:
-    """``--append OUT``: a local dataset folder; an object-store URL is refused in one line (exit 2)."""
-    location = output_location(text)
-    if isinstance(location, str):
-        raise argparse.ArgumentTypeError(f"{text}: appending to a dataset on object storage is not supported yet "
-                                         "(append to a local copy of it, then upload the folder)")
-    return location
-
-
 def _format_of(out: Path) -> str | None:
     """The format of the dataset ``out`` that ``--append`` grows (None when there is none yet)."""
     from readers.contract.spec import find_splits, read_meta
@@ -387,13 +378,23 @@ def output_location(text: str) -> Path | str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def local_location(text: str) -> Path:
-    """``merge``'s datasets and ``-o``: a local folder (``file:///abs`` too); a URL is a usage error."""
-    location = output_location(text)
-    if isinstance(location, str):
-        raise argparse.ArgumentTypeError(f"{text}: merge reads and writes local folders only "
-                                         "(pack-dataset convert reads and writes object storage)")
-    return location
+def local_only(refusal: str) -> Callable[[str], Path]:
+    """An argparse type for a local folder (``file:///abs`` too); a URL is a one-line usage error,
+    ``TEXT: refusal`` (exit 2)."""
+    def parse(text: str) -> Path:
+        location = output_location(text)
+        if isinstance(location, str):
+            raise argparse.ArgumentTypeError(f"{text}: {refusal}")
+        return location
+    return parse
+
+
+#: ``merge``'s datasets and ``-o``
+local_location = local_only("merge reads and writes local folders only (pack-dataset convert reads and writes "
+                            "object storage)")
+#: ``--append OUT``
+_append_location = local_only("appending to a dataset on object storage is not supported yet (append to a local "
+                              "copy of it, then upload the folder)")
 
 
 def _remote_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RemoteOptions | None:
