@@ -50,7 +50,7 @@ def _remote_roots(url: str, verb: tuple[str, str], remote: RemoteOptions) -> lis
         raise SourceError(f"{url}: cannot read the source ({exc})") from None
     finally:
         store.close()
-    splits = sorted({n.split("/")[0] for n in names if n.count("/") == 1 and n.endswith("/" + spec.INDEX_NAME)})
+    splits = spec.listed_splits(names)
     if splits:
         return [URLRoot(url.rstrip("/")) / s for s in splits]  # type: ignore[misc]
     if any(n.endswith(".tar") or n == spec.NAMES_FILE for n in names):

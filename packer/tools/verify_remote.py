@@ -39,7 +39,7 @@ def remote_roots(url: str, storage_options: dict[str, Any] | None = None) -> lis
             names = store.list()
         except OSError:
             return [url]
-        splits = sorted({n.split("/")[0] for n in names if n.count("/") == 1 and n.endswith("/" + spec.INDEX_NAME)})
+        splits = spec.listed_splits(names)
         return [store.url_of(s) for s in splits] or [url]
     finally:
         store.close()

@@ -83,6 +83,7 @@ from readers.contract.safeio import (
 __all__ = [
     # the index: read, written, checked
     "Index", "read_index", "read_meta", "write_index", "save_array", "write_json_atomic", "find_splits",
+    "listed_splits",
     "recorded_files", "array_bytes_limit", "CRC_CHECK", "VALUES_CHECK",
     # index.json: versions, formats, keys
     "SPEC_VERSION", "READABLE_VERSIONS", "spec_version_for", "FORMATS", "CHECKSUM_ALGO", "ARRAYS_KEY",
@@ -412,6 +413,11 @@ def find_splits(root: str | os.PathLike) -> list[str]:
     return sorted(p.name for p in root.iterdir() if (p / INDEX_NAME).is_file())
 
 
+def listed_splits(names: Iterable[str]) -> list[str]:
+    """:func:`find_splits` of an object-store prefix, from its listing ``names`` (relative keys)."""
+    return sorted({n.split("/")[0] for n in names if n.count("/") == 1 and n.endswith("/" + INDEX_NAME)})
+
+
 def read_meta(root: str | os.PathLike | Any) -> dict[str, Any]:
     """``index.json`` of the dataset at ``root`` (a local folder or a :class:`readers.remote.Store`),
     parsed and checked as :func:`read_index` checks it, without reading any index array: what
@@ -564,7 +570,7 @@ def _missing_remote_index(store: Any) -> Exception:
         names = store.list()
     except OSError:  # a web server without directory listings: say what is known
         names = []
-    splits = sorted({n.split("/")[0] for n in names if n.count("/") == 1 and n.endswith("/" + INDEX_NAME)})
+    splits = listed_splits(names)
     if splits:
         return DatasetFormatError(f"{store.url} holds several splits ({', '.join(splits)}); open one of them, "
                                   f"e.g. {store.url_of(splits[0])}")
