@@ -397,8 +397,10 @@ def probe(argv: list[str]) -> int:
     kind = argv[0]
     if kind == "pack":
         res = probe_pack(argv[1], argv[2], argv[3], int(argv[4]))
-    elif kind == "read":
+    elif kind == "read":  # read FOLDER packed|index [COMMAND...]: then pack-dataset COMMAND FOLDER in this process
         res = probe_read(argv[1], argv[2] == "packed")
+        for command in argv[3:]:
+            res.update(probe_cli(command, argv[1]))
     elif kind == "cli":
         res = probe_cli(argv[1], argv[2])
     else:
@@ -428,6 +430,18 @@ def cli(command: str, folder: Path) -> dict[str, Any]:
     return {k: res[k] for k in (f"{command}_s", f"{command}_rss")}
 
 
+def reads(args: argparse.Namespace, folder: Path, kind: str, commands: list[str]) -> dict[str, Any]:
+    """The read probe, then ``pack-dataset COMMAND`` for each command, each in a fresh process; in a
+    ``--smoke`` run all in one process (a fresh one costs an import of torch, and nothing is judged there:
+    the commands' RSS figures then include the read's)."""
+    if args.smoke:
+        return _child("read", str(folder), kind, *commands)
+    res = _child("read", str(folder), kind)
+    for command in commands:
+        res.update(cli(command, folder))
+    return res
+
+
 # ----------------------------------------------------------------------------- the run
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     work = Path(args.workdir)
@@ -450,10 +464,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             payload = sum(p.stat().st_size for p in src.rglob("*.JPEG"))
             files = json.loads((out / "index.json").read_text())["files"]  # the data files, not the index
             row["disk_ratio"] = sum(files.values()) / payload
-            row.update(_child("read", str(out), "packed"))
-            row.update(cli("info", out))
-            if n <= args.verify_max:
-                row.update(cli("verify", out))
+            commands = ["info", "verify"] if n <= args.verify_max else ["info"]
+            row.update(reads(args, out, "packed", commands))
             rows.append(row)
             print(json.dumps(row), flush=True)
             if not args.keep:
@@ -467,8 +479,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
             folder = index_only(work, fmt, n)
             row = {"format": fmt, "n": n, "kind": "index-only", "build_s": time.perf_counter() - t0}
-            row.update(_child("read", str(folder), "index"))
-            row.update(cli("info", folder))
+            row.update(reads(args, folder, "index", ["info"]))
             rows.append(row)
             print(json.dumps(row), flush=True)
             if not args.keep:

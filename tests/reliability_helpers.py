@@ -36,20 +36,34 @@ def cli(*args: Any, timeout: float = 180, prefix: list[str] | tuple = ()) -> sub
                           env=env())
 
 
-def verify_here(root: Path) -> subprocess.CompletedProcess:
-    """``pack-dataset verify ROOT -q`` through the CLI's entry point in this process, as a finished process
-    holds it (exit code, output): the check that a pack (a resumed one, one after a full disk) came out
-    whole. It is no test of the process, and a fresh Python costs an import of torch."""
+def cli_here(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``pack-dataset ARGS`` through the CLI's entry point in this process, with ``env``'s variables set while it
+    runs, as a finished process holds it (exit code, output). For the checks around a test's subject (a verify
+    after a pack, an info of a bucket), not for the subject itself: a fresh Python costs an import of torch."""
     import contextlib
     import io
 
     from packer.cli import main
 
+    saved = {k: os.environ.get(k) for k in (env or {})}
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["verify", str(root), "-q"])
-    return subprocess.CompletedProcess(["pack-dataset", "verify", str(root), "-q"], code, out.getvalue(),
-                                       err.getvalue())
+    try:
+        os.environ.update(env or {})
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(["pack-dataset", *map(str, args)], code, out.getvalue(), err.getvalue())
+
+
+def verify_here(root: Path) -> subprocess.CompletedProcess:
+    """``pack-dataset verify ROOT -q`` in this process (:func:`cli_here`): the check that a pack (a resumed one,
+    one after a full disk) came out whole. It is no test of the process."""
+    return cli_here("verify", root, "-q")
 
 
 def error_lines(stderr: str) -> list[str]:

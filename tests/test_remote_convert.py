@@ -31,6 +31,7 @@ from packer.tools.verify import verify
 from readers import make_loader, open_dataset
 from readers.contract import spec
 from readers.remote import open_store
+from reliability_helpers import cli_here
 
 pytest_plugins = ["servers"]
 # gcsfs hands aiohttp a data file (a few MB) as one bytes body and aiohttp advises a stream: a hint, not a leak
@@ -58,8 +59,14 @@ def _env(server) -> dict[str, str]:
 
 
 def _cli(args: list[str], server) -> subprocess.CompletedProcess:
+    """``pack-dataset ARGS`` in a child process, with the store's usual environment (the subject of a test)."""
     return subprocess.run([sys.executable, "-m", "packer.cli", *args], cwd=REPO, capture_output=True, text=True,
                           env=_env(server), timeout=300)
+
+
+def _here(args: list[str], server) -> subprocess.CompletedProcess:
+    """``pack-dataset ARGS`` in this process, with the same environment (the checks around the subject)."""
+    return cli_here(*args, env=_env(server))
 
 
 def _source(server, generated, fmt: str) -> str:
@@ -116,9 +123,9 @@ def test_cli_converts_a_bucket_dataset_into_the_bucket(server, generated, tmp_pa
     assert done.returncode == 0, done.stderr
     assert f"-> {out}" in done.stdout
     assert not stage.exists(), "the staging folder goes once the upload is complete"
-    checked = _cli(["verify", out, "-q"], server)
+    checked = _here(["verify", out, "-q"], server)
     assert checked.returncode == 0 and f"{out}: 28 samples checked, OK" in checked.stdout, checked.stdout + checked.stderr
-    info = json.loads(_cli(["info", out, "--json"], server).stdout)
+    info = json.loads(_here(["info", out, "--json"], server).stdout)
     assert (info["state"], info["format"], info["samples"]) == ("complete", dst_fmt, 28)
     _same_samples(src, out, server.storage_options(), dst_fmt)
 
@@ -133,8 +140,8 @@ def test_api_converts_a_bucket_dataset(server, generated, tmp_path, src_fmt, dst
         else RemoteOptions(storage_options=so)
     [result] = convert(src, out, PackOptions(format=dst_fmt, workers=1), remote=remote)
     assert str(result.out) == str(out)
-    if to_bucket:  # verify of a bucket in a subprocess, as a user runs it
-        checked = _cli(["verify", str(out), "-q"], server)
+    if to_bucket:  # verify of the bucket through the CLI (in this process: the CLI subprocess is test_cli_...)
+        checked = _here(["verify", str(out), "-q"], server)
         assert checked.returncode == 0 and "28 samples checked, OK" in checked.stdout, checked.stdout + checked.stderr
     else:
         assert verify(out).ok
@@ -203,7 +210,7 @@ def test_a_convert_killed_part_way_resumes_to_the_same_objects(server, tmp_path)
     run = uuid.uuid4().hex[:8]
     killed, clean = server.url(f"kill-{run}"), server.url(f"clean-{run}")
     shape = ["-f", "wds", "-w", "1", "-q", "--shard-count", "8", "--checkpoint-bytes", "128k"]
-    res = _cli(["convert", src, "-o", clean, *shape, "--stage-dir", str(tmp_path / "clean")], server)
+    res = _here(["convert", src, "-o", clean, *shape, "--stage-dir", str(tmp_path / "clean")], server)
     assert res.returncode == 0, res.stderr
     stage = tmp_path / "killed"
     proc = subprocess.run([sys.executable, "-c", _KILLED_CHILD, src, killed, str(stage)], cwd=REPO,
@@ -213,7 +220,7 @@ def test_a_convert_killed_part_way_resumes_to_the_same_objects(server, tmp_path)
     try:
         names = store.list()
         assert len([n for n in names if n.endswith(".tar")]) >= 2 and spec.INDEX_NAME not in names
-        info = _cli(["info", killed], server)  # no index.json: never opens as complete
+        info = _here(["info", killed], server)  # no index.json: never opens as complete
         assert info.returncode == 2 and "no index.json" in info.stderr, info.stdout + info.stderr
         res = _cli(["convert", src, "-o", killed, *shape, "--stage-dir", str(stage), "--resume"], server)
         assert res.returncode == 0, res.stderr
@@ -229,5 +236,5 @@ def test_a_convert_killed_part_way_resumes_to_the_same_objects(server, tmp_path)
     assert sorted(ours) == sorted(theirs)
     assert [n for n in ours if ours[n] != theirs[n]] == []
     assert not stage.exists()
-    checked = _cli(["verify", killed, "-q"], server)
+    checked = _here(["verify", killed, "-q"], server)
     assert checked.returncode == 0 and "checked, OK" in checked.stdout, checked.stdout + checked.stderr
