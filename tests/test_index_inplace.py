@@ -27,7 +27,7 @@ from PIL import Image
 import readers.contract.env
 from packer import PackOptions, pack
 from packer.cli import main
-from packer.tools.index import index_shards
+from packer.tools.index import JOURNAL, index_shards
 from readers import make_loader, mix, open_dataset, subset
 from readers.contract import spec
 from readers.contract.env import WorkerEnv
@@ -277,10 +277,13 @@ def test_patterns_lists_rejects_resume_and_refusals(tmp_path, cli):
     (shards / "00004.tar").write_bytes(b"not a tar" * 100)
     done = cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q", "-w", "1")
     assert done.returncode == 2 and "00004.tar: not a readable tar file" in done.stderr
-    assert sorted(p.name for p in (tmp_path / "d" / "index-parts").iterdir()) == [f"{k:06d}.json" for k in range(4)]
+    journal = (tmp_path / "d" / JOURNAL).read_text().splitlines()  # the shards, then one line per shard scanned
+    assert [json.loads(line)["k"] for line in journal[1:]] == [0, 1, 2, 3]
     again = cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q")
     assert again.returncode == 2 and "--resume continues it" in again.stderr
     shutil.copy(shards / "00003.tar", shards / "00004.tar")
+    torn = "\n".join(journal[:-1] + [journal[-1][:40]])  # a crash cut the last line: shard 3 is scanned again
+    (tmp_path / "d" / JOURNAL).write_text(torn)
     done = cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q", "--resume")
     assert done.returncode == 0 and "35 samples in 5 shards" in done.stdout
     # compressed shards: one line

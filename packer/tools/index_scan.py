@@ -136,8 +136,8 @@ class _Tar:
         """The checksums of the headers walked since the last check (numpy: one sum per batch)."""
         if not self._heads:
             return
-        a = np.frombuffer(b"".join(self._heads), np.uint8).reshape(-1, BLOCK).astype(np.int64)
-        sums = a.sum(axis=1) - a[:, 148:156].sum(axis=1) + 256
+        a = np.frombuffer(b"".join(self._heads), np.uint8).reshape(-1, BLOCK)  # summed as int64, not copied
+        sums = a.sum(axis=1, dtype=np.int64) - a[:, 148:156].sum(axis=1, dtype=np.int64) + 256
         bad = np.flatnonzero(sums != np.array(self._stated, dtype=np.int64))
         if bad.size:
             raise SourceError(f"{self.where}: damaged tar header at byte {self._head_pos[int(bad[0])]}")
