@@ -18,7 +18,8 @@ fsynced: a line a crash left torn ends what a resume reuses, and those shards ar
 
 A small index runs in this process: a worker process is started per :data:`POOL_BYTES` of local
 shards at most (forking one costs more than scanning less than that); remote shards, whose scan
-waits on the store, get the workers asked for.
+waits on the store, get the workers asked for, forked after this process made the store's client
+(``index_scan.warm_store``: its imports and session are then made once, not in each worker).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from packer.prepare.pool import ordered_map
 from packer.prepare.stage import label_names
 from packer.progress import bar as progress_bar
 from packer.tools.index_list import list_shards
-from packer.tools.index_scan import ShardScan, close_stores, gc_paused, scan_shard
+from packer.tools.index_scan import ShardScan, close_stores, gc_paused, scan_shard, warm_store
 from readers.contract import spec
 from readers.contract.fields import Field, FieldType, FieldTypeError, ImageType, NumericType, Schema, column_file, \
     parse_type
@@ -145,6 +146,8 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
                 raise UsageError("--engine ray needs Ray: pip install 'dataset-packer[ray]'") from None
             scans: Iterator[ShardScan] = ray_scans(jobs, workers, ray_address)
         else:
+            if spec.is_remote(base) and todo:
+                warm_store(base, names[todo[0]], storage_options)  # before the pool forks: see warm_store
             scans = ordered_map(scan_shard, jobs, workers, chunk=1, describe=lambda n: f"shard {names[todo[n]]}")
         for k, scan in zip(todo, scans):
             journal.write(json.dumps({"k": k, "scan": scan}) + "\n")
