@@ -285,12 +285,25 @@ def test_patterns_lists_rejects_resume_and_refusals(tmp_path, cli):
     torn = "\n".join(journal[:-1] + [journal[-1][:40]])  # a crash cut the last line: shard 3 is scanned again
     (tmp_path / "d" / JOURNAL).write_text(torn)
     done = cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q", "--resume")
-    assert done.returncode == 0 and "35 samples in 5 shards" in done.stdout
+    assert done.returncode == 3 and "28 samples in 5 shards" in done.stdout and "7 rejected" in done.stdout  # 4 = 3
     # compressed shards: one line
     with tarfile.open(tmp_path / "gz.tar.gz", "w:gz") as tar:
         tar.add(shards / "00000.tar", "x.jpg")
     done = cli("index", str(tmp_path / "gz.tar.gz"), "-o", str(tmp_path / "e"), "-q")
     assert done.returncode == 2 and "convert them to plain .tar first" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_a_key_an_earlier_shard_has_is_a_reject(tmp_path):
+    shards = tmp_path / "shards"
+    _write_tarfile(shards)
+    shutil.copy(shards / "00001.tar", shards / "00004.tar")  # every key of shard 1, again in shard 4
+    assert index_shards([str(shards)], tmp_path / "idx")["rejected"] == PER
+    rejects = [json.loads(line) for line in (tmp_path / "idx" / spec.REJECTS_NAME).read_text().splitlines()]
+    assert [r["path"] for r in rejects] == [f"00004.tar/{n:09d}" for n in range(PER, 2 * PER)]
+    assert all("also in shard 00001.tar (duplicate key)" in r["reason"] for r in rejects)
+    ds = open_dataset(tmp_path / "idx", decode=False)
+    assert len(ds) == SHARDS * PER and not any(n.startswith("00004.tar/") for n in ds.index.names())
+    ds.close()
 
 
 @pytest.fixture(params=["s3", "gs", "az"])

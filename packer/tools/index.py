@@ -9,7 +9,8 @@ Fields come from member extensions exactly as the wds importer maps them
 (``packer.importers.wds``: ``.jpg``/``.png`` images, ``.txt`` text, ``.json`` json, ``.cls`` int,
 ``.npy`` arrays, other bytes); shards of image + ``.cls`` (and/or a ``.json`` label) only give
 image + label, as a pack of them does. Samples without an image are ignored; samples with a member
-missing, a member that does not parse or a duplicate key are rejects (``rejects.jsonl``).
+missing, a member that does not parse or a duplicate key (twice in a shard, or a key an earlier shard
+has) are rejects (``rejects.jsonl``).
 
 Resumable: each scanned shard is appended to ``IDX/index-journal.jsonl`` as it finishes (after a
 first line naming the shards); ``--resume`` scans only the others. ``index.json`` is written last
@@ -249,11 +250,16 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
     rejects: list[dict[str, str]] = []
     ignored = 0
     labels = Labels()
+    shard_of_key: dict[str, int] = {}  # each key's first shard: the same key in a later shard is a reject
     for k, key, image, others, reason in samples:
         name = f"{scans[k]['name']}/{key}"
         if image is None or (not fielded and _label(others) is None):
             ignored += 1
             continue
+        first = shard_of_key.setdefault(key, k)  # twice in one shard: the scan said so already
+        if reason is None and first != k:
+            reason = (f"{src}/{scans[k]['name']}:{key}: key {key!r} also in shard {scans[first]['name']} "
+                      "(duplicate key)")
         missing = [f for f in members if suffix_of[f] not in others]
         if reason is None and missing:
             reason = f"{src}/{scans[k]['name']}:{key}: no member {key}.{suffix_of[missing[0]]} (field {missing[0]!r})"
