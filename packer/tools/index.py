@@ -35,6 +35,7 @@ import os
 import shutil
 import sys
 from collections import Counter
+from json.encoder import encode_basestring_ascii as json_string  # json.dumps(a str), without its per-call setup
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
@@ -236,11 +237,17 @@ def _value(f: Field, m: list) -> tuple[bytes, Any]:
 
 def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
     src = base
-    samples = []  # (shard, key, image member, other members by suffix, reject reason)
+    samples = []  # (shard, key, image member: the first with an image suffix, the others by suffix, reject reason)
+    images = frozenset(IMAGE_EXTS)
     for k, scan in enumerate(scans):
         for key, members, reason in scan["samples"]:
-            image = next((m for m in members if m[0] in IMAGE_EXTS), None)
-            samples.append((k, key, image, {m[0]: m for m in members if m is not image}, reason))
+            image, others = None, {}
+            for m in members:
+                if image is None and m[0] in images:
+                    image = m
+                else:
+                    others[m[0]] = m
+            samples.append((k, key, image, others, reason))
     fielded = _has_fields(samples)
     schema, suffix_of = _schema(samples, src) if fielded else (Schema.default(), {})
     members = [f.name for f in schema.fields[1:]] if fielded else []
@@ -327,7 +334,7 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
         for fname, arr in columns.items():
             save(column_file(fname), arr)
     with spec.atomic_write(out / spec.NAMES_FILE, "w", encoding="utf-8", durable=False) as text:
-        text.writelines(json.dumps(f"{scans[k]['name']}/{key}.{image[0]}") + "\n" for k, key, image, _others in kept)
+        text.writelines(json_string(f"{scans[k]['name']}/{key}.{image[0]}") + "\n" for k, key, image, _others in kept)
     written.append(out / spec.NAMES_FILE)
     (out / spec.REJECTS_NAME).unlink(missing_ok=True)
     if rejects:
