@@ -150,12 +150,14 @@ class _Tar:
 
     def _walk(self) -> Iterator[tuple[str, int, memoryview, int]]:
         pos, long_name = 0, None
-        pax: dict[str, str] = {}
+        pax: dict[str, str] = _NO_PAX
         whole, join = self._mv is not None, self._mv is not None and self._join
-        buf, mv, checksum, number = self._buf, self._mv, spec.checksum, _number
+        buf, mv, checksum, combine, number = self._buf, self._mv, spec.checksum, checksum_combine, _number
         heads, head_pos, stated = self._heads, self._head_pos, self._stated
-        while self._have(pos + BLOCK):
-            header = buf[pos - self._start:pos - self._start + BLOCK]
+        end = self.size if whole else -1  # a mapped shard: every byte is there, no _have needed
+        while (pos + BLOCK <= end) if whole else self._have(pos + BLOCK):
+            start = pos - self._start
+            header = buf[start:start + BLOCK]
             if header == _ZERO:
                 return
             size = number(header[124:136])
@@ -168,16 +170,21 @@ class _Tar:
             if kind in _FILE:
                 if pax:
                     size = int(pax.get("size", size))
-                data = self._view(pos + BLOCK, size)
+                at = pos + BLOCK
+                if whole and at + size <= end:
+                    data = mv[at:at + size]  # type: ignore[index]
+                else:
+                    data = self._view(at, size)
                 crc = checksum(data)
                 name = long_name or pax.get("path") or _ustar_name(header)
                 if join:  # this header (and what came before it, since the last member), then the data
-                    gap = checksum(mv[self._joined:pos + BLOCK], self.crc)  # type: ignore[index]
-                    self.crc = checksum_combine(gap, crc, size)  # type: ignore[assignment]
-                    self._joined = pos + BLOCK + size
-                yield name, pos + BLOCK, data, crc
+                    gap = checksum(mv[self._joined:at], self.crc)  # type: ignore[index]
+                    self.crc = combine(gap, crc, size)  # type: ignore[assignment]
+                    self._joined = at + size
+                yield name, at, data, crc
                 data.release()
-                long_name, pax = None, {}
+                if long_name is not None or pax:
+                    long_name, pax = None, _NO_PAX
             elif kind in (b"L", b"x", b"g"):
                 data = self._view(pos + BLOCK, size)
                 if kind == b"L":
@@ -187,7 +194,7 @@ class _Tar:
                 data.release()
             else:
                 self._view(pos + BLOCK, size).release()
-                long_name, pax = None, {}
+                long_name, pax = None, _NO_PAX
             pos += BLOCK + -(-size // BLOCK) * BLOCK
             if len(heads) >= self._BATCH:
                 self.check_heads()
@@ -197,6 +204,7 @@ class _Tar:
                 buf = self._buf
 
 
+_NO_PAX: dict[str, str] = {}  # no pax record before this member (shared, never written)
 BLOCK = spec.TAR_BLOCK
 _ZERO = bytes(BLOCK)
 _FILE = (b"0", b"\0", b"7")
