@@ -35,6 +35,7 @@ import concurrent.futures as cf
 import io
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -102,15 +103,17 @@ def _tar_stream(store, name: str) -> None:
 
 
 _RUNNER = r"""
-import json, sys, time
+import json, resource, sys, time
 from packer.tools.index import index_shards
+def cpu():
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 print("ready", flush=True)
 for line in sys.stdin:
     job = json.loads(line)
-    t = time.perf_counter()
+    c, t = cpu(), time.perf_counter()
     index_shards(job["sources"], job["out"], workers=job["workers"], overwrite=True,
                  storage_options=job["storage_options"])
-    print(json.dumps(time.perf_counter() - t), flush=True)
+    print(json.dumps([time.perf_counter() - t, cpu() - c]), flush=True)
 """
 
 
@@ -119,6 +122,7 @@ class IndexRunner:
     torch, not this benchmark's modules): its pool forks a process of the command's size."""
 
     def __init__(self) -> None:
+        self.cpu_s = 0.0  # the last run's CPU seconds
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
         t = time.perf_counter()
         self.proc = subprocess.Popen([sys.executable, "-c", _RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -132,7 +136,8 @@ class IndexRunner:
         return self.proc.stdout.readline().strip()
 
     def __call__(self, sources: list[str], out: Path, workers: int, storage_options: Any = None) -> float:
-        """Seconds ``index_shards(sources, out)`` took in the child."""
+        """Seconds ``index_shards(sources, out)`` took in the child (its CPU seconds, with its workers',
+        in :attr:`cpu_s`)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"sources": sources, "out": str(out), "workers": workers,
                                           "storage_options": storage_options}) + "\n")
@@ -140,7 +145,8 @@ class IndexRunner:
         line = self._line()
         if not line:
             raise RuntimeError("index_shards failed in the index runner (its error above)")
-        return float(line)
+        wall, self.cpu_s = json.loads(line)
+        return float(wall)
 
     def close(self) -> None:
         if self.proc.stdin is not None:
@@ -156,6 +162,12 @@ def timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's ended children (the ``tar`` processes)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def read_rate(root: Path, passes: int = 3) -> float:
@@ -229,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
             s3_first = index(_brace(url, 1), storage_options=srv.storage_options())
         for r in range(repeats):
             for n in sizes:
+                c = children_cpu()
                 rows.setdefault(f"tar local {n}", []).append(timed(lambda: list(pool.map(_tar, paths[:n]))))
+                rows.setdefault(f"tar local cpu {n}", []).append(children_cpu() - c)
                 rows.setdefault(f"index local {n}", []).append(index(_brace(str(local), n)))
+                rows.setdefault(f"index local cpu {n}", []).append(runner.cpu_s)
                 if store is not None:
                     rows.setdefault(f"tar s3 {n}", []).append(timed(lambda: list(pool.map(
                         lambda p: _tar_stream(store, p.name), paths[:n]))))
@@ -268,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{label:<30}{rate:>10.1f}{fixed:>10.2f}{rate / tar_rate:>12.2f}")
             out[where].update(tar_mb_s=tar_rate, index_mb_s=idx_rate, steady_vs_ceiling=idx_rate / tar_rate,
                               tar_fixed_s=tar_fixed, index_fixed_s=idx_fixed)
+        tar_cpu, idx_cpu = med[f"tar local cpu {shards}"], med[f"index local cpu {shards}"]
+        print(f"CPU seconds (local, per run, workers included): tar {tar_cpu:.2f}, pack-dataset index {idx_cpu:.2f}"
+              f" ({tar_cpu / idx_cpu:.2f}x); the same ratio as the wall clock's when the cores are the limit")
+        out["cpu_local"] = {"tar_s": tar_cpu, "index_s": idx_cpu, "ratio": tar_cpu / idx_cpu}
         out["index_startup_s"] = {"s": runner.startup_s, "s3_first_shard_s": s3_first or 0.0}
         print(f"(not in the index rows: starting pack-dataset index, interpreter and imports, once per run: "
               f"{runner.startup_s:.2f} s" + ("" if s3_first is None else f"; and for an s3:// index, the first "
