@@ -15,8 +15,8 @@ them into a SeaweedFS started on loopback (``dataset_bench.servers``), then per 
 * **S3**: each shard streamed from the store (the store's large range requests) into ``tar -xO``,
   ``--workers`` at once, against ``index_shards`` of the same shards in the bucket;
 * **read**: one pass over every sample, every field (``decode=False``), from the in-place index vs
-  from ``pack-dataset SHARDS -f wds --shard-count PER`` (our own pack of the same samples, as many
-  shards), samples/s.
+  from ``pack-dataset SHARDS -f wds --shard-count PER`` (our own pack of the same samples: PER
+  shards of SHARDS samples), samples/s.
 
 Two tables: per run of all the shards (what a user waits for), and the steady rate, the MB the
 larger size adds over the seconds it adds (a fixed cost per run -- a fork, the listing, the index's
