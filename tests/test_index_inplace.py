@@ -12,6 +12,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -31,6 +32,7 @@ from packer.tools.index import JOURNAL, index_shards
 from readers import make_loader, mix, open_dataset, subset
 from readers.contract import spec
 from readers.contract.env import WorkerEnv
+from reliability_helpers import env, wait_for
 
 pytest_plugins = ["servers"]
 SHARDS, PER = 4, 7  # 28 samples in 4 shards
@@ -304,6 +306,40 @@ def test_a_key_an_earlier_shard_has_is_a_reject(tmp_path):
     ds = open_dataset(tmp_path / "idx", decode=False)
     assert len(ds) == SHARDS * PER and not any(n.startswith("00004.tar/") for n in ds.index.names())
     ds.close()
+
+
+# pack-dataset ARGS whose scans stop after the second shard until the process is signalled
+_HELD = """
+import sys, time
+import packer.tools.index as ix
+scan, seen = ix.scan_shard, [0]
+def held(job):
+    seen[0] += 1
+    while seen[0] > 2:
+        time.sleep(0.05)
+    return scan(job)
+ix.scan_shard = held
+from packer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # a CLI process, a real SIGTERM
+def test_sigterm_keeps_the_journal_and_resume_finishes(tmp_path, cli):
+    shards, out = tmp_path / "shards", tmp_path / "idx"
+    _write_tarfile(shards)
+    proc = subprocess.Popen([sys.executable, "-c", _HELD, "index", str(shards), "-o", str(out), "-q", "-w", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    journal = out / JOURNAL
+    wait_for(lambda: journal.exists() and len(journal.read_text().splitlines()) == 3, what="two shards journalled")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "stopped by SIGTERM" in err and "--resume" in err and "Traceback" not in err
+    assert not (out / spec.INDEX_NAME).exists() and journal.exists()
+    done = cli("index", str(shards), "-o", str(out), "-q", "--resume")
+    assert done.returncode == 0 and f"{SHARDS * PER} samples in {SHARDS} shards" in done.stdout, done.stderr
+    assert not journal.exists()
+    assert _by_key(open_dataset(out, decode=False)) == {f"{n:09d}": _expected(n) for n in range(SHARDS * PER)}
 
 
 @pytest.fixture(params=["s3", "gs", "az"])
