@@ -5,7 +5,8 @@ any other ``readers`` package, so a tool that only writes or checks datasets pay
 (``tests/test_layering.py`` keeps it so).
 
 * :mod:`~readers.contract.spec` -- the index (``index.json``) read and written, file names, formats,
-  checksums; :mod:`~readers.contract.locks` -- the lock a running pack holds in its folder;
+  checksums; :mod:`~readers.contract.indexarrays` -- the per-sample index arrays: their dtypes, which
+  each format has, their files, each one mapped, checked and saved; :mod:`~readers.contract.locks` -- the lock a running pack holds in its folder;
   :mod:`~readers.contract.samplenames` -- ``names.jsonl``, each sample's source path;
   :mod:`~readers.contract.generations` -- the generations of a dataset grown by appends;
 * :mod:`~readers.contract.fields` -- the :class:`Schema`, parsing a field type, and where each

@@ -26,13 +26,9 @@ keeps that store in ``index.store``.
 A folder packed from a source that holds split folders (``train/``, ``val/``) has one such
 dataset folder per split and no ``index.json`` of its own.
 
-Index arrays are mapped read-only, not read into memory (:func:`readers.contract.safeio.map_npy`):
-every process and loader worker that opens the dataset shares the page cache's copy, and each
-array's CRC-32 is still compared with the one ``index.json`` records (streamed over the mapping).
-A re-pack renames new arrays over the old ones, so a mapped array never changes under a reader.
-
-Beside it: safe I/O of a dataset's files (:mod:`readers.contract.safeio`) and where a dataset lives
-(:mod:`readers.contract.location`), both re-exported here; the lock a running pack holds
+Beside it: the index arrays' dtypes, names, loads and saves (:mod:`readers.contract.indexarrays`), safe
+I/O of a dataset's files (:mod:`readers.contract.safeio`) and where a dataset lives
+(:mod:`readers.contract.location`), all three re-exported here; the lock a running pack holds
 (:mod:`readers.contract.locks`); ``names.jsonl``'s parse (:mod:`readers.contract.samplenames`).
 Nothing here imports torch: the packer and command-line tools use it.
 """
@@ -49,9 +45,24 @@ from typing import Any, Generator, Iterable, Iterator, Mapping
 
 import numpy as np
 
-# Safe I/O and locations live in their own modules; their names stay importable from here (__all__).
+# Safe I/O, locations and the index arrays live in their own modules; their names stay importable from
+# here (__all__).
 from readers.contract import checkcache
-from readers.contract.env import check_threads
+from readers.contract.indexarrays import (
+    ARRAY_DTYPES,
+    GENERATION_KEY,
+    RECORD_DTYPE,
+    REQUIRED_ARRAYS,
+    array_bytes_limit,
+    array_file,
+    array_from_bytes,
+    field_array_name,
+    has_label,
+    load_array,
+    required_arrays,
+    save_array,
+    write_array,
+)
 from readers.contract.locks import pack_in_progress
 from readers.contract.samplenames import parse_names
 from readers.contract.location import REMOTE_SCHEMES, UnsupportedLocationError, is_remote, parse_location
@@ -61,7 +72,6 @@ from readers.contract.safeio import (
     fsync_dir,
     fsync_files,
     publish,
-    NPY_HEADER_LIMIT,
     DatasetFormatError,
     IncompleteDatasetError,
     check_member_name,
@@ -120,31 +130,10 @@ FILES_CRC_KEY = "files_crc32"
 #: index.json key: array name -> {"crc32": CRC-32 of the whole .npy file, "bytes": its size}.
 #: Optional: datasets packed before it existed open without it (same spec_version).
 ARRAYS_KEY = "index_arrays"
-GENERATION_KEY = "generation"  # index.json: 0 when absent, +1 per append (readers.contract.generations)
 #: Most samples a dataset may hold (labels and shard numbers are int32).
 MAX_SAMPLES = 2**31 - 1
 #: index.json is metadata (classes, shard list): never near this size.
 MAX_INDEX_JSON_BYTES = 1 << 28
-
-# ---------------------------------------------------------------- index arrays
-# Explicit little-endian dtypes so an index written on one machine reads the same on any other. int64 for
-# byte positions (ImageNet is ~140 GB, far past 2**31); int32 for labels and shapes (compact: 1.28M labels
-# = 5 MB); uint32 for CRC-32 values.
-ARRAY_DTYPES: Mapping[str, np.dtype] = {
-    "labels": np.dtype("<i4"),  # class index, sorted class-folder order
-    "checksums": np.dtype("<u4"),  # crc32 of the stored bytes of the sample
-    "sizes": np.dtype("<i8"),  # stored byte length of the sample
-    "offsets": np.dtype("<i8"),  # byte position of the sample in its file
-    "shards": np.dtype("<i4"),  # which shard file (wds) holds the sample
-    "heights": np.dtype("<i4"),  # mmap: pixel rows
-    "widths": np.dtype("<i4"),  # mmap: pixel columns
-}
-REQUIRED_ARRAYS: Mapping[str, tuple[str, ...]] = {
-    "wds": ("labels", "checksums", "sizes", "offsets", "shards"),
-    "lmdb": ("labels", "checksums", "sizes"),
-    "hdf5": ("labels", "checksums", "sizes", "offsets"),
-    "mmap": ("labels", "checksums", "sizes", "offsets", "heights", "widths"),
-}
 
 # ---------------------------------------------------------------- file names, each format's layout
 #: Each sample's source path, one JSON string a line (:mod:`readers.contract.samplenames`).
@@ -192,13 +181,6 @@ MEMBER_ARRAYS: Mapping[str, np.dtype] = {"member_offsets.npy": np.dtype("<i8"), 
 is_inplace = lambda meta: isinstance(meta.get(INPLACE_KEY), dict)  # noqa: E731 (an index of shards in place)
 
 
-def has_label(meta: Mapping[str, Any]) -> bool:
-    """Whether ``labels.npy`` holds the samples' ``label`` (an ``int32`` field named ``label``, as in
-    every index without ``"fields"``); otherwise it holds zeros or is left out, and is not range-checked."""
-    fields = meta.get("fields")
-    return not isinstance(fields, list) or any(isinstance(f, dict) and f.get("name") == "label"
-                                               and f.get("type") == "int32" for f in fields)
-
 
 def spec_version_for(meta: Mapping[str, Any]) -> int:
     """The ``spec_version`` an index with this metadata is written with: 1 when its ``"fields"``
@@ -214,19 +196,6 @@ def spec_version_for(meta: Mapping[str, Any]) -> int:
     return SPEC_VERSION if fields == default else 2
 
 
-def required_arrays(meta: Mapping[str, Any]) -> tuple[str, ...]:
-    """The index arrays a dataset with this metadata has: :data:`REQUIRED_ARRAYS` of its format,
-    less ``labels`` when its schema has no ``label`` (a caption dataset may leave it out)."""
-    names = REQUIRED_ARRAYS[meta["format"]]
-    if has_label(meta):
-        return names
-    return tuple(n for n in names if n != "labels")
-
-
-def field_array_name(field: str) -> str:
-    """The index array (``field-<name>.npy``) holding fixed-size field ``field`` (wds, lmdb, mmap)."""
-    return f"field-{field}"
-
 
 def is_jpeg(data: bytes | bytearray | memoryview | np.ndarray) -> bool:
     """True when ``data`` starts with the JPEG SOI marker and a marker byte (``FF D8 FF``)."""
@@ -237,16 +206,6 @@ def order_permutation(n: int, seed: int) -> np.ndarray:
     """``"shuffled"`` order of ``n`` scanned files: the source position of the k-th written one."""
     return np.random.default_rng([int(seed), 0x5EED_0D4E]).permutation(n)
 
-
-#: One record per sample, a field per index array (the packer's journal appends these).
-RECORD_DTYPE = np.dtype([(name, dtype) for name, dtype in ARRAY_DTYPES.items()])
-
-
-def array_file(name: str, meta: Mapping[str, Any] | None = None) -> str:
-    """Index array ``name``'s file in the dataset whose index is ``meta``: ``labels.npy``, or for an
-    append's generation g ``labels.g00000g.npy`` (new files: ``readers.contract.generations``)."""
-    g = int((meta or {}).get(GENERATION_KEY) or 0)
-    return f"{name}.g{g:06d}.npy" if g else f"{name}.npy"
 
 
 def shard_name(split: str, index: int) -> str:
@@ -362,48 +321,6 @@ def _reopen_index(root: str, meta: dict[str, Any], sources: dict[str, tuple[int,
     return Index(root=Path(root), meta=meta, arrays=arrays, sources=sources)
 
 
-def _load_array(root: Path, name: str, expected_len: int, recorded: Any, identity: tuple | None = None,
-                meta: Mapping[str, Any] | None = None) -> tuple[np.ndarray, tuple]:
-    """Index array ``name``: a regular file inside ``root``, mapped read-only (page cache shared by
-    every process, no private copy), its checksum (when index.json records one) streamed over the
-    mapping, then a strict parse (nothing is allocated from what its header claims).
-    ``identity``: the file was checked before as that file (:mod:`readers.contract.checkcache`): it must
-    still be it (:class:`FileChanged` otherwise) and its checksum is not computed again."""
-    path = member_path(root, array_file(name, meta), "index array")
-    crc = _recorded_crc(path, recorded)
-    return map_npy(path, ARRAY_DTYPES[name], expected_len, crc32=None if identity else crc, what="index array",
-                   limit=array_bytes_limit(name, expected_len), identity=identity and identity[:4],
-                   threads=check_threads())
-
-
-def array_bytes_limit(name: str, n: int) -> int:
-    """The most bytes index array ``name`` of ``n`` samples can hold: the largest ``.npy`` header
-    (magic, version, length, then at most NPY_HEADER_LIMIT) plus ``n`` values. Local arrays are
-    mapped only up to it and remote ones read only up to it (an endless body is cut there)."""
-    return NPY_HEADER_LIMIT + 16 + n * ARRAY_DTYPES[name].itemsize
-
-
-def _recorded_crc(where: Path | str, recorded: Any) -> int | None:
-    """The CRC-32 index.json records for one array (None: none recorded, an older pack)."""
-    if recorded is None:
-        return None
-    if not isinstance(recorded, dict) or type(recorded.get("crc32")) is not int:
-        raise _damaged(where)
-    return recorded["crc32"]
-
-
-def _damaged(where: Path | str) -> DatasetFormatError:
-    return DatasetFormatError(f"{where}: checksum differs from the one {INDEX_NAME} records: "
-                              "the array is damaged or was edited")
-
-
-def _array_from_bytes(where: Path | str, name: str, buf: bytearray, expected_len: int, recorded: Any) -> np.ndarray:
-    """An index array from its file's bytes (a remote dataset's): checksum (when recorded), then the strict parse."""
-    want = _recorded_crc(where, recorded)
-    if want is not None and want != checksum(buf):
-        raise _damaged(where)
-    return parse_npy(where, buf, ARRAY_DTYPES[name], expected_len, what="index array")
-
 
 def find_splits(root: str | os.PathLike) -> list[str]:
     """Names of the split sub-folders of ``root`` that hold a finished dataset."""
@@ -458,13 +375,13 @@ def read_index(root: str | os.PathLike | Any) -> Index:
     if recorded and key is not None and checkcache.passed(CRC_CHECK, key):
         idents = {name: tuple(ident) for name, ident in key[2]}
         try:
-            loaded = {name: _load_array(root, name, n, recorded.get(name), idents[name], meta) for name in names}
+            loaded = {name: load_array(root, name, n, recorded.get(name), idents[name], meta) for name in names}
         except FileChanged:
             loaded = None
         if loaded is not None and checkcache.files_key(root, digest, files) != key:
             loaded = None  # written to while being mapped: check in full
     if loaded is None:
-        loaded = {name: _load_array(root, name, n, recorded and recorded.get(name), meta=meta) for name in names}
+        loaded = {name: load_array(root, name, n, recorded and recorded.get(name), meta=meta) for name in names}
         if key is not None and checkcache.files_key(root, digest, files) == key:
             checkcache.record(CRC_CHECK, key)
     return Index(root=root, meta=meta, arrays={k: v[0] for k, v in loaded.items()},
@@ -556,7 +473,7 @@ def _read_index_store(store: Any) -> Index:
             data = store.read(array_file(name, meta), max_bytes=array_bytes_limit(name, n))
         except FileNotFoundError:
             raise DatasetFormatError(f"{store.url}: index array {array_file(name, meta)} is missing") from None
-        return _array_from_bytes(store.url_of(array_file(name, meta)), name, bytearray(data), n,
+        return array_from_bytes(store.url_of(array_file(name, meta)), name, bytearray(data), n,
                                  recorded and recorded[name])
 
     with cf.ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="index-read") as pool:
@@ -588,26 +505,6 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
         f.write("\n")
 
 
-def save_array(root: str | os.PathLike[str], name: str, values: Any) -> np.ndarray:
-    """Save one per-sample array with the contract's dtype, durably."""
-    return _save_array(Path(root), name, values)[0]
-
-
-def _save_array(root: Path, name: str, values: Any, meta: Mapping[str, Any] | None = None,
-                durable: bool = True) -> tuple[np.ndarray, dict[str, int]]:
-    """(the array as saved, its record under :data:`ARRAYS_KEY`: CRC-32 and bytes of the file)."""
-    arr = np.ascontiguousarray(values, dtype=ARRAY_DTYPES[name])
-    if arr.ndim != 1:
-        raise ValueError(f"index array {name!r} must be one-dimensional, got shape {arr.shape}")
-    # Renamed over, never rewritten in place: a reader that has the old array mapped keeps its inode
-    # (writing into a mapped file would change, or cut short, what that reader sees).
-    with atomic_write(root / array_file(name, meta), durable=durable) as f:
-        np.save(f, arr, allow_pickle=False)  # header, then the values straight from the array: no copy of them
-        f.flush()
-        size = f.tell()
-        crc = file_checksum(f.name)  # read back in 8 MB blocks (page cache): memory flat in N
-    return arr, {"crc32": crc, "bytes": size}
-
 
 def write_index(root: str | os.PathLike, meta: dict[str, Any], arrays: Mapping[str, Any],
                 written: Iterable[str | os.PathLike] = ()) -> None:
@@ -622,7 +519,7 @@ def write_index(root: str | os.PathLike, meta: dict[str, Any], arrays: Mapping[s
     missing = set(required_arrays(meta)) - set(arrays)
     if missing:
         raise ValueError(f"format {fmt!r} needs index arrays {sorted(missing)}")
-    recorded = {name: _save_array(root, name, values, meta, durable=False)[1] for name, values in arrays.items()}
+    recorded = {name: write_array(root, name, values, meta, durable=False)[1] for name, values in arrays.items()}
     fsync_files([*(root / array_file(name, meta) for name in arrays), *written])
     meta = dict(meta, spec_version=spec_version_for(meta), checksum=CHECKSUM_ALGO)
     meta[ARRAYS_KEY] = {name: recorded[name] for name in arrays if name in REQUIRED_ARRAYS[fmt]}
