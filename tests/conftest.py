@@ -170,7 +170,7 @@ GROUPS = {"test_ray_engine": "ray", "test_ray_parts": "ray", "test_ray_s3": "ray
 # still runs at the end; every other module follows in the collection's order.
 FIRST = ["test_notebooks", "test_bench_scale", "test_bench_peers", "test_fuzz", "test_ray_engine", "test_ray_s3",
          "test_ray_parts", "test_bench_train", "test_bench_readers", "test_bench_pack", "test_bench_convert",
-         "test_bench_fields", "test_bench"]
+         "test_bench_fields", "test_bench", "test_remote_convert", "test_reliability", "test_readme", "test_wheel"]
 
 
 def work_unit(nodeid: str) -> str:
