@@ -29,10 +29,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from readers.contract import spec
-from readers.formats.batch import byte_offsets, concat_into, finish_batch, new_byte_batch
+from readers.formats.batch import Allocator, GatheredItems, byte_offsets, concat_into, finish_batch, new_byte_batch
 from readers.formats import wds_io
 
-__all__ = ["supported", "iter_batches", "ShardMaps"]
+__all__ = ["supported", "iter_batches", "read_batch", "ShardMaps", "ShardItems"]
 
 BLOCK = spec.TAR_BLOCK  # 512-byte tar header in front of each sample
 _POW10 = 10 ** np.arange(9, -1, -1, dtype=np.int64)  # the ten digits of a key
@@ -113,11 +113,13 @@ class ShardMaps:
         return m
 
 
-def _read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray) -> tuple:
+def read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray, alloc: Allocator | None = None) -> tuple:
+    """The collated batch of samples ``idx`` (indices of ``ds``'s index, any order) read through
+    ``maps`` (into ``alloc``'s memory when given): ``(ByteBatch, labels[, indices])``."""
     maps.bind(ds)
     sizes = ds.sample_sizes[idx].astype(np.int64)
     offsets = byte_offsets(sizes)
-    batch, data = new_byte_batch(offsets)
+    batch, data = new_byte_batch(offsets, alloc)
     todo = ~maps.checked[idx]  # samples whose header this mapping has not checked yet
     headers = np.empty((len(idx), BLOCK), dtype=np.uint8)
     shards = ds.sample_shards[idx]
@@ -161,4 +163,18 @@ def iter_batches(ds: Any, batch_size: int, drop_last: bool = False,
     order = np.asarray(ds.sample_order(), dtype=np.int64)  # this worker's epoch (and resume point), no I/O
     stop = len(order) - len(order) % batch_size if drop_last else len(order)
     for start in range(0, stop, batch_size):
-        yield _read_batch(ds, maps, order[start:start + batch_size])
+        yield read_batch(ds, maps, order[start:start + batch_size])
+
+
+class ShardItems(GatheredItems):
+    """A batch of a ``ShardDataset``'s samples (indices of its index), read whole on first use through
+    the reader's own mappings (``ShardDataset.batch_maps``): what the loader's collate receives when
+    the reader yields :class:`readers.formats.batch.Pending` samples (``ShardDataset.with_batch_reads``)."""
+
+    def __init__(self, dataset: Any, indices: Any) -> None:
+        self.dataset = dataset
+        self.indices = np.asarray(indices, dtype=np.int64)  # from the reader's own order: in range
+        self._batch: tuple | None = None
+
+    def _read(self, alloc: Allocator | None) -> tuple | None:
+        return read_batch(self.dataset, self.dataset.batch_maps(), self.indices, alloc)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from readers.formats.batch import GatheredItems, batch_buffer, byte_batch, shared_tensor
+from readers.formats.batch import GatheredItems, batch_buffer, byte_batch, gathered, shared_tensor
 from readers.formats.collate import collate_fields, is_field_batch
 from readers.loader import shmring
 from readers.loader.shmring import ByteBatch
@@ -54,6 +54,7 @@ def _collate_images(images: Sequence[Any]) -> Any:
 
 def collate(batch: Sequence[tuple]) -> tuple:
     """Collate (image, label[, index]) items: stack equal-shape images, pack bytes flat."""
+    batch = gathered(batch)  # samples yielded unread (readers.formats.batch.Pending): one whole-batch read
     if isinstance(batch, GatheredItems):  # a whole-batch read (readers.formats.batch)
         return batch.gather()
     if is_field_batch(batch):  # samples with typed fields (readers.formats.collate, docs/fields.md)
@@ -150,6 +151,7 @@ class Collate:
 
     def __call__(self, batch: Sequence[tuple]) -> Any:
         bt = self.batch_transform
+        batch = gathered(batch)  # samples yielded unread (readers.formats.batch.Pending): one whole-batch read
         if self.ring is None or not batch or get_worker_info() is None:
             return then(bt, collate(batch))  # the main process: nothing to send
         if isinstance(batch, GatheredItems):
@@ -206,4 +208,4 @@ class Collate:
         if bt is not None and _outside(slot, result):
             return result  # the transform's new tensors: sent the ordinary way (the slot stays free)
         # a batch of another shape than send knows: read it again outside the slot (which stays free)
-        return then(bt, GatheredItems(items.dataset, items.indices.tolist()).gather())
+        return then(bt, items.again().gather())

@@ -486,6 +486,9 @@ def make_loader(
                               drop_last=drop_last, collate_fn=collate_fn or collate, generator=generator,
                               prefetch_factor=prefetch_factor, whole_batches=collate_fn is None,
                               batch_transform=bt, worker_init_fn=worker_init_fn, seed=seed, distributed=distributed, **kwargs)
+    if collate_fn is None and hasattr(dataset, "with_batch_reads"):
+        # ShardDataset bytes: its samples yielded unread, each batch read whole by Collate (readers.formats.shardbatch)
+        dataset = dataset.with_batch_reads()
     if count > 0 and bt is not None:
         _check_picklable(bt, multiprocessing_context)
     if count > 0:
