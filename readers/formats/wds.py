@@ -238,6 +238,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # the index's arrays by name (mapped again on arrival)
         state.pop("layout", None)  # holds the shards array: rebuilt from it in __setstate__
+        state.pop("_maps", None)  # each copy maps the shards it reads itself (freed with it)
         from multiprocessing import context
 
         if context.get_spawning_popen() is None:
@@ -265,7 +266,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         state.setdefault("kept", None)
         state.setdefault("inplace", None)
         state.setdefault("batch_reads", False)
-        state.setdefault("_maps", PerProcess(threading.local))
+        state["_maps"] = PerProcess(threading.local)
         super().__setstate__(state)
         self.layout = (ShardLayout(self.shard_sizes, self._shard_first, self._shard_of) if self.kept is None
                        else self._kept_layout(self.kept))
