@@ -17,8 +17,14 @@ Shards are opened as per-sample reads open them (``ShardDataset.open_shard``:
 regular files inside the dataset folder, never blocking) before they are
 mapped; a remote dataset (streamed or cached) is read sample by sample.
 
-``readers.loader.threads.ThreadLoader`` uses :func:`iter_batches` for a local
-``ShardDataset`` with ``decode=False``; everything else iterates samples.
+Two loaders use it for a local ``ShardDataset`` with ``decode=False``:
+``readers.loader.threads.ThreadLoader`` reads each thread's part with
+:func:`iter_batches`; ``make_loader``'s worker processes and its 0-worker
+loader iterate the reader's own copy (``ShardDataset.with_batch_reads``),
+which yields each sample unread (``readers.formats.batch.Pending``: one small
+object, no I/O), and their collate reads the batch of them at once
+(:class:`ShardItems`, :func:`read_batch`) into the batch's buffer (a
+worker's shared-memory slot). Everything else iterates samples.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ yields ``ceil(N / R)`` samples (at most R-1 repeats); ``pad=False`` cuts to
 Every sample read checks the tar header in front of it, so a damaged shard
 raises an error that names the shard and the byte offset.
 
+``make_loader`` reads stored bytes (``decode=False``) in whole batches: in
+threads through :func:`readers.formats.shardbatch.iter_batches`, in worker
+processes and with no workers through the copy of :meth:`ShardDataset.with_batch_reads`,
+whose samples its collate reads a batch at a time (same order, same bytes).
+
 The bytes come from :mod:`readers.formats.wds_io` (local files; for a
 remote dataset, streamed with large range requests, or through the node
 cache when ``cache_dir`` is given); this module only decides the order, and
@@ -465,7 +470,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             env = WorkerEnv(parent[0], parent[1], env.worker_id, env.num_workers)
         return env
 
-    def __iter__(self) -> Iterator[tuple]:
+    def __iter__(self) -> Iterator[Any]:
         env = self._env()
         slot = env.global_worker % PASS_SLOTS
         passes, self._passes[slot] = self._passes[slot], self._passes[slot] + 1  # see set_epoch

@@ -1,7 +1,8 @@
 """How a batch of items becomes the batch the training loop receives: ``collate`` and ``Collate``.
 
 ``collate`` stacks equal-shape images, packs encoded bytes flat (a :class:`ByteBatch`), gathers a
-whole-batch read (:class:`readers.formats.batch.GatheredItems`) and hands typed-field samples to
+whole-batch read (:class:`readers.formats.batch.GatheredItems`; a batch of samples yielded unread,
+:class:`readers.formats.batch.Pending`, becomes one) and hands typed-field samples to
 :mod:`readers.formats.collate`. ``Collate`` (what ``make_loader`` gives worker processes) does the
 same into reusable shared-memory slots (:mod:`readers.loader.shmring`), so a batch crosses to the
 main process as a reference to its slot, never as pickled ``bytes``.
