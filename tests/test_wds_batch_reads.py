@@ -114,3 +114,32 @@ def _first_two(images):
     """Each sample's first two bytes (the JPEG marker), as a [B, 2] tensor: made from the ByteBatch."""
     assert isinstance(images, ByteBatch)
     return torch.stack([images.data[images.offsets[k]:images.offsets[k] + 2] for k in range(len(images))])
+
+
+def test_checks_are_kept_with_their_mapping_when_a_batch_spans_more_shards_than_are_kept(
+        packed_generated, tmp_path, monkeypatch):
+    """One mapping kept, a batch over every shard: only the last shard's checks outlive the batch,
+    so damage written afterwards into any other shard is found on the next read."""
+    import shutil
+
+    import numpy as np
+
+    root = tmp_path / "wds"
+    shutil.copytree(packed_generated["wds"], root)
+    ds = open_dataset(root, decode=False, return_index=True)
+    index = spec.read_index(root)
+    assert len(index.meta["shards"]) >= 3
+    monkeypatch.setattr(shardbatch, "MAX_MAPPED", 1)
+    everything = np.arange(index.num_samples)[::-1].copy()  # last shard first: shard 0 is mapped last
+    maps = shardbatch.ShardMaps()
+    images, labels, got = shardbatch.read_batch(ds, maps, everything)
+    assert got.tolist() == everything.tolist() and [images.get(k) for k in range(3)] == [ds.read(i) for i in everything[:3]]
+    victim = int(everything[0])  # in the last shard, whose mapping was dropped during the batch
+    shard, offset = int(index.arrays["shards"][victim]), int(index.arrays["offsets"][victim])
+    path = root / index.meta["shards"][shard]["name"]
+    with open(path, "r+b") as f:
+        f.seek(offset - 512)
+        f.write(b"9")
+    with pytest.raises(spec.DatasetFormatError, match=rf"{path.name} at byte {offset - 512}: tar header is not sample"):
+        shardbatch.read_batch(ds, maps, everything)
+    ds.close()
