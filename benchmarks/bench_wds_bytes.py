@@ -12,7 +12,7 @@ project in the same rounds (e.g. the main checkout beside a branch: before and a
 repository root::
 
     python benchmarks/bench_wds_bytes.py --workdir /tmp/wdsbench --rounds 5
-    python benchmarks/bench_wds_bytes.py --quick          # 200 images, 1 round, 0.3 s windows
+    python benchmarks/bench_wds_bytes.py --quick          # at most 200 images and 0.3 s windows, 1 round
 """
 
 from __future__ import annotations
@@ -90,14 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--trees", nargs="*", type=Path, default=[ROOT], help="checkouts measured (default: this one)")
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--quick", action="store_true", help="200 images, 1 round, 0.3 s windows")
+    ap.add_argument("--quick", action="store_true", help="at most 200 images and 0.3 s windows, 1 round")
     args = ap.parse_args(argv)
     if args.probe:
         path, workers, seconds = args.probe
         print(json.dumps(probe(path, int(workers), float(seconds))))
         return 0
     if args.quick:
-        args.images, args.rounds, args.seconds = 200, 1, 0.3
+        args.images, args.rounds, args.seconds = min(args.images, 200), 1, min(args.seconds, 0.3)
     workers = [int(w) for w in args.workers.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-wds-") as tmp:
         work = args.workdir or Path(tmp)
