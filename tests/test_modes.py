@@ -118,7 +118,7 @@ def _worker_segments() -> set[str]:
 
 @pytest.mark.slow  # DataLoader worker processes
 @pytest.mark.parametrize("fmt,decode", [("mmap-fixed", True), ("mmap-fixed", False), ("lmdb", False),
-                                        ("hdf5", False)])
+                                        ("hdf5", False), ("wds", False)])
 def test_whole_batches_cross_from_worker_processes_in_slots(packed, fmt, decode):
     """A whole-batch read is written into a worker's slot and handed out as a view of it: the
     main process maps the workers' segments, and every batch equals the main process's own read."""
@@ -128,7 +128,8 @@ def test_whole_batches_cross_from_worker_processes_in_slots(packed, fmt, decode)
     seen, attached = [], set()
     for epoch in range(2):
         for images, labels, index in loader:  # each batch dropped as the next comes: slots reused
-            ref_images, ref_labels, _ = ds.get_batch(index.tolist())
+            ref = ds.gathered(index.tolist()) if fmt == "wds" else None  # wds: its whole-batch read (shardbatch)
+            ref_images, ref_labels, _ = ref.gather() if ref is not None else ds.get_batch(index.tolist())
             if isinstance(images, ByteBatch):
                 assert torch.equal(images.data, ref_images.data) and torch.equal(images.offsets, ref_images.offsets)
             else:

@@ -27,6 +27,7 @@ from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers import make_loader, open_dataset
 from readers.contract.env import WorkerEnv
+from readers.formats import shardbatch
 from readers.formats.wds import ShardDataset
 from readers.contract.spec import FORMATS
 
@@ -196,6 +197,9 @@ def test_skipping_reads_nothing(packed41, monkeypatch):
         if fmt == "wds":
             orig = ShardDataset.read_from
             monkeypatch.setattr(ShardDataset, "read_from", lambda self, fd, s, i: reads.append(i) or orig(self, fd, s, i))
+            whole = shardbatch.read_batch  # whole-batch reads (make_loader's Pending samples) count too
+            monkeypatch.setattr(shardbatch, "read_batch", lambda ds, maps, idx, alloc=None: reads.extend(
+                idx.tolist()) or whole(ds, maps, idx, alloc))
         again = loader_for(packed41[fmt], 0)
         if fmt != "wds":
             orig_many = type(again.dataset).read_many

@@ -26,6 +26,7 @@ Every :class:`ByteBatch` is built by :func:`new_byte_batch` (or
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 from typing import Any, Callable, NamedTuple, Sequence
@@ -36,7 +37,7 @@ import torch
 from readers.contract.perprocess import PerProcess
 
 __all__ = ["ByteBatch", "index_array", "finish_batch", "byte_offsets", "new_byte_batch", "byte_batch", "shared_tensor", "Allocator",
-           "BufferPool", "batch_buffer", "concat_into"]
+           "BufferPool", "batch_buffer", "concat_into", "GatheredItems", "Pending", "gathered"]
 
 #: ``alloc(nbytes) -> uint8 numpy array`` (or uint8 tensor) of at least that many bytes: where a batch
 #: is written (this process's pool by default; a reusable shared-memory slot in a worker process).
@@ -185,11 +186,19 @@ class GatheredItems:
     def gather(self, alloc: Allocator | None = None) -> tuple:
         """The collated batch, read with ``dataset.get_batch`` (into ``alloc``'s memory when given)."""
         if self._batch is None:
-            kw = {} if alloc is None else {"alloc": alloc}
-            self._batch = self.dataset.get_batch(self.indices.tolist(), **kw)
+            self._batch = self._read(alloc)
             if self._batch is None:
                 raise RuntimeError(f"{type(self.dataset).__name__}.get_batch declined a batch its batchable() took")
         return self._batch
+
+    def _read(self, alloc: Allocator | None) -> tuple | None:
+        return self.dataset.get_batch(self.indices.tolist(), **({} if alloc is None else {"alloc": alloc}))
+
+    def again(self) -> "GatheredItems":
+        """The same samples, not read yet (to read them again into other memory)."""
+        fresh = copy.copy(self)
+        fresh._batch = None
+        return fresh
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -206,3 +215,42 @@ class GatheredItems:
 
     def __iter__(self):
         return (self[k] for k in range(len(self)))
+
+
+class Pending:
+    """Sample ``index`` of ``dataset``, not read yet: what an iterable reader yields to a loader that
+    reads whole batches (``ShardDataset.with_batch_reads``). The loader's collate turns a batch of them
+    into one whole-batch read (:func:`gathered`), so no per-sample ``bytes`` is ever made; anyone
+    else gets the item itself on first use (``image, label = pending``; :meth:`item`)."""
+
+    __slots__ = ("dataset", "index")
+
+    def __init__(self, dataset: Any, index: int) -> None:
+        self.dataset, self.index = dataset, index
+
+    def item(self) -> tuple:
+        """The sample's item, as the reader's per-sample path gives it (read now)."""
+        return self.dataset.pending_item(self.index)
+
+    def __iter__(self) -> Any:
+        return iter(self.item())
+
+    def __len__(self) -> int:
+        return len(self.item())
+
+    def __getitem__(self, k: Any) -> Any:
+        return self.item()[k]
+
+    def __repr__(self) -> str:
+        return f"Pending(sample {self.index} of {self.dataset!r})"
+
+
+def gathered(batch: Sequence[Any]) -> Any:
+    """``batch`` as its reader's :class:`GatheredItems` when it is a list of :class:`Pending` samples
+    of one reader (``dataset.gathered(indices)``: read whole when collated), else as it is."""
+    if not (isinstance(batch, list) and batch and isinstance(batch[0], Pending)):
+        return batch
+    ds = batch[0].dataset
+    if all(type(p) is Pending and p.dataset is ds for p in batch):
+        return ds.gathered([p.index for p in batch])
+    return [p.item() if isinstance(p, Pending) else p for p in batch]

@@ -17,22 +17,28 @@ Shards are opened as per-sample reads open them (``ShardDataset.open_shard``:
 regular files inside the dataset folder, never blocking) before they are
 mapped; a remote dataset (streamed or cached) is read sample by sample.
 
-``readers.loader.threads.ThreadLoader`` uses :func:`iter_batches` for a local
-``ShardDataset`` with ``decode=False``; everything else iterates samples.
+Two loaders use it for a local ``ShardDataset`` with ``decode=False``:
+``readers.loader.threads.ThreadLoader`` reads each thread's part with
+:func:`iter_batches`; ``make_loader``'s worker processes and its 0-worker
+loader iterate the reader's own copy (``ShardDataset.with_batch_reads``),
+which yields each sample unread (``readers.formats.batch.Pending``: one small
+object, no I/O), and their collate reads the batch of them at once
+(:class:`ShardItems`, :func:`read_batch`) into the batch's buffer (a
+worker's shared-memory slot). Everything else iterates samples.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
 from readers.contract import spec
-from readers.formats.batch import byte_offsets, concat_into, finish_batch, new_byte_batch
+from readers.formats.batch import Allocator, GatheredItems, byte_offsets, concat_into, finish_batch, new_byte_batch
 from readers.formats import wds_io
 
-__all__ = ["supported", "iter_batches", "ShardMaps"]
+__all__ = ["supported", "iter_batches", "read_batch", "ShardMaps", "ShardItems"]
 
 BLOCK = spec.TAR_BLOCK  # 512-byte tar header in front of each sample
 _POW10 = 10 ** np.arange(9, -1, -1, dtype=np.int64)  # the ten digits of a key
@@ -79,73 +85,90 @@ class ShardMaps:
     A header is checked the first time its sample is read through a mapping, not on every
     epoch: the mapping holds the shard's inode, a shard is written once and never changed in
     place (a re-pack writes new files and renames them over), so bytes checked once in a
-    mapping stay checked while it lives. When a shard's mapping is dropped its samples are
-    checked again on their next read.
+    mapping stay checked while it lives. The record of checked samples lives and goes with the
+    mapping (one flag per sample of the shard: memory bounded by the mappings kept, not by the
+    dataset's size), so when a shard's mapping is dropped its samples are checked again on their
+    next read.
     """
 
     def __init__(self) -> None:
-        self._maps: dict[int, np.ndarray] = {}
+        self._maps: dict[int, Mapped] = {}
         self._owner: Any = None
-        self.checked = np.zeros(0, dtype=bool)
 
     def bind(self, ds: Any) -> None:
         """Serve ``ds`` (the mappings and checks of another dataset's index are dropped)."""
         if self._owner is not ds.sample_offsets:  # with_order copies share the index arrays
             self._maps.clear()
-            self._owner, self.checked = ds.sample_offsets, np.zeros(len(ds.sample_offsets), dtype=bool)
+            self._owner = ds.sample_offsets
 
-    def get(self, ds: Any, shard: int) -> np.ndarray:
-        """The mapping of ``shard`` (opened now if needed), as a uint8 array."""
+    def get(self, ds: Any, shard: int) -> "Mapped":
+        """The mapping of ``shard`` (opened now if needed) and its record of checked headers."""
         m = self._maps.pop(shard, None)
         if m is not None:
             self._maps[shard] = m  # most recently used last
             return m
         if len(self._maps) >= MAX_MAPPED:
-            dropped = next(iter(self._maps))
-            del self._maps[dropped]
-            self.checked[ds.sample_shards == dropped] = False
+            del self._maps[next(iter(self._maps))]  # its record goes with it
         fd = ds.open_shard(shard)  # a regular file inside the dataset folder, as for per-sample reads
         try:
-            m = spec.map_file(fd)
+            data = spec.map_file(fd)
         finally:
             os.close(fd)
-        self._maps[shard] = m
+        samples = ds.samples_of_shard(shard)
+        m = self._maps[shard] = Mapped(data, samples.start, np.zeros(len(samples), dtype=bool))
         return m
 
 
-def _read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray) -> tuple:
+class Mapped(NamedTuple):
+    """One shard's mapping (uint8), the index of its first sample, and per sample of the shard
+    (in shard order) whether its tar header was checked in this mapping."""
+
+    data: np.ndarray
+    first: int
+    checked: np.ndarray
+
+
+def read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray, alloc: Allocator | None = None) -> tuple:
+    """The collated batch of samples ``idx`` (indices of ``ds``'s index, any order) read through
+    ``maps`` (into ``alloc``'s memory when given): ``(ByteBatch, labels[, indices])``.
+
+    Index lookups, bounds and header checks are numpy over the batch; per sample there is one
+    view of its bytes, and one ``concat_into`` copies them all into the batch's buffer."""
     maps.bind(ds)
+    idx = np.asarray(idx, dtype=np.int64)
     sizes = ds.sample_sizes[idx].astype(np.int64)
     offsets = byte_offsets(sizes)
-    batch, data = new_byte_batch(offsets)
-    todo = ~maps.checked[idx]  # samples whose header this mapping has not checked yet
-    headers = np.empty((len(idx), BLOCK), dtype=np.uint8)
-    shards = ds.sample_shards[idx]
-    starts = ds.sample_offsets[idx]
-    # Python ints and the current shard's mapping held across samples: per sample this loop takes a
-    # view of the bytes (and copies the header, the first time); one concat_into copies them all.
-    heads = headers.data.cast("B")  # ndarray.data: the memoryview, typed (numpy declares __buffer__ only on 3.12+)
-    pieces = []
-    last, view = -1, np.zeros(0, dtype=np.uint8)
-    for k, (shard, start, size, check) in enumerate(zip(shards.tolist(), starts.tolist(), sizes.tolist(),
-                                                        todo.tolist())):
-        if shard != last:
-            last, view = shard, maps.get(ds, shard)
-        if start + size > len(view) or start < BLOCK:
-            raise spec.DatasetFormatError(
-                f"{ds.shard_location(shard)} at byte {start - BLOCK}: shard ends early (sample {int(idx[k])}): "
-                "truncated or damaged")
-        if check:
-            heads[k * BLOCK:(k + 1) * BLOCK] = view[start - BLOCK:start].data
-        pieces.append(view[start:start + size])
-    concat_into(pieces, data)
-    if todo.any():
-        rows = np.flatnonzero(todo)
-        ok = canonical_ok(headers[rows], idx[rows], sizes[rows])
-        for k in rows[~ok]:
-            _check_one(ds, headers[k], data[offsets[k]:offsets[k + 1]], int(idx[k]), int(shards[k]),
-                       int(starts[k]))
-        maps.checked[idx[rows]] = True
+    batch, data = new_byte_batch(offsets, alloc)
+    shards = ds.sample_shards[idx].astype(np.int64)
+    starts = ds.sample_offsets[idx].astype(np.int64)
+    used = list(dict.fromkeys(shards.tolist()))  # the batch's shards, in order of first use
+    mapped = [maps.get(ds, s) for s in used]  # held here even if a later one drops it from maps
+    if len(used) == 1:
+        which = np.zeros(len(idx), dtype=np.int64)
+    else:
+        keys = np.asarray(used, dtype=np.int64)
+        by_key = np.argsort(keys)
+        which = by_key[np.searchsorted(keys, shards, sorter=by_key)]  # per sample: its entry of ``mapped``
+    lengths = np.array([len(m.data) for m in mapped], dtype=np.int64)[which]
+    bad = (starts < BLOCK) | (starts + sizes > lengths)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise spec.DatasetFormatError(
+            f"{ds.shard_location(int(shards[k]))} at byte {int(starts[k]) - BLOCK}: shard ends early "
+            f"(sample {int(idx[k])}): truncated or damaged")
+    views = [m.data for m in mapped]
+    concat_into([views[w][a:a + n] for w, a, n in zip(which.tolist(), starts.tolist(), sizes.tolist())], data)
+    for w, m in enumerate(mapped):  # the headers this mapping has not checked yet, together
+        rows = np.flatnonzero(which == w) if len(mapped) > 1 else np.arange(len(idx))
+        rows = rows[~m.checked[idx[rows] - m.first]]
+        if len(rows):
+            headers = m.data[(starts[rows] - BLOCK)[:, None] + np.arange(BLOCK)]
+            ok = canonical_ok(headers, idx[rows], sizes[rows])
+            for j in np.flatnonzero(~ok):
+                k = int(rows[j])
+                _check_one(ds, headers[j], data[offsets[k]:offsets[k + 1]], int(idx[k]), int(shards[k]),
+                           int(starts[k]))
+            m.checked[idx[rows] - m.first] = True
     return finish_batch(ds, batch, idx)
 
 
@@ -161,4 +184,18 @@ def iter_batches(ds: Any, batch_size: int, drop_last: bool = False,
     order = np.asarray(ds.sample_order(), dtype=np.int64)  # this worker's epoch (and resume point), no I/O
     stop = len(order) - len(order) % batch_size if drop_last else len(order)
     for start in range(0, stop, batch_size):
-        yield _read_batch(ds, maps, order[start:start + batch_size])
+        yield read_batch(ds, maps, order[start:start + batch_size])
+
+
+class ShardItems(GatheredItems):
+    """A batch of a ``ShardDataset``'s samples (indices of its index), read whole on first use through
+    the reader's own mappings (``ShardDataset.batch_maps``): what the loader's collate receives when
+    the reader yields :class:`readers.formats.batch.Pending` samples (``ShardDataset.with_batch_reads``)."""
+
+    def __init__(self, dataset: Any, indices: Any) -> None:
+        self.dataset = dataset
+        self.indices = np.asarray(indices, dtype=np.int64)  # from the reader's own order: in range
+        self._batch: tuple | None = None
+
+    def _read(self, alloc: Allocator | None) -> tuple | None:
+        return read_batch(self.dataset, self.dataset.batch_maps(), self.indices, alloc)

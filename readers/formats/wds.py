@@ -15,6 +15,11 @@ yields ``ceil(N / R)`` samples (at most R-1 repeats); ``pad=False`` cuts to
 Every sample read checks the tar header in front of it, so a damaged shard
 raises an error that names the shard and the byte offset.
 
+``make_loader`` reads stored bytes (``decode=False``) in whole batches: in
+threads through :func:`readers.formats.shardbatch.iter_batches`, in worker
+processes and with no workers through the copy of :meth:`ShardDataset.with_batch_reads`,
+whose samples its collate reads a batch at a time (same order, same bytes).
+
 The bytes come from :mod:`readers.formats.wds_io` (local files; for a
 remote dataset, streamed with large range requests, or through the node
 cache when ``cache_dir`` is given); this module only decides the order, and
@@ -30,6 +35,7 @@ import json
 import math
 import multiprocessing
 import os
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -40,7 +46,9 @@ from readers.contract import spec
 from readers.formats.base import PackedDataset
 from readers.contract.env import WorkerEnv, current_worker_env, release_freed_memory
 from readers.contract.fields import Field
-from readers.formats import wds_io
+from readers.contract.perprocess import PerProcess
+from readers.formats import shardbatch, wds_io
+from readers.formats.batch import Pending
 from readers.order.epoch import ShardLayout, ShardSettings, as_ints, resume_order, worker_order
 
 __all__ = ["ShardDataset"]
@@ -82,6 +90,11 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         self._epoch = multiprocessing.get_context().RawValue("q", 0)
         self._resume = multiprocessing.get_context().RawArray("c", RESUME_BYTES)
         self._passes = multiprocessing.get_context().RawArray("q", PASS_SLOTS)
+        #: Iteration yields readers.formats.batch.Pending samples, read whole batches at a time by the
+        #: loader's collate (with_batch_reads: make_loader's own copy).
+        self.batch_reads = False
+        # Per process and thread: the shard mappings whole-batch reads go through (shardbatch.ShardMaps).
+        self._maps: PerProcess[threading.local] = PerProcess(threading.local)
 
     # The order settings, readable and settable one by one (with_order copies before changing them).
     seed = property(lambda self: self.settings.seed, lambda self, v: self._set(seed=int(v)))
@@ -125,6 +138,34 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         other.kept = kept
         other.layout = self._kept_layout(kept)
         return other
+
+    def with_batch_reads(self) -> "ShardDataset":
+        """A copy whose iteration yields each sample unread (a :class:`readers.formats.batch.Pending`),
+        in the same order, when :func:`readers.formats.shardbatch.supported` takes this reader (local
+        shards, ``decode=False``, image + label items); the loader's collate reads a batch of them
+        at once (:meth:`gathered`): one copy per sample out of a read-only mapping of its shard,
+        the tar headers checked together. ``make_loader`` uses it for its own copy with its own
+        collate in worker processes and with ``num_workers=0``. Anything else that iterates the
+        copy gets each sample's item on first use of the ``Pending``."""
+        other = copy.copy(self)
+        other.batch_reads = True
+        return other
+
+    def gathered(self, indices: Sequence[int]) -> shardbatch.ShardItems:
+        """The batch of samples ``indices`` (of the index) as one whole-batch read, done when gathered."""
+        return shardbatch.ShardItems(self, indices)
+
+    def batch_maps(self) -> shardbatch.ShardMaps:
+        """This process's and thread's shard mappings for whole-batch reads (kept from batch to batch)."""
+        local = self._maps.get()
+        maps = getattr(local, "maps", None)
+        if maps is None:
+            maps = local.maps = shardbatch.ShardMaps()
+        return maps
+
+    def pending_item(self, i: int) -> tuple:
+        """The item of sample ``i`` (of the index), read now: what a :class:`Pending` stands for."""
+        return self._make(i)
 
     def _kept_layout(self, kept: np.ndarray) -> ShardLayout:
         """The shard layout of the samples ``kept`` (sorted by shard), as ``readers.order.epoch`` sees them."""
@@ -202,6 +243,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # the index's arrays by name (mapped again on arrival)
         state.pop("layout", None)  # holds the shards array: rebuilt from it in __setstate__
+        state.pop("_maps", None)  # each copy maps the shards it reads itself (freed with it)
         from multiprocessing import context
 
         if context.get_spawning_popen() is None:
@@ -228,6 +270,8 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         state.setdefault("_world", None)
         state.setdefault("kept", None)
         state.setdefault("inplace", None)
+        state.setdefault("batch_reads", False)
+        state["_maps"] = PerProcess(threading.local)
         super().__setstate__(state)
         self.layout = (ShardLayout(self.shard_sizes, self._shard_first, self._shard_of) if self.kept is None
                        else self._kept_layout(self.kept))
@@ -238,6 +282,9 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
         inplace = getattr(self, "inplace", None)
         if inplace is not None:
             inplace.close()  # its mapped member arrays, its shards' store
+        maps = getattr(self, "_maps", None)
+        if maps is not None:
+            maps.close()  # forgets this process's shard mappings (unmapped once no batch refers to them)
         super().close()
 
     # ------------------------------------------------------------ epochs
@@ -423,7 +470,7 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             env = WorkerEnv(parent[0], parent[1], env.worker_id, env.num_workers)
         return env
 
-    def __iter__(self) -> Iterator[tuple]:
+    def __iter__(self) -> Iterator[Any]:
         env = self._env()
         slot = env.global_worker % PASS_SLOTS
         passes, self._passes[slot] = self._passes[slot], self._passes[slot] + 1  # see set_epoch
@@ -434,6 +481,10 @@ class ShardDataset(PackedDataset, torch.utils.data.IterableDataset):
             release_freed_memory()
         if self.fields is not None:
             yield from self._field_items(order)
+            return
+        if self.batch_reads and shardbatch.supported(self):  # read whole batches when collated
+            for i in as_ints(order):
+                yield Pending(self, i)
             return
         # The open runs plus the shards still in the buffer: local files kept open at once.
         pairs = wds_io.shard_io(self, keep=2 * self.open_shards + 2).samples(order)

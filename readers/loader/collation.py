@@ -1,7 +1,8 @@
 """How a batch of items becomes the batch the training loop receives: ``collate`` and ``Collate``.
 
 ``collate`` stacks equal-shape images, packs encoded bytes flat (a :class:`ByteBatch`), gathers a
-whole-batch read (:class:`readers.formats.batch.GatheredItems`) and hands typed-field samples to
+whole-batch read (:class:`readers.formats.batch.GatheredItems`; a batch of samples yielded unread,
+:class:`readers.formats.batch.Pending`, becomes one) and hands typed-field samples to
 :mod:`readers.formats.collate`. ``Collate`` (what ``make_loader`` gives worker processes) does the
 same into reusable shared-memory slots (:mod:`readers.loader.shmring`), so a batch crosses to the
 main process as a reference to its slot, never as pickled ``bytes``.
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from readers.formats.batch import GatheredItems, batch_buffer, byte_batch, shared_tensor
+from readers.formats.batch import GatheredItems, batch_buffer, byte_batch, gathered, shared_tensor
 from readers.formats.collate import collate_fields, is_field_batch
 from readers.loader import shmring
 from readers.loader.shmring import ByteBatch
@@ -54,6 +55,7 @@ def _collate_images(images: Sequence[Any]) -> Any:
 
 def collate(batch: Sequence[tuple]) -> tuple:
     """Collate (image, label[, index]) items: stack equal-shape images, pack bytes flat."""
+    batch = gathered(batch)  # samples yielded unread (readers.formats.batch.Pending): one whole-batch read
     if isinstance(batch, GatheredItems):  # a whole-batch read (readers.formats.batch)
         return batch.gather()
     if is_field_batch(batch):  # samples with typed fields (readers.formats.collate, docs/fields.md)
@@ -150,6 +152,7 @@ class Collate:
 
     def __call__(self, batch: Sequence[tuple]) -> Any:
         bt = self.batch_transform
+        batch = gathered(batch)  # samples yielded unread (readers.formats.batch.Pending): one whole-batch read
         if self.ring is None or not batch or get_worker_info() is None:
             return then(bt, collate(batch))  # the main process: nothing to send
         if isinstance(batch, GatheredItems):
@@ -206,4 +209,4 @@ class Collate:
         if bt is not None and _outside(slot, result):
             return result  # the transform's new tensors: sent the ordinary way (the slot stays free)
         # a batch of another shape than send knows: read it again outside the slot (which stays free)
-        return then(bt, GatheredItems(items.dataset, items.indices.tolist()).gather())
+        return then(bt, items.again().gather())

@@ -391,7 +391,10 @@ def make_loader(
     :class:`EpochSampler` (split over DDP ranks); ``ShardDataset`` shuffles
     shards and a buffer itself, and the loader gets a copy of it
     (``ShardDataset.with_order``) with ``seed``/``shuffle`` applied: the
-    dataset passed in is never changed.
+    dataset passed in is never changed. A ``ShardDataset`` of stored bytes (``decode=False``, local
+    shards) is read a whole batch at a time in every worker kind, unless a ``collate_fn`` of your own
+    is given: threads through ``readers.formats.shardbatch``, worker processes and ``num_workers=0``
+    through that copy's ``with_batch_reads`` (it yields samples unread; the loader's collate reads them).
 
     ``distributed``: None (default) splits over DDP ranks when a process group
     is initialised or ``WORLD_SIZE > 1`` (decided when iterated); False reads
@@ -486,6 +489,9 @@ def make_loader(
                               drop_last=drop_last, collate_fn=collate_fn or collate, generator=generator,
                               prefetch_factor=prefetch_factor, whole_batches=collate_fn is None,
                               batch_transform=bt, worker_init_fn=worker_init_fn, seed=seed, distributed=distributed, **kwargs)
+    if collate_fn is None and hasattr(dataset, "with_batch_reads"):
+        # ShardDataset bytes: its samples yielded unread, each batch read whole by Collate (readers.formats.shardbatch)
+        dataset = dataset.with_batch_reads()
     if count > 0 and bt is not None:
         _check_picklable(bt, multiprocessing_context)
     if count > 0:

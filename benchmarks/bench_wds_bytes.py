@@ -1,0 +1,136 @@
+"""WebDataset bytes against our LMDB (issue 37, item 2): samples/s of ``decode=False`` batches with
+``make_loader``'s defaults, 0 and 2 workers, each measurement in a fresh interpreter, wds and lmdb
+interleaved round by round, and the ratio wds / lmdb of each round.
+
+N ImageNet-like JPEGs (``dataset_bench.synth``, ~95 KB each; default 5,000) are packed with the real
+packer (``--no-validate``) into wds and lmdb under ``--workdir`` (kept between runs). One measurement
+(``--probe``) builds ``make_loader(open_dataset(path, decode=False), batch_size=64, num_workers=W)``
+(no ``workers=``: what the library picks), draws 5 warm-up batches and times batches over as many
+passes as it takes to fill ``--seconds``, as ``dataset-bench --peers`` times a read case. The page
+cache is warm (the packs were just written or read). ``--trees`` measures other checkouts of the
+project in the same rounds (e.g. the main checkout beside a branch: before and after). Run from the
+repository root::
+
+    python benchmarks/bench_wds_bytes.py --workdir /tmp/wdsbench --rounds 5
+    python benchmarks/bench_wds_bytes.py --quick          # at most 200 images and 0.3 s windows, 1 round
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path and "--probe" not in sys.argv[1:]:
+    sys.path.insert(0, str(ROOT))  # run from a checkout without installing (a probe: the tree it measures)
+
+FORMATS = ("wds", "lmdb")
+
+
+def probe(path: str, workers: int, seconds: float) -> dict[str, Any]:
+    """One measurement in this process (see the module docstring)."""
+    from readers import make_loader, open_dataset
+
+    loader = make_loader(open_dataset(path, decode=False), batch_size=64, num_workers=workers, pin_memory=False)
+    drawn, samples, start = 0, 0, None
+    while True:
+        for batch in loader:
+            drawn += 1
+            if start is None:
+                if drawn >= 5:
+                    start = time.perf_counter()
+                continue
+            samples += len(batch[1])
+        if start is not None and time.perf_counter() - start >= seconds and samples:
+            break
+    rate = samples / (time.perf_counter() - start)
+    return {"rate": rate, "loader": type(loader).__name__, "samples": samples}
+
+
+def prepare(work: Path, n: int) -> dict[str, Path]:
+    """The image folder and its wds and lmdb packs under ``work`` (made once)."""
+    from dataset_bench.synth import generate_image_folder
+    from packer import PackOptions, pack
+
+    src = work / f"src-{n}"
+    if not src.exists():
+        generate_image_folder(src, n)
+    out = {}
+    for fmt in FORMATS:
+        out[fmt] = work / f"{fmt}-{n}"
+        if not (out[fmt] / "index.json").exists():
+            pack(src, out[fmt], PackOptions(format=fmt, validate=False))
+    return out
+
+
+def _run_probe(tree: Path, path: Path, workers: int, seconds: float) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--probe", str(path), str(workers),
+                        str(seconds)], cwd=tree, env=env, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"bench_wds_bytes: the measurement of {path} in {tree} failed:\n{r.stderr.strip()}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--probe", nargs=3, metavar=("PATH", "WORKERS", "SECONDS"), help=argparse.SUPPRESS)
+    ap.add_argument("--images", type=int, default=5000)
+    ap.add_argument("--workdir", type=Path, default=None, help="keep the images and packs here (default: a temp folder)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=2.0, help="timing window of one measurement")
+    ap.add_argument("--workers", default="0,2")
+    ap.add_argument("--trees", nargs="*", type=Path, default=[ROOT], help="checkouts measured (default: this one)")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true", help="at most 200 images and 0.3 s windows, 1 round")
+    args = ap.parse_args(argv)
+    if args.probe:
+        path, workers, seconds = args.probe
+        print(json.dumps(probe(path, int(workers), float(seconds))))
+        return 0
+    if args.quick:
+        args.images, args.rounds, args.seconds = min(args.images, 200), 1, min(args.seconds, 0.3)
+    workers = [int(w) for w in args.workers.split(",")]
+    with tempfile.TemporaryDirectory(prefix="bench-wds-") as tmp:
+        work = args.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        packs = prepare(work, args.images)
+        rows = []
+        for r in range(args.rounds):
+            for tree in args.trees:
+                for w in workers:
+                    got = {}
+                    for fmt in FORMATS:
+                        load = os.getloadavg()[0]
+                        m = _run_probe(tree, packs[fmt], w, args.seconds)
+                        got[fmt] = m["rate"]
+                        rows.append({"round": r, "tree": str(tree), "workers": w, "format": fmt, "load": load, **m})
+                        print(f"round {r} {tree} {w} workers {fmt}: {m['rate']:,.0f} samples/s ({m['loader']}, "
+                              f"load {load:.1f})", flush=True)
+                    print(f"round {r} {tree} {w} workers: wds / lmdb = {got['wds'] / got['lmdb']:.2f}x", flush=True)
+    for tree in args.trees:
+        for w in workers:
+            ratios = []
+            for r in range(args.rounds):
+                pair = {x["format"]: x["rate"] for x in rows if x["round"] == r and x["tree"] == str(tree)
+                        and x["workers"] == w}
+                ratios.append(pair["wds"] / pair["lmdb"])
+            med = {fmt: statistics.median(x["rate"] for x in rows if x["tree"] == str(tree) and x["workers"] == w
+                                          and x["format"] == fmt) for fmt in FORMATS}
+            print(f"{tree}, {w} workers: median wds {med['wds']:,.0f}, lmdb {med['lmdb']:,.0f} samples/s; "
+                  f"wds / lmdb per round {', '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.2f}x)")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
