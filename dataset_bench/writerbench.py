@@ -15,8 +15,14 @@ fastest peer writer measured in the same run (1.0x). One run:
    output removed), optionally in a fresh interpreter per measurement
    (:func:`dataset_bench.isolate.run_isolated`), repeats interleaved job by job so that load from
    elsewhere hits every job alike, and reports the median;
-4. checks every output: it is read back with the writer's own reader and must hold the ``n``
-   samples, their labels and captions in order (ours, webdataset) or ``n`` samples (the others).
+4. checks every output: it is read back with the writer's own reader, in the measuring process
+   (:func:`read_back`), and must hold the ``n`` samples: their labels and captions in order (ours,
+   webdataset, MDS), as a multiset (LitData, whose workers decide the order) or their labels in
+   order (FFCV, whose bytes fields need its loader) (:func:`check`).
+
+A peer may live in a venv of its own (``run(pythons=...)``, the bench's ``--peer-venvs``): its
+measurements then run in that interpreter. Ours fsync what they write; the peers' writers do not, so
+a peer's measurement also times an fsync of its output after the write (the ``peer+fsync`` column).
 
 mmap stores decoded pixels, so its rows decode every image whatever ``validate`` says; it is
 shown, but the goal is judged on the formats that store the JPEG bytes (:data:`BYTES_FORMATS`).
