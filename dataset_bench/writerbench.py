@@ -15,8 +15,14 @@ fastest peer writer measured in the same run (1.0x). One run:
    output removed), optionally in a fresh interpreter per measurement
    (:func:`dataset_bench.isolate.run_isolated`), repeats interleaved job by job so that load from
    elsewhere hits every job alike, and reports the median;
-4. checks every output: it is read back with the writer's own reader and must hold the ``n``
-   samples, their labels and captions in order (ours, webdataset) or ``n`` samples (the others).
+4. checks every output: it is read back with the writer's own reader, in the measuring process
+   (:func:`read_back`), and must hold the ``n`` samples: their labels and captions in order (ours,
+   webdataset, MDS), as a multiset (LitData, whose workers decide the order) or their labels in
+   order (FFCV, whose bytes fields need its loader) (:func:`check`).
+
+A peer may live in a venv of its own (``run(pythons=...)``, the bench's ``--peer-venvs``): its
+measurements then run in that interpreter. Ours fsync what they write; the peers' writers do not, so
+a peer's measurement also times an fsync of its output after the write (the ``peer+fsync`` column).
 
 mmap stores decoded pixels, so its rows decode every image whatever ``validate`` says; it is
 shown, but the goal is judged on the formats that store the JPEG bytes (:data:`BYTES_FORMATS`).
@@ -31,6 +37,7 @@ run: rows, ratios, the goal) and :func:`format_table`.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import os
 import pickle
@@ -40,24 +47,27 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from dataset_bench.machine import CpuMonitor, load_average, load_summary
-from dataset_bench.peers import available, import_streaming
 
-__all__ = ["SIZES", "BYTES_FORMATS", "PEERS", "Job", "make_samples", "jobs", "measure", "run", "format_table",
-           "GOAL"]
+__all__ = ["SIZES", "BYTES_FORMATS", "PEERS", "Job", "make_samples", "jobs", "probe", "measure", "read_back",
+           "check", "run", "format_table", "GOAL"]
 
 #: image sizes (width, height) the samples are cut at, in turn: ~10 KB, ~35 KB, ~95 KB JPEGs at quality 90
 SIZES = ((160, 120), (320, 256), (480, 400))
 #: our formats that store the JPEG bytes as given: the goal is judged on these
 BYTES_FORMATS = ("wds", "lmdb", "hdf5")
 FORMATS = BYTES_FORMATS + ("mmap",)
-#: peer -> (the package that must import, how its row names it)
+#: peer -> (its package, how its row names it); ``--peer-python PACKAGE=PYTHON`` names the package
 PEERS = {"shardwriter": ("webdataset", "webdataset ShardWriter"),
          "mds": ("streaming", "streaming MDSWriter"),
          "litdata": ("litdata", "litdata optimize (2 workers)"),
          "ffcv": ("ffcv", "ffcv DatasetWriter (2 workers)")}
+#: peer -> the module its writer is, which must import (in this interpreter or in the peer's own)
+PEER_MODULES = {"shardwriter": "webdataset", "mds": "streaming", "litdata": "litdata", "ffcv": "ffcv.writer"}
+#: peer -> its distribution on PyPI (the version a run reports)
+DISTRIBUTIONS = {"shardwriter": "webdataset", "mds": "mosaicml-streaming", "litdata": "litdata", "ffcv": "ffcv"}
 GOAL = 1.0  #: Writer with validate=False / fastest peer writer
 PEER_WORKERS = 2  # the peers whose writers run worker processes get as many as this machine has cores
 CLASSES = 10
@@ -93,17 +103,37 @@ def jobs() -> list[Job]:
     return ours + [Job("peer", peer=peer) for peer in PEERS]
 
 
-def skipped(job: Job) -> str | None:
-    """None when ``job`` can run here, else its row's text: ``skipped: <package> not installed``."""
+def probe(job: Job, python: str | None = None) -> tuple[str | None, str | None]:
+    """``(skipped, version)`` of ``job``'s peer: ``skipped`` None when its writer's module imports (in
+    ``python`` when given: a peer's own venv), else its row's text (``skipped: <package> not
+    installed`` or why it does not import); ``version`` its distribution's. ``(None, None)`` for ours."""
     if job.kind != "peer":
-        return None
-    package = PEERS[job.peer][0]
-    why = available(package)
+        return None, None
+    package, module = PEERS[job.peer][0], PEER_MODULES[job.peer]
+    code = (f"import importlib.metadata as m; import {module}; "
+            f"print(m.version({DISTRIBUTIONS[job.peer]!r}))")
+    if python:
+        import subprocess
+
+        if not os.access(python, os.X_OK):
+            return f"skipped: {package}: {python} is not an executable Python", None
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+        lines = r.stderr.strip().splitlines()
+        why = None if r.returncode == 0 else (lines[-1] if lines else f"exit code {r.returncode}")
+        version = r.stdout.strip() or None
+    else:
+        try:
+            importlib.import_module(module)
+            why, version = None, importlib.metadata.version(DISTRIBUTIONS[job.peer])
+        except Exception as exc:  # noqa: BLE001 - any failure means "not usable here", said in the row
+            why, version = f"{type(exc).__name__}: {exc}", None
     if why is None:
-        return None
-    if why.endswith(f"No module named '{package}'"):
-        return f"skipped: {package} not installed"
-    return f"skipped: {package}: {why}"  # installed, but it does not import here (a missing dependency, ...)
+        return None, version
+    from readers.contract.messages import one_line
+
+    if f"No module named '{package}'" in why:
+        return f"skipped: {package} not installed", None
+    return f"skipped: {package}: {one_line(why, 160)}", None  # installed, but it does not import
 
 
 # --------------------------------------------------------------------------- the samples
@@ -170,7 +200,8 @@ def _write_shardwriter(samples: Sequence[dict[str, Any]], out: Path) -> None:
 def _write_mds(samples: Sequence[dict[str, Any]], out: Path) -> None:
     """mosaicml-streaming's ``MDSWriter``, no compression, 256 MB shards (as
     :func:`dataset_bench.peerwriters.write_mds`), columns ``jpg`` bytes, ``cls`` int, ``txt`` str."""
-    streaming = import_streaming()
+    import streaming
+
     with streaming.MDSWriter(out=str(out), columns={"jpg": "bytes", "cls": "int", "txt": "str"},
                              size_limit="256mb", progress_bar=False) as w:
         for s in samples:
@@ -228,18 +259,23 @@ def _import(job: Job) -> None:
     if job.kind != "peer":
         importlib.import_module("packer.mapping")
         importlib.import_module(f"packer.formats.{job.format}")
-    elif job.peer == "mds":
-        import_streaming()
     else:
-        importlib.import_module({"ffcv": "ffcv.writer"}.get(job.peer, PEERS[job.peer][0]))
+        importlib.import_module(PEER_MODULES[job.peer])
 
 
 # --------------------------------------------------------------------------- reading back
 
+#: what :func:`read_back` compares for each writer (the row's ``checked``); "ours" is every format of ours
+CHECKED = {"ours": "labels and captions in order", "shardwriter": "labels and captions in order",
+           "mds": "labels and captions in order", "litdata": "labels and captions (as a multiset)",
+           "ffcv": "labels in order"}
 
-def read_back(job: Job, out: Path) -> tuple[int, list[tuple[int, str]] | None]:
-    """How many samples ``out`` holds, read with the writer's own reader, and their ``(label, caption)``
-    in order where the reader gives them cheaply (ours and webdataset), else None."""
+
+def read_back(job: Job, out: Path) -> tuple[int, list[tuple[int, str | None]], bool]:
+    """What ``out`` holds, read with the writer's own reader: ``(count, [(label, caption or None)],
+    ordered)``; the caption is None where the peer's reader does not give it back cheaply (FFCV's
+    bytes fields need its loader), ``ordered`` False where the writer's workers decide the order
+    (LitData's ``optimize``)."""
     if job.kind != "peer":
         from readers import open_dataset
 
@@ -249,35 +285,76 @@ def read_back(job: Job, out: Path) -> tuple[int, list[tuple[int, str]] | None]:
             rows = list(ds) if job.format == "wds" else [ds[i] for i in range(len(ds))]
         finally:
             ds.close()
-        return len(rows), [(int(label), str(caption)) for label, caption in rows]
+        return len(rows), [(int(label), str(caption)) for label, caption in rows], True
+    got: list[tuple[int, str | None]]
     if job.peer == "shardwriter":
         import webdataset as wds
 
         shards = sorted(str(p) for p in out.glob("*.tar"))
         got = [(int(s["cls"]), s["txt"].decode()) for s in wds.WebDataset(shards, shardshuffle=False)]
-        return len(got), got
-    if job.peer == "mds":  # the writer's index: samples per shard
-        return sum(int(s["samples"]) for s in json.loads((out / "index.json").read_text())["shards"]), None
-    if job.peer == "litdata":
+    elif job.peer == "mds":
+        from streaming import LocalDataset
+
+        mds = LocalDataset(local=str(out))
+        got = [(int(s["cls"]), str(s["txt"])) for s in (mds[i] for i in range(len(mds)))]
+    elif job.peer == "litdata":
         import litdata
 
-        return len(litdata.StreamingDataset(str(out))), None
-    from ffcv.reader import Reader
+        lit = litdata.StreamingDataset(str(out))
+        got = [(int(s["cls"]), str(s["txt"])) for s in (lit[i] for i in range(len(lit)))]
+        return len(got), got, False
+    else:
+        from ffcv.reader import Reader
 
-    return int(Reader(str(out / "data.beton")).num_samples), None
+        reader = Reader(str(out / "data.beton"))
+        got = [(int(label), None) for label in reader.metadata["f1"]]  # IntField: the value is its metadata
+    return len(got), got, True
+
+
+def check(got: list[tuple[int, str | None]], ordered: bool, want: list[tuple[int, str]]) -> str | None:
+    """None when ``got`` (from :func:`read_back`) holds the samples ``want``, else what differs."""
+    if len(got) != len(want):
+        return f"read back {len(got)} samples, wrote {len(want)}"
+    expect: list[tuple[int, str | None]] = [(label, caption if g[1] is not None else None)
+                                            for (label, caption), g in zip(want, got)] if ordered else \
+        [(label, caption) for label, caption in want]
+    if not ordered:
+        return None if sorted(got, key=repr) == sorted(expect, key=repr) else "the labels/captions differ"
+    bad = next((i for i, (a, b) in enumerate(zip(got, expect)) if a != b), None)
+    return None if bad is None else f"sample {bad}'s label/caption differ"
 
 
 # --------------------------------------------------------------------------- one measurement
 
 
+def _fsync_tree(path: Path) -> None:
+    """fsync every file under ``path`` and every folder (what our writers do before they publish)."""
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def measure(job: Job, samples: Sequence[dict[str, Any]] | str, out: str, warmup: bool = True) -> dict[str, Any]:
     """Write ``samples`` (or the pickled list at that path, loaded first) with ``job`` into ``out``;
-    samples/s of the whole job, opening and closing included.
+    samples/s of the whole job, opening and closing included, then what :func:`read_back` finds.
 
     ``warmup``: the same job runs once first, untimed, and its output is removed: the timed run then
     finds the modules, the pools' code paths and the memory it draws warm (on this project's VM a
-    cold write pays first-touch faults: see :func:`dataset_bench.sidemeasure.measure_pack`). The
-    output of the timed run is left in ``out`` for :func:`read_back`."""
+    cold write pays first-touch faults: see :func:`dataset_bench.sidemeasure.measure_pack`).
+
+    Ours fsync what they write (each shard or data file before the index is published); the peers'
+    writers do not. So for a peer the time to fsync its output after the write is measured too
+    (``fsync_seconds``; ``samples_per_s_fsynced``: the write and that fsync), which is what the
+    same durability would have cost it."""
     if isinstance(samples, str):
         with open(samples, "rb") as f:
             samples = pickle.load(f)
@@ -297,31 +374,47 @@ def measure(job: Job, samples: Sequence[dict[str, Any]] | str, out: str, warmup:
         once()
         shutil.rmtree(path, ignore_errors=True)
     seconds = once()
-    return {"seconds": seconds, "samples_per_s": len(samples) / seconds}
+    result: dict[str, Any] = {"seconds": seconds, "samples_per_s": len(samples) / seconds}
+    if job.kind == "peer":
+        t0 = time.perf_counter()
+        _fsync_tree(path)
+        result["fsync_seconds"] = fsync = time.perf_counter() - t0
+        result["samples_per_s_fsynced"] = len(samples) / (seconds + fsync)
+    result["read_back"], result["got"], result["ordered"] = read_back(job, path)
+    return result
 
 
 # --------------------------------------------------------------------------- the run
 
 
 def run(n: int, repeats: int, *, isolated: bool, seed: int = 0, work: str | os.PathLike | None = None,
-        say: Callable[[str], None] = lambda _line: None) -> dict[str, Any]:
+        pythons: Mapping[str, str] | None = None, say: Callable[[str], None] = lambda _line: None) -> dict[str, Any]:
     """The whole run (see the module docstring): ``n`` samples, ``repeats`` timed runs of each job,
-    each in a fresh interpreter when ``isolated``. Returns ``{"settings", "rows", "goal", "load"}``:
-    a row per job with its median samples/s, every repeat's, its ratio to the fastest peer writer,
-    and what was read back (``read_back`` samples, ``check`` "ok" or what differed); a skipped peer's
-    row has ``skipped`` instead. Raises RuntimeError when an output does not read back."""
+    each in a fresh interpreter when ``isolated``. ``pythons``: package (``streaming``, ``litdata``,
+    ``ffcv``, ``webdataset``) -> the interpreter of a venv that has that peer; its measurements run
+    there, in a fresh process whatever ``isolated`` says. Returns ``{"settings", "rows", "goal",
+    "load"}``: a row per job with its median samples/s, every repeat's, its ratio to the fastest peer
+    writer, and what was read back (``read_back`` samples, ``check`` "ok", ``checked`` what was
+    compared); a peer's row also has its samples/s with an fsync of its output
+    (``samples_per_s_fsynced``); a skipped peer's row has ``skipped`` instead. Raises RuntimeError
+    when an output does not read back."""
     from readers.contract.env import available_cpus
 
+    pythons = dict(pythons or {})
     samples = make_samples(n, seed, work)
     want = [(s["label"], s["caption"]) for s in samples]
-    rows: list[dict[str, Any]] = [{"job": job.name, "kind": job.kind, "format": job.format,
-                                   "validate": job.validate, "workers": job.workers, "peer": job.peer,
-                                   "skipped": skipped(job), "runs": []} for job in jobs()]
+    rows: list[dict[str, Any]] = []
+    for job in jobs():
+        python = pythons.get(PEERS[job.peer][0]) if job.kind == "peer" else None
+        skip, version = probe(job, python)
+        rows.append({"job": job.name, "kind": job.kind, "format": job.format, "validate": job.validate,
+                     "workers": job.workers, "peer": job.peer, "python": python, "version": version,
+                     "skipped": skip, "checked": CHECKED[job.peer or "ours"], "runs": []})
     todo = [(job, row) for job, row in zip(jobs(), rows) if row["skipped"] is None]
     monitor, loads = CpuMonitor(available_cpus()), []
     with tempfile.TemporaryDirectory(prefix="writerbench-", dir=work) as tmp:
         data = os.path.join(tmp, "samples.pkl")
-        if isolated:
+        if isolated or any(row["python"] for _, row in todo):
             with open(data, "wb") as f:
                 pickle.dump(samples, f, protocol=pickle.HIGHEST_PROTOCOL)
         for r in range(repeats):
@@ -329,24 +422,26 @@ def run(n: int, repeats: int, *, isolated: bool, seed: int = 0, work: str | os.P
                 out = os.path.join(tmp, "out")
                 loads.append(load_average())
                 monitor.sample(keep=False)
-                if isolated:
+                if isolated or row["python"]:
                     from dataset_bench.isolate import run_isolated
 
-                    got = run_isolated(measure, {"job": job, "samples": data, "out": out})
+                    got = run_isolated(measure, {"job": job, "samples": data, "out": out}, python=row["python"])
                 else:
                     got = measure(job, samples, out)
                 monitor.sample()
-                count, pairs = read_back(job, Path(out))
                 shutil.rmtree(out, ignore_errors=True)
-                if count != n or (pairs is not None and pairs != want):
-                    bad = next((i for i, (a, b) in enumerate(zip(pairs or [], want)) if a != b), None)
-                    raise RuntimeError(f"{job.name}: read back {count} samples, wrote {n}"
-                                       + (f"; sample {bad}'s label/caption differ" if bad is not None else ""))
+                wrong = check(got["got"], got["ordered"], want)
+                if wrong:
+                    raise RuntimeError(f"{job.name}: {wrong}")
                 row["runs"].append(round(got["samples_per_s"], 1))
-                row["read_back"], row["check"] = count, "ok"
+                if "samples_per_s_fsynced" in got:
+                    row.setdefault("runs_fsynced", []).append(round(got["samples_per_s_fsynced"], 1))
+                row["read_back"], row["check"] = got["read_back"], "ok"
                 say(f"repeat {r + 1}/{repeats} {job.name}: {got['samples_per_s']:,.0f} samples/s")
     for row in rows:
         row["samples_per_s"] = statistics.median(row["runs"]) if row["runs"] else None
+        if row.get("runs_fsynced"):
+            row["samples_per_s_fsynced"] = statistics.median(row["runs_fsynced"])
     peers = [row for row in rows if row["kind"] == "peer" and row["samples_per_s"]]
     fastest = max(peers, key=lambda row: row["samples_per_s"], default=None)
     for row in rows:
@@ -355,7 +450,7 @@ def run(n: int, repeats: int, *, isolated: bool, seed: int = 0, work: str | os.P
     return {"settings": {"samples": n, "repeats": repeats, "isolated": isolated, "seed": seed,
                          "sizes": [list(s) for s in SIZES],
                          "mean_image_kb": round(sum(len(s["image"]) for s in samples) / n / 1024, 1),
-                         "peer_workers": PEER_WORKERS},
+                         "peer_workers": PEER_WORKERS, "peer_pythons": pythons},
             "rows": rows, "goal": goal(rows, fastest), "load": {"load_average": load_summary(loads),
                                                                  "foreign_cpu": monitor.summary()}}
 
@@ -373,15 +468,19 @@ def goal(rows: list[dict[str, Any]], fastest: dict[str, Any] | None) -> dict[str
 
 
 def format_table(result: dict[str, Any]) -> list[str]:
-    """The run as printed lines: a header, a row per job (``job  samples/s  ratio  read back``), the goal."""
-    lines = [f"{'job':40s} {'samples/s':>10s} {'vs fastest peer':>15s}  read back"]
+    """The run as printed lines: a header, a row per job (``job  samples/s  ratio  peer+fsync  read back``),
+    a note on durability, the goal."""
+    lines = [f"{'job':40s} {'samples/s':>10s} {'vs fastest peer':>15s} {'peer+fsync':>10s}  read back"]
     for row in result["rows"]:
         if row["skipped"]:
             lines.append(f"{row['job']:40s} {row['skipped']}")
             continue
         ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
-        lines.append(f"{row['job']:40s} {row['samples_per_s']:10,.0f} {ratio:>15s}  "
+        synced = f"{row['samples_per_s_fsynced']:,.0f}" if row.get("samples_per_s_fsynced") else "-"
+        lines.append(f"{row['job']:40s} {row['samples_per_s']:10,.0f} {ratio:>15s} {synced:>10s}  "
                      f"{row['read_back']} {row['check']}")
+    lines.append("(ours fsync what they write before the index is published; the peers' writers do not: "
+                 "peer+fsync is a peer's write and an fsync of its output after it)")
     g = result["goal"]
     if g["holds"] is None:
         lines.append(f"goal {GOAL:g}x (Writer validate=False >= fastest peer writer): not judged, no peer measured")
