@@ -34,7 +34,7 @@ from packer.importers.wds import IMAGE_EXTS, JSON_LABEL_KEYS, KEY, field_of, lab
 from readers.contract import spec
 from readers.contract.safeio import checksum_combine, npy_header
 
-__all__ = ["scan_shard", "warm_store", "close_stores", "ShardScan", "is_gzip_name", "GZIP_HINT", "gc_paused"]
+__all__ = ["scan_shard", "scan_line", "warm_store", "close_stores", "ShardScan", "is_gzip_name", "GZIP_HINT", "gc_paused"]
 
 #: A shard read in place must be a plain tar (random access); the hint of the one-line refusal.
 GZIP_HINT = ("compressed shards cannot be read by offset: convert them to plain .tar first (gunzip turns "
@@ -324,6 +324,12 @@ def scan_shard(job: tuple[str, str, Any]) -> ShardScan:
     if spec.is_remote(base) and info.size != out["bytes"]:
         raise SourceError(f"{where}: changed while it was read ({out['bytes']} bytes read, {info.size} listed)")
     return out
+
+
+def scan_line(job: tuple[str, str, Any]) -> str:
+    """:func:`scan_shard`'s result as JSON, made in the worker: the parent writes it to the journal as it
+    is and parses it (``json.loads``, about what unpickling the lists costs) instead of also encoding it."""
+    return json.dumps(scan_shard(job))
 
 
 def _samples(tar: _Tar, where: str) -> list[list]:
