@@ -312,13 +312,13 @@ def test_a_key_an_earlier_shard_has_is_a_reject(tmp_path):
 _HELD = """
 import sys, time
 import packer.tools.index as ix
-scan, seen = ix.scan_shard, [0]
+scan, seen = ix.scan_line, [0]
 def held(job):
     seen[0] += 1
     while seen[0] > 2:
         time.sleep(0.05)
     return scan(job)
-ix.scan_shard = held
+ix.scan_line = held
 from packer.cli import main
 sys.exit(main(sys.argv[1:]))
 """

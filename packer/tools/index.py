@@ -48,7 +48,7 @@ from packer.prepare.pool import ordered_map
 from packer.prepare.stage import label_names
 from packer.progress import bar as progress_bar
 from packer.tools.index_list import list_shards
-from packer.tools.index_scan import ShardScan, close_stores, gc_paused, scan_shard, warm_store
+from packer.tools.index_scan import ShardScan, close_stores, gc_paused, scan_line, warm_store
 from readers.contract import spec
 from readers.contract.fields import Field, FieldType, FieldTypeError, ImageType, NumericType, Schema, column_file, \
     parse_type
@@ -146,13 +146,15 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
                 if exc.name != "ray":
                     raise
                 raise UsageError("--engine ray needs Ray: pip install 'dataset-packer[ray]'") from None
-            scans: Iterator[ShardScan] = ray_scans(jobs, workers, ray_address)
+            scans: Iterator[ShardScan | str] = ray_scans(jobs, workers, ray_address)
         else:
             if spec.is_remote(base) and todo:
                 warm_store(base, names[todo[0]], storage_options)  # before the pool forks: see warm_store
-            scans = ordered_map(scan_shard, jobs, workers, chunk=1, describe=lambda n: f"shard {names[todo[n]]}")
-        for k, scan in zip(todo, scans):
-            journal.write(json.dumps({"k": k, "scan": scan}) + "\n")
+            scans = ordered_map(scan_line, jobs, workers, chunk=1, describe=lambda n: f"shard {names[todo[n]]}")
+        for k, got in zip(todo, scans):
+            line = got if isinstance(got, str) else json.dumps(got)  # the pool's workers send it encoded
+            scan = json.loads(got) if isinstance(got, str) else got
+            journal.write(f'{{"k": {k}, "scan": {line}}}\n')  # json.dumps({"k": k, "scan": scan})'s bytes
             journal.flush()  # not fsynced: a line a crash left torn is scanned again
             scanned[k] = scan
             total += scan["bytes"]

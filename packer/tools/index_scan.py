@@ -34,7 +34,7 @@ from packer.importers.wds import IMAGE_EXTS, JSON_LABEL_KEYS, KEY, field_of, lab
 from readers.contract import spec
 from readers.contract.safeio import checksum_combine, npy_header
 
-__all__ = ["scan_shard", "warm_store", "close_stores", "ShardScan", "is_gzip_name", "GZIP_HINT", "gc_paused"]
+__all__ = ["scan_shard", "scan_line", "warm_store", "close_stores", "ShardScan", "is_gzip_name", "GZIP_HINT", "gc_paused"]
 
 #: A shard read in place must be a plain tar (random access); the hint of the one-line refusal.
 GZIP_HINT = ("compressed shards cannot be read by offset: convert them to plain .tar first (gunzip turns "
@@ -152,7 +152,8 @@ class _Tar:
         pos, long_name = 0, None
         pax: dict[str, str] = _NO_PAX
         whole, join = self._mv is not None, self._mv is not None and self._join
-        buf, mv, checksum, combine, number = self._buf, self._mv, spec.checksum, checksum_combine, _number
+        buf, mv, checksum, combine, number, ustar_name = (self._buf, self._mv, spec.checksum, checksum_combine,
+                                                            _number, _ustar_name)
         heads, head_pos, stated = self._heads, self._head_pos, self._stated
         end = self.size if whole else -1  # a mapped shard: every byte is there, no _have needed
         while (pos + BLOCK <= end) if whole else self._have(pos + BLOCK):
@@ -160,12 +161,17 @@ class _Tar:
             header = buf[start:start + BLOCK]
             if header == _ZERO:
                 return
-            size = number(header[124:136])
+            try:  # the usual fields (11 octal digits and a NUL; 6, a NUL and a space) without _number's strip
+                if header[135] or header[154] or header[155] not in (0, 32):
+                    raise ValueError
+                size, check = int(header[124:135], 8), int(header[148:154], 8)
+            except ValueError:
+                size, check = number(header[124:136]), number(header[148:156])
             if size < 0:
                 raise SourceError(f"{self.where}: damaged tar header at byte {pos}")
             heads.append(header)  # type: ignore[arg-type]
             head_pos.append(pos)
-            stated.append(number(header[148:156]))
+            stated.append(check)
             kind = header[156:157]
             if kind in _FILE:
                 if pax:
@@ -176,7 +182,7 @@ class _Tar:
                 else:
                     data = self._view(at, size)
                 crc = checksum(data)
-                name = long_name or pax.get("path") or _ustar_name(header)
+                name = long_name or (pax and pax.get("path")) or ustar_name(header)
                 if join:  # this header (and what came before it, since the last member), then the data
                     gap = checksum(mv[self._joined:at], self.crc)  # type: ignore[index]
                     self.crc = combine(gap, crc, size)  # type: ignore[assignment]
@@ -318,6 +324,12 @@ def scan_shard(job: tuple[str, str, Any]) -> ShardScan:
     if spec.is_remote(base) and info.size != out["bytes"]:
         raise SourceError(f"{where}: changed while it was read ({out['bytes']} bytes read, {info.size} listed)")
     return out
+
+
+def scan_line(job: tuple[str, str, Any]) -> str:
+    """:func:`scan_shard`'s result as JSON, made in the worker: the parent writes it to the journal as it
+    is and parses it (``json.loads``, about what unpickling the lists costs) instead of also encoding it."""
+    return json.dumps(scan_shard(job))
 
 
 def _samples(tar: _Tar, where: str) -> list[list]:

@@ -116,8 +116,8 @@ def checksum_then(value: int, data: bytes | bytearray | memoryview, data_crc: in
 def file_checksum(path: str | os.PathLike, block: int = 8 << 20) -> int:
     """CRC-32 of a whole file (what ``index.json`` records under ``files_crc32``)."""
     crc = 0
-    buf = bytearray(block)
     with open(path, "rb", buffering=0) as f:
+        buf = bytearray(max(1, min(block, os.fstat(f.fileno()).st_size)))  # a small file: no 8 MB to zero
         while n := f.readinto(buf):
             crc = checksum(memoryview(buf)[:n], crc)  # ISA-L's CRC-32 when installed: ~9x zlib's speed
     return crc
