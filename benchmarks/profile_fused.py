@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where the fused transforms' time goes, per image, on one core (issue 37, item 1).
 
-Benchmark of ``readers/decode/transforms.py`` (run it, it is not a test; ``tests/test_profile_fused.py``
+Benchmark of ``readers/decode/transforms.py`` and ``crop.py`` (run it, it is not a test; ``tests/test_profile_fused.py``
 runs ``--quick`` so it cannot rot). It generates ImageNet-like JPEGs the way
 ``benchmarks/bench_decode.py`` does (``dataset_bench.synth``: about 480x400, quality 90, noise,
 2% grayscale), runs the fused eval and train transforms once while recording each call they make
@@ -47,7 +47,7 @@ import torch.nn.functional as F  # noqa: E402
 from dataset_bench.machine import load_average  # noqa: E402
 from dataset_bench.onecore import single_core  # noqa: E402
 from dataset_bench.synth import SynthOptions, make_imagenet_like  # noqa: E402
-from readers.decode import decoders, jpegcrop, transforms  # noqa: E402
+from readers.decode import crop, decoders, jpegcrop, transforms  # noqa: E402
 
 
 def load_images(n: int) -> list[bytes]:
@@ -61,7 +61,7 @@ def record(transform: Callable, blobs: list[bytes]) -> tuple[list, list]:
     """Run ``transform`` over ``blobs``; the (args, kwargs) of each region decode and resize it made."""
     decodes: list = []
     resizes: list = []
-    real_decode, real_resize = transforms.decode_rgb_region, F.interpolate
+    real_decode, real_resize = crop.decode_rgb_region, F.interpolate
 
     def decode(*a, **k):
         decodes.append((a, k))
@@ -71,12 +71,12 @@ def record(transform: Callable, blobs: list[bytes]) -> tuple[list, list]:
         resizes.append((x, k))
         return real_resize(x, **k)
 
-    transforms.decode_rgb_region, transforms.F.interpolate = decode, resize  # type: ignore[assignment]
+    crop.decode_rgb_region, crop.F.interpolate = decode, resize  # type: ignore[assignment]
     try:
         for b in blobs:
             transform(b)
     finally:
-        transforms.decode_rgb_region, transforms.F.interpolate = real_decode, real_resize  # type: ignore[assignment]
+        crop.decode_rgb_region, crop.F.interpolate = real_decode, real_resize  # type: ignore[assignment]
     return decodes, resizes
 
 
