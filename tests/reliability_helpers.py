@@ -162,7 +162,17 @@ def probe_read(root: Path, *, decode: bool = False, timeout: float = 60) -> dict
 
 
 # A pack-dataset run whose write stage sleeps per sample: slow enough to act while it runs.
-_SLOW = textwrap.dedent('''
+#: The first lines of a test's child that stands for a command typed at a terminal: Ctrl-C and SIGTERM at their
+#: defaults, as a shell starts a foreground job, whatever the test process's own signal state (a child inherits
+#: an ignored or blocked SIGINT: one 4-worker run's worker held SIGINT so, and its children ignored Ctrl-C).
+AS_TYPED = '''
+import signal as _signal
+_signal.signal(_signal.SIGINT, _signal.default_int_handler)
+_signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
+_signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT, _signal.SIGTERM})
+'''
+
+_SLOW = AS_TYPED + textwrap.dedent('''
     import os, sys, time
     import packer.pipeline as p
     delay, hold = float(sys.argv[1]), sys.argv[2]

@@ -30,7 +30,7 @@ from packer.prepare.pool import CHUNK, WorkerDied, WorkerPool, ordered_map
 from packer.sources.source import scan
 from packer.prepare.workers import Outcome, prepare
 from readers.contract import spec
-from reliability_helpers import content, digest, env, error_lines, wait_for
+from reliability_helpers import AS_TYPED, content, digest, env, error_lines, wait_for
 
 pytestmark = pytest.mark.slow  # every test here starts worker processes
 
@@ -218,7 +218,7 @@ def test_the_folder_stage_waits_for_its_consumer(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- the real command, each stage
 # A pack-dataset run whose workers take ``delay`` s per item (``module:function`` is slowed in the parent
 # and inherited by the forked workers): slow enough to signal while items are out at the workers.
-_SLOW_WORKERS = textwrap.dedent('''
+_SLOW_WORKERS = AS_TYPED + textwrap.dedent('''
     import functools, importlib, sys, time
     delay, target = float(sys.argv[1]), sys.argv[2]
     module, name = target.split(":")

@@ -28,6 +28,7 @@ from packer.tools.view.server import Server, make_app
 from readers.contract.spec import FORMATS
 from readers.decode.decoders import decode_rgb_scaled, read_header, reduction_for
 from readers.formats.registry import open_dataset
+from reliability_helpers import AS_TYPED
 
 REPO = Path(__file__).resolve().parent.parent
 THUMBS = re.compile(r'<div class="cell" data-index="(\d+)">\s*(?:<a class="open"[^>]*>)?<img class="thumb" '
@@ -273,7 +274,8 @@ def test_cli_errors_are_one_line(tmp_path, packed_generated, capsys):
 @pytest.mark.slow
 def test_cli_serves_until_ctrl_c(packed_generated):
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, "-m", "packer.cli", "view", str(packed_generated["mmap"])],
+    typed = AS_TYPED + "import sys\nfrom packer.cli import main\nsys.exit(main(sys.argv[1:]))\n"  # pack-dataset view
+    proc = subprocess.Popen([sys.executable, "-c", typed, "view", str(packed_generated["mmap"])],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
