@@ -52,6 +52,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from dataset_bench.machine import machine_info, machine_label  # noqa: E402
+from dataset_bench.peers import peer_pythons  # noqa: E402
 from dataset_bench.writerbench import DISTRIBUTIONS, PEERS, format_table, run, to_json  # noqa: E402
 
 PACKAGES = tuple(package for package, _ in PEERS.values())
@@ -76,17 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-venvs", type=Path, metavar="DIR",
                         help="each peer from DIR/<package>/bin/python where that exists (--peer-python wins)")
     args = parser.parse_args(argv)
-    pythons: dict[str, str] = {}
-    if args.peer_venvs:
-        if not args.peer_venvs.is_dir():
-            parser.error(f"--peer-venvs {args.peer_venvs}: not a directory")
-        pythons = {p: str(args.peer_venvs / p / "bin" / "python") for p in PACKAGES
-                   if (args.peer_venvs / p / "bin" / "python").exists()}
-    for item in args.peer_python:
-        package, sep, python = item.partition("=")
-        if not sep or package not in PACKAGES or not python:
-            parser.error(f"--peer-python {item!r}: expected PACKAGE=PYTHON with PACKAGE one of {', '.join(PACKAGES)}")
-        pythons[package] = python
+    pythons = dict(peer_pythons(parser, args, PACKAGES, "PACKAGE"))
     n, repeats = (48, 1) if args.quick else (args.samples, args.repeats)
     if n < 1 or repeats < 1:
         parser.error("--samples and --repeats must be >= 1")

@@ -17,13 +17,14 @@ Here: :data:`NEW_PEERS` (each 2026 peer's modules, pip line, modes and workers' 
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.machinery
 import importlib.util
 import os
 import sys
 import types
-from typing import Any, NamedTuple
+from typing import Any, Collection, NamedTuple
 
 __all__ = ["available", "import_streaming", "NEW_PEERS", "NewPeer", "installed"]
 
@@ -127,3 +128,21 @@ def _found(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ImportError:  # a parent package missing
         return False
+
+
+def peer_pythons(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Collection[str] = NEW_PEERS,
+                 word: str = "PEER") -> tuple[tuple[str, str], ...]:
+    """``(peer, python)`` pairs from --peer-venvs and --peer-python, for the peers ``names`` (called ``word``
+    in the usage error that names a bad one)."""
+    pythons: dict[str, str] = {}
+    if args.peer_venvs:
+        if not args.peer_venvs.is_dir():
+            parser.error(f"--peer-venvs {args.peer_venvs}: not a directory")
+        pythons = {n: str(args.peer_venvs / n / "bin" / "python") for n in names
+                   if (args.peer_venvs / n / "bin" / "python").exists()}
+    for item in args.peer_python:
+        name, sep, python = item.partition("=")
+        if not sep or name not in names or not python:
+            parser.error(f"--peer-python {item!r}: expected {word}=PYTHON with {word} one of {', '.join(names)}")
+        pythons[name] = python
+    return tuple(sorted(pythons.items()))

@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from dataset_bench.peers import NEW_PEERS
+from dataset_bench.peers import NEW_PEERS, peer_pythons
 from dataset_bench.sidebyside import run_side_by_side
 from dataset_bench.sidecases import SideConfig
 from dataset_bench.sidereport import draw_side_chart, markdown, report, targets
@@ -92,22 +92,6 @@ def main(argv: list[str] | None = None) -> int:
         cfg = SideConfig(**fields)
     result = run_side_by_side(cfg, progress=lambda s: print(f"  {s}", file=sys.stderr, flush=True))
     return _outputs(result, args)
-
-
-def peer_pythons(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
-    """``(peer, python)`` pairs from --peer-venvs and --peer-python; a usage error names a bad one."""
-    pythons: dict[str, str] = {}
-    if args.peer_venvs:
-        if not args.peer_venvs.is_dir():
-            parser.error(f"--peer-venvs {args.peer_venvs}: not a directory")
-        pythons = {n: str(args.peer_venvs / n / "bin" / "python") for n in NEW_PEERS
-                   if (args.peer_venvs / n / "bin" / "python").exists()}
-    for item in args.peer_python:
-        name, sep, python = item.partition("=")
-        if not sep or name not in NEW_PEERS or not python:
-            parser.error(f"--peer-python {item!r}: expected PEER=PYTHON with PEER one of {', '.join(NEW_PEERS)}")
-        pythons[name] = python
-    return tuple(sorted(pythons.items()))
 
 
 def _outputs(result: dict, args: argparse.Namespace) -> int:

@@ -235,7 +235,8 @@ def test_a_peer_in_its_own_venv_is_found_there_and_runs_there(tmp_path):
 
 
 def test_peer_python_options_are_checked(tmp_path, capsys):
-    from dataset_bench.sidecli import peer_pythons, build_parser
+    from dataset_bench.peers import peer_pythons
+    from dataset_bench.sidecli import build_parser
 
     parser = build_parser()
     for argv, err in [(["--peer-python", "nope=/x"], "--peer-python 'nope=/x': expected PEER=PYTHON"),
