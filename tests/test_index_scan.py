@@ -5,6 +5,7 @@ damaged header is what the scan names, even when the damage also makes a member 
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 import zlib
 
@@ -61,3 +62,18 @@ def test_a_damaged_header_is_named_before_what_it_caused(tmp_path):
 def test_checksum_combine_is_the_checksum_of_both():
     a, b = b"header" * 100, b"member data" * 1000
     assert checksum_combine(checksum(a), checksum(b), len(b)) in (checksum(a + b), None)  # None: no ISA-L
+
+
+@pytest.mark.parametrize("data", [b'{"label": 3}', b' {"a": 1}\n', b'\xef\xbb\xbf{"a": 1}', '{"a": 1}'.encode("utf-16"),
+                                  b'[1', b'1 2', b'"\xff"', b'{"a": 1}x', b'', b'[' * 100_000])
+def test_json_members_parse_as_json_loads_does(data):
+    """The scan's fast JSON path gives json.loads's value, or its error, for every member."""
+    from packer.tools.index_scan import _json
+
+    try:
+        want: object = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        with pytest.raises(type(exc)):
+            _json(data)
+    else:
+        assert _json(data) == want

@@ -245,10 +245,13 @@ def _pax(data: bytes) -> dict[str, str]:
 
 
 def _mapped(path: str) -> mmap.mmap | None:
-    """A read-only mapping of the local shard ``path`` (None when empty)."""
+    """A read-only mapping of the local shard ``path`` (None when empty), its pages mapped in at once
+    (``MAP_POPULATE``, Linux): the scan reads every byte, and one fault per page cost a tenth of it."""
     fd = spec.open_regular(path, "shard")
     try:
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else None
+        if not os.fstat(fd).st_size:
+            return None
+        return mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
     finally:
         os.close(fd)
 
@@ -379,6 +382,23 @@ def _kind(suffix: str, where: str) -> str:
     return kind
 
 
+_RAW_DECODE = json.JSONDecoder().raw_decode
+
+
+def _json(data: bytes) -> Any:
+    """``json.loads(data)``, a third of its time for the usual member (UTF-8, no surrounding blanks):
+    parsed from the decoded text directly; anything else (a BOM, UTF-16, blanks, an error) is left
+    to ``json.loads`` itself, so the result and the error are always its own."""
+    try:
+        text = str(data, "utf-8")
+        obj, end = _RAW_DECODE(text)
+        if end == len(text):
+            return obj
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        pass
+    return json.loads(data)
+
+
 def _check_member(kind: str, view: memoryview, where: str) -> tuple[Any, str | None]:
     """(the value the index keeps, or None; why the member does not parse, or None)."""
     try:
@@ -386,7 +406,7 @@ def _check_member(kind: str, view: memoryview, where: str) -> tuple[Any, str | N
             str(view, "utf-8")  # decoded from the mapping itself: no copy kept
         elif kind == "json":
             data = bytes(view)
-            obj = json.loads(data)
+            obj = _json(data)
             if isinstance(obj, dict) and not _LABEL_KEYS.isdisjoint(obj):  # parsed again only then
                 return label_of({"json": data}, where), None
         elif kind == "int":
