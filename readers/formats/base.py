@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Protocol, Sequence, runtime_checkable
 
@@ -111,6 +112,43 @@ def _remote_local(remote: Any, name: str) -> str:
     return remote.local(name)
 
 
+class _Sharers:
+    """The dataset objects of one process that share one reader's handles (its store's connections, mapped
+    columns, pinned cache copies): a copy made with ``copy.copy`` (``with_order``, ``with_batch_reads``,
+    ``with_samples``; ``make_loader`` makes two) shares them with its original. Dropping one of them
+    closes the handles only when it was the last; ``close()`` closes them at once, as asked.
+
+    Another process's copy (a spawned worker's unpickled dataset) gets a holder of its own (``fresh``);
+    in a forked child, an inherited dataset closes that child's handles when it goes, as before."""
+
+    __slots__ = ("pid", "count", "fresh", "lock")
+
+    def __init__(self, fresh: bool = False) -> None:
+        self.pid, self.count, self.fresh, self.lock = os.getpid(), 1, fresh, threading.Lock()
+
+    def __reduce__(self) -> tuple[type, tuple[bool]]:
+        return _Sharers, (True,)
+
+    def joined(self) -> "_Sharers":
+        """The holder of a copy just made of a dataset that has this one."""
+        if self.fresh:  # unpickled just now: the first dataset of this process to hold it
+            self.fresh = False
+            return self
+        if self.pid != os.getpid():  # a forked child copies a dataset it inherited
+            return _Sharers()
+        with self.lock:
+            self.count += 1
+        return self
+
+    def left(self) -> bool:
+        """One holder went; True when the handles are this process's to close now."""
+        if self.pid != os.getpid():
+            return True
+        with self.lock:
+            self.count -= 1
+            return self.count <= 0
+
+
 class PackedDataset:
     """Mixin for all readers: index loading, item building, pickling."""
 
@@ -191,6 +229,7 @@ class PackedDataset:
         self.sample_transform = sample_transform
         self._select(fields)
         self._columns: PerProcess[dict[str, np.ndarray]] = PerProcess(dict)  # field -> mapped column
+        self._sharers = _Sharers()  # copies share the handles above: the last one dropped closes them
 
     # ------------------------------------------------------------ fields
     def _select(self, fields: Sequence[str] | None) -> None:
@@ -390,6 +429,9 @@ class PackedDataset:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         index: Any = state.get("index")  # an _IndexArray names one of its arrays
+        sharers = state.get("_sharers")
+        if isinstance(sharers, _Sharers):
+            state["_sharers"] = sharers.joined()
         for key, value in state.items():
             if isinstance(value, _IndexArray):
                 state[key] = index.arrays[value.name]
@@ -406,7 +448,9 @@ class PackedDataset:
 
     def __del__(self) -> None:
         try:
-            self.close()
+            sharers = getattr(self, "_sharers", None)
+            if sharers is None or sharers.left():  # a copy still in use keeps the shared handles open
+                self.close()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 

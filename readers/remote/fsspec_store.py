@@ -141,8 +141,11 @@ class FsspecStore(Store):
 
     def close(self) -> None:
         """Close this process's client and its connections now (not at garbage collection)."""
-        fs = self._fs if self._fs_pid == os.getpid() else None
-        self._fs = None
+        if self._fs_pid != os.getpid():
+            self._fs = None  # another process's client (inherited through fork): never closed here
+            return
+        with self._lock:  # not while another thread makes this process's client
+            fs, self._fs = self._fs, None
         if fs is None:
             return
         try:
