@@ -36,7 +36,6 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import re
 import threading
 from collections import deque
@@ -54,6 +53,7 @@ from packer.pipeline import SplitResult, pack_split
 from packer.remote_output import StagedOutput
 from packer.samples import image_bytes, infer_schema
 from packer.prepare.images import ImageOptions
+from packer.prepare.readahead import Handoff
 from packer.prepare.workers import Outcome, outcome_of
 from packer.sources.source import Source
 from readers.contract import spec
@@ -66,8 +66,11 @@ __all__ = ["Writer", "SampleError", "infer_schema"]
 log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "reject")
-_QUEUE = 64  # samples checked and waiting for the write thread (a bounded window, never an unbounded pile)
-_END, _ABORT = object(), object()
+#: Bytes of checked samples waiting for the write thread (a bounded window, never an unbounded pile). They go
+#: over in chunks, in bursts (packer.prepare.readahead.Handoff): while the thread waits on LMDB's commit or an
+#: fsync the caller goes on checking the next samples, and the two seldom wait on each other for the GIL.
+_QUEUE_BYTES = 64 << 20
+_ABORT = object()  # the caller aborts: the write thread stops there
 
 
 class SampleError(PackError, ValueError):
@@ -202,7 +205,7 @@ class Writer:
         self._schema: Schema | None = None
         self._names: frozenset[str] = frozenset()  # the schema's field names (a sample's keys, but __key__)
         self._thread: threading.Thread | None = None
-        self._queue: queue.Queue = queue.Queue(_QUEUE)
+        self._handoff: Handoff[Any] = Handoff(_QUEUE_BYTES)
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._opts: ImageOptions | None = None
@@ -273,7 +276,7 @@ class Writer:
         if outcome.prepared is not None and label > self._max_label:
             self._max_label = label
             self._grow_classes()
-        self._put(outcome)
+        self._put(outcome, size)
         self.count += 1
 
     def reject(self, name: str, reason: str) -> None:
@@ -296,7 +299,7 @@ class Writer:
     def _put_reject(self, name: str, reason: str) -> None:
         for column, value in zip(self._columns, (name, 0, 0)):
             column.append(value)
-        self._put(Outcome(None, problem=reason))
+        self._put(Outcome(None, problem=reason), 0)
         self.count += 1
 
     def _check_open(self) -> None:
@@ -316,7 +319,8 @@ class Writer:
             if self._thread is None:
                 rejected = f" ({len(self._waiting)} rejected)" if self._waiting else ""
                 raise PackError(f"{self.out}: no sample was written{rejected}; nothing was packed")
-            self._put(_END)
+            if not self._handoff.end(self._thread.is_alive):
+                self._raise_failure()
             self._thread.join()
             if self._error is not None:
                 raise self._error
@@ -332,12 +336,8 @@ class Writer:
         self._closed = True
         try:
             if self._thread is not None:
-                while self._thread.is_alive():
-                    try:
-                        self._queue.put(_ABORT, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                self._handoff.put(_ABORT, 0, self._thread.is_alive)  # after the samples before it, as a sample
+                self._handoff.flush(self._thread.is_alive)
                 self._thread.join()
         finally:
             self._release()
@@ -466,25 +466,23 @@ class Writer:
 
     def _outcomes(self, source: Source, start: int) -> Iterator[Outcome]:
         pos = start
-        while True:
-            item = self._queue.get()
-            if item is _END:
-                return
-            if item is _ABORT:
-                raise _Aborted()
-            for column in self._columns:
-                column.forget_before(pos)
-            yield item
-            pos += 1
+        try:
+            for item in self._handoff.items():
+                if item is _ABORT:
+                    raise _Aborted()
+                for column in self._columns:
+                    column.forget_before(pos)
+                yield item
+                pos += 1
+        finally:
+            self._handoff.stop()  # the pack stopped taking samples (done, or an error): a waiting caller goes on
 
-    def _put(self, item: Any) -> None:
+    def _put(self, item: Any, weight: int) -> None:
         assert self._thread is not None
-        while True:
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                self._raise_failure()
+        if not self._handoff.put(item, weight, self._thread.is_alive):  # the write thread stopped taking them
+            self._thread.join()
+            self._raise_failure()
+            raise PackError(f"{self.out}: the write thread stopped taking samples")
 
     def _raise_failure(self) -> None:
         """The write thread's error (a full disk, an I/O error), raised in the caller's thread."""

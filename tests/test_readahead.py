@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from packer.prepare.readahead import read_ahead
+from packer.prepare.readahead import Handoff, read_ahead
 
 
 def test_every_item_in_order_from_another_thread():
@@ -106,3 +106,38 @@ def test_closing_early_stops_the_thread_and_closes_the_source():
         time.sleep(0.01)
     assert not any(t.name == "test-read-ahead" for t in threading.enumerate())
     assert threading.active_count() == before
+
+
+def test_a_producer_waiting_for_room_gives_up_when_the_consumer_is_gone():
+    """The Writer's side: its caller puts into a full Handoff while the write thread dies; the put
+    returns False (checked through ``alive``) instead of waiting for ever."""
+    handoff: Handoff[int] = Handoff(max_bytes=16, chunk_items=1, depth=2)
+    assert handoff.put(1, 1) and handoff.put(2, 1)  # two chunks: full
+    gone = threading.Event()
+    threading.Timer(0.3, gone.set).start()
+    t0 = time.monotonic()
+    assert handoff.put(3, 1, alive=lambda: not gone.is_set()) is False
+    assert 0.25 < time.monotonic() - t0 < 5
+
+
+def test_stop_lets_a_waiting_producer_go_and_refuses_what_comes_after():
+    handoff: Handoff[int] = Handoff(max_bytes=16, chunk_items=1, depth=2)
+    handoff.put(1, 1)
+    handoff.put(2, 1)
+    results: list[bool] = []
+    producer = threading.Thread(target=lambda: results.append(handoff.put(3, 1)))
+    producer.start()
+    time.sleep(0.1)
+    assert producer.is_alive(), "it waits for room"
+    handoff.stop()
+    producer.join(5)
+    assert results == [False]
+    assert handoff.put(4, 1) is False and handoff.end() is False
+
+
+def test_items_put_are_taken_in_order_after_end_with_the_last_partial_chunk():
+    handoff: Handoff[int] = Handoff(max_bytes=1 << 20, chunk_items=4)
+    for i in range(10):
+        assert handoff.put(i, 100)
+    assert handoff.end()
+    assert list(handoff.items()) == list(range(10))
