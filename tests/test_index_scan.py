@@ -64,16 +64,27 @@ def test_checksum_combine_is_the_checksum_of_both():
     assert checksum_combine(checksum(a), checksum(b), len(b)) in (checksum(a + b), None)  # None: no ISA-L
 
 
-@pytest.mark.parametrize("data", [b'{"label": 3}', b' {"a": 1}\n', b'\xef\xbb\xbf{"a": 1}', '{"a": 1}'.encode("utf-16"),
-                                  b'[1', b'1 2', b'"\xff"', b'{"a": 1}x', b'', b'[' * 100_000])
-def test_json_members_parse_as_json_loads_does(data):
-    """The scan's fast JSON path gives json.loads's value, or its error, for every member."""
-    from packer.tools.index_scan import _json
+_JSON_MEMBERS = [b'{"label": 3}', b' {"label": 4}\n', b'\xef\xbb\xbf{"label": 5}', '{"label": 6}'.encode("utf-16"),
+                 b'[1', b'1 2', b'"\xff"', b'{"a": 1}x', b'', b'[' * 100_000, b'{"caption": "x"}']
 
-    try:
-        want: object = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        with pytest.raises(type(exc)):
-            _json(data)
-    else:
-        assert _json(data) == want
+
+def test_json_members_are_judged_as_json_loads_judges_them(tmp_path):
+    """The scan's fast JSON path: a .json member parses in the scan exactly when ``json.loads`` parses it
+    (a BOM, UTF-16, blanks around it, a deep nest), and a label is the value json.loads gives."""
+    with tarfile.open(tmp_path / "s.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for n, data in enumerate(_JSON_MEMBERS):
+            for ext, body in (("jpg", b"\xff\xd8" + bytes([n]) * 50), ("json", data)):
+                info = tarfile.TarInfo(f"{n:04d}.{ext}")
+                info.size = len(body)
+                tar.addfile(info, io.BytesIO(body))
+    samples = scan_shard((str(tmp_path), "s.tar", None))["samples"]
+    assert len(samples) == len(_JSON_MEMBERS)
+    for (_key, group, reason), data in zip(samples, _JSON_MEMBERS):
+        try:
+            want = json.loads(data)
+        except (ValueError, RecursionError):
+            assert reason is not None and "not a json member" in reason, (data[:20], reason)
+            continue
+        assert reason is None, (data[:20], reason)
+        [value] = [m[4] for m in group if m[0] == "json"]
+        assert value == (want["label"] if "label" in want else None)
