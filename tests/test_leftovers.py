@@ -13,11 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
+from reliability_helpers import AS_TYPED
 
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).with_name("train_script.py")
+#: The trainer as a typed command starts (reliability_helpers.AS_TYPED: SIGINT and SIGTERM at their defaults,
+#: whatever this worker holds), then its script as ``python SCRIPT ARGS`` would run it.
+TRAINER = [sys.executable, "-c", AS_TYPED + "import runpy, sys\nsys.argv = sys.argv[1:]\n"
+           "runpy.run_path(sys.argv[0], run_name='__main__')\n", str(SCRIPT)]
 
 
 def _alive(pid: int) -> bool:
@@ -57,8 +62,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> dict:
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 @pytest.mark.parametrize("crash", ["raise", "ctrl-c", "sigkill"])
 def test_nothing_outlives_a_crashed_trainer(packed_generated, tmp_path, crash, fmt):
-    cmd = [sys.executable, str(SCRIPT), str(tmp_path), str(packed_generated[fmt]), "--workers", "2",
-           "--batch", "4", "--every", "1000"]
+    cmd = [*TRAINER, str(tmp_path), str(packed_generated[fmt]), "--workers", "2", "--batch", "4", "--every", "1000"]
     if crash == "raise":
         t0 = time.monotonic()
         res = subprocess.run(cmd + ["--raise-at", "0"], capture_output=True, text=True, timeout=90)
