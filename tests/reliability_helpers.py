@@ -231,6 +231,26 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 60, what: str = "co
         time.sleep(0.01)
 
 
+def checkpointed(state: Path | str) -> int:
+    """The samples a write journal (``spec.STATE_NAME``) vouches for; 0 while there is none."""
+    try:
+        return int(json.loads(Path(state).read_text()).get("done", 0))
+    except (OSError, ValueError):  # not written yet, or (never, it is renamed into place) half-written
+        return 0
+
+
+def kill_once_checkpointed(state: Path | str, above: int = 0) -> None:
+    """SIGKILL this process once the write journal at ``state`` vouches for more than ``above`` samples.
+
+    ``packer.Writer`` hands samples to its write thread in bursts, up to 64 MB ahead: on a loaded machine the
+    caller can be hundreds of samples ahead of what is durable, so a kill test that wants something to resume
+    from waits for a checkpoint first."""
+    import signal
+
+    wait_for(lambda: checkpointed(state) > above, 90, f"a checkpoint past {above} samples in {state}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def digest(root: Path) -> dict[str, str]:
     """sha256 of every file directly in ``root`` (LMDB's lock table aside)."""
     import hashlib

@@ -179,11 +179,12 @@ def test_verify_finds_a_flipped_byte_in_an_appended_shard(grown, tmp_path):
 
 
 KILLED = SAMPLES + """
-import os, signal, sys
+import os, sys
+from reliability_helpers import kill_once_checkpointed
 w = Writer(sys.argv[1], format=sys.argv[2], options=opts(sys.argv[2]), append=True)
 for i in range(20, 170):
     if i == int(sys.argv[3]):
-        os.kill(os.getpid(), signal.SIGKILL)
+        kill_once_checkpointed(os.path.join(sys.argv[1], sys.argv[4]), above=20)  # done counts generation 0
     w.write(sample(i))
 """
 
@@ -191,13 +192,13 @@ for i in range(20, 170):
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMATS)
 def test_an_append_killed_with_sigkill_leaves_the_generation_and_resumes(tmp_path, fmt):
     whole, out = tmp_path / "whole", tmp_path / "out"
-    # write() blocks once the write thread is 64 samples behind (writer._QUEUE): by sample 160 it has
-    # written at least 76 of the append, past several checkpoints (a shard of 6, or 2 KB)
+    # killed after sample 160 was given, once a checkpoint of the append (a shard of 6, or 2 KB) is durable
     write(whole, fmt, 0, 170)
     write(out, fmt, 0, 20)
     before = rows(opened(out))
-    proc = subprocess.run([sys.executable, "-c", KILLED, str(out), fmt, "160"], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = subprocess.run([sys.executable, "-c", KILLED, str(out), fmt, "160", spec.STATE_NAME],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")])))
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert (out / spec.STATE_NAME).exists()
     assert rows(opened(out)) == before and verify(out).ok  # generation 0, intact

@@ -17,7 +17,7 @@ from conftest import make_image_folder
 from packer import PackOptions, pack
 from readers import open_dataset
 from readers.contract import spec
-from reliability_helpers import verify_here
+from reliability_helpers import checkpointed, verify_here
 
 pytestmark = pytest.mark.slow
 
@@ -39,15 +39,9 @@ def src(tmp_path_factory) -> Path:
 
 def _kill_when(proc: subprocess.Popen, journal: Path, done_at_least: int, extra_delay: float) -> bool:
     """SIGKILL ``proc`` once its journal says ``done_at_least`` samples are durable (plus a delay)."""
-    import json
-
     deadline = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            done = json.loads(journal.read_text())["done"]
-        except (OSError, ValueError, KeyError):
-            done = -1
-        if done >= done_at_least:
+        if journal.exists() and checkpointed(journal) >= done_at_least:
             time.sleep(extra_delay)
             break
         time.sleep(0.002)

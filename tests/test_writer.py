@@ -160,14 +160,15 @@ def test_an_exception_in_the_with_block_leaves_no_index(tmp_path):
 
 
 CHILD = """
-import os, signal, sys
+import sys
 sys.path[:0] = [{tests!r}, {root!r}]
+from reliability_helpers import kill_once_checkpointed
 from test_writer import opts, samples
 from packer import Writer
 w = Writer({out!r}, format={fmt!r}, options=opts({fmt!r}), classes=["a", "b", "c", "d"])
 for i, s in enumerate(samples({n})):
     if i == {kill}:
-        os.kill(os.getpid(), signal.SIGKILL)
+        kill_once_checkpointed({state!r})
     w.write(s)
 """
 
@@ -178,14 +179,14 @@ def tree(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("fmt", ["wds", "hdf5", "mmap"])
 def test_a_write_killed_with_sigkill_resumes_byte_identical(tmp_path, fmt):
-    # write() blocks once the write thread is 64 samples behind (writer._QUEUE): by sample 130 it has
-    # written at least 64, past several checkpoints (a shard of 16, or 4 KB)
+    # killed after sample 130 was given, once a checkpoint (a shard of 16, or 4 KB) is durable
     n, kill = 150, 130
     whole, cut = tmp_path / "whole" / "out", tmp_path / "cut" / "out"
     with Writer(whole, format=fmt, options=opts(fmt), classes=["a", "b", "c", "d"]) as w:
         for s in samples(n):
             w.write(s)
-    child = CHILD.format(tests=str(ROOT / "tests"), root=str(ROOT), out=str(cut), fmt=fmt, n=n, kill=kill)
+    child = CHILD.format(tests=str(ROOT / "tests"), root=str(ROOT), out=str(cut), fmt=fmt, n=n, kill=kill,
+                         state=str(cut / spec.STATE_NAME))
     proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not (cut / spec.INDEX_NAME).exists() and (cut / spec.STATE_NAME).exists()

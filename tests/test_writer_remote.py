@@ -85,15 +85,16 @@ def test_a_writer_into_s3_is_the_local_write_uploaded(s3_server, s3_prefix, tmp_
 
 
 CHILD = """
-import os, signal, sys
+import sys
 sys.path[:0] = [{tests!r}, {root!r}]
+from reliability_helpers import kill_once_checkpointed
 from test_writer import opts, samples
 from packer import RemoteOptions, Writer
 remote = RemoteOptions(storage_options={so!r}, stage_dir={stage!r})
 w = Writer({out!r}, format={fmt!r}, options=opts({fmt!r}), classes=["a", "b", "c", "d"], remote=remote)
 for i, s in enumerate(samples({n})):
     if i == {kill}:
-        os.kill(os.getpid(), signal.SIGKILL)
+        kill_once_checkpointed({state!r})
     w.write(s)
 """
 
@@ -103,23 +104,25 @@ def test_a_writer_into_s3_killed_and_resumed_gives_the_same_objects(s3_server, t
     s3_server.start()
     so, run = s3_server.storage_options(), uuid.uuid4().hex[:8]
     whole, cut = s3_server.url(f"whole-{run}"), s3_server.url(f"cut-{run}")
-    n, kill = 150, 130  # write() blocks 64 samples ahead of the write thread: checkpoints are durable by 130
+    n, kill = 150, 130  # killed after sample 130 was given, once a checkpoint is durable
     with Writer(whole, format=fmt, options=opts(fmt), classes=CLASSES,
                 remote=RemoteOptions(storage_options=so, stage_dir=str(tmp_path / "whole"))) as w:
         for s in samples(n):
             w.write(s)
     stage = tmp_path / "cut"
     child = CHILD.format(tests=str(ROOT / "tests"), root=str(ROOT), so=so, stage=str(stage), out=cut, fmt=fmt, n=n,
-                         kill=kill)
+                         kill=kill, state=str(stage / spec.STATE_NAME))
     proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=180)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    store = open_store(cut, so)
-    assert not store.exists(spec.INDEX_NAME)  # nothing opens as complete
     state = json.loads((stage / spec.STATE_NAME).read_text())
     assert state["done"] > 0
-    if fmt == "wds":  # shards closed by a checkpoint went up while the write ran
-        assert any(name.endswith(".tar") for name in store.list())
-    store.close()
+    store = open_store(cut, so)
+    try:
+        assert not store.exists(spec.INDEX_NAME)  # nothing opens as complete
+        if fmt == "wds":  # shards closed by a checkpoint went up while the write ran
+            assert any(name.endswith(".tar") for name in store.list())
+    finally:
+        store.close()
     with Writer(cut, format=fmt, options=opts(fmt), classes=CLASSES, resume=True,
                 remote=RemoteOptions(storage_options=so, stage_dir=str(stage))) as w:
         assert 0 < w.count <= kill
