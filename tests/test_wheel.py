@@ -38,6 +38,9 @@ NATIVE_SOURCE = "readers/decode/_jpegcrop.c"
 #: The built decoder in a wheel for this interpreter (setup.py's extension readers.decode._jpegcrop).
 NATIVE_BUILT = "readers/decode/_jpegcrop" + importlib.machinery.EXTENSION_SUFFIXES[0]
 NOT_BUILT = "the native region decoder readers.decode._jpegcrop was not built"
+#: The native tar walk of pack-dataset index (setup.py's extension packer.tools._tarwalk): needs a C compiler only.
+TARWALK_SOURCE, TARWALK_BUILT = "packer/tools/_tarwalk.c", "packer/tools/_tarwalk" + importlib.machinery.EXTENSION_SUFFIXES[0]
+TARWALK_NOT_BUILT = "the native tar walk packer.tools._tarwalk was not built"
 
 
 def sh(cmd: list, cwd: Path, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -114,10 +117,11 @@ def test_wheel_holds_the_native_decoder(wheel, native_blocker):
     """Its C source always; the library built for this platform where a compiler and jpeglib.h exist."""
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
-    assert NATIVE_SOURCE in names
+    assert NATIVE_SOURCE in names and TARWALK_SOURCE in names
     if native_blocker:
         pytest.skip(native_blocker)
     assert NATIVE_BUILT in names, sorted(n for n in names if n.startswith("readers/decode/_"))
+    assert TARWALK_BUILT in names, sorted(n for n in names if n.startswith("packer/tools/_"))
     assert wheel.name.endswith(f"-{sysconfig.get_platform().replace('-', '_').replace('.', '_')}.whl"), wheel.name
 
 
@@ -129,8 +133,11 @@ def test_a_build_without_a_compiler_succeeds_without_the_decoder(source, tmp_pat
     with zipfile.ZipFile(built) as z:
         names = z.namelist()
     assert NATIVE_SOURCE in names and not [n for n in names if n.startswith("readers/decode/_jpegcrop") and n.endswith(".so")]
+    assert TARWALK_SOURCE in names and not [n for n in names if n.startswith("packer/tools/_") and n.endswith(".so")]
     [warning] = [line.strip() for line in output.splitlines() if NOT_BUILT in line]
     assert "no-such-cc" in warning and "jpeglib.h" in warning and "decode whole JPEGs" in warning, warning
+    [warning] = [line.strip() for line in output.splitlines() if TARWALK_NOT_BUILT in line]
+    assert "no-such-cc" in warning and "walks tar headers in Python" in warning, warning
 
 
 @pytest.mark.slow

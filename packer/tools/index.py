@@ -48,7 +48,7 @@ from packer.prepare.pool import ordered_map
 from packer.prepare.stage import label_names
 from packer.progress import bar as progress_bar
 from packer.tools.index_list import list_shards
-from packer.tools.index_scan import ShardScan, close_stores, gc_paused, scan_line, warm_store
+from packer.tools.index_scan import COLUMNS, ShardScan, close_stores, gc_paused, scan_line, warm_store
 from readers.contract import spec
 from readers.contract.fields import Field, FieldType, FieldTypeError, ImageType, NumericType, Schema, column_file, \
     parse_type
@@ -100,7 +100,8 @@ def _journal(path: Path, shards: int) -> list[Any]:
         except ValueError:
             break
         if lines and not (isinstance(obj, dict) and obj.keys() == {"k", "scan"} and isinstance(obj["k"], int)
-                          and 0 <= obj["k"] < shards and isinstance(obj["scan"], dict)):
+                          and 0 <= obj["k"] < shards and isinstance(obj["scan"], dict)
+                          and all(column in obj["scan"] for column in COLUMNS)):  # (older scans: scanned again)
             break
         lines.append(obj)
     return lines
@@ -173,42 +174,94 @@ def index_shards(sources: Sequence[str], out: str | os.PathLike, *, workers: int
 
 
 # ------------------------------------------------------------------------------- the index from the scans
-def _has_fields(samples: list[tuple]) -> bool:
-    """As the importer decides: members beyond image, ``.cls`` and ``.json``, or no sample labelled."""
-    labelled = False
-    for _k, _key, image, others, _reason in samples:
-        if image is None:
-            continue
-        if any(s not in ("cls", "json") for s in others):
+class _Members:
+    """Every shard's scan joined (``index_scan.COLUMNS``), with what each sample's members are as the wds
+    importer sees a sample: its image is its first member with an image suffix, its other members are
+    keyed by suffix (a suffix twice: the later one, as in a dict; the scan made that sample a reject)."""
+
+    def __init__(self, scans: list[ShardScan]) -> None:
+        join = lambda column: [v for scan in scans for v in scan[column]]  # noqa: E731
+        self.keys, self.reasons, self.suffixes, self.values = join("keys"), join("reasons"), join("suffixes"), \
+            join("values")
+        self.offsets, self.sizes = np.array(join("offsets"), np.int64), np.array(join("sizes"), np.int64)
+        self.crcs = np.array(join("crcs"), np.int64)
+        n = len(self.keys)
+        self.shard = np.repeat(np.arange(len(scans), dtype=np.int32), [len(scan["keys"]) for scan in scans])
+        self.owner = np.repeat(np.arange(n), np.array(join("counts"), np.int64))  # each member's sample
+        self.names = list(dict.fromkeys(self.suffixes))  # the suffixes, each once, first seen first
+        code_of = {suffix: c for c, suffix in enumerate(self.names)}
+        self.code = np.fromiter(map(code_of.__getitem__, self.suffixes), np.int64, len(self.suffixes))
+        images = frozenset(IMAGE_EXTS)
+        imaged = np.flatnonzero(np.array([x in images for x in self.names], bool)[self.code]) \
+            if self.names else np.zeros(0, np.int64)
+        with_image, first = np.unique(self.owner[imaged], return_index=True)
+        self.image = np.full(n, -1, np.int64)  # each sample's image member, or -1
+        self.image[with_image] = imaged[first]
+        other = np.ones(len(self.suffixes), bool)
+        other[self.image[with_image]] = False
+        self.others = np.flatnonzero(other)  # the other members, in order
+        pair = self.owner[self.others] * max(1, len(self.names)) + self.code[self.others]
+        _pairs, from_end = np.unique(pair[::-1], return_index=True)
+        self._last = self.others[::-1][from_end]  # per (sample, suffix): the later member
+        self._by_suffix: dict[str, np.ndarray] = {}
+
+    def member(self, suffix: str) -> np.ndarray:
+        """Per sample, its other member with this suffix, or -1."""
+        if suffix not in self._by_suffix:
+            at = np.full(len(self.keys), -1, np.int64)
+            if suffix in self.names:
+                last = self._last[self.code[self._last] == self.names.index(suffix)]
+                at[self.owner[last]] = last
+            self._by_suffix[suffix] = at
+        return self._by_suffix[suffix]
+
+    def label_members(self) -> np.ndarray:
+        """Per sample, the member its label is read from (as the importer's ``label_of``), or -1:
+        ``.cls``, else ``.json``."""
+        cls = self.member("cls")
+        return np.where(cls >= 0, cls, self.member("json"))
+
+    def value(self, m: int) -> Any:
+        return self.values[m] if m >= 0 else None
+
+    def has_fields(self) -> bool:
+        """As the importer decides: members beyond image, ``.cls`` and ``.json``, or no sample labelled."""
+        imaged = self.image >= 0
+        their = self.others[imaged[self.owner[self.others]]]  # the other members of the samples with an image
+        usual = [self.names.index(x) for x in ("cls", "json") if x in self.names]
+        if not np.isin(self.code[their], usual).all():
             return True
-        if "cls" in others and others["cls"][4] is None:
+        cls = self.member("cls")
+        if any(self.values[m] is None for m in cls[imaged & (cls >= 0)].tolist()):
             return True
-        labelled = labelled or _label(others) is not None
-    return not labelled
+        return not any(self.values[m] is not None for m in self.label_members()[imaged].tolist() if m >= 0)
+
+    def field_order(self, src: str) -> dict[str, tuple[str, str]]:
+        """Each other member's suffix, first seen first: (its field name, its kind) (``field_of``)."""
+        codes, first = np.unique(self.code[self.others], return_index=True)
+        order: dict[str, tuple[str, str]] = {}
+        for at, c in sorted(zip(first.tolist(), codes.tolist())):
+            m = int(self.others[at])
+            suffix = self.names[c]
+            order[suffix] = field_of(suffix, f"{src}:{self.keys[self.owner[m]]}.{suffix}")
+        return order
 
 
-def _label(others: dict[str, list]) -> Any:
-    return others["cls"][4] if "cls" in others else (others["json"][4] if "json" in others else None)
-
-
-def _npy(member: list) -> tuple[bytes, np.dtype, tuple[int, ...]]:
-    data = base64.b64decode(member[4])
+def _npy(value: str) -> tuple[bytes, np.dtype, tuple[int, ...]]:
+    data = base64.b64decode(value)
     h = npy_header(data, len(data))
     dtype = h.dtype.newbyteorder("<") if h.dtype.byteorder != "|" else h.dtype
     return data, dtype, tuple(h.shape)
 
 
-def _schema(samples: list[tuple], src: str) -> tuple[Schema, dict[str, str]]:
+def _schema(found: _Members, src: str) -> tuple[Schema, dict[str, str]]:
     """The schema (image, then a field per member suffix, first seen first) and each field's suffix."""
-    order: dict[str, tuple[str, str]] = {}
+    order = found.field_order(src)
     npys: dict[str, list] = {}
-    for k, key, _image, others, reason in samples:
-        for suffix, m in others.items():
-            if suffix not in order:
-                order[suffix] = field_of(suffix, f"{src}:{key}.{suffix}")
-            if order[suffix][1] == "npy" and m[4] is not None and reason is None:
-                _data, dtype, shape = _npy(m)
-                npys.setdefault(suffix, []).append((dtype, shape))
+    for suffix, (_name, kind) in order.items():
+        if kind == "npy":  # each array's dtype and shape, from the samples that are no reject
+            npys[suffix] = [_npy(found.values[m])[1:] for i, m in enumerate(found.member(suffix).tolist())
+                            if m >= 0 and found.values[m] is not None and found.reasons[i] is None]
     fields = [Field("image", ImageType())]
     for suffix, (name, kind) in order.items():
         t: FieldType
@@ -231,85 +284,83 @@ def _schema(samples: list[tuple], src: str) -> tuple[Schema, dict[str, str]]:
         raise SourceError(f"{src}: {exc}") from None
 
 
-def _value(f: Field, m: list) -> tuple[bytes, Any]:
+def _value(f: Field, value: Any) -> tuple[bytes, Any]:
     """(the member's bytes as the scan kept them, its value) of a numeric field's member."""
-    data = base64.b64decode(m[4]) if isinstance(m[4], str) else str(m[4]).encode()
+    data = base64.b64decode(value) if isinstance(value, str) else str(value).encode()
     return data, f.type.from_member(data, f.name)
 
 
 def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
     src = base
-    samples = []  # (shard, key, image member: the first with an image suffix, the others by suffix, reject reason)
-    images = frozenset(IMAGE_EXTS)
-    for k, scan in enumerate(scans):
-        for key, members, reason in scan["samples"]:
-            image, others = None, {}
-            for m in members:
-                if image is None and m[0] in images:
-                    image = m
-                else:
-                    others[m[0]] = m
-            samples.append((k, key, image, others, reason))
-    fielded = _has_fields(samples)
-    schema, suffix_of = _schema(samples, src) if fielded else (Schema.default(), {})
+    found = _Members(scans)
+    fielded = found.has_fields()
+    schema, suffix_of = _schema(found, src) if fielded else (Schema.default(), {})
     members = [f.name for f in schema.fields[1:]] if fielded else []
     extra = schema.extra_fields if fielded else ()
     n_cols = len(members)
-    kept: list[tuple] = []
+    at = [found.member(suffix_of[f]) for f in members]  # per field, each sample's member
+    label_at = found.label_members() if not fielded else None
+    keys, reasons, shard, image, values = found.keys, found.reasons, found.shard.tolist(), found.image, found.values
+    names = [scan["name"] for scan in scans]
+    # ignored: no image, or (a dataset of labels) no label
+    considered = image >= 0
+    if label_at is not None:
+        considered &= np.array([values[m] is not None if m >= 0 else False for m in label_at.tolist()], bool)
+    ignored = len(keys) - int(considered.sum())
+    missing = np.full(len(keys), -1, np.int64)  # each sample's first field without a member
+    for j in reversed(range(n_cols)):
+        missing[at[j] < 0] = j
+    kept: list[int] = []
     rejects: list[dict[str, str]] = []
-    ignored = 0
     labels = Labels()
     shard_of_key: dict[str, int] = {}  # each key's first shard: the same key in a later shard is a reject
-    for k, key, image, others, reason in samples:
-        name = f"{scans[k]['name']}/{key}"
-        if image is None or (not fielded and _label(others) is None):
-            ignored += 1
-            continue
+    for i in np.flatnonzero(considered).tolist():
+        key, k, reason = keys[i], shard[i], reasons[i]
         first = shard_of_key.setdefault(key, k)  # twice in one shard: the scan said so already
         if reason is None and first != k:
-            reason = (f"{src}/{scans[k]['name']}:{key}: key {key!r} also in shard {scans[first]['name']} "
-                      "(duplicate key)")
-        missing = [f for f in members if suffix_of[f] not in others]
-        if reason is None and missing:
-            reason = f"{src}/{scans[k]['name']}:{key}: no member {key}.{suffix_of[missing[0]]} (field {missing[0]!r})"
+            reason = f"{src}/{names[k]}:{key}: key {key!r} also in shard {names[first]} (duplicate key)"
+        if reason is None and missing[i] >= 0:
+            f = members[missing[i]]
+            reason = f"{src}/{names[k]}:{key}: no member {key}.{suffix_of[f]} (field {f!r})"
         if reason is not None:
-            rejects.append({"path": name, "reason": reason})
+            rejects.append({"path": f"{names[k]}/{key}", "reason": reason})
             continue
-        if not fielded:
-            labels.append(_label(others), Path(src))
-        kept.append((k, key, image, others))
+        if label_at is not None:
+            labels.append(values[label_at[i]], Path(src))
+        kept.append(i)
     if not kept:
         raise SourceError(f"{src}: no sample to index (each needs an image member, e.g. key.jpg"
                           f"{'' if fielded else ', and a label: key.cls'}); {len(rejects)} rejected")
+    rows = np.array(kept, np.int64)
     n = len(kept)
-    shard_of = np.array([s[0] for s in kept], dtype=np.int32)
-    offsets = np.array([s[2][1] for s in kept], dtype=np.int64)
-    sizes = np.array([s[2][2] for s in kept], dtype=np.int64)
-    crcs = np.array([s[2][3] for s in kept], dtype=np.uint32)
-    # (n, members, 3): each member's data offset, size and CRC-32, in one pass over the scans
-    places = np.array([[others[suffix_of[f]][1:4] for f in members] for _k, _key, _image, others in kept],
-                      dtype=np.int64).reshape(n, n_cols, 3)
-    cols = {name: places[:, :, c].astype(dt) for c, (name, dt) in enumerate(spec.MEMBER_ARRAYS.items())}
+    shard_of = found.shard[rows]
+    images = image[rows]
+    offsets, sizes, crcs = found.offsets[images], found.sizes[images], found.crcs[images].astype(np.uint32)
+    # each field's member: its data offset, size and CRC-32 (n, members)
+    places = np.stack([a[rows] for a in at], axis=1) if n_cols else np.zeros((n, 0), np.int64)
+    cols = {name: column[places].astype(dt) for column, (name, dt) in
+            zip((found.offsets, found.sizes, found.crcs), spec.MEMBER_ARRAYS.items())}
     field_crcs = np.zeros((n, len(extra)), dtype="<u4")
     columns = {f.name: np.zeros((n, *f.type.row_shape), dtype=f.type.dtype) for f in extra
                if isinstance(f.type, NumericType) and f.type.fixed}
     label_field = schema.labels_field if fielded else None
     label_values = np.zeros(n, dtype=np.int32)
     if label_field is not None:
-        label_values[:] = [int(others[suffix_of["label"]][4]) for _k, _key, _image, others in kept]
+        label_values[:] = [int(values[m]) for m in places[:, members.index("label")].tolist()]
     for j, f in enumerate(extra):
+        c = members.index(f.name)
         if not isinstance(f.type, NumericType):  # the stored blob is the member itself
-            field_crcs[:, j] = cols["member_crcs.npy"][:, members.index(f.name)]
+            field_crcs[:, j] = cols["member_crcs.npy"][:, c]
             continue
-        for i, (_k, _key, _image, others) in enumerate(kept):  # numbers: the blob is their encoding
-            _data, value = _value(f, others[suffix_of[f.name]])
+        for i, m in enumerate(places[:, c].tolist()):  # numbers: the blob is their encoding
+            _data, value = _value(f, values[m])
             field_crcs[i, j] = spec.checksum(f.type.encode(value))
             if f.type.fixed:
                 columns[f.name][i] = f.type.to_row(value)
     if fielded:
         classes = label_names(label_field, label_values.tolist(), src, MIN_CLASS_LIMIT) if label_field else []
     else:
-        classes, label_values = labels.classes(lambda i: f"{src}/{scans[kept[i][0]]['name']}:{kept[i][1]} label")
+        classes, label_values = labels.classes(lambda i: f"{src}/{names[shard[kept[i]]]}:{keys[kept[i]]} label")
     first, shards = 0, []
     counts = np.bincount(shard_of, minlength=len(scans))
     for k, scan in enumerate(scans):
@@ -336,7 +387,8 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
         for fname, arr in columns.items():
             save(column_file(fname), arr)
     with spec.atomic_write(out / spec.NAMES_FILE, "w", encoding="utf-8", durable=False) as text:
-        text.writelines(json_string(f"{scans[k]['name']}/{key}.{image[0]}") + "\n" for k, key, image, _others in kept)
+        text.writelines(json_string(f"{names[shard[i]]}/{keys[i]}.{found.suffixes[m]}") + "\n"
+                        for i, m in zip(kept, images.tolist()))
     written.append(out / spec.NAMES_FILE)
     (out / spec.REJECTS_NAME).unlink(missing_ok=True)
     if rejects:
@@ -347,7 +399,7 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "format": "wds", "num_samples": n, "classes": list(classes), "shards": shards, "split": out.name,
         "storage": {"kind": "encoded", "pixel_layout": None,
-                    "encodings": {e: c for e, c in Counter(s[2][0] for s in kept).items()}},
+                    "encodings": dict(Counter(found.suffixes[m] for m in images.tolist()))},
         "files": files, spec.FILES_CRC_KEY: file_crcs, "order": {"kind": "source"},
         "options": {"format": "wds", "order": "source"}, "created_by": f"dataset-packer {VERSION}",
         spec.INPLACE_KEY: {"base": rel, "members": members},

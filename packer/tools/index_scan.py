@@ -5,24 +5,33 @@ worker of the pack's pool (``packer.prepare.pool``): it streams the tar (a local
 store's large sequential range requests), never writes it, and groups members into samples as
 webdataset does (``packer.importers.wds.KEY``: consecutive members with one key); the tar headers
 are walked here (:class:`_Tar`: ustar, GNU long names, pax records), not by ``tarfile``, whose stream
-mode copies every member several times. Each member is
+mode copies every member several times. A mapped (local) shard's usual headers are walked by the
+optional native helper ``packer/tools/_tarwalk.c`` where the build made it (:func:`tarwalk_library`;
+``DATASET_PACKER_TARWALK=off`` turns it off): it hands every other header to the Python walk, so the
+result is the same with it or without. Each member is
 checked as its field type will read it (the same mapping as the wds importer,
 ``packer.importers.wds.field_of``): ``.txt`` UTF-8, ``.json`` JSON, ``.cls`` a decimal integer,
 ``.npy`` an array of numbers; a member that does not parse, a key seen twice in a shard and a
 member suffix twice in a sample make the sample a reject, with the reason.
 
-The result (:class:`ShardScan`, JSON-able: resumed runs keep it in the index folder) holds per
-sample ``[key, [[suffix, data offset, size, crc32, value], ...], reason or None]``; ``value`` is
-what the index needs beyond the place: the class index of ``.cls``, the label of a ``.json``
-(``packer.importers.wds.label_of``), a ``.npy`` member's bytes (base64, for columns and types).
+The result (:class:`ShardScan`, JSON-able: resumed runs keep it in the index folder) holds columns,
+not a list per member (a fifth of the time to encode and parse, and ``index._write`` takes them as
+arrays): per sample ``keys``, ``reasons`` (None or why it is a reject) and ``counts`` (its members),
+and per member, in order, ``suffixes``, ``offsets`` (of the data), ``sizes``, ``crcs`` and ``values``;
+a value is what the index needs beyond the place: the class index of ``.cls``, the label of a
+``.json`` (``packer.importers.wds.label_of``), a ``.npy`` member's bytes (base64, for columns and
+types), else None.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
+import functools
 import gc
 import json
+import logging
 import mmap
 import os
 from typing import Any, Iterator
@@ -32,15 +41,25 @@ import numpy as np
 
 from packer.importers.wds import IMAGE_EXTS, JSON_LABEL_KEYS, KEY, field_of, label_of
 from readers.contract import spec
+from readers.contract.env import native_path
 from readers.contract.safeio import checksum_combine, npy_header
 
-__all__ = ["scan_shard", "scan_line", "warm_store", "close_stores", "ShardScan", "is_gzip_name", "GZIP_HINT", "gc_paused"]
+__all__ = ["COLUMNS", "scan_shard", "scan_line", "warm_store", "close_stores", "ShardScan", "is_gzip_name", "GZIP_HINT", "gc_paused",
+           "tarwalk_library", "TARWALK"]
+
+log = logging.getLogger(__name__)
+#: The optional native header walk (setup.py builds it from ``packer/tools/_tarwalk.c``); loaded by ctypes.
+TARWALK = "packer.tools._tarwalk"
+_TARWALK_VERSION = 1
+_TARWALK_ENV = "DATASET_PACKER_TARWALK"  # "off": the Python walk only
 
 #: A shard read in place must be a plain tar (random access); the hint of the one-line refusal.
 GZIP_HINT = ("compressed shards cannot be read by offset: convert them to plain .tar first (gunzip turns "
              "x.tar.gz into x.tar), then index those")
 _NPY_MAX = 16 << 20  # a .npy member larger than this is a reject: its bytes travel in the scan
-ShardScan = dict  # {"name", "bytes", "crc32", "mtime_ns" | "etag"/"mtime", "samples": [...]}
+ShardScan = dict  # {"name", "bytes", "crc32", "mtime_ns" | "etag"/"mtime", and the COLUMNS}
+#: The scan's columns: three per sample, then five per member (see the module's docstring).
+COLUMNS = ("keys", "reasons", "counts", "suffixes", "offsets", "sizes", "crcs", "values")
 
 
 @contextlib.contextmanager
@@ -58,6 +77,65 @@ def gc_paused() -> Iterator[None]:
 
 def is_gzip_name(name: str) -> bool:
     return name.lower().endswith((".tar.gz", ".tgz", ".gz"))
+
+
+@functools.lru_cache(maxsize=1)
+def _load_tarwalk() -> ctypes.CDLL | None:
+    path = native_path(TARWALK)
+    if path is None:
+        log.debug("tar walk helper %s not built (the install found no C compiler)", TARWALK)
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+        lib.tw_version.restype = ctypes.c_int
+        if lib.tw_version() != _TARWALK_VERSION:
+            log.warning("%s has another interface than this code's: rebuild it by reinstalling the package "
+                        "(pip install -e .); headers are walked in Python", path)
+            return None
+        fn = lib.tw_walk
+    except (OSError, AttributeError) as exc:
+        log.warning("tar walk helper %s not loaded (%s); headers are walked in Python", path, exc)
+        return None
+    p64 = ctypes.POINTER(ctypes.c_int64)
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, p64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p, p64]
+    return lib
+
+
+def tarwalk_library() -> ctypes.CDLL | None:
+    """The native header walk, or None (not built, or ``DATASET_PACKER_TARWALK=off``)."""
+    return None if os.environ.get(_TARWALK_ENV, "").lower() == "off" else _load_tarwalk()
+
+
+class _NativeWalk:
+    """``tw_walk`` over a mapped shard: the regular files from a position on, up to :data:`CAP` a call,
+    until a header it leaves to the Python walk (``_tarwalk.c`` says which)."""
+
+    CAP = 4096
+    END, FULL, SLOW = 0, 1, 2
+
+    def __init__(self, lib: ctypes.CDLL, mapping: mmap.mmap) -> None:
+        self._fn = lib.tw_walk
+        self._bytes: np.ndarray | None = np.frombuffer(mapping, np.uint8)  # the mapping's buffer, exported
+        self._len = len(mapping)
+        self._heads, self._sizes = np.empty(self.CAP, np.int64), np.empty(self.CAP, np.int64)
+        self._name_lens = np.empty(self.CAP, np.int32)
+        self._pos, self._count = ctypes.c_int64(), ctypes.c_int64()
+
+    def walk(self, pos: int) -> tuple[int, int, Iterator[tuple[int, int, int]]]:
+        """(status, where it stopped, (header position, size, name length or -1) of each regular file)."""
+        assert self._bytes is not None
+        self._pos.value = pos
+        status = self._fn(self._bytes.ctypes.data, self._len, ctypes.byref(self._pos), self.CAP,
+                          self._heads.ctypes.data, self._sizes.ctypes.data, self._name_lens.ctypes.data,
+                          ctypes.byref(self._count))
+        n = self._count.value
+        return status, self._pos.value, zip(self._heads[:n].tolist(), self._sizes[:n].tolist(),
+                                            self._name_lens[:n].tolist())
+
+    def release(self) -> None:
+        self._bytes = None  # the mapping may close
 
 
 class _Tar:
@@ -84,7 +162,10 @@ class _Tar:
         self._buf: bytearray | mmap.mmap
         self._mv: memoryview | None = None
         self._joined = 0  # a mapped shard: bytes up to here are in self.crc
+        self._native: _NativeWalk | None = None
         if isinstance(chunks, mmap.mmap):  # a whole local shard, mapped: no copy at all
+            lib = tarwalk_library()
+            self._native = _NativeWalk(lib, chunks) if lib is not None else None
             self._chunks: Iterator[bytes] = iter(())
             self._buf, self._mv, self.size = chunks, memoryview(chunks), len(chunks)
             self._join = checksum_combine(0, 0, 0) is not None
@@ -124,6 +205,8 @@ class _Tar:
             self.crc, self.size = spec.checksum(chunk, self.crc), self.size + len(chunk)
 
     def release(self) -> None:
+        if self._native is not None:
+            self._native.release()
         if self._mv is not None:
             self._mv.release()
 
@@ -156,7 +239,26 @@ class _Tar:
                                                             _number, _ustar_name)
         heads, head_pos, stated = self._heads, self._head_pos, self._stated
         end = self.size if whole else -1  # a mapped shard: every byte is there, no _have needed
+        native = self._native
         while (pos + BLOCK <= end) if whole else self._have(pos + BLOCK):
+            if native is not None and long_name is None and not pax:  # the usual headers, walked in C
+                status, pos, files = native.walk(pos)
+                for head, size, name_len in files:
+                    at = head + BLOCK
+                    data = mv[at:at + size]  # type: ignore[index]
+                    crc = checksum(data)
+                    name = (str(buf[head:head + name_len], "utf-8", "surrogateescape") if name_len >= 0
+                            else ustar_name(buf[head:head + BLOCK]))
+                    if join:
+                        gap = checksum(mv[self._joined:at], self.crc)  # type: ignore[index]
+                        self.crc = combine(gap, crc, size)  # type: ignore[assignment]
+                        self._joined = at + size
+                    yield name, at, data, crc
+                    data.release()
+                if status == native.END:
+                    return
+                if status == native.FULL or pos + BLOCK > end:
+                    continue  # (the loop's test ends it where fewer than a block's bytes are left)
             start = pos - self._start
             header = buf[start:start + BLOCK]
             if header == _ZERO:
@@ -306,12 +408,12 @@ def scan_shard(job: tuple[str, str, Any]) -> ShardScan:
         try:
             try:
                 with gc_paused():
-                    out["samples"] = _samples(tar, where)
+                    out.update(_samples(tar, where))
             except (SourceError, ValueError):  # a damaged header is what went wrong, when one is
                 tar.check_heads()
                 raise
-        except ValueError as exc:  # a pax record that does not parse
-            raise SourceError(f"{where}: not a readable tar file ({exc})") from None
+        except ValueError as exc:  # a damaged header, a cut, a pax record that does not parse (the path said once)
+            raise SourceError(f"{where}: not a readable tar file ({str(exc).removeprefix(f'{where}: ')})") from None
         tar.drain()
         out.update(bytes=tar.size, crc32=tar.crc)
     finally:
@@ -332,11 +434,17 @@ def scan_line(job: tuple[str, str, Any]) -> str:
     return json.dumps(scan_shard(job))
 
 
-def _samples(tar: _Tar, where: str) -> list[list]:
-    out: list[list] = []
-    key: str | None = None
-    group: list[list] = []
+def _samples(tar: _Tar, where: str) -> dict[str, list]:
+    keys: list[str] = []
+    reasons: list[str | None] = []
+    counts: list[int] = []
     suffixes: list[str] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    crcs: list[int] = []
+    values: list[Any] = []
+    key: str | None = None
+    first = 0  # the current sample's first member
     seen: set[str] = set()
     reason: str | None = None
     match_key = KEY.match
@@ -347,24 +455,32 @@ def _samples(tar: _Tar, where: str) -> list[list]:
         k, suffix = match.group(1), match.group(2).lower()
         if k != key:
             if key is not None:
-                out.append([key, group, reason])
-            key, group, suffixes, reason = k, [], [], None
+                keys.append(key)
+                reasons.append(reason)
+                counts.append(len(suffixes) - first)
+            key, first, reason = k, len(suffixes), None
             if k in seen:
                 reason = f"{where}:{k}: key {k!r} appears twice in the shard (duplicate key)"
             seen.add(k)
-        elif suffix in suffixes:
+        elif suffix in suffixes[first:]:
             reason = reason or f"{where}:{k}: member {k}.{suffix} appears twice"
-        suffixes.append(suffix)
         kind = _KINDS.get(suffix) or _kind(suffix, f"{where}:{k}.{suffix}")
         if kind == "image":  # the common case first: an image is checked by its size only
             value, bad = None, None if len(view) else f"{where}:{k}.{suffix}: empty image member"
         else:
             value, bad = _check_member(kind, view, f"{where}:{k}.{suffix}")
         reason = reason or bad
-        group.append([suffix, offset, len(view), crc, value])
+        suffixes.append(suffix)
+        offsets.append(offset)
+        sizes.append(len(view))
+        crcs.append(crc)
+        values.append(value)
     if key is not None:
-        out.append([key, group, reason])
-    return out
+        keys.append(key)
+        reasons.append(reason)
+        counts.append(len(suffixes) - first)
+    return {"keys": keys, "reasons": reasons, "counts": counts, "suffixes": suffixes, "offsets": offsets,
+            "sizes": sizes, "crcs": crcs, "values": values}
 
 
 _LABEL_KEYS = frozenset(JSON_LABEL_KEYS)  # a .json member with one of these may be a sample's label

@@ -1,10 +1,11 @@
-"""What this process may use: CPUs (affinity and cgroup quota), worker/rank identity.
+"""What this process may use: CPUs (affinity and cgroup quota), worker/rank identity, the native helpers built.
 
 Shared by the packer (``--workers`` default) and the loader (``num_workers``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import threading
@@ -15,7 +16,15 @@ from typing import Any, Callable, Iterator
 
 __all__ = ["available_cpus", "cgroup_cpu_limit", "local_world_size", "default_workers", "check_threads",
            "die_with_parent", "WorkerEnv", "current_worker_env", "ThreadWorker", "thread_worker", "as_thread_worker",
-           "worker_seed"]
+           "worker_seed", "native_path"]
+
+
+def native_path(module: str) -> Path | None:
+    """Where the package build put the optional native helper ``module`` (setup.py's extensions, e.g.
+    ``readers.decode._jpegcrop``: a plain C library that ctypes loads by this path, never imported), or
+    None where the build could not compile it."""
+    spec = importlib.util.find_spec(module)  # finds the file without importing it
+    return Path(spec.origin) if spec is not None and spec.origin else None
 
 
 def cgroup_cpu_limit(root: str | os.PathLike = "/sys/fs/cgroup") -> float | None:

@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 import logging
 import os
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+
+from readers.contract import env
 
 __all__ = ["MARGIN", "NATIVE", "JpegCropError", "Region", "available", "decode_region",
            "entropy_decode_only", "library", "load", "matches_full_decode", "native_path"]
@@ -76,8 +77,7 @@ class JpegCropError(ValueError):
 def native_path() -> Path | None:
     """Where the package build put the helper (``readers/decode/_jpegcrop.<platform>.so``), or None where it
     could not compile it (no C compiler or no ``jpeglib.h`` at install time)."""
-    spec = importlib.util.find_spec(NATIVE)  # finds the file without importing it
-    return Path(spec.origin) if spec is not None and spec.origin else None
+    return env.native_path(NATIVE)
 
 
 def load(path: str | os.PathLike) -> ctypes.CDLL | None:
