@@ -288,6 +288,14 @@ def test_patterns_lists_rejects_resume_and_refusals(tmp_path, cli):
     (tmp_path / "d" / JOURNAL).write_text(torn)
     done = cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d"), "-q", "--resume")
     assert done.returncode == 3 and "28 samples in 5 shards" in done.stdout and "7 rejected" in done.stdout  # 4 = 3
+    # a journal an older version left (a list per sample, not the scan's columns): those shards are scanned again
+    old = journal[:2] + [json.dumps({"k": 1, "scan": {"name": "00001.tar", "samples": [["x", [], None]]}})]
+    (tmp_path / "d" / JOURNAL).write_text("\n".join(old) + "\n")
+    shutil.rmtree(tmp_path / "d2", ignore_errors=True)
+    shutil.copytree(tmp_path / "d", tmp_path / "d2")
+    (tmp_path / "d2" / spec.INDEX_NAME).unlink()
+    done = cli("index", str(shards / "{00000..00004}.tar"), "-o", str(tmp_path / "d2"), "-q", "--resume")
+    assert done.returncode == 3 and "28 samples in 5 shards" in done.stdout, done.stdout + done.stderr
     # compressed shards: one line
     with tarfile.open(tmp_path / "gz.tar.gz", "w:gz") as tar:
         tar.add(shards / "00000.tar", "x.jpg")
