@@ -142,14 +142,14 @@ def test_a_build_without_a_compiler_succeeds_without_the_decoder(source, tmp_pat
 
 @pytest.mark.slow
 def test_sdist_holds_the_native_source(source, tmp_path):
-    """The sdist (setuptools' PEP 517 hook, as ``python -m build --sdist`` calls it) holds setup.py and the C file."""
+    """The sdist (setuptools' PEP 517 hook, as ``python -m build --sdist`` calls it) holds setup.py and the C files."""
     hook = "import sys; from setuptools import build_meta as b; print(b.build_sdist(sys.argv[1]))"
     r = sh([sys.executable, "-c", hook, tmp_path], source, dict(os.environ))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     sdist = tmp_path / r.stdout.split()[-1]
     with tarfile.open(sdist) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
-    assert {NATIVE_SOURCE, "setup.py", "pyproject.toml"} <= names
+    assert {NATIVE_SOURCE, TARWALK_SOURCE, "setup.py", "pyproject.toml"} <= names
 
 
 @pytest.fixture(scope="module")
