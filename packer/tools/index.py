@@ -222,6 +222,7 @@ class _Members:
         return np.where(cls >= 0, cls, self.member("json"))
 
     def value(self, m: int) -> Any:
+        """Member ``m``'s value (``index_scan``'s), None for none (-1)."""
         return self.values[m] if m >= 0 else None
 
     def has_fields(self) -> bool:
@@ -234,7 +235,7 @@ class _Members:
         cls = self.member("cls")
         if any(self.values[m] is None for m in cls[imaged & (cls >= 0)].tolist()):
             return True
-        return not any(self.values[m] is not None for m in self.label_members()[imaged].tolist() if m >= 0)
+        return not any(self.value(m) is not None for m in self.label_members()[imaged].tolist())
 
     def field_order(self, src: str) -> dict[str, tuple[str, str]]:
         """Each other member's suffix, first seen first: (its field name, its kind) (``field_of``)."""
@@ -261,7 +262,7 @@ def _schema(found: _Members, src: str) -> tuple[Schema, dict[str, str]]:
     for suffix, (_name, kind) in order.items():
         if kind == "npy":  # each array's dtype and shape, from the samples that are no reject
             npys[suffix] = [_npy(found.values[m])[1:] for i, m in enumerate(found.member(suffix).tolist())
-                            if m >= 0 and found.values[m] is not None and found.reasons[i] is None]
+                            if found.value(m) is not None and found.reasons[i] is None]
     fields = [Field("image", ImageType())]
     for suffix, (name, kind) in order.items():
         t: FieldType
@@ -305,7 +306,7 @@ def _write(out: Path, base: str, scans: list[ShardScan]) -> dict[str, Any]:
     # ignored: no image, or (a dataset of labels) no label
     considered = image >= 0
     if label_at is not None:
-        considered &= np.array([values[m] is not None if m >= 0 else False for m in label_at.tolist()], bool)
+        considered &= np.array([found.value(m) is not None for m in label_at.tolist()], bool)
     ignored = len(keys) - int(considered.sum())
     missing = np.full(len(keys), -1, np.int64)  # each sample's first field without a member
     for j in reversed(range(n_cols)):
