@@ -226,6 +226,14 @@ class _Tar:
             raise SourceError(f"{self.where}: damaged tar header at byte {self._head_pos[int(bad[0])]}")
         self._heads, self._head_pos, self._stated = [], [], []
 
+    def _join_member(self, at: int, size: int, crc: int) -> None:
+        """A mapped shard's CRC-32 joined up to a member's end: the bytes since the last member (its header,
+        padding), then the member's own CRC-32 (``crc``, of ``size`` bytes at ``at``), not read again."""
+        assert self._mv is not None
+        gap = spec.checksum(self._mv[self._joined:at], self.crc)
+        self.crc = checksum_combine(gap, crc, size)  # type: ignore[assignment]
+        self._joined = at + size
+
     def members(self) -> Iterator[tuple[str, int, memoryview, int]]:
         """The walk; on any error (here or in its consumer) call :meth:`check_heads` first."""
         yield from self._walk()
@@ -235,9 +243,9 @@ class _Tar:
         pos, long_name = 0, None
         pax: dict[str, str] = _NO_PAX
         whole, join = self._mv is not None, self._mv is not None and self._join
-        buf, mv, checksum, combine, number, ustar_name = (self._buf, self._mv, spec.checksum, checksum_combine,
-                                                            _number, _ustar_name)
+        buf, mv, checksum, number, ustar_name = self._buf, self._mv, spec.checksum, _number, _ustar_name
         heads, head_pos, stated = self._heads, self._head_pos, self._stated
+        join_member = self._join_member
         end = self.size if whole else -1  # a mapped shard: every byte is there, no _have needed
         native = self._native
         while (pos + BLOCK <= end) if whole else self._have(pos + BLOCK):
@@ -250,9 +258,7 @@ class _Tar:
                     name = (str(buf[head:head + name_len], "utf-8", "surrogateescape") if name_len >= 0
                             else ustar_name(buf[head:head + BLOCK]))
                     if join:
-                        gap = checksum(mv[self._joined:at], self.crc)  # type: ignore[index]
-                        self.crc = combine(gap, crc, size)  # type: ignore[assignment]
-                        self._joined = at + size
+                        join_member(at, size, crc)
                     yield name, at, data, crc
                     data.release()
                 if status == native.END:
@@ -285,10 +291,8 @@ class _Tar:
                     data = self._view(at, size)
                 crc = checksum(data)
                 name = long_name or (pax and pax.get("path")) or ustar_name(header)
-                if join:  # this header (and what came before it, since the last member), then the data
-                    gap = checksum(mv[self._joined:at], self.crc)  # type: ignore[index]
-                    self.crc = combine(gap, crc, size)  # type: ignore[assignment]
-                    self._joined = at + size
+                if join:
+                    join_member(at, size, crc)
                 yield name, at, data, crc
                 data.release()
                 if long_name is not None or pax:
