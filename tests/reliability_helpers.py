@@ -239,15 +239,30 @@ def checkpointed(state: Path | str) -> int:
         return 0
 
 
-def kill_once_checkpointed(state: Path | str, above: int = 0) -> None:
-    """SIGKILL this process once the write journal at ``state`` vouches for more than ``above`` samples.
+def uploaded(state: Path | str) -> int:
+    """The objects a staged write into a store has put there (``uploads.jsonl`` beside the journal at
+    ``state``); 0 while there is none."""
+    from packer.output import UPLOADS_NAME
+
+    try:
+        return sum(1 for line in (Path(state).parent / UPLOADS_NAME).read_text().splitlines() if line.strip())
+    except OSError:
+        return 0
+
+
+def kill_once_checkpointed(state: Path | str, above: int = 0, *, upload: bool = False) -> None:
+    """SIGKILL this process once the write journal at ``state`` vouches for more than ``above`` samples
+    (and, with ``upload``, once the staged write has put an object into its store).
 
     ``packer.Writer`` hands samples to its write thread in bursts, up to 64 MB ahead: on a loaded machine the
     caller can be hundreds of samples ahead of what is durable, so a kill test that wants something to resume
-    from waits for a checkpoint first."""
+    from waits for a checkpoint first. A shard a checkpoint closed is uploaded by a background thread after
+    the checkpoint, so a test that wants an object in the store waits for that too."""
     import signal
 
     wait_for(lambda: checkpointed(state) > above, 90, f"a checkpoint past {above} samples in {state}")
+    if upload:
+        wait_for(lambda: uploaded(state) > 0, 90, f"an upload recorded beside {state}")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
