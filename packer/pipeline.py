@@ -29,6 +29,7 @@ import dataclasses
 import errno
 import json
 import logging
+import operator
 import os
 import time
 from dataclasses import dataclass, field
@@ -235,6 +236,12 @@ class _WriteStage:
         self.writer, self.journal, self.progress = writer, journal, progress
         self.after_checkpoint = after_checkpoint
         self.files = SideFiles(out, journal)
+        # A sample's index record, in spec.ARRAY_DTYPES' order, picked from (label, CRC, height, width,
+        # size, the writer's locations..., 0): the 0 stands for an array this format does not keep.
+        known = ("labels", "checksums", "heights", "widths", "sizes", *writer.location_fields)
+        self._record = operator.itemgetter(*(known.index(name) if name in known else len(known)
+                                             for name in spec.ARRAY_DTYPES))
+        self._locations = len(writer.location_fields)
 
     def run(self, outcomes: Iterator[Outcome]) -> dict[str, Any]:
         """Write every outcome, then the index; returns the index metadata."""
@@ -283,12 +290,11 @@ class _WriteStage:
             locations = self.writer.append(journal.done, prep, label)
         else:
             locations = self.writer.append(journal.done, prep, label, outcome.fields)
-        record = {
-            "labels": label, "checksums": outcome.crc, "heights": prep.height, "widths": prep.width,
-            "sizes": prep.nbytes,
-        }
-        record.update(zip(self.writer.location_fields, locations, strict=True))
-        self.files.add_sample(tuple(record.get(name, 0) for name in spec.ARRAY_DTYPES), self.source.paths[pos])
+        if len(locations) != self._locations:
+            raise PackError(f"internal error: {type(self.writer).__name__} gave {len(locations)} locations for "
+                            f"{self._locations} location fields")
+        record = self._record((label, outcome.crc, prep.height, prep.width, prep.nbytes, *locations, 0))
+        self.files.add_sample(record, self.source.paths[pos])
         if prep.repair:
             journal.repaired += 1
             self.files.add_repair(self.source.paths[pos], journal.done, prep.repair)
@@ -378,9 +384,11 @@ class _WriteStage:
 
 def file_crcs(out: Path, meta: dict[str, Any]) -> dict[str, int]:
     """CRC-32 of each data file in ``meta["files"]`` (so downloads can be verified): wds shards'
-    from the writer, which computed them while writing; other files read once."""
+    from the writer, which computed them while writing; other files read once, mapped (the pack's
+    own files, under its lock)."""
     known = {s["name"]: int(s["crc32"]) for s in meta.get("shards", [])}
-    return {name: known[name] if name in known else spec.file_checksum(out / name) for name in meta.get("files", {})}
+    return {name: known[name] if name in known else spec.file_checksum(out / name, mapped=True)
+            for name in meta.get("files", {})}
 
 
 def _result(split: str, out: Path, meta: dict[str, Any], seconds: float, resumed_from: int) -> SplitResult:

@@ -84,7 +84,7 @@ class _Aborted(Exception):
 # ------------------------------------------------------------------------------------ the growing source
 class _Column(Sequence):
     """A source column that grows as samples are written (the caller's thread appends); the write
-    thread reads each entry once and drops it (:meth:`forget_before`), so memory stays flat."""
+    thread reads each entry once and drops them, 64 at a time (:meth:`forget_before`), so memory stays flat."""
 
     def __init__(self) -> None:
         self.size = 0  # positions so far (a resume starts past 0)
@@ -107,9 +107,13 @@ class _Column(Sequence):
         return self.size
 
     def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice) or not self._base <= i < self._base + len(self._kept):
+        try:
+            j = i - self._base
+        except TypeError:  # a slice
+            j = -1
+        if not 0 <= j < len(self._kept):
             raise IndexError(f"position {i}: a Writer's source keeps only the samples not yet written")
-        return self._kept[i - self._base]
+        return self._kept[j]
 
 
 class _StreamSource(Source):
@@ -465,13 +469,15 @@ class Writer:
         return self._outcomes(source, start)
 
     def _outcomes(self, source: Source, start: int) -> Iterator[Outcome]:
-        pos = start
+        pos = forgotten = start
         try:
             for item in self._handoff.items():
                 if item is _ABORT:
                     raise _Aborted()
-                for column in self._columns:
-                    column.forget_before(pos)
+                if pos - forgotten >= 64:  # the columns' entries the write stage is done with, 64 at a time
+                    for column in self._columns:
+                        column.forget_before(pos)
+                    forgotten = pos
                 yield item
                 pos += 1
         finally:

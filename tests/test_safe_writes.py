@@ -84,3 +84,26 @@ def test_one_line_first_is_safe_on_empty_and_blank_messages(message, expected):
 def test_one_line_without_first_joins_the_lines():
     assert one_line(ValueError("a\nb")) == "a b"
     assert one_line(OSError("x\ny"), kind=True, first=True) == "OSError: x"
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 3 * 4096 + 7])
+def test_a_mapped_file_checksum_is_the_read_one(tmp_path, monkeypatch, size):
+    """``file_checksum(mapped=True)`` (a writer's own finished files) gives the CRC-32 of the bytes, as the
+    block-by-block read does; ``block=4096`` makes every file from one block up take the mapped path."""
+    import mmap
+    import types
+    import zlib
+
+    from readers.contract import safeio
+
+    maps = []
+    counting = types.SimpleNamespace(PROT_READ=mmap.PROT_READ, mmap=lambda *a, **k: maps.append(a) or mmap.mmap(*a, **k))
+    monkeypatch.setattr(safeio, "mmap", counting)
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    want = zlib.crc32(data)
+    assert spec.file_checksum(path, 4096, mapped=True) == want
+    assert len(maps) == (size >= 4096)  # a file smaller than one block is read, not mapped
+    assert spec.file_checksum(path, 4096) == want
+    assert spec.file_checksum(path) == want

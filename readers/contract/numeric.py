@@ -59,6 +59,9 @@ class NumericType(FieldType):
             raise FieldTypeError(f"{self.shape}: only the leading dim may vary, the others must be >= 1")
         self._name = _CANONICAL.get(self.dtype.name, self.dtype.name) if not self.shape else \
             f"{self.dtype.name}[{','.join('*' if d is None else str(d) for d in self.shape)}]"  # compared per sample
+        info = np.iinfo(self.dtype) if self.dtype.kind in "iu" else None
+        #: an integer scalar's bounds (checked per sample, so not looked up per sample)
+        self._int_range: tuple[int, int] | None = (int(info.min), int(info.max)) if info and not self.shape else None
 
     # fixed is a property here (class attribute elsewhere)
     @property
@@ -127,6 +130,9 @@ class NumericType(FieldType):
 
     # ---- checking
     def check(self, value: Any, field: str = "?") -> Any:
+        bounds = self._int_range
+        if bounds is not None and type(value) is int and bounds[0] <= value <= bounds[1]:
+            return value  # the common case (a label): what _check_scalar returns for it
         if self.scalar:
             return self._check_scalar(value, field)
         return self._check_array(value, field)
@@ -147,9 +153,10 @@ class NumericType(FieldType):
                 if not value.is_integer():
                     raise self._bad(field, f"{value} is not an integer")
                 value = int(value)
-            info = np.iinfo(self.dtype)
-            if not info.min <= value <= info.max:
-                raise self._bad(field, f"{value} is out of range [{info.min}, {info.max}]")
+            assert self._int_range is not None
+            low, high = self._int_range
+            if not low <= value <= high:
+                raise self._bad(field, f"{value} is out of range [{low}, {high}]")
             return value
         try:
             f64 = float(value)

@@ -113,11 +113,27 @@ def checksum_then(value: int, data: bytes | bytearray | memoryview, data_crc: in
     return checksum(data, value) if joined is None else joined
 
 
-def file_checksum(path: str | os.PathLike, block: int = 8 << 20) -> int:
-    """CRC-32 of a whole file (what ``index.json`` records under ``files_crc32``)."""
+def file_checksum(path: str | os.PathLike, block: int = 8 << 20, *, mapped: bool = False) -> int:
+    """CRC-32 of a whole file (what ``index.json`` records under ``files_crc32``).
+
+    ``mapped``: read the file through a memory map rather than copies into a buffer, for a file this
+    process has just written and nothing else changes while it is read (a writer's own output under
+    its lock): a file cut while mapped would end the process (SIGBUS), not raise. From the page cache
+    it takes 6 ms for a 104 MB LMDB file here, against 9-14 ms read in 8 MB blocks."""
     crc = 0
     with open(path, "rb", buffering=0) as f:
-        buf = bytearray(max(1, min(block, os.fstat(f.fileno()).st_size)))  # a small file: no 8 MB to zero
+        size = os.fstat(f.fileno()).st_size
+        if mapped and size >= block:
+            try:
+                with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mapping:
+                    view = memoryview(mapping)
+                    try:
+                        return checksum(view)
+                    finally:
+                        view.release()
+            except (OSError, ValueError):  # a file system that cannot map it: read it in blocks
+                pass
+        buf = bytearray(max(1, min(block, size)))  # a small file: no 8 MB to zero
         while n := f.readinto(buf):
             crc = checksum(memoryview(buf)[:n], crc)  # ISA-L's CRC-32 when installed: ~9x zlib's speed
     return crc
