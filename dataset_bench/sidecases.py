@@ -112,7 +112,7 @@ def read_cases(cfg: SideConfig, have: dict[str, bool]) -> list[ReadCase]:
         cases += [ReadCase("ours", "mmap", "pixels", n, k) for k in ours_kinds]
         cases += [ReadCase("peer", "folder", "bytes", n), ReadCase("peer", "lmdb", "bytes", n),
                   ReadCase("peer", "webdataset", "bytes", n)]
-        if n and have.get("ffcv"):
+        if have.get("ffcv"):  # FFCV has no loader without threads: at 0 it runs its least, one thread
             cases.append(ReadCase("peer", "ffcv", "bytes", n, "threads"))
         if n:
             cases.append(ReadCase("peer", "threadpool", "bytes", n, "threads"))

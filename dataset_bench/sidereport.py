@@ -79,6 +79,9 @@ def _read_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     for fmt in FORMATS:
         out.append(_target(f"bytes, 0 workers, {fmt} vs best plain peer ({best0_name})",
                            ours(fmt, "bytes", None, 0), best0, 1.0, "best of DataLoader / ThreadLoader"))
+    any0_name, any0 = _best_peer(result, "bytes", 0)  # FFCV, when measured, at its least: one thread
+    out.append(_target(f"bytes, 0 workers, wds vs best peer ({any0_name})", ours("wds", "bytes", None, 0), any0, 1.5,
+                       "best of DataLoader / ThreadLoader" + ("; FFCV with one thread" if any0_name == "ffcv" else "")))
     dec_name, dec = _best_peer(result, "decoded", w)
     ceilings = result.get("ceiling") or {}
     for mode, what, key in (("decoded", "fused eval", "eval_transform_per_core"),

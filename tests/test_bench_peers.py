@@ -322,6 +322,21 @@ def test_the_bytes_raw224_and_pil_targets_of_issue_26():
         "met"] is None
 
 
+def test_wds_bytes_at_0_workers_against_every_peer_ffcv_at_its_one_thread():
+    """Issue 37 item 2 at 0 workers: wds bytes >= 1.5x the best peer of the run, FFCV included; FFCV has no
+    loader without threads, so at 0 it is measured with one (its least), and the row says so."""
+    assert ReadCase("peer", "ffcv", "bytes", 0, "threads") in read_cases(SideConfig.quick(), {"ffcv": True})
+    assert not [c for c in read_cases(SideConfig.quick(), {}) if c.name == "ffcv"]
+    reads = [_row("peer", "lmdb", "bytes", 0, "processes", 55000), _row("peer", "ffcv", "bytes", 0, "threads", 50000),
+             _row("ours", "wds", "bytes", 0, "processes", 60000), _row("ours", "wds", "bytes", 0, "threads", 85000)]
+    result = {"config": {"workers": 2}, "reads": reads, "have": {"ffcv": True}, "ceiling": None, "packs": []}
+    row = {t["target"]: t for t in targets(result)}["bytes, 0 workers, wds vs best peer (lmdb)"]
+    assert (row["ratio"], row["met"], row["goal"]) == (pytest.approx(85 / 55), True, 1.5)  # our best kind counts
+    reads[1].update(samples_per_s=60000)
+    row = {t["target"]: t for t in targets(result)}["bytes, 0 workers, wds vs best peer (ffcv)"]
+    assert (row["ratio"], row["met"]) == (pytest.approx(85 / 60), False) and "FFCV with one thread" in row["detail"]
+
+
 def test_the_validation_ceiling_of_each_format_adds_the_packs_own_cpu_without_validation():
     result = {"config": {"workers": 2}, "reads": [], "have": {}, "machine": {"usable_cpus": 2},
               "ceiling": {"validate_per_core": 1600.0, "eval_transform_per_core": 900.0},
