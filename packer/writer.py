@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from packer import appending
 from packer.api import WRITERS
+from packer.formats.lmdb import StreamLmdbWriter
 from packer.errors import PackError, UsageError
 from packer.journal import Journal, SideFiles
 from packer.options import PackOptions, RemoteOptions
@@ -203,7 +204,7 @@ class Writer:
         self.out = self._target.folder if self._target is not None else Path(location)
         self.options, self.on_error, self.split = options, on_error, split
         self._fields, self._classes = fields, list(classes) if classes is not None else None
-        self._writer_cls = WRITERS[options.format]
+        self._writer_cls = StreamLmdbWriter if options.format == "lmdb" else WRITERS[options.format]
         self.count = 0  #: samples of the caller's sequence taken so far (written or rejected)
         self.result: SplitResult | None = None  #: the pack's result, after a clean close
         self._schema: Schema | None = None

@@ -297,7 +297,7 @@ def test_lmdb_readable_by_mdb_stat(packed_real):
 
 def test_lmdb_map_grows_and_transactions_commit_on_their_own(tmp_path, monkeypatch):
     """An LMDB map estimated far too small grows before it runs out (no MDB_MAP_FULL, nothing
-    replayed), transactions commit every TXN_BYTES between checkpoints, and the stored samples are
+    replayed), transactions commit every ``txn_bytes`` between checkpoints, and the stored samples are
     those of a pack with the default map."""
     from packer.formats import lmdb as lmdb_writer
     from readers import open_dataset
@@ -308,7 +308,7 @@ def test_lmdb_map_grows_and_transactions_commit_on_their_own(tmp_path, monkeypat
     real_grow, real_commit = lmdb_writer.LmdbWriter._grow, lmdb_writer.LmdbWriter._commit
     monkeypatch.setattr(lmdb_writer.LmdbWriter, "initial_map_size", lambda self: 64 << 10)  # 16 pages
     monkeypatch.setattr(lmdb_writer, "_SPARE_PAGES", 4)
-    monkeypatch.setattr(lmdb_writer, "TXN_BYTES", 40 << 10)
+    monkeypatch.setattr(lmdb_writer.LmdbWriter, "txn_bytes", 40 << 10)
     monkeypatch.setattr(lmdb_writer.LmdbWriter, "_grow", lambda self, pages: (grows.append(self._map_pages),
                                                                               real_grow(self, pages))[1])
     monkeypatch.setattr(lmdb_writer.LmdbWriter, "_commit", lambda self, *a: (commits.append(self._txn_bytes),

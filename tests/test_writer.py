@@ -219,6 +219,25 @@ def test_resume_refuses_other_fields_and_lmdb(tmp_path):
     assert "\n" not in str(info.value)
 
 
+def test_the_writers_lmdb_transactions_commit_at_their_own_size(tmp_path, monkeypatch):
+    """``packer.Writer`` writes LMDB with ``StreamLmdbWriter`` (smaller transactions than a pack's, see its
+    docstring): its commits between checkpoints come at its own ``txn_bytes``, and the samples read back."""
+    from packer.formats import lmdb as lmdb_writer
+
+    assert lmdb_writer.StreamLmdbWriter.txn_bytes < lmdb_writer.LmdbWriter.txn_bytes == lmdb_writer.TXN_BYTES
+    commits = []
+    real_commit = lmdb_writer.LmdbWriter._commit
+    monkeypatch.setattr(lmdb_writer.StreamLmdbWriter, "txn_bytes", 8 << 10)
+    monkeypatch.setattr(lmdb_writer.LmdbWriter, "_commit", lambda self, *a: (
+        commits.append((type(self).__name__, self._txn_bytes)), real_commit(self, *a))[1])
+    with Writer(tmp_path / "out", format="lmdb", options=PackOptions(format="lmdb")) as w:
+        for s in samples(40):
+            w.write(s)
+    between = [n for name, n in commits if n >= 8 << 10]
+    assert {name for name, _ in commits} == {"StreamLmdbWriter"} and len(between) >= 3, commits
+    assert [row[1] for row in read_back(tmp_path / "out")] == [sample(i)["label"] for i in range(40)]
+
+
 def test_the_docs_recipe_runs(tmp_path, monkeypatch):
     text = (ROOT / "docs" / "writing.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
