@@ -39,9 +39,9 @@ import os
 import re
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
 from packer import appending
 from packer.api import WRITERS

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from pathlib import Path
 from typing import Any, BinaryIO, Sequence
 
@@ -117,20 +118,20 @@ class FieldStore:
         fh.seek(keep)
         self._files[name] = fh
 
-    def append(self, blobs: Sequence[bytes]) -> np.ndarray:
-        """One sample's blobs (one per extra field, in order); returns their CRC-32s."""
-        crcs = np.array([spec.checksum(b) for b in blobs], dtype=_CRC)
-        self._files[_CRC_PART].write(crcs.tobytes())
-        self._files[_SIZES_PART].write(np.array([len(b) for b in blobs], dtype=_OFFSET).tobytes())
+    def append(self, blobs: Sequence[bytes]) -> None:
+        """One sample's blobs (one per extra field, in order). Once per sample: the rows are packed
+        with ``struct`` (little-endian, as :data:`_CRC` and :data:`_OFFSET`), not small arrays."""
+        k = len(blobs)
+        self._files[_CRC_PART].write(struct.pack(f"<{k}I", *[spec.checksum(b) for b in blobs]))
+        self._files[_SIZES_PART].write(struct.pack(f"<{k}q", *[len(b) for b in blobs]))
         for i, f in self.fixed:
             self._files[field_file(f.name) + ".part"].write(blobs[i])
         for i, f in self.variable:
             self._files[blob_file(f.name) + ".part"].write(blobs[i])
             self._ends[f.name] += len(blobs[i])
             self._files[blob_file(f.name).replace(".bin", ".ends") + ".part"].write(
-                np.array([self._ends[f.name]], dtype=_OFFSET).tobytes())
+                struct.pack("<q", self._ends[f.name]))
         self.samples += 1
-        return crcs
 
     def checkpoint(self) -> None:
         for fh in self._files.values():

@@ -61,33 +61,6 @@ def exif_orientation(exif: bytes) -> int | None:
     return 1
 
 
-def _segments(data: bytes):
-    """(marker, payload start, payload end) of each marker segment before the first scan; stops
-    at SOS (yielded) or raises ValueError on anything that is not a well-formed header."""
-    pos, n = 2, len(data)
-    while True:
-        if pos + 2 > n or data[pos] != 0xFF:
-            raise ValueError("not at a marker")
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker in _RST:
-            pos += 2
-            continue
-        if marker < 0xC0 or marker in (0xD8, _EOI, 0xFF):  # not a marker Pillow knows, or misplaced
-            raise ValueError("unexpected marker")
-        if pos + 4 > n:
-            raise ValueError("truncated")
-        length = (data[pos + 2] << 8) | data[pos + 3]
-        if length < 2 or pos + 2 + length > n:
-            raise ValueError("bad length")
-        yield marker, pos + 4, pos + 2 + length
-        if marker == _SOS:
-            return
-        pos += 2 + length
-
-
 def _tables_fit(data: bytes, start: int, end: int) -> bool:
     """A DQT segment holds whole quantization tables (64 entries of 1 or 2 bytes each), as
     Pillow requires before it accepts the header."""
@@ -101,40 +74,63 @@ def _tables_fit(data: bytes, start: int, end: int) -> bool:
 
 
 def plain_jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """``(height, width)`` when ``data`` is a plain JPEG kept as it is (see module docstring), else None."""
+    """``(height, width)`` when ``data`` is a plain JPEG kept as it is (see module docstring), else None.
+
+    The marker segments before the first scan are walked in one loop (no generator: this runs once per
+    image on a pack's fast path); anything that is not a well-formed header answers None."""
     if data[:3] != b"\xff\xd8\xff":
         return None
     size = None
     orientation = 1
     seen_exif = False
     frame = 0
-    try:
-        for marker, start, end in _segments(data):
-            if marker in _SOF:
-                if size is not None or end - start < 6:
-                    return None
-                precision, height, width, components = struct.unpack_from(">BHHB", data, start)
-                if precision != 8 or components not in (1, 3) or height == 0 or width == 0:
-                    return None
-                size, frame = (height, width), marker
-            elif marker == _DQT and not _tables_fit(data, start, end):
+    pos, n = 2, len(data)
+    while True:
+        if pos + 2 > n or data[pos] != 0xFF:
+            return None  # not at a marker
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in _RST:
+            pos += 2
+            continue
+        if marker < 0xC0 or marker in (0xD8, _EOI):  # not a marker Pillow knows, or misplaced
+            return None
+        if pos + 4 > n:
+            return None  # truncated
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        start, end = pos + 4, pos + 2 + length
+        if length < 2 or end > n:
+            return None  # bad length
+        if marker in _SOF:
+            if size is not None or end - start < 6:
                 return None
-            elif marker == _APP1 and data[start:start + 6] == b"Exif\0\0" and not seen_exif:
-                seen_exif = True  # the first Exif block is the one that counts (as Pillow reads it)
-                value = exif_orientation(data[start + 6:end])
-                if value is None:
-                    return None
-                orientation = value
-            elif marker == _APP1 and data.find(b"Orientation", start, end) >= 0 and (
-                    data[start:start + 6] != b"Exif\0\0"):
+            precision, height, width, components = struct.unpack_from(">BHHB", data, start)
+            if precision != 8 or components not in (1, 3) or height == 0 or width == 0:
+                return None
+            size, frame = (height, width), marker
+        elif marker == _DQT:
+            if not _tables_fit(data, start, end):
+                return None
+        elif marker == _APP1:
+            if data[start:start + 6] == b"Exif\0\0":
+                if not seen_exif:
+                    seen_exif = True  # the first Exif block is the one that counts (as Pillow reads it)
+                    value = exif_orientation(data[start + 6:end])
+                    if value is None:
+                        return None
+                    orientation = value
+            elif data.find(b"Orientation", start, end) >= 0:
                 return None  # XMP's tiff:Orientation, which Pillow applies when Exif has none
-            elif (marker == _APP2 and data[start:start + 4] == b"MPF\0") or (
-                    marker == _APP14 and data[start:start + 5] == b"Adobe"):
+        elif (marker == _APP2 and data[start:start + 4] == b"MPF\0") or (
+                marker == _APP14 and data[start:start + 5] == b"Adobe"):
+            return None
+        elif marker == _SOS:
+            if size is None:
                 return None
-            elif marker == _SOS and size is None:
-                return None
-    except ValueError:
-        return None
+            break
+        pos = end
     if orientation in (2, 3, 4, 5, 6, 7, 8):  # must be applied: the full path re-encodes
         return None
     if frame not in _HUFFMAN_SEQUENTIAL and too_many_scans(data):  # a scan bomb: the full path rejects it
