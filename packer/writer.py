@@ -45,8 +45,8 @@ from typing import Any, Callable, Iterator
 
 from packer import appending
 from packer.api import WRITERS
-from packer.formats.lmdb import StreamLmdbWriter
 from packer.errors import PackError, UsageError
+from packer.formats.lmdb import StreamLmdbWriter
 from packer.journal import Journal, SideFiles
 from packer.options import PackOptions, RemoteOptions
 from packer.output import OutputLock, prepare_output

@@ -61,7 +61,7 @@ class NumericType(FieldType):
             f"{self.dtype.name}[{','.join('*' if d is None else str(d) for d in self.shape)}]"  # compared per sample
         info = np.iinfo(self.dtype) if self.dtype.kind in "iu" else None
         #: an integer scalar's bounds (checked per sample, so not looked up per sample)
-        self._int_range: tuple[int, int] | None = (int(info.min), int(info.max)) if info and not self.shape else None
+        self._int_range: tuple[int, int] | None = (int(info.min), int(info.max)) if info is not None and not self.shape else None
 
     # fixed is a property here (class attribute elsewhere)
     @property
