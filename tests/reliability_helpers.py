@@ -240,14 +240,15 @@ def checkpointed(state: Path | str) -> int:
 
 
 def uploaded(state: Path | str) -> int:
-    """The objects a staged write into a store has put there (``uploads.jsonl`` beside the journal at
-    ``state``); 0 while there is none."""
-    from packer.output import UPLOADS_NAME
+    """The objects a staged write into a store has put there, as its upload journal (``uploads.jsonl``
+    beside the journal at ``state``) reads them back; 0 while there is none."""
+    from packer.remote_output import Uploads
 
+    uploads = Uploads(Path(state).parent)
     try:
-        return sum(1 for line in (Path(state).parent / UPLOADS_NAME).read_text().splitlines() if line.strip())
-    except OSError:
-        return 0
+        return len(uploads.done)
+    finally:
+        uploads.close()
 
 
 def kill_once_checkpointed(state: Path | str, above: int = 0, *, upload: bool = False) -> None:
