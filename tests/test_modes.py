@@ -56,7 +56,8 @@ PROCESSES = [
     ("lmdb", {"transform": Compose([imagenet_eval_transform(16, 20), user_transform])}, {}, "Compose"),
     ("wds", {"image": "pil"}, {}, "image='pil'"),
     ("lmdb", {"decode": False}, {"collate_fn": collate}, "collate_fn of your own (collate)"),
-    ("mmap-fixed", {}, {"num_workers": 0}, "num_workers=0"),
+    ("mmap-fixed", {"transform": imagenet_train_transform(16, seed=0)}, {"num_workers": 0}, "num_workers=0"),
+    ("wds", {}, {"num_workers": 0}, "num_workers=0"),  # decoding: the DataLoader, as before
     ("lmdb", {"decode": False}, {"worker_init_fn": print}, "worker_init_fn of your own"),
 ]
 
@@ -81,6 +82,47 @@ def test_auto_picks_processes_for_python_code_of_the_callers_own(packed, fmt, op
     assert type(loader) is PackedLoader
     lines = [r.getMessage() for r in caplog.records if r.name == "readers.loader.dataloader"]
     assert len(lines) == 1 and "processes" in lines[0] and why in lines[0], lines
+    ds.close()
+
+
+@pytest.mark.parametrize("fmt,opts", [("wds", {"decode": False}), ("lmdb", {"decode": False}),
+                                      ("hdf5", {"decode": False}), ("mmap-fixed", {})])
+def test_no_workers_reads_whole_batches_in_the_calling_thread(packed, fmt, opts, caplog, monkeypatch):
+    """With num_workers=0, "auto" takes the ThreadLoader where it reads whole batches (no threads: the
+    calling thread does the work), and it delivers what the DataLoader in that thread delivers: the same
+    batches in the same order, and the same batches after a mid-epoch resume."""
+    import threading
+
+    ds = open_dataset(packed[fmt], return_index=True, **opts)
+    with caplog.at_level(logging.INFO, logger="readers.loader.dataloader"):
+        auto = make_loader(ds, batch_size=4, num_workers=0, seed=3)
+    assert type(auto) is ThreadLoader
+    lines = [r.getMessage() for r in caplog.records if r.name == "readers.loader.dataloader"]
+    assert len(lines) == 1 and "0 worker threads" in lines[0] and "whole batches" in lines[0], lines
+    plain = make_loader(ds, batch_size=4, num_workers=0, seed=3, workers="processes")
+    assert type(plain) is PackedLoader
+
+    def epoch(loader):
+        out = []
+        for images, labels, index in loader:
+            data = images.data if isinstance(images, ByteBatch) else images
+            out.append((index.tolist(), labels.tolist(), bytes(data.contiguous().numpy())))
+        return out
+
+    before = threading.active_count()
+    got, want = epoch(auto), epoch(plain)
+    assert threading.active_count() == before  # nothing ran outside the calling thread
+    assert got == want and len(got) == len(auto)
+    assert sorted(i for index, _, _ in got for i in index) == list(range(len(ds)))
+    for kind in ({}, {"workers": "processes"}):  # stop after 2 batches, resume in a fresh loader of the same kind
+        loader = make_loader(ds, batch_size=4, num_workers=0, seed=3, **kind)
+        it = iter(loader)
+        next(it), next(it)
+        state = loader.state_dict()
+        del it
+        fresh = make_loader(ds, batch_size=4, num_workers=0, seed=3, **kind)
+        fresh.load_state_dict(state)
+        assert epoch(fresh) == want[2:]
     ds.close()
 
 

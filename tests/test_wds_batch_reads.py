@@ -1,4 +1,5 @@
-"""make_loader reads ShardDataset bytes in whole batches with worker processes and with no workers.
+"""make_loader reads ShardDataset bytes in whole batches with worker processes and with no workers (the
+DataLoader's own, ``workers="processes"``; ``auto`` with no workers takes the ThreadLoader, see test_modes).
 
 The loader's own copy yields each sample unread (``readers.formats.batch.Pending``) and its
 collate reads the batch at once from the shard mappings (``readers.formats.shardbatch.read_batch``):
@@ -59,7 +60,7 @@ def test_the_loader_copy_yields_items_to_anyone_else(packed_generated):
     """Iterating the loader's copy directly (not through its collate) gives each sample's item."""
     root = packed_generated["wds"]
     ds = open_dataset(root, decode=False, return_index=True)
-    copy = make_loader(ds, batch_size=4, num_workers=0, shuffle=False).dataset
+    copy = make_loader(ds, batch_size=4, num_workers=0, shuffle=False, workers="processes").dataset
     items = list(copy)
     assert all(isinstance(p, Pending) for p in items)
     plain = list(ds.with_order(shuffle=False))
