@@ -6,6 +6,9 @@
 * ``packer/tools/_tarwalk.c``, the tar header walk of ``pack-dataset index``: needs a C compiler
   only; without it the headers are walked in Python (``packer.tools.index_scan.tarwalk_library()``
   is None), with the same result.
+* ``readers/formats/_gather.c``, the batch gather of whole-batch reads (stored bytes): needs a C
+  compiler only; without it numpy copies the same bytes (``readers.formats.batch.gather_library()``
+  is None).
 
 Everything else about the package is in ``pyproject.toml``; this file only declares the extensions.
 ``pip install .``, ``pip install -e .`` (built in place, beside the modules that load them) and
@@ -23,12 +26,15 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 NATIVE = "readers.decode._jpegcrop"
 TARWALK = "packer.tools._tarwalk"
+GATHER = "readers.formats._gather"
 #: What each helper needs, and what the package does without it (the warning of a failed build).
 WITHOUT = {
     NATIVE: ("the native region decoder", "a C compiler and libjpeg-turbo's jpeglib.h (Debian: apt-get install gcc "
              "libjpeg62-turbo-dev)", "the readers decode whole JPEGs"),
     TARWALK: ("the native tar walk", "a C compiler (Debian: apt-get install gcc)",
               "pack-dataset index walks tar headers in Python"),
+    GATHER: ("the native batch gather", "a C compiler (Debian: apt-get install gcc)",
+             "whole-batch reads copy with numpy"),
 }
 
 
@@ -47,6 +53,7 @@ class optional_build_ext(build_ext):
 setup(
     # optional: setuptools copies a missing build output into the source tree (editable) without failing
     ext_modules=[Extension(NATIVE, ["readers/decode/_jpegcrop.c"], libraries=["jpeg"], optional=True),
-                 Extension(TARWALK, ["packer/tools/_tarwalk.c"], extra_compile_args=["-O2"], optional=True)],
+                 Extension(TARWALK, ["packer/tools/_tarwalk.c"], extra_compile_args=["-O2"], optional=True),
+                 Extension(GATHER, ["readers/formats/_gather.c"], extra_compile_args=["-O2"], optional=True)],
     cmdclass={"build_ext": optional_build_ext},
 )

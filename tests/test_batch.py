@@ -134,3 +134,39 @@ def test_byte_batches_of_every_map_format_cross_processes(packed):
             want = ds.read(int(idx[-1]))
             want = want.tobytes() if isinstance(want, np.ndarray) else want
             assert data.get(len(idx) - 1) == want
+
+
+def test_copy_runs_native_and_numpy_give_the_same_bytes(monkeypatch):
+    """The native gather (streamed stores from 4 KB on, memcpy below, any alignment of source and
+    destination) and the numpy fallback copy the same runs; a run outside its source, or runs that
+    do not fill the batch, are refused before anything is copied."""
+    from readers.formats import batch as b
+
+    if b.gather_library() is None:
+        pytest.skip("the native batch gather was not built here")
+    rng = np.random.default_rng(0)
+    sources = [rng.integers(0, 256, n, dtype=np.uint8) for n in (300_001, 70_000, 17)]
+    which = rng.integers(0, 2, 200)
+    sizes = np.where(rng.random(200) < 0.5, rng.integers(0, 4_096, 200), rng.integers(4_096, 60_000, 200))
+    sizes[:3] = (0, 1, 4_095)
+    starts = np.array([rng.integers(0, len(sources[w]) - s + 1) for w, s in zip(which, sizes)])
+    which[-1], starts[-1], sizes[-1] = 2, 3, 14  # the last run from the 17-byte source
+    want = np.concatenate([sources[w][a:a + n] for w, a, n in zip(which, starts, sizes)])
+    for offset in (0, 1, 7):  # the batch buffer at an unaligned address, as a slice of a pool buffer
+        data = np.full(len(want) + offset, 9, dtype=np.uint8)[offset:]
+        b.copy_runs(data, sources, which, starts, sizes)
+        assert np.array_equal(data, want)
+    monkeypatch.setenv("DATASET_PACKER_GATHER", "off")
+    assert b.gather_library() is None
+    data = np.zeros(len(want), dtype=np.uint8)
+    b.copy_runs(data, sources, which, starts, sizes)
+    assert np.array_equal(data, want)
+    monkeypatch.delenv("DATASET_PACKER_GATHER")
+    data = np.zeros(len(want), dtype=np.uint8)
+    past_end, before_start = starts.copy(), starts.copy()
+    past_end[-1] = 4  # 4 + 14 bytes of the 17-byte source
+    before_start[5] = -1
+    for bad in ((past_end, sizes), (before_start, sizes), (starts, sizes + 1)):  # the last: one byte too many
+        with pytest.raises(ValueError, match="copy_runs"):
+            b.copy_runs(data, sources, which, *bad)
+    assert not data.any()  # nothing copied

@@ -41,6 +41,9 @@ NOT_BUILT = "the native region decoder readers.decode._jpegcrop was not built"
 #: The native tar walk of pack-dataset index (setup.py's extension packer.tools._tarwalk): needs a C compiler only.
 TARWALK_SOURCE, TARWALK_BUILT = "packer/tools/_tarwalk.c", "packer/tools/_tarwalk" + importlib.machinery.EXTENSION_SUFFIXES[0]
 TARWALK_NOT_BUILT = "the native tar walk packer.tools._tarwalk was not built"
+#: The batch gather of whole-batch reads (setup.py's extension readers.formats._gather): needs a C compiler only.
+GATHER_SOURCE, GATHER_BUILT = "readers/formats/_gather.c", "readers/formats/_gather" + importlib.machinery.EXTENSION_SUFFIXES[0]
+GATHER_NOT_BUILT = "the native batch gather readers.formats._gather was not built"
 
 
 def sh(cmd: list, cwd: Path, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -117,11 +120,12 @@ def test_wheel_holds_the_native_decoder(wheel, native_blocker):
     """Its C source always; the library built for this platform where a compiler and jpeglib.h exist."""
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
-    assert NATIVE_SOURCE in names and TARWALK_SOURCE in names
+    assert NATIVE_SOURCE in names and TARWALK_SOURCE in names and GATHER_SOURCE in names
     if native_blocker:
         pytest.skip(native_blocker)
     assert NATIVE_BUILT in names, sorted(n for n in names if n.startswith("readers/decode/_"))
     assert TARWALK_BUILT in names, sorted(n for n in names if n.startswith("packer/tools/_"))
+    assert GATHER_BUILT in names, sorted(n for n in names if n.startswith("readers/formats/_"))
     assert wheel.name.endswith(f"-{sysconfig.get_platform().replace('-', '_').replace('.', '_')}.whl"), wheel.name
 
 
@@ -138,6 +142,9 @@ def test_a_build_without_a_compiler_succeeds_without_the_decoder(source, tmp_pat
     assert "no-such-cc" in warning and "jpeglib.h" in warning and "decode whole JPEGs" in warning, warning
     [warning] = [line.strip() for line in output.splitlines() if TARWALK_NOT_BUILT in line]
     assert "no-such-cc" in warning and "walks tar headers in Python" in warning, warning
+    assert GATHER_SOURCE in names and not [n for n in names if n.startswith("readers/formats/_") and n.endswith(".so")]
+    [warning] = [line.strip() for line in output.splitlines() if GATHER_NOT_BUILT in line]
+    assert "no-such-cc" in warning and "copy with numpy" in warning, warning
 
 
 @pytest.mark.slow
@@ -149,7 +156,7 @@ def test_sdist_holds_the_native_source(source, tmp_path):
     sdist = tmp_path / r.stdout.split()[-1]
     with tarfile.open(sdist) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
-    assert {NATIVE_SOURCE, TARWALK_SOURCE, "setup.py", "pyproject.toml"} <= names
+    assert {NATIVE_SOURCE, TARWALK_SOURCE, GATHER_SOURCE, "setup.py", "pyproject.toml"} <= names
 
 
 @pytest.fixture(scope="module")

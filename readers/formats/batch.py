@@ -27,6 +27,10 @@ Every :class:`ByteBatch` is built by :func:`new_byte_batch` (or
 from __future__ import annotations
 
 import copy
+import ctypes
+import functools
+import logging
+import os
 import sys
 import threading
 from typing import Any, Callable, NamedTuple, Sequence
@@ -34,10 +38,12 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from readers.contract.env import native_path
 from readers.contract.perprocess import PerProcess
 
 __all__ = ["ByteBatch", "index_array", "finish_batch", "byte_offsets", "new_byte_batch", "byte_batch", "shared_tensor", "Allocator",
-           "BufferPool", "batch_buffer", "concat_into", "GatheredItems", "Pending", "gathered"]
+           "BufferPool", "batch_buffer", "concat_into", "copy_runs", "gather_library", "GatheredItems", "Pending",
+           "gathered"]
 
 #: ``alloc(nbytes) -> uint8 numpy array`` (or uint8 tensor) of at least that many bytes: where a batch
 #: is written (this process's pool by default; a reusable shared-memory slot in a worker process).
@@ -158,11 +164,80 @@ def byte_batch(pieces: Sequence[Any], sizes: Any = None, alloc: Allocator | None
     return batch
 
 
+log = logging.getLogger(__name__)
+
+GATHER = "readers.formats._gather"  # setup.py's optional extension: a plain C library, loaded by path
+_GATHER_VERSION = 1
+_GATHER_ENV = "DATASET_PACKER_GATHER"  # "off": numpy copies
+
+
+@functools.lru_cache(maxsize=1)
+def _load_gather() -> ctypes.CDLL | None:
+    path = native_path(GATHER)
+    if path is None:
+        log.debug("batch gather helper %s not built (the install found no C compiler)", GATHER)
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+        lib.gt_version.restype = ctypes.c_int
+        if lib.gt_version() != _GATHER_VERSION:
+            log.warning("%s has another interface than this code's: rebuild it by reinstalling the package "
+                        "(pip install -e .); batches are copied with numpy", path)
+            return None
+        fn = lib.gt_gather
+    except (OSError, AttributeError) as exc:
+        log.warning("batch gather helper %s not loaded (%s); batches are copied with numpy", path, exc)
+        return None
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return lib
+
+
+def gather_library() -> ctypes.CDLL | None:
+    """The native batch gather (``readers/formats/_gather.c``), or None (not built, or
+    ``DATASET_PACKER_GATHER=off``): then :func:`copy_runs` copies with numpy, the same bytes."""
+    return None if os.environ.get(_GATHER_ENV, "").lower() == "off" else _load_gather()
+
+
+def copy_runs(data: np.ndarray, sources: Sequence[np.ndarray], which: np.ndarray, starts: np.ndarray,
+              sizes: np.ndarray) -> None:
+    """Copy run k, ``sources[which[k]][starts[k]:starts[k] + sizes[k]]``, back to back into ``data``,
+    which the runs fill exactly: the one copy of a whole-batch read (a shard's or a file's mapping
+    into the batch buffer).
+
+    ``sources`` are 1-D uint8 arrays (mappings, buffers); each run must lie inside its source (checked
+    here, as a ValueError: the readers check their own bounds first and say which file is short).
+    With the native gather (:func:`gather_library`) it is one call for the whole batch, without the GIL,
+    and the runs go to memory without passing through the cache (see ``_gather.c``); else one
+    ``numpy.concatenate`` of views (:func:`concat_into`). A memoryview slice assignment per piece took
+    1.3x as long in one thread as that, and with two loader threads the Python between pieces passed
+    the GIL back and forth (lmdb ``decode=False``, 2 threads: 52k samples/s that way, 87k with one numpy
+    call)."""
+    n = len(sizes)
+    if not n:
+        return
+    which = np.asarray(which, dtype=np.int64)
+    starts = np.asarray(starts, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    lengths = np.array([len(s) for s in sources], dtype=np.int64)[which]
+    if (starts < 0).any() or (sizes < 0).any() or (starts + sizes > lengths).any() or int(sizes.sum()) != data.nbytes:
+        raise ValueError("copy_runs: a run lies outside its source, or the runs do not fill the batch exactly")
+    lib = gather_library()
+    if lib is None or not data.flags.c_contiguous or not all(s.flags.c_contiguous and s.dtype == np.uint8
+                                                              and s.ndim == 1 for s in sources):
+        concat_into([sources[w][a:a + m] for w, a, m in zip(which.tolist(), starts.tolist(), sizes.tolist())], data)
+        return
+    bases = np.array([s.ctypes.data for s in sources], dtype=np.uint64)
+    addrs = bases[which] + starts.astype(np.uint64)
+    lens = sizes.astype(np.uint64)
+    lib.gt_gather(data.ctypes.data, addrs.ctypes.data, lens.ctypes.data, n)  # sources stay referenced here
+
+
 def concat_into(pieces: Sequence[np.ndarray], data: np.ndarray) -> None:
-    """Copy ``pieces`` (1-D uint8 arrays, e.g. slices of a mapped file) back to back into ``data``, which
-    they fill exactly, in one numpy call. A memoryview slice assignment per piece took 1.3x as long in
-    one thread, and with two loader threads the Python between pieces passed the GIL back and forth
-    (lmdb ``decode=False``, 2 threads: 52k samples/s that way, 87k this way)."""
+    """Copy ``pieces`` (1-D uint8 arrays, e.g. LMDB's values) back to back into ``data``, which they fill
+    exactly, in one numpy call. Pieces with an address each, not runs of a few sources: finding each
+    one's address for the native gather (``__array_interface__``, ~1.1 us) cost more than the gather
+    saved (lmdb bytes, 0 workers: 98k-101k samples/s with numpy, 80k-82k that way)."""
     if len(pieces):
         np.concatenate(pieces, out=data)
 

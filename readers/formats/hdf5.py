@@ -39,7 +39,7 @@ import numpy as np
 from readers.contract import spec
 from readers.formats.base import MapReader
 from readers.contract.fields import Field, hdf5_field_path
-from readers.formats.batch import Allocator, byte_offsets, concat_into, finish_batch, index_array, new_byte_batch
+from readers.formats.batch import Allocator, byte_offsets, copy_runs, finish_batch, index_array, new_byte_batch
 from readers.formats.h5layout import check_images
 from readers.contract.perprocess import PerProcess
 
@@ -306,11 +306,13 @@ class HDF5Dataset(MapReader):
         if len(cut):
             raise spec.DatasetFormatError(f"{self.data_location}: sample {idx[cut[0]]} at byte {addrs[cut[0]]} is "
                                           "cut short: the file is truncated")
-        pieces = [mapped[addr:addr + size] for addr, size in zip(addrs.tolist(), sizes.tolist())]
+        sources, which, at = [mapped], np.zeros(len(idx), dtype=np.int64), addrs.copy()
         for k in np.flatnonzero(addrs < 0).tolist():  # spans chunks that are not adjacent in the file
-            pieces[k] = np.empty(int(sizes[k]), dtype=np.uint8)
-            self._copy_out(mapped, int(idx[k]), int(starts[k]), pieces[k])
-        concat_into(pieces, data)
+            piece = np.empty(int(sizes[k]), dtype=np.uint8)
+            self._copy_out(mapped, int(idx[k]), int(starts[k]), piece)
+            which[k], at[k] = len(sources), 0
+            sources.append(piece)
+        copy_runs(data, sources, which, at, sizes)
         return finish_batch(self, batch, idx)
 
     def _addresses(self, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:

@@ -35,7 +35,7 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 
 from readers.contract import spec
-from readers.formats.batch import Allocator, GatheredItems, byte_offsets, concat_into, finish_batch, new_byte_batch
+from readers.formats.batch import Allocator, GatheredItems, byte_offsets, copy_runs, finish_batch, new_byte_batch
 from readers.formats import wds_io
 
 __all__ = ["supported", "iter_batches", "read_batch", "ShardMaps", "ShardItems"]
@@ -133,7 +133,7 @@ def read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray, alloc: Allocator | Non
     ``maps`` (into ``alloc``'s memory when given): ``(ByteBatch, labels[, indices])``.
 
     Index lookups, bounds and header checks are numpy over the batch; per sample there is one
-    view of its bytes, and one ``concat_into`` copies them all into the batch's buffer."""
+    run of a mapping, and one ``copy_runs`` copies them all into the batch's buffer."""
     maps.bind(ds)
     idx = np.asarray(idx, dtype=np.int64)
     sizes = ds.sample_sizes[idx].astype(np.int64)
@@ -156,8 +156,7 @@ def read_batch(ds: Any, maps: ShardMaps, idx: np.ndarray, alloc: Allocator | Non
         raise spec.DatasetFormatError(
             f"{ds.shard_location(int(shards[k]))} at byte {int(starts[k]) - BLOCK}: shard ends early "
             f"(sample {int(idx[k])}): truncated or damaged")
-    views = [m.data for m in mapped]
-    concat_into([views[w][a:a + n] for w, a, n in zip(which.tolist(), starts.tolist(), sizes.tolist())], data)
+    copy_runs(data, [m.data for m in mapped], which, starts, sizes)
     for w, m in enumerate(mapped):  # the headers this mapping has not checked yet, together
         rows = np.flatnonzero(which == w) if len(mapped) > 1 else np.arange(len(idx))
         rows = rows[~m.checked[idx[rows] - m.first]]
