@@ -77,7 +77,8 @@ def same(got, want):
 
 
 MODES = [
-    pytest.param({"num_workers": 0}, id="0-workers"),
+    pytest.param({"num_workers": 0}, id="0-workers"),  # auto: the ThreadLoader in the calling thread (whole batches)
+    pytest.param({"num_workers": 0, "workers": "processes"}, id="0-workers-dataloader"),
     pytest.param({"num_workers": 2, "workers": "processes"}, id="2-processes-fork"),
     pytest.param({"num_workers": 2, "workers": "processes", "multiprocessing_context": "spawn"}, id="2-processes-spawn"),
     pytest.param({"num_workers": 2, "workers": "threads"}, id="2-threads"),
@@ -90,7 +91,7 @@ def test_batch_transform_equals_f_on_the_batch_made_without_it(packed, kw, fn):
     ds = open_dataset(packed / "mmap", return_index=True)
     plain, _ = batches(ds, **kw)
     got, loader = batches(ds, batch_transform=fn, **kw)
-    assert isinstance(loader, ThreadLoader) == (kw.get("workers") == "threads")
+    assert isinstance(loader, ThreadLoader) == (kw.get("workers", "threads") == "threads")
     assert len(got) == 4  # 28 samples, batches of 8
     same(got, [(fn(images), labels, index) for images, labels, index in plain])
     assert all(torch.equal(g[1], p[1]) and torch.equal(g[2], p[2]) for g, p in zip(got, plain))  # labels untouched
@@ -98,7 +99,7 @@ def test_batch_transform_equals_f_on_the_batch_made_without_it(packed, kw, fn):
     ds.close()
 
 
-@pytest.mark.parametrize("kw", [MODES[0], MODES[1], MODES[3]])
+@pytest.mark.parametrize("kw", [MODES[0], MODES[1], MODES[2], MODES[4]])
 def test_batch_transform_composes_with_the_fused_center_crop(packed, kw, monkeypatch):
     """ResizeCenterCrop at the stored size is one whole-batch read; batch_transform runs on its result."""
     ds = open_dataset(packed / "mmap", transform=ResizeCenterCrop(STORED, 20))
@@ -122,7 +123,7 @@ def test_batch_transform_under_auto_keeps_threads_and_sees_bytes_batches(packed)
     ds.close()
 
 
-@pytest.mark.parametrize("kw", [MODES[0], MODES[1], MODES[3]])
+@pytest.mark.parametrize("kw", [MODES[0], MODES[1], MODES[2], MODES[4]])
 @pytest.mark.parametrize("fn,says", [(not_a_batch, "returned a float, not a batch"),
                                      (wrong_length, "returned a Tensor of shape (1, 3, 24, 24), not a batch")])
 def test_a_result_that_is_not_a_batch_is_refused_in_one_line(packed, kw, fn, says):
@@ -130,8 +131,9 @@ def test_a_result_that_is_not_a_batch_is_refused_in_one_line(packed, kw, fn, say
     with pytest.raises(TypeError) as err:
         batches(ds, batch_transform=fn, **kw)
     # the line itself (a worker process's error arrives as DataLoader's "Caught TypeError in ..." + traceback)
-    text = str(err.value).splitlines()[0 if kw.get("workers") != "processes" else -1]
-    assert text.startswith(f"TypeError: batch_transform {fn.__name__} {says}" if kw.get("workers") == "processes"
+    in_process = kw.get("workers") == "processes" and kw["num_workers"] > 0
+    text = str(err.value).splitlines()[-1 if in_process else 0]
+    assert text.startswith(f"TypeError: batch_transform {fn.__name__} {says}" if in_process
                            else f"batch_transform {fn.__name__} {says}"), text
     assert text.endswith("it must return a tensor whose first dimension is the batch's 8 images"), text
     del err
