@@ -170,3 +170,29 @@ def test_copy_runs_native_and_numpy_give_the_same_bytes(monkeypatch):
         with pytest.raises(ValueError, match="copy_runs"):
             b.copy_runs(data, sources, which, *bad)
     assert not data.any()  # nothing copied
+
+
+def test_a_native_helper_of_another_interface_is_not_used(caplog, monkeypatch):
+    """readers.contract.env.native_library: a helper whose version is not the code's is refused with one
+    warning saying what the package does instead; ``off`` in its variable turns it off; a function it
+    lacks is refused the same way."""
+    import logging
+
+    from readers.contract.env import native_library
+    from readers.formats.batch import GATHER, gather_library
+
+    if gather_library() is None:
+        pytest.skip("the native batch gather was not built here")
+    with caplog.at_level(logging.WARNING, logger="readers.contract.env"):
+        assert native_library(GATHER, version_symbol="gt_version", version=99, off_env="DP_TEST_OFF",
+                              without="numpy copies", functions=()) is None
+        assert native_library(GATHER, version_symbol="gt_version", version=1, off_env="DP_TEST_OFF",
+                              without="numpy copies", functions=(("no_such_function", None, ()),)) is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "another interface" in lines[0] and lines[0].endswith("numpy copies"), lines
+    assert "no_such_function" in lines[1] and lines[1].endswith("numpy copies"), lines
+    assert native_library(GATHER, version_symbol="gt_version", version=1, off_env="DP_TEST_OFF",
+                          without="numpy copies", functions=()) is not None
+    monkeypatch.setenv("DP_TEST_OFF", "off")
+    assert native_library(GATHER, version_symbol="gt_version", version=1, off_env="DP_TEST_OFF",
+                          without="numpy copies", functions=()) is None

@@ -28,10 +28,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
-import functools
 import gc
 import json
-import logging
 import mmap
 import os
 from typing import Any, Iterator
@@ -41,13 +39,12 @@ import numpy as np
 
 from packer.importers.wds import IMAGE_EXTS, JSON_LABEL_KEYS, KEY, field_of, label_of
 from readers.contract import spec
-from readers.contract.env import native_path
+from readers.contract.env import native_library
 from readers.contract.safeio import checksum_combine, npy_header
 
 __all__ = ["COLUMNS", "scan_shard", "scan_line", "warm_store", "close_stores", "ShardScan", "is_gzip_name", "GZIP_HINT", "gc_paused",
            "tarwalk_library", "TARWALK"]
 
-log = logging.getLogger(__name__)
 #: The optional native header walk (setup.py builds it from ``packer/tools/_tarwalk.c``); loaded by ctypes.
 TARWALK = "packer.tools._tarwalk"
 _TARWALK_VERSION = 1
@@ -79,33 +76,13 @@ def is_gzip_name(name: str) -> bool:
     return name.lower().endswith((".tar.gz", ".tgz", ".gz"))
 
 
-@functools.lru_cache(maxsize=1)
-def _load_tarwalk() -> ctypes.CDLL | None:
-    path = native_path(TARWALK)
-    if path is None:
-        log.debug("tar walk helper %s not built (the install found no C compiler)", TARWALK)
-        return None
-    try:
-        lib = ctypes.CDLL(str(path))
-        lib.tw_version.restype = ctypes.c_int
-        if lib.tw_version() != _TARWALK_VERSION:
-            log.warning("%s has another interface than this code's: rebuild it by reinstalling the package "
-                        "(pip install -e .); headers are walked in Python", path)
-            return None
-        fn = lib.tw_walk
-    except (OSError, AttributeError) as exc:
-        log.warning("tar walk helper %s not loaded (%s); headers are walked in Python", path, exc)
-        return None
-    p64 = ctypes.POINTER(ctypes.c_int64)
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, p64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_void_p, p64]
-    return lib
-
-
 def tarwalk_library() -> ctypes.CDLL | None:
     """The native header walk, or None (not built, or ``DATASET_PACKER_TARWALK=off``)."""
-    return None if os.environ.get(_TARWALK_ENV, "").lower() == "off" else _load_tarwalk()
+    p64 = ctypes.POINTER(ctypes.c_int64)
+    walk = ("tw_walk", ctypes.c_int, (ctypes.c_void_p, ctypes.c_int64, p64, ctypes.c_int64, ctypes.c_void_p,
+                                      ctypes.c_void_p, ctypes.c_void_p, p64))
+    return native_library(TARWALK, version_symbol="tw_version", version=_TARWALK_VERSION, off_env=_TARWALK_ENV,
+                          without="headers are walked in Python", functions=(walk,))
 
 
 class _NativeWalk:

@@ -5,7 +5,10 @@ Shared by the packer (``--workers`` default) and the loader (``num_workers``).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib.util
+import logging
 import math
 import os
 import threading
@@ -16,7 +19,9 @@ from typing import Any, Callable, Iterator
 
 __all__ = ["available_cpus", "cgroup_cpu_limit", "local_world_size", "default_workers", "check_threads",
            "die_with_parent", "WorkerEnv", "current_worker_env", "ThreadWorker", "thread_worker", "as_thread_worker",
-           "worker_seed", "native_path"]
+           "worker_seed", "native_path", "native_library"]
+
+log = logging.getLogger(__name__)
 
 
 def native_path(module: str) -> Path | None:
@@ -25,6 +30,44 @@ def native_path(module: str) -> Path | None:
     None where the build could not compile it."""
     spec = importlib.util.find_spec(module)  # finds the file without importing it
     return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+#: A native helper's functions to declare: (name, restype, argtypes).
+NativeFunctions = tuple[tuple[str, Any, tuple[Any, ...]], ...]
+
+
+def native_library(module: str, *, version_symbol: str, version: int, off_env: str, without: str,
+                   functions: NativeFunctions) -> ctypes.CDLL | None:
+    """The optional native helper ``module`` (:func:`native_path`) loaded with ctypes, its ``functions``
+    declared; None where it was not built (a debug line), where ``off_env`` says ``off``, or where it does
+    not load or has another interface version than ``version`` (its ``int version_symbol(void)``): then a
+    warning that ends with ``without``, what the package does instead. Loaded once per process."""
+    if os.environ.get(off_env, "").lower() == "off":
+        return None
+    return _load_native(module, version_symbol, version, without, functions)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_native(module: str, version_symbol: str, version: int, without: str,
+                 functions: NativeFunctions) -> ctypes.CDLL | None:
+    path = native_path(module)
+    if path is None:
+        log.debug("native helper %s not built (the install found no C compiler)", module)
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+        getattr(lib, version_symbol).restype = ctypes.c_int
+        if getattr(lib, version_symbol)() != version:
+            log.warning("%s has another interface than this code's: rebuild it by reinstalling the package "
+                        "(pip install -e .); %s", path, without)
+            return None
+        for name, restype, argtypes in functions:
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, list(argtypes)
+    except (OSError, AttributeError) as exc:
+        log.warning("native helper %s not loaded (%s); %s", path, exc, without)
+        return None
+    return lib
 
 
 def cgroup_cpu_limit(root: str | os.PathLike = "/sys/fs/cgroup") -> float | None:

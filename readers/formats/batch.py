@@ -28,9 +28,6 @@ from __future__ import annotations
 
 import copy
 import ctypes
-import functools
-import logging
-import os
 import sys
 import threading
 from typing import Any, Callable, NamedTuple, Sequence
@@ -38,7 +35,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from readers.contract.env import native_path
+from readers.contract.env import native_library
 from readers.contract.perprocess import PerProcess
 
 __all__ = ["ByteBatch", "index_array", "finish_batch", "byte_offsets", "new_byte_batch", "byte_batch", "shared_tensor", "Allocator",
@@ -164,39 +161,18 @@ def byte_batch(pieces: Sequence[Any], sizes: Any = None, alloc: Allocator | None
     return batch
 
 
-log = logging.getLogger(__name__)
-
 GATHER = "readers.formats._gather"  # setup.py's optional extension: a plain C library, loaded by path
 _GATHER_VERSION = 1
 _GATHER_ENV = "DATASET_PACKER_GATHER"  # "off": numpy copies
 
 
-@functools.lru_cache(maxsize=1)
-def _load_gather() -> ctypes.CDLL | None:
-    path = native_path(GATHER)
-    if path is None:
-        log.debug("batch gather helper %s not built (the install found no C compiler)", GATHER)
-        return None
-    try:
-        lib = ctypes.CDLL(str(path))
-        lib.gt_version.restype = ctypes.c_int
-        if lib.gt_version() != _GATHER_VERSION:
-            log.warning("%s has another interface than this code's: rebuild it by reinstalling the package "
-                        "(pip install -e .); batches are copied with numpy", path)
-            return None
-        fn = lib.gt_gather
-    except (OSError, AttributeError) as exc:
-        log.warning("batch gather helper %s not loaded (%s); batches are copied with numpy", path, exc)
-        return None
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    return lib
-
-
 def gather_library() -> ctypes.CDLL | None:
     """The native batch gather (``readers/formats/_gather.c``), or None (not built, or
     ``DATASET_PACKER_GATHER=off``): then :func:`copy_runs` copies with numpy, the same bytes."""
-    return None if os.environ.get(_GATHER_ENV, "").lower() == "off" else _load_gather()
+    return native_library(GATHER, version_symbol="gt_version", version=_GATHER_VERSION, off_env=_GATHER_ENV,
+                          without="batches are copied with numpy",
+                          functions=(("gt_gather", None, (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                          ctypes.c_int64)),))
 
 
 def copy_runs(data: np.ndarray, sources: Sequence[np.ndarray], which: np.ndarray, starts: np.ndarray,
