@@ -184,7 +184,7 @@ def copy_runs(data: np.ndarray, sources: Sequence[np.ndarray], which: np.ndarray
     ``sources`` are 1-D uint8 arrays (mappings, buffers); each run must lie inside its source (checked
     here, as a ValueError: the readers check their own bounds first and say which file is short).
     With the native gather (:func:`gather_library`) it is one call for the whole batch, without the GIL,
-    and the runs go to memory without passing through the cache (see ``_gather.c``); else one
+    and runs of 4 KB or more go to memory without passing through the cache (see ``_gather.c``); else one
     ``numpy.concatenate`` of views (:func:`concat_into`). A memoryview slice assignment per piece took
     1.3x as long in one thread as that, and with two loader threads the Python between pieces passed
     the GIL back and forth (lmdb ``decode=False``, 2 threads: 52k samples/s that way, 87k with one numpy
