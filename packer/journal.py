@@ -35,6 +35,7 @@ import json
 import logging
 import os
 from dataclasses import asdict, dataclass, field, fields
+from json.encoder import encode_basestring_ascii as json_string  # json.dumps(a str), without its per-call setup
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -223,7 +224,7 @@ class SideFiles:
         self._filled += 1
         if self._filled == RECORD_BATCH:
             self._drain()
-        self.names.write((json.dumps(rel) + "\n").encode())  # ASCII escapes: any file name round-trips
+        self.names.write((json_string(rel) + "\n").encode())  # ASCII escapes: any file name round-trips
 
     def add_reject(self, rel: str, reason: str) -> None:
         self.rejects.write((json.dumps({"path": rel, "reason": reason}) + "\n").encode())

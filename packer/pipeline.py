@@ -279,11 +279,11 @@ class _WriteStage:
                 raise PackError(f"rejected {self.source.root / rel}: {outcome.problem} "
                                 "(--strict stops at the first reject)")
         else:
-            self._store(pos, outcome)
+            self._store(pos, rel, outcome)
         if self.progress is not None:
             self.progress(1, size)
 
-    def _store(self, pos: int, outcome: Outcome) -> None:
+    def _store(self, pos: int, rel: str, outcome: Outcome) -> None:
         prep, label, journal = outcome.prepared, self.source.labels[pos], self.journal
         assert prep is not None
         if outcome.fields is None:
@@ -294,10 +294,10 @@ class _WriteStage:
             raise PackError(f"internal error: {type(self.writer).__name__} gave {len(locations)} locations for "
                             f"{self._locations} location fields")
         record = self._record((label, outcome.crc, prep.height, prep.width, prep.nbytes, *locations, 0))
-        self.files.add_sample(record, self.source.paths[pos])
+        self.files.add_sample(record, rel)
         if prep.repair:
             journal.repaired += 1
-            self.files.add_repair(self.source.paths[pos], journal.done, prep.repair)
+            self.files.add_repair(rel, journal.done, prep.repair)
         journal.changed += bool(prep.changed) and not prep.repair and not self.writer.pixels
         journal.encodings[prep.ext] = journal.encodings.get(prep.ext, 0) + 1
         journal.done += 1
