@@ -167,7 +167,7 @@ class LmdbWriter(FormatWriter):
 
     def append(self, sample_no: int, prepared: Prepared, label: int,
                fields: tuple[bytes, ...] | None = None) -> tuple[()]:
-        key = b"%010d" % sample_no  # spec.lmdb_key, inlined: once per sample on the write thread
+        key = spec.lmdb_key(sample_no)
         self._put(key, prepared.data)
         if fields is not None or self.extra:
             blobs = self.store_fields(fields)
