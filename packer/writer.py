@@ -71,6 +71,11 @@ ON_ERROR = ("raise", "reject")
 #: over in chunks, in bursts (packer.prepare.readahead.Handoff): while the thread waits on LMDB's commit or an
 #: fsync the caller goes on checking the next samples, and the two seldom wait on each other for the GIL.
 _QUEUE_BYTES = 64 << 20
+#: Into LMDB the hand-over is gated (``Handoff(gated_below=...)``): once this many chunks wait (about one 8 MB
+#: transaction of 48 KB samples, and one more), the caller goes on only while the write thread commits. Measured
+#: (2,000 samples, 9 writes each, interleaved, median wall ms): ungated 204; gated below 6 chunks 152, 8: 169,
+#: 12: 184, 15: 190.
+_GATED_BELOW = 6
 _ABORT = object()  # the caller aborts: the write thread stops there
 
 
@@ -210,7 +215,8 @@ class Writer:
         self._schema: Schema | None = None
         self._names: frozenset[str] = frozenset()  # the schema's field names (a sample's keys, but __key__)
         self._thread: threading.Thread | None = None
-        self._handoff: Handoff[Any] = Handoff(_QUEUE_BYTES)
+        self._handoff: Handoff[Any] = Handoff(
+            _QUEUE_BYTES, gated_below=_GATED_BELOW if self._writer_cls.gil_free_commits else None)
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._opts: ImageOptions | None = None
@@ -438,11 +444,12 @@ class Writer:
 
     def _run(self) -> None:
         try:
-            if self._target is not None:  # staged, uploaded as it goes, index.json last (packer.remote_output)
-                self.result = self._target.pack_split(self._pack, self._source, self.out, self.split,
-                                                      self._writer_cls, None)
-            else:
-                self.result = self._pack(self._source, self.out, self.split, self._writer_cls, None)
+            with self._handoff.consuming():  # the format writer's long GIL-free calls open the caller's gate
+                if self._target is not None:  # staged, uploaded as it goes, index.json last (packer.remote_output)
+                    self.result = self._target.pack_split(self._pack, self._source, self.out, self.split,
+                                                          self._writer_cls, None)
+                else:
+                    self.result = self._pack(self._source, self.out, self.split, self._writer_cls, None)
         except _Aborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread

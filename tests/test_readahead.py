@@ -1,4 +1,4 @@
-"""packer.prepare.readahead.read_ahead: order, the byte bound, errors and early close."""
+"""packer.prepare.readahead.read_ahead: order, the byte bound, errors and early close; a gated Handoff."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from packer.prepare.readahead import Handoff, read_ahead
+from packer.prepare.readahead import Handoff, outside_gil, read_ahead
 
 
 def test_every_item_in_order_from_another_thread():
@@ -141,3 +141,60 @@ def test_items_put_are_taken_in_order_after_end_with_the_last_partial_chunk():
         assert handoff.put(i, 100)
     assert handoff.end()
     assert list(handoff.items()) == list(range(10))
+
+
+def test_a_gated_producer_goes_on_only_while_the_consumer_is_outside_the_gil_or_short_of_items():
+    h: Handoff[int] = Handoff(max_bytes=1 << 20, chunk_items=1, depth=16, gated_below=3)
+    handed: list[int] = []
+
+    def produce() -> None:
+        for i in range(12):
+            assert h.put(i, 1)
+            handed.append(i)  # one item per chunk: handed over when put returns
+        assert h.end()
+
+    with h.consuming():
+        producer = threading.Thread(target=produce)
+        producer.start()
+        assert _wait_until(lambda: len(handed) == 3)
+        time.sleep(0.3)  # ample time to hand over more if nothing held it back
+        assert len(handed) == 3  # 3 chunks wait: the gate is shut
+        items = h.items()
+        assert next(items) == 0  # 2 left, below the gate: the producer goes on until 3 wait again
+        assert _wait_until(lambda: len(handed) == 4)
+        time.sleep(0.3)
+        assert len(handed) == 4
+        with outside_gil():  # the consumer in a long GIL-free call: the rest goes over
+            assert _wait_until(lambda: len(handed) == 12)
+        producer.join(5)
+        assert list(items) == list(range(1, 12))
+
+
+def test_outside_gil_opens_only_the_gate_of_the_handoff_this_thread_consumes():
+    h: Handoff[int] = Handoff(max_bytes=1 << 20, chunk_items=1, gated_below=1)
+    handed: list[int] = []
+
+    def produce() -> None:
+        for i in range(3):
+            if not h.put(i, 1):
+                return
+            handed.append(i)
+
+    def elsewhere() -> None:
+        with outside_gil():  # a thread that consumes no handoff (a pack's write thread)
+            time.sleep(0.3)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    assert _wait_until(lambda: len(handed) == 1)  # one chunk waits: the gate is shut
+    other = threading.Thread(target=elsewhere)
+    with h.consuming():  # this thread's, not the other thread's
+        other.start()
+        other.join()
+    elsewhere()  # and not here either, outside consuming()
+    assert len(handed) == 1
+    with h.consuming(), outside_gil():
+        assert _wait_until(lambda: len(handed) == 3)
+    producer.join(5)
+    with pytest.raises(ValueError, match="gated_below=17"):
+        Handoff(gated_below=17)

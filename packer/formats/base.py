@@ -50,6 +50,9 @@ class FormatWriter(ABC):
     pixels: ClassVar[bool] = False
     #: True when :attr:`field_store` keeps variable fields as blob + offsets (formats without records)
     variable_blobs: ClassVar[bool] = False
+    #: True when the writer's commits and syncs are long calls without the GIL, wrapped in
+    #: ``packer.prepare.readahead.outside_gil``: a ``packer.Writer`` then gates its caller on them
+    gil_free_commits: ClassVar[bool] = False
 
     def __init__(self, root: Path, split: str, options: PackOptions, estimated_bytes: int,
                  schema: Schema | None = None) -> None:

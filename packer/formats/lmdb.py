@@ -39,6 +39,7 @@ import lmdb
 
 from packer.formats.base import FormatWriter
 from packer.prepare.images import Prepared
+from packer.prepare.readahead import outside_gil
 from readers.contract import spec
 from readers.contract.fields import lmdb_field_key
 from readers.formats.lmdbcheck import TAIL_PAD, read_meta
@@ -102,6 +103,7 @@ def _pad_tail(data: os.PathLike) -> None:
 
 class LmdbWriter(FormatWriter):
     format = "lmdb"
+    gil_free_commits = True
     #: a write transaction commits after this many bytes of values
     txn_bytes: ClassVar[int] = TXN_BYTES
 
@@ -184,7 +186,8 @@ class LmdbWriter(FormatWriter):
         """Commit the open transaction and begin the next; ``map_size``: resize the map in between
         (no write transaction may be open while it is resized)."""
         try:
-            self._txn.commit()  # data pages fdatasync'd; the meta page is flushed by the next sync
+            with outside_gil():  # a packer.Writer's caller checks its next samples meanwhile
+                self._txn.commit()  # data pages fdatasync'd; the meta page is flushed by the next sync
             if map_size is not None:
                 self.env.set_mapsize(map_size)
             self._txn = self.env.begin(write=True)
@@ -195,7 +198,8 @@ class LmdbWriter(FormatWriter):
     def checkpoint(self) -> dict[str, Any]:
         self._commit()
         try:
-            self.env.sync(True)  # metasync=False: the last commit's meta page is durable from here
+            with outside_gil():
+                self.env.sync(True)  # metasync=False: the last commit's meta page is durable from here
         except lmdb.Error as exc:
             raise _lmdb_error(exc, self.root) from exc
         if self.field_store is not None:
