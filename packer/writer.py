@@ -72,9 +72,9 @@ ON_ERROR = ("raise", "reject")
 #: fsync the caller goes on checking the next samples, and the two seldom wait on each other for the GIL.
 _QUEUE_BYTES = 64 << 20
 #: Into LMDB the hand-over is gated (``Handoff(gated_below=...)``): once this many chunks wait (about one 8 MB
-#: transaction of 48 KB samples, and one more), the caller goes on only while the write thread commits. Measured
-#: (2,000 samples, 9 writes each, interleaved, median wall ms): ungated 204; gated below 6 chunks 152, 8: 169,
-#: 12: 184, 15: 190.
+#: transaction of 48 KB samples, and one more), the caller goes on only while the write thread commits. A prototype
+#: of the gate chose the number (2,000 samples, 9 writes each, interleaved, median wall ms): ungated 204; gated
+#: below 6 chunks 152, 8: 169, 12: 184, 15: 190.
 _GATED_BELOW = 6
 _ABORT = object()  # the caller aborts: the write thread stops there
 
