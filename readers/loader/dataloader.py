@@ -393,9 +393,10 @@ def make_loader(
     (``ShardDataset.with_order``) with ``seed``/``shuffle`` applied: the
     dataset passed in is never changed. A ``ShardDataset`` of stored bytes (``decode=False``, local
     shards) is read a whole batch at a time in every worker kind, unless a ``collate_fn`` of your own
-    is given: threads (and ``num_workers=0`` with ``workers="auto"``) through ``readers.formats.shardbatch``,
-    worker processes (and ``num_workers=0`` with ``workers="processes"``) through that copy's ``with_batch_reads`` (it yields samples unread; the loader's
-    collate reads them).
+    is given: threads (and ``num_workers=0`` with ``workers="auto"``) through
+    ``readers.formats.shardbatch``, worker processes (and ``num_workers=0`` with
+    ``workers="processes"``) through that copy's ``with_batch_reads`` (it yields samples unread; the
+    loader's collate reads them).
 
     ``distributed``: None (default) splits over DDP ranks when a process group
     is initialised or ``WORLD_SIZE > 1`` (decided when iterated); False reads
