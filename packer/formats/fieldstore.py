@@ -43,6 +43,7 @@ _CRC_PART = CRC_PART = "field_checksums.part"  # CRC_PART, SIZES_PART: packer.ap
 _SIZES_PART = SIZES_PART = "field_sizes.part"
 _OFFSET = np.dtype("<i8")  # byte positions: blobs of a large dataset pass 2**31
 _CRC = np.dtype("<u4")
+_END_ROW = struct.Struct("<q").pack  # a variable field's running end, one row of its .ends file
 
 
 field_file = column_file  # the names are the contract's (readers.contract.fields, "field layout")
@@ -110,6 +111,14 @@ class FieldStore:
             self._open(ends.name, samples * _OFFSET.itemsize)
             self._open(blob_file(f.name) + ".part", end)
             self._ends[f.name] = end
+        # append's targets, looked up once: per sample it only writes
+        files = self._files
+        self._rows = (files[_CRC_PART].write, files[_SIZES_PART].write,
+                      struct.Struct(f"<{len(self.fields)}I").pack, struct.Struct(f"<{len(self.fields)}q").pack)
+        self._fixed_out = [(i, files[field_file(f.name) + ".part"].write) for i, f in self.fixed]
+        self._variable_out = [(i, f.name, files[blob_file(f.name) + ".part"].write,
+                               files[blob_file(f.name).replace(".bin", ".ends") + ".part"].write)
+                              for i, f in self.variable]
 
     def _open(self, name: str, keep: int) -> None:
         path = self._part(name)
@@ -120,17 +129,20 @@ class FieldStore:
 
     def append(self, blobs: Sequence[bytes]) -> None:
         """One sample's blobs (one per extra field, in order). Once per sample: the rows are packed
-        with ``struct`` (little-endian, as :data:`_CRC` and :data:`_OFFSET`), not small arrays."""
-        k = len(blobs)
-        self._files[_CRC_PART].write(struct.pack(f"<{k}I", *[spec.checksum(b) for b in blobs]))
-        self._files[_SIZES_PART].write(struct.pack(f"<{k}q", *[len(b) for b in blobs]))
-        for i, f in self.fixed:
-            self._files[field_file(f.name) + ".part"].write(blobs[i])
-        for i, f in self.variable:
-            self._files[blob_file(f.name) + ".part"].write(blobs[i])
-            self._ends[f.name] += len(blobs[i])
-            self._files[blob_file(f.name).replace(".bin", ".ends") + ".part"].write(
-                struct.pack("<q", self._ends[f.name]))
+        with ``struct`` (little-endian, as :data:`_CRC` and :data:`_OFFSET`), not small arrays, into
+        the files :meth:`open` looked up."""
+        write_crcs, write_sizes, crc_row, size_row = self._rows
+        write_crcs(crc_row(*[spec.checksum(b) for b in blobs]))
+        write_sizes(size_row(*[len(b) for b in blobs]))
+        for i, write in self._fixed_out:
+            write(blobs[i])
+        if self._variable_out:
+            ends = self._ends
+            for i, name, write_blob, write_end in self._variable_out:
+                blob = blobs[i]
+                write_blob(blob)
+                ends[name] = end = ends[name] + len(blob)
+                write_end(_END_ROW(end))
         self.samples += 1
 
     def checkpoint(self) -> None:

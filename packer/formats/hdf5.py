@@ -84,6 +84,7 @@ class HDF5Writer(FormatWriter):
         # and h5py's slice writes cost 20% more than raw chunks. The block starts at a chunk
         # boundary (``_base``); a partial chunk at its end is written at checkpoints, its tail zeroed.
         self._block = np.empty(_BLOCK_BYTES, dtype=np.uint8)
+        self._view = memoryview(self._block)
         if state and self.path.exists():
             self.h5 = h5py.File(self.path, "r+")
             self.pos = int(state["bytes"])
@@ -127,18 +128,25 @@ class HDF5Writer(FormatWriter):
 
     def append(self, sample_no: int, prepared: Prepared, label: int,
                fields: tuple[bytes, ...] | None = None) -> tuple[int]:
-        self.store_fields(fields)
-        offset, data = self.pos, np.frombuffer(prepared.data, dtype=np.uint8)
-        block, done = self._block, 0
-        while done < len(data):  # a sample may run over the block's end, and over more than one block
-            n = min(len(data) - done, len(block) - self._fill)
-            block[self._fill:self._fill + n] = data[done:done + n]
-            self._fill += n
-            done += n
-            if self._fill == len(block):
-                self._drain()
-        self.pos += len(data)
-        self._since += len(data)
+        if fields is not None or self.extra:
+            self.store_fields(fields)
+        data, offset, fill = prepared.data, self.pos, self._fill
+        n = len(data)
+        if fill + n < _BLOCK_BYTES:  # it fits in the block (a memoryview's slice copy: a memcpy)
+            self._view[fill:fill + n] = data
+            self._fill = fill + n
+        else:  # it fills the block, and may run over more than one
+            data, done = np.frombuffer(data, dtype=np.uint8), 0
+            block = self._block
+            while done < n:
+                k = min(n - done, len(block) - self._fill)
+                block[self._fill:self._fill + k] = data[done:done + k]
+                self._fill += k
+                done += k
+                if self._fill == len(block):
+                    self._drain()
+        self.pos += n
+        self._since += n
         return (offset,)
 
     def at_checkpoint_boundary(self) -> bool:
