@@ -132,7 +132,7 @@ class HDF5Writer(FormatWriter):
             self.store_fields(fields)
         data, offset, fill = prepared.data, self.pos, self._fill
         n = len(data)
-        if fill + n < _BLOCK_BYTES:  # it fits in the block (a memoryview's slice copy: a memcpy)
+        if fill + n < len(self._view):  # it fits in the block (a memoryview's slice copy: a memcpy)
             self._view[fill:fill + n] = data
             self._fill = fill + n
         else:  # it fills the block, and may run over more than one
