@@ -84,7 +84,7 @@ class HDF5Writer(FormatWriter):
         # and h5py's slice writes cost 20% more than raw chunks. The block starts at a chunk
         # boundary (``_base``); a partial chunk at its end is written at checkpoints, its tail zeroed.
         self._block = np.empty(_BLOCK_BYTES, dtype=np.uint8)
-        self._view = memoryview(self._block)
+        self._view = self._block.data  # a memoryview of it
         if state and self.path.exists():
             self.h5 = h5py.File(self.path, "r+")
             self.pos = int(state["bytes"])
@@ -136,11 +136,10 @@ class HDF5Writer(FormatWriter):
             self._view[fill:fill + n] = data
             self._fill = fill + n
         else:  # it fills the block, and may run over more than one
-            data, done = np.frombuffer(data, dtype=np.uint8), 0
-            block = self._block
+            array, block, done = np.frombuffer(data, dtype=np.uint8), self._block, 0
             while done < n:
                 k = min(n - done, len(block) - self._fill)
-                block[self._fill:self._fill + k] = data[done:done + k]
+                block[self._fill:self._fill + k] = array[done:done + k]
                 self._fill += k
                 done += k
                 if self._fill == len(block):
