@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         synth = SynthOptions(size=(160, 128)) if args.quick else SynthOptions()
         n = 48 if args.quick else args.images
         repeats = 1 if args.quick else args.repeats
-        make_imagenet_like(work / "src", n, 10, synth, processes=1 if args.quick else available_cpus())
+        make_imagenet_like(work / "src", n, 10, synth, threads=1 if args.quick else available_cpus())
         sources = {}
         for fmt in ("wds", "lmdb", "hdf5"):
             sources[fmt] = work / fmt

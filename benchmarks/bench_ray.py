@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         src = args.source or work / "src"
         size = (160, 128) if args.quick else (480, 400)
-        make_imagenet_like(src, args.images, 10, SynthOptions(size=size), processes=available_cpus())
+        make_imagenet_like(src, args.images, 10, SynthOptions(size=size), threads=available_cpus())
         files = sorted(p for p in src.rglob("*") if p.is_file())
         n, mb = len(files), sum(p.stat().st_size for p in files) / 1e6
         CacheControl.warm(files)

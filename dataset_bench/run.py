@@ -150,8 +150,8 @@ def run_benchmark(config: BenchConfig | None = None, *, progress: Callable[[Benc
 
 
 def _stop_children() -> None:
-    """Kill the multiprocessing children this process still has (the generator's pool, when SIGTERM or
-    Ctrl-C came while it was being made), and reap them."""
+    """Kill the multiprocessing children this process still has (a pack's pool, when SIGTERM or Ctrl-C
+    came while it was being made), and reap them."""
     import multiprocessing
 
     for child in multiprocessing.active_children():

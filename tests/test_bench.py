@@ -59,7 +59,7 @@ def test_generate_image_folder(tmp_path):
             assert 420 <= w <= 540 and 340 <= h <= 460
         sizes.append(f.stat().st_size)
     assert 40_000 < np.mean(sizes) < 250_000  # ~100 KB, like ImageNet
-    again = generate_image_folder(tmp_path / "b", 12, classes=3, seed=1, processes=1)
+    again = generate_image_folder(tmp_path / "b", 12, classes=3, seed=1, threads=1)
     assert [f.read_bytes() for f in files] == [f.read_bytes() for f in sorted(again.rglob("*.JPEG"))]
     with pytest.raises(ValueError):
         generate_image_folder(tmp_path / "c", 0)

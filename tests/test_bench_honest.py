@@ -156,8 +156,8 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.slow  # subprocesses, real signals
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to find the child processes")
-@pytest.mark.parametrize("phase", ["measuring"])  # "preparing" (SIGTERM while the generator's pool starts) is
-def test_sigterm_leaves_no_measurement_process_and_no_temp_folder(tmp_path, phase):  # not reliable yet
+@pytest.mark.parametrize("phase", ["measuring", "preparing"])  # preparing: while it packs (the generator runs in threads)
+def test_sigterm_leaves_no_measurement_process_and_no_temp_folder(tmp_path, phase):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
