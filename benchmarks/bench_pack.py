@@ -55,10 +55,10 @@ MMAP_RESIZE = 256
 
 
 def make_source(root: Path, images: int, classes: int, size: tuple[int, int], quality: int, noise: float,
-                seed: int, processes: int) -> tuple[int, int]:
+                seed: int, threads: int) -> tuple[int, int]:
     """Write ``root/n000000xx/img_xxxxxxx.JPEG`` (dataset_bench.synth); return (files, bytes)."""
     make_imagenet_like(root, images, classes, SynthOptions(size=size, quality=quality, noise=noise, seed=seed),
-                       processes=processes)
+                       threads=threads)
     files = source_files(root)
     return len(files), sum(p.stat().st_size for p in files)
 
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         outs.mkdir()
         t0 = time.perf_counter()
         n, nbytes = make_source(src, args.images, args.classes, (w, h), args.quality, args.noise, args.seed,
-                                processes=1 if args.quick else max(1, available_cpus()))
+                                threads=1 if args.quick else max(1, available_cpus()))
         gen_s, mb, machine = time.perf_counter() - t0, nbytes / 1e6, machine_info()
         print(f"source: {n} JPEGs in {args.classes} classes, ~{w}x{h}, q{args.quality}, "
               f"{mb:.1f} MB ({nbytes / n / 1e3:.0f} KB/image), generated in {gen_s:.1f} s under {work}")

@@ -42,7 +42,7 @@ def make_images(root: Path, n: int, procs: int, base: Path | None = None) -> flo
         return time.perf_counter() - t0
     if n <= UNIQUE or base is None:
         make_imagenet_like(root, n, classes=min(CLASSES, n), options=SynthOptions(size=(32, 32), jitter=0, noise=4.0),
-                           processes=procs)
+                           threads=procs)
     else:
         make_images(base, UNIQUE, procs)
         for c in range(CLASSES):
