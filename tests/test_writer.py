@@ -28,6 +28,7 @@ from readers.contract.locks import LOCK_NAME
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = ("wds", "lmdb", "hdf5", "mmap")
 FIELDS = ("image", "label", "caption", "boxes", "score")
+N_WRITTEN = 2000  # issue 34: a generator of 2,000 samples, written into each format
 
 
 def pixels(i: int) -> np.ndarray:
@@ -89,18 +90,35 @@ def assert_field_exact(out: Path, fmt: str, n: int) -> None:
 def test_samples_written_read_back_field_exact_and_verify(tmp_path, fmt):
     out = tmp_path / fmt
     with Writer(out, format=fmt, options=opts(fmt), classes=["a", "b", "c", "d"]) as w:
-        for s in samples(60):
+        for s in samples(N_WRITTEN):
             w.write(s)
-        assert w.count == 60 and not (out / spec.INDEX_NAME).exists()
-    assert w.result is not None and w.result.images == 60
+        assert w.count == N_WRITTEN and not (out / spec.INDEX_NAME).exists()
+    assert w.result is not None and w.result.images == N_WRITTEN
     meta = json.loads((out / spec.INDEX_NAME).read_text())
-    assert meta["classes"] == ["a", "b", "c", "d"] and meta["num_samples"] == 60
+    assert meta["classes"] == ["a", "b", "c", "d"] and meta["num_samples"] == N_WRITTEN
     assert [(f["name"], f["type"]) for f in meta["fields"]] == [
         ("image", "image"), ("label", "int32"), ("caption", "text"), ("boxes", "float32[*,4]"), ("score", "float")]
-    assert_field_exact(out, fmt, 60)
+    assert_field_exact(out, fmt, N_WRITTEN)
     assert verify(out).ok
     assert cli_main(["verify", str(out)]) == 0 and cli_main(["info", str(out)]) == 0
     assert not (out / spec.STATE_NAME).exists() and not (out / spec.REJECTS_NAME).exists()
+
+
+def test_the_same_samples_through_pack_map_give_the_same_bytes_with_0_1_and_2_workers(tmp_path):
+    """The 2,000 samples above, made by ``sample`` as pack_map's ``fn`` (one input, one sample), in 0,
+    1 and 2 worker processes: every file of the output is the same, and it reads back field-exact."""
+    from packer import pack_map
+
+    got = {}
+    for workers in (0, 1, 2):
+        out = tmp_path / f"w{workers}"
+        result = pack_map(sample, range(N_WRITTEN), out, "wds", workers=workers, options=opts("wds"),
+                          classes=["a", "b", "c", "d"])
+        assert result.inputs == result.samples == N_WRITTEN
+        got[workers] = {str(f.relative_to(out)): f.read_bytes() for f in sorted(out.rglob("*")) if f.is_file()}
+    assert spec.INDEX_NAME in got[0] and len(got[0]) > 3
+    assert got[1] == got[0] and got[2] == got[0]
+    assert_field_exact(tmp_path / "w2", "wds", N_WRITTEN)
 
 
 def test_converted_writer_output_keeps_every_field(tmp_path):
