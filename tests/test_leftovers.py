@@ -122,6 +122,33 @@ def test_die_with_parent_in_a_grandchild(tmp_path):
     assert not _alive(child)
 
 
+def test_die_with_parent_after_the_parent_died_exits(tmp_path):
+    """A worker whose parent was SIGKILLed before it asked (it has another parent by then) exits
+    at once instead of living on."""
+    marker = tmp_path / "survived"
+    code = (
+        "import multiprocessing, os, sys, time\n"
+        "from readers.contract.env import die_with_parent\n"
+        "def work(parent, marker):\n"
+        "    time.sleep(1.0)\n"
+        "    die_with_parent(parent)\n"
+        "    open(marker, 'w').close()\n"
+        "if __name__ == '__main__':\n"
+        "    p = multiprocessing.get_context('fork').Process(target=work, args=(os.getpid(), sys.argv[1]))\n"
+        "    p.start()\n"
+        "    print(p.pid, flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(marker)], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child) and not marker.exists()
+
+
 def test_die_with_parent_is_a_no_op_for_a_process_that_is_not_our_child():
     """A forkserver's child: its parent is the forkserver, not the loader's process; nothing is set."""
     from readers.contract.env import die_with_parent

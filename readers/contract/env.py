@@ -141,8 +141,17 @@ def die_with_parent(parent_pid: int, sig: int = 9) -> bool:
     while this was being set.
 
     The signal fires when the parent *thread* that started this process ends, so call it only
-    in processes started from the parent's main thread."""
+    in processes started from the parent's main thread.
+
+    A multiprocessing child of ``parent_pid`` whose parent has died already (killed while this
+    process was starting, so it now has another parent) exits at once too: left to run, a loader
+    worker would go on with no one to read what it sends."""
     if os.getppid() != parent_pid:
+        import multiprocessing
+
+        parent = multiprocessing.parent_process()
+        if parent is not None and parent.pid == parent_pid and not parent.is_alive():
+            os._exit(1)
         return False
     try:
         import ctypes
