@@ -49,6 +49,11 @@ _END_ROW = struct.Struct("<q").pack  # a variable field's running end, one row o
 field_file = column_file  # the names are the contract's (readers.contract.fields, "field layout")
 
 
+def _ends_part(name: str) -> str:
+    """The side file of variable field ``name``'s running ends (``field-<name>.ends.part``)."""
+    return blob_file(name).replace(".bin", ".ends") + ".part"
+
+
 def is_field_file(name: str) -> bool:
     """A file name this module writes (final or in progress): ``--overwrite`` may delete it."""
     if name in (FIELD_CHECKSUMS, _CRC_PART, _SIZES_PART) or name == FIELD_CHECKSUMS + ".tmp":
@@ -84,7 +89,8 @@ class FieldStore:
         self.fixed = [(i, f) for i, f in enumerate(self.fields) if f.type.fixed]
         self.variable = [(i, f) for i, f in enumerate(self.fields) if not f.type.fixed] if variable else []
         self._files: dict[str, BinaryIO] = {}
-        self._ends: dict[str, int] = {}
+        self._ends: list[int] = []  # per variable field (self.variable's order): where its blobs end so far
+        self._variable_out: list[tuple[int, int, Any, Any]] = []  # (blob index, ends position, writes)
         self.samples = 0
         #: after :meth:`finalize`: field name -> stats (bytes, min/max bytes, rows or values)
         self.stats: dict[str, dict[str, Any]] = {}
@@ -101,24 +107,23 @@ class FieldStore:
         for _, f in self.fixed:
             dtype, shape = f.type.column_layout(samples)
             self._open(field_file(f.name) + ".part", dtype.itemsize * math.prod(shape))
-        for _, f in self.variable:
-            ends = self._part(blob_file(f.name).replace(".bin", ".ends") + ".part")
-            end = 0
-            if samples and ends.exists():
-                with open(ends, "rb") as e:
-                    e.seek((samples - 1) * _OFFSET.itemsize)
-                    end = int(np.frombuffer(e.read(_OFFSET.itemsize), _OFFSET)[0])
-            self._open(ends.name, samples * _OFFSET.itemsize)
-            self._open(blob_file(f.name) + ".part", end)
-            self._ends[f.name] = end
         # append's targets, looked up once: per sample it only writes
         files = self._files
+        self._ends, self._variable_out = [], []
+        for k, (i, f) in enumerate(self.variable):
+            ends, blob = _ends_part(f.name), blob_file(f.name) + ".part"
+            end = 0
+            if samples and self._part(ends).exists():
+                with open(self._part(ends), "rb") as e:
+                    e.seek((samples - 1) * _OFFSET.itemsize)
+                    end = int(np.frombuffer(e.read(_OFFSET.itemsize), _OFFSET)[0])
+            self._open(ends, samples * _OFFSET.itemsize)
+            self._open(blob, end)
+            self._ends.append(end)
+            self._variable_out.append((i, k, files[blob].write, files[ends].write))
         self._rows = (files[_CRC_PART].write, files[_SIZES_PART].write,
                       struct.Struct(f"<{len(self.fields)}I").pack, struct.Struct(f"<{len(self.fields)}q").pack)
         self._fixed_out = [(i, files[field_file(f.name) + ".part"].write) for i, f in self.fixed]
-        self._variable_out = [(i, f.name, files[blob_file(f.name) + ".part"].write,
-                               files[blob_file(f.name).replace(".bin", ".ends") + ".part"].write)
-                              for i, f in self.variable]
 
     def _open(self, name: str, keep: int) -> None:
         path = self._part(name)
@@ -138,10 +143,10 @@ class FieldStore:
             write(blobs[i])
         if self._variable_out:
             ends = self._ends
-            for i, name, write_blob, write_end in self._variable_out:
+            for i, k, write_blob, write_end in self._variable_out:
                 blob = blobs[i]
                 write_blob(blob)
-                ends[name] = end = ends[name] + len(blob)
+                ends[k] = end = ends[k] + len(blob)
                 write_end(_END_ROW(end))
         self.samples += 1
 
@@ -178,7 +183,7 @@ class FieldStore:
         for _, f in self.variable:
             offsets = self.offsets(f, n)
             _save_npy(self.root / offsets_file(f.name), offsets)
-            self._part(blob_file(f.name).replace(".bin", ".ends") + ".part").unlink()
+            self._part(_ends_part(f.name)).unlink()
             blob = self.root / blob_file(f.name)
             with open(self._part(blob.name + ".part"), "rb+") as fh:
                 os.fsync(fh.fileno())
@@ -219,7 +224,7 @@ class FieldStore:
         return np.memmap(path, dtype=dtype, mode="r", shape=shape)
 
     def offsets(self, f: Field, n: int) -> np.ndarray:
-        ends = self._part(blob_file(f.name).replace(".bin", ".ends") + ".part")
+        ends = self._part(_ends_part(f.name))
         out = np.zeros(n + 1, dtype=_OFFSET)
         out[1:] = np.fromfile(ends, dtype=_OFFSET, count=n)
         return out
@@ -233,7 +238,7 @@ class FieldStore:
             self._part(field_file(f.name) + ".part").unlink(missing_ok=True)
         for _, f in self.variable:
             self._part(blob_file(f.name) + ".part").unlink(missing_ok=True)
-            self._part(blob_file(f.name).replace(".bin", ".ends") + ".part").unlink(missing_ok=True)
+            self._part(_ends_part(f.name)).unlink(missing_ok=True)
 
     def state(self) -> dict[str, Any]:
         return {"field_samples": self.samples}
