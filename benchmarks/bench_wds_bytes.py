@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -42,23 +42,28 @@ if str(ROOT) not in sys.path and "--probe" not in sys.argv[1:]:
 FORMATS = ("wds", "lmdb")
 
 
-def probe(path: str, workers: int, seconds: float) -> dict[str, Any]:
-    """One measurement in this process (see the module docstring)."""
-    from readers import make_loader, open_dataset
-
-    loader = make_loader(open_dataset(path, decode=False), batch_size=64, num_workers=workers, pin_memory=False)
+def _timed(one_pass: Callable[[], Iterable[int]], seconds: float) -> tuple[float, int]:
+    """Samples/s and samples counted: ``one_pass()`` yields each batch's sample count; 5 warm-up batches,
+    then passes until ``seconds`` have gone by (at the end of a pass)."""
     drawn, samples, start = 0, 0, None
     while True:
-        for batch in loader:
+        for n in one_pass():
             drawn += 1
             if start is None:
                 if drawn >= 5:
                     start = time.perf_counter()
                 continue
-            samples += len(batch[1])
+            samples += n
         if start is not None and time.perf_counter() - start >= seconds and samples:
-            break
-    rate = samples / (time.perf_counter() - start)
+            return samples / (time.perf_counter() - start), samples
+
+
+def probe(path: str, workers: int, seconds: float) -> dict[str, Any]:
+    """One measurement in this process (see the module docstring)."""
+    from readers import make_loader, open_dataset
+
+    loader = make_loader(open_dataset(path, decode=False), batch_size=64, num_workers=workers, pin_memory=False)
+    rate, samples = _timed(lambda: (len(batch[1]) for batch in loader), seconds)
     return {"rate": rate, "loader": type(loader).__name__, "samples": samples}
 
 
@@ -87,22 +92,17 @@ def probe_copy(path: str, seconds: float) -> dict[str, Any]:
     copy_runs(data, maps, shards[first], starts[first], sizes[first])
     if data.tobytes() != b"".join(bytes(ds.get(int(i))[0]) for i in first):
         raise SystemExit(f"bench_wds_bytes: the copy alone of {path} does not give the reader's bytes")
-    drawn, samples, start = 0, 0, None
-    while True:
+
+    def one_pass() -> Iterator[int]:
         order = rng.permutation(len(sizes))
         for a in range(0, len(order), 64):
             idx = order[a:a + 64]
             data = np.empty(int(sizes[idx].sum()), dtype=np.uint8)
             copy_runs(data, maps, shards[idx], starts[idx], sizes[idx])
-            drawn += 1
-            if start is None:
-                if drawn >= 5:
-                    start = time.perf_counter()
-                continue
-            samples += len(idx)
-        if start is not None and time.perf_counter() - start >= seconds and samples:
-            break
-    return {"rate": samples / (time.perf_counter() - start), "loader": "copy_runs alone", "samples": samples}
+            yield len(idx)
+
+    rate, samples = _timed(one_pass, seconds)
+    return {"rate": rate, "loader": "copy_runs alone", "samples": samples}
 
 
 def probe_lmdb_by_hand(path: str, seconds: float) -> dict[str, Any]:
@@ -114,18 +114,8 @@ def probe_lmdb_by_hand(path: str, seconds: float) -> dict[str, Any]:
 
     labels = np.asarray(open_dataset(path, decode=False).labels)
     loader = lmdb_bytes(path, labels, 64, 0)
-    drawn, samples, start = 0, 0, None
-    while True:
-        for batch in loader:
-            drawn += 1
-            if start is None:
-                if drawn >= 5:
-                    start = time.perf_counter()
-                continue
-            samples += len(batch[1])
-        if start is not None and time.perf_counter() - start >= seconds and samples:
-            break
-    return {"rate": samples / (time.perf_counter() - start), "loader": "LMDB by hand", "samples": samples}
+    rate, samples = _timed(lambda: (len(batch[1]) for batch in loader), seconds)
+    return {"rate": rate, "loader": "LMDB by hand", "samples": samples}
 
 
 def prepare(work: Path, n: int) -> dict[str, Path]:
