@@ -7,6 +7,13 @@ file-backed pages (``Pss_File``: libraries, and mapped data files). The
 first two are what a loader really costs (*private* here); mapped pages of a
 dataset file are the page cache seen through a mapping, reported apart
 (:func:`mapped_under`), never counted against a reader.
+
+Shared memory is counted from the machine's side (:class:`PrivatePeak`): a
+``DataLoader`` worker writes each batch into a new shared-memory file, sends it
+and drops its own mapping, and until the main process reads the batch's pages
+no live process maps them, so no process's ``Pss_Shmem`` holds them. The growth
+of ``Shmem`` in ``/proc/meminfo`` since the measurement began counts those pages
+as well as slots a worker keeps mapped, each page once.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["private_pss", "mapped_under", "tree_pids", "PrivatePeak"]
+__all__ = ["private_pss", "system_shmem", "mapped_under", "tree_pids", "PrivatePeak"]
 
 
 def _rollup(pid: int) -> dict[str, int]:
@@ -36,6 +43,19 @@ def private_pss(pid: int) -> int | None:
     if "Pss_Anon" not in r:
         return None
     return r["Pss_Anon"] + r.get("Pss_Shmem", 0)
+
+
+def system_shmem() -> int | None:
+    """Bytes of shared memory in use on the machine (``Shmem`` of ``/proc/meminfo``: tmpfs, ``/dev/shm``,
+    memfd), None where the kernel does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("Shmem:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def tree_pids(pid: int | None = None) -> list[int]:
@@ -68,21 +88,33 @@ def mapped_under(pid: int, folder: str | os.PathLike) -> int:
 
 
 class PrivatePeak:
-    """Peak private PSS (main + workers) and peak data-file mapped PSS, sampled at most every ``interval`` s."""
+    """Peak private memory (main + workers) and peak data-file mapped PSS, sampled at most every ``interval`` s.
+
+    Private memory is the anonymous PSS of the processes plus the growth of the machine's shared
+    memory since this object was made (:func:`system_shmem`; see the module docstring), so a batch
+    in flight counts whether a worker keeps its pages mapped or not. That growth is the machine's:
+    measure one loader at a time. Where ``/proc/meminfo`` has no ``Shmem`` line, the processes'
+    ``Pss_Shmem`` stands in for it."""
 
     def __init__(self, data_folder: str | os.PathLike | None, interval: float = 0.25) -> None:
         self.folder, self.interval = data_folder, interval
         self.private: int | None = None
         self.mapped = 0
         self._next = 0.0
+        self._shmem0 = system_shmem()
 
     def sample(self, now: float, force: bool = False) -> None:
         if not force and now < self._next:
             return
         self._next = now + self.interval
         pids = tree_pids()
-        values = [private_pss(p) for p in pids]
-        if all(v is not None for v in values):
-            self.private = max(self.private or 0, sum(v for v in values if v is not None))
+        rollups = [_rollup(p) for p in pids]
+        if all("Pss_Anon" in r for r in rollups):
+            shmem = system_shmem()
+            if shmem is not None and self._shmem0 is not None:
+                shared = max(0, shmem - self._shmem0)
+            else:
+                shared = sum(r.get("Pss_Shmem", 0) for r in rollups)
+            self.private = max(self.private or 0, sum(r["Pss_Anon"] for r in rollups) + shared)
         if self.folder is not None and force:  # smaps is long: read it at the end only
             self.mapped = max(self.mapped, sum(mapped_under(p, self.folder) for p in pids))

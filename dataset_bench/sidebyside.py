@@ -13,8 +13,9 @@ elsewhere hits every case alike:
   ``workers=`` argument; the row's ``chosen`` says what the loader ran,
   :func:`dataset_bench.sidemeasure.chosen_workers`). Each case runs in a fresh interpreter: a
   loader is built, ``warmup`` batches are drawn, then batches are timed over
-  as many passes as fill ``min_seconds``; peak private PSS (anonymous +
-  shared memory, all the loader's processes) is sampled while it runs and
+  as many passes as fill ``min_seconds``; peak private memory (anonymous PSS of
+  all the loader's processes, plus the machine's shared memory grown since the
+  loader was built, which holds its batches in flight) is sampled while it runs and
   the data files' mapped pages at the end (:mod:`dataset_bench.memory`);
 * packing: ``pack()`` per format with validation on and off, against the
   plain writers of :mod:`dataset_bench.peerwriters`; images/s of the whole call;

@@ -88,6 +88,40 @@ def test_a_batch_bigger_than_a_slot_gets_a_bigger_segment(unmap_own_segments):
     assert batch.get(0) == big_item and batch.get(1) == b"tail"
 
 
+def _allocated(ring: shmring.ShmSlots) -> int:
+    """Bytes of memory the ring's segment holds (its memfd's allocated blocks)."""
+    return os.fstat(ring._local.get().fd).st_blocks * 512
+
+
+@pytest.mark.parametrize("item_mb, gives_back", [(20, True), (4, False)])
+def test_free_slots_of_big_batches_give_their_pages_back(unmap_own_segments, item_mb, gives_back):
+    """Three batches in flight at once, then two of them done with: taking a slot for the next batch
+    gives back the pages of the other free one when slots are RELEASE_BYTES or more (a worker's
+    memory follows its batches in flight) and keeps them when slots are small (reused as they are);
+    the batch still in flight keeps its bytes either way."""
+    ring = shmring.ShmSlots(slots=4, wait_s=0.05)
+    rng = np.random.default_rng(item_mb)
+    items = [rng.bytes(item_mb << 20) for _ in range(4)]
+    batches = [pickle.loads(pickle.dumps(ring.pack([item], ()))) for item in items[:3]]  # slots 0, 1, 2
+    if ring._local.get().fd < 0:
+        pytest.skip("no memfd here: the segment is a /dev/shm file")
+    capacity = ring._local.get().capacity
+    assert (capacity >= shmring.RELEASE_BYTES) == gives_back
+    held = _allocated(ring)
+    assert held >= 3 * (item_mb << 20)
+    del batches[0:2]  # slots 0 and 1 done with; slot 2 still in flight
+    gc.collect()
+    (fourth,) = pickle.loads(pickle.dumps(ring.pack([items[3]], ())))  # takes slot 0
+    assert fourth.get(0) == items[3] and batches[0][0].get(0) == items[2]
+    freed = held - _allocated(ring)
+    if gives_back:
+        assert freed >= (item_mb << 20) - (1 << 20), f"{freed} bytes given back"  # slot 1's pages
+        (fifth,) = pickle.loads(pickle.dumps(ring.pack([items[0]], ())))  # slot 1 again: pages come back
+        assert fifth.get(0) == items[0]
+    else:
+        assert freed == 0
+
+
 def test_byte_batch_lives_beside_the_slots(unmap_own_segments):
     assert readers.loader.dataloader.ByteBatch is ByteBatch  # the loader re-exports it
     ring = shmring.ShmSlots(slots=1)  # alive while its batch is received, as a worker's ring is

@@ -56,6 +56,8 @@ from readers.contract.perprocess import PerProcess
 __all__ = ["ByteBatch", "ShmSlots", "Slot", "available", "release_dead"]
 
 HEADER = 64  # bytes: one flag per slot, at most 64 slots
+#: Slots at least this big give their pages back while they are free (see :meth:`ShmSlots.slot`).
+RELEASE_BYTES = 16 << 20
 _SHM_DIR = "/dev/shm"
 #: Main process: segment name -> its mapping (the segments of live workers; see release_dead).
 ATTACHED: dict[str, mmap.mmap] = {}
@@ -209,6 +211,7 @@ class _Segment:
         self.name, self.capacity, self.gen = "", 0, 0
         self.fd = -1  # the memfd (kept open: the main process opens it through /proc), or -1
         self.retired: list = []  # (mapping, fd) of replaced segments that still had batches in flight
+        self.written: set[int] = set()  # slots this worker wrote whose pages it has not given back
 
     def __del__(self, _close: Any = os.close) -> None:  # (os.close bound now: this may run at interpreter exit)
         """Close this process's mapping and memfd (in a forked copy: the copy's descriptors only)."""
@@ -283,6 +286,7 @@ class ShmSlots:
             if seg.fd != fd:
                 os.close(fd)
         seg.view = np.frombuffer(seg.mm, dtype=np.uint8)
+        seg.written = set()
         return seg
 
     def _retire(self, seg: _Segment) -> None:
@@ -304,7 +308,13 @@ class ShmSlots:
     def slot(self, nbytes: int) -> Slot | None:
         """The first free slot of at least ``nbytes``; None when none freed up within ``wait_s``. Write
         the batch into ``slot.array``, then :meth:`send` it. (The first free one: a slot's pages are
-        memory once written, so a worker uses as few slots as batches it has in flight at once.)"""
+        memory once written, so a worker uses as few slots as batches it has in flight at once.)
+
+        Slots of :data:`RELEASE_BYTES` or more give their pages back while they are free: taking a
+        slot gives back those of every other free slot this worker wrote. Its memory then follows the
+        batches it has in flight now, as a ``DataLoader`` worker's does, not the most it ever had
+        (one batch of 64 float images of 224 x 224 is 38.5 MB). A small slot keeps its pages, which
+        the next batch reuses without faulting them in again."""
         seg = self._segment(nbytes)
         mm = seg.mm
         assert mm is not None
@@ -312,10 +322,29 @@ class ShmSlots:
         while True:
             for index in range(self.slots):
                 if mm[index] == 0:  # the main process is done with this slot
+                    if seg.capacity >= RELEASE_BYTES:
+                        self._give_back(seg, index)
+                    seg.written.add(index)
                     return Slot(seg, index, nbytes)
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.0002)
+
+    @staticmethod
+    def _give_back(seg: _Segment, taken: int) -> None:
+        """Free the pages of the slots other than ``taken`` that this worker wrote and the main process
+        is done with (whole pages inside each: the first page of a slot is shared with what precedes it)."""
+        mm = seg.mm
+        assert mm is not None
+        for index in [k for k in seg.written if k != taken and mm[k] == 0]:
+            start = -(-(HEADER + index * seg.capacity) // mmap.PAGESIZE) * mmap.PAGESIZE
+            end = (HEADER + (index + 1) * seg.capacity) // mmap.PAGESIZE * mmap.PAGESIZE
+            if end > start:
+                try:
+                    mm.madvise(mmap.MADV_REMOVE, start, end - start)
+                except (AttributeError, OSError):  # no MADV_REMOVE here: the pages stay, as before
+                    return
+            seg.written.discard(index)
 
     def send(self, slot: Slot, batch: Sequence[Any]) -> _InSlot | None:
         """Mark ``slot`` in flight and describe ``batch`` (a tuple of ByteBatches and tensors in the
