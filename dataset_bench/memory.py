@@ -21,10 +21,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["private_pss", "system_shmem", "mapped_under", "tree_pids", "PrivatePeak"]
+__all__ = ["pss_parts", "private_pss", "system_shmem", "mapped_under", "tree_pids", "PrivatePeak"]
 
 
-def _rollup(pid: int) -> dict[str, int]:
+def pss_parts(pid: int) -> dict[str, int]:
+    """``pid``'s ``Pss``, ``Pss_Anon``, ``Pss_File`` and ``Pss_Shmem`` in bytes, those the kernel gives
+    (none for a process that is gone)."""
     out: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
@@ -39,7 +41,7 @@ def _rollup(pid: int) -> dict[str, int]:
 
 def private_pss(pid: int) -> int | None:
     """Anonymous + shared-memory PSS of ``pid`` in bytes (None where the kernel does not split PSS)."""
-    r = _rollup(pid)
+    r = pss_parts(pid)
     if "Pss_Anon" not in r:
         return None
     return r["Pss_Anon"] + r.get("Pss_Shmem", 0)
@@ -108,7 +110,7 @@ class PrivatePeak:
             return
         self._next = now + self.interval
         pids = tree_pids()
-        rollups = [_rollup(p) for p in pids]
+        rollups = [pss_parts(p) for p in pids]
         if all("Pss_Anon" in r for r in rollups):
             shmem = system_shmem()
             if shmem is not None and self._shmem0 is not None:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from dataset_bench.memory import PrivatePeak, _rollup, system_shmem, tree_pids
+from dataset_bench.memory import PrivatePeak, pss_parts, system_shmem, tree_pids
 
 MB = 1 << 20
 SIZE = 64 * MB
@@ -39,8 +39,8 @@ def test_private_peak_counts_shared_pages_that_no_live_process_maps():
         try:
             os.ftruncate(fd, SIZE)
             _written_by_a_child_that_exits(fd)
-            anon = sum(_rollup(p)["Pss_Anon"] for p in tree_pids())
-            per_process_shmem = sum(_rollup(p).get("Pss_Shmem", 0) for p in tree_pids())
+            anon = sum(pss_parts(p)["Pss_Anon"] for p in tree_pids())
+            per_process_shmem = sum(pss_parts(p).get("Pss_Shmem", 0) for p in tree_pids())
             peak.sample(time.monotonic(), force=True)
         finally:
             os.close(fd)
