@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["pss_parts", "private_pss", "system_shmem", "mapped_under", "tree_pids", "PrivatePeak"]
+__all__ = ["pss_parts", "system_shmem", "mapped_under", "tree_pids", "PrivatePeak"]
 
 
 def pss_parts(pid: int) -> dict[str, int]:
@@ -37,14 +37,6 @@ def pss_parts(pid: int) -> dict[str, int]:
     except (OSError, ValueError, IndexError):
         pass
     return out
-
-
-def private_pss(pid: int) -> int | None:
-    """Anonymous + shared-memory PSS of ``pid`` in bytes (None where the kernel does not split PSS)."""
-    r = pss_parts(pid)
-    if "Pss_Anon" not in r:
-        return None
-    return r["Pss_Anon"] + r.get("Pss_Shmem", 0)
 
 
 def system_shmem() -> int | None:
