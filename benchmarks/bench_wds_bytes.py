@@ -73,17 +73,13 @@ def probe_copy(path: str, seconds: float) -> dict[str, Any]:
     ``copy_runs`` (the loader's own copy: one call per batch) into a new buffer per batch, with no
     loader, index checks, headers or Python per sample. Timed like :func:`probe`."""
     from readers import open_dataset
-    from readers.contract.safeio import map_file
     from readers.formats.batch import copy_runs
+    from readers.formats.shardbatch import ShardMaps
 
     ds = open_dataset(path, decode=False)
-    maps = []
-    for shard in range(len(ds.shard_sizes)):
-        fd = ds.open_shard(shard)
-        try:
-            maps.append(map_file(fd))
-        finally:
-            os.close(fd)
+    mapped = ShardMaps()  # the shards mapped as the loader maps them
+    mapped.bind(ds)
+    maps = [mapped.get(ds, shard).data for shard in range(len(ds.shard_sizes))]
     shards, starts = ds.sample_shards.astype(np.int64), ds.sample_offsets.astype(np.int64)
     sizes = ds.sample_sizes.astype(np.int64)
     rng = np.random.default_rng(0)
